@@ -1,0 +1,103 @@
+// crisp/config.h — every decision of the CRISP spec (../shared/crisp-spec.md §2–§8) as a named,
+// validated parameter, plus the four presets.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace crisp {
+
+// §2: how a head chooses between the Vertical-Slash (VS) and the query-aware (PE) pattern.
+enum class Routing {
+  cstruct,      // CRISP: VS iff C_struct >= tau_proxy
+  cstruct_rel,  // VS iff C_struct * n / (w_sink + w_local) >= rho
+  jsd,          // FlexPrefill: PE iff JS distance < tau
+  none,         // every head VS
+};
+
+// §3: which vertical and slash blocks a VS head keeps.
+enum class VsRule {
+  noise_floor,  // CRISP: keep blocks whose mass > alpha * mean non-anchor mass
+  cumulative,   // FlexPrefill: smallest token set reaching gamma, in blocks
+  topk,         // MInference-style: fixed token budgets mapped to blocks (block-level approximation)
+};
+
+// §5: which key blocks a slash distance-block c reaches from query block r.
+enum class SlashCover {
+  exact,   // r-c and r-c-1 (a diagonal at distance [cB, cB+B) crosses both)
+  single,  // r-c only (FlexPrefill parity)
+};
+
+// Per-head decision recorded in the plan.
+enum class Route { vs, pe, dense };
+
+const char* to_string(Routing r);
+const char* to_string(VsRule r);
+const char* to_string(SlashCover c);
+const char* to_string(Route r);
+
+struct Config {
+  std::string preset = "crisp";  // name of the preset this config started from
+  bool dense = false;            // the dense preset: every causal block, no estimation
+
+  // §2 routing
+  Routing routing = Routing::cstruct;
+  double tau_proxy = 0.25;  // cstruct threshold
+  double rho = 4.0;         // cstruct_rel threshold
+  double tau = 0.1;         // jsd threshold
+  int64_t w_sink = 128;     // tokens counted as the architectural sink
+  int64_t w_local = 128;    // tokens counted as the local window
+
+  // §3 VS rule
+  VsRule vs_budget = VsRule::noise_floor;
+  double alpha = 1.0;              // noise_floor multiplier
+  double gamma = 0.95;             // cumulative mass target
+  int64_t vertical_tokens = 1000;  // topk vertical budget (tokens)
+  int64_t slash_tokens = 6096;     // topk slash budget (tokens)
+
+  // §4 PE rule
+  double pe_gamma = 0.95;  // global coverage: keep entries until the running sum reaches pe_gamma*N
+
+  // §5 layout
+  SlashCover slash_cover = SlashCover::exact;
+
+  // Budget clamps (tokens). min_budget: top blocks of pv/ps added until ceil(min_budget/B) blocks
+  // of each kind are kept; also FlexPrefill's dense fallback for n <= min_budget.
+  // max_budget: at most max(1, floor(max_budget/B)) blocks of each kind (anchors always kept);
+  // 0 means no maximum.
+  int64_t min_budget = 0;
+  int64_t max_budget = 0;
+
+  // §7: sequences with n <= dense_below tokens run dense. NOTE: tuning constant; 0 (off) until a
+  // measured crossover says otherwise (bench/RESULTS.md).
+  int64_t dense_below = 0;
+
+  int block_size = 128;        // B: 64 or 128
+  double softmax_scale = 0.0;  // s; 0 means 1/sqrt(d)
+
+  // The presets of §8: "crisp", "flexprefill", "minference", "dense". Throws crisp::Error
+  // naming "preset" for any other name.
+  static Config from_preset(const std::string& name);
+
+  // Sets one parameter by its spec name (tau_proxy, rho, alpha, gamma, pe_gamma, tau, w_sink,
+  // w_local, min_budget, max_budget, routing, vs_budget, slash_cover, vertical_tokens,
+  // slash_tokens, block_size, softmax_scale, dense_below). Throws crisp::Error naming the key for
+  // an unknown key or a value that does not parse or is out of range.
+  void set(const std::string& key, const std::string& value);
+
+  // Parses "key=value" (the CLI's --set).
+  void set(const std::string& key_equals_value);
+
+  // Throws crisp::Error naming the first parameter out of its range.
+  void validate() const;
+
+  // Every parameter as (name, value) strings, in a stable order (for JSON and printing).
+  std::vector<std::pair<std::string, std::string>> to_key_values() const;
+
+  // The list of names accepted by set().
+  static std::vector<std::string> parameter_names();
+  static std::vector<std::string> preset_names();
+};
+
+}  // namespace crisp

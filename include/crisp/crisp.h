@@ -1,0 +1,67 @@
+// crisp/crisp.h — the public entry points. Include this one header.
+//
+//   crisp::Config cfg = crisp::Config::from_preset("crisp");
+//   crisp::Plan plan  = crisp::plan(q, k, cfg);            // per head: route, layout, density
+//   crisp::attend(q, k, v, plan, out, lse);                  // block-sparse attention
+//   // or both at once: crisp::prefill(q, k, v, cfg, out, lse);
+//
+// Backends: the device of the views picks it (Device::cpu today; Device::cuda with the CUDA
+// backend, see crisp/cuda.h). All views of one call must be on one device.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "crisp/config.h"
+#include "crisp/error.h"
+#include "crisp/plan.h"
+#include "crisp/tensor.h"
+
+namespace crisp {
+
+// Arithmetic of the CPU backend.
+enum class Precision {
+  f32,  // float32 compute, float64 accumulation of the spec's sums (proxy masses, coverage sums)
+  f64,  // float64 everywhere: the reference the tests compare every backend with
+};
+
+struct Options {
+  Precision precision = Precision::f32;
+  int num_threads = 0;      // CPU threads; 0 = all hardware threads
+  void* stream = nullptr;   // cudaStream_t for the CUDA backend (nullptr = default stream)
+};
+
+// Validates the inputs (shapes, dtypes, head counts, d <= 256, finite values, seqlens) and builds
+// the plan of every (sequence, query head). Throws crisp::Error on bad input.
+//   q: [Hq, tokens, d]; k: [Hkv, tokens, d]; Hq % Hkv == 0.
+Plan plan(const TensorView& q, const TensorView& k, const Config& config,
+          const SeqLens& cu_seqlens = {}, const Options& options = {});
+
+// Block-sparse causal attention following `plan` (§6).
+//   out: [Hq, tokens, d] f32/f16/bf16/f64; lse: [Hq, tokens] f32 or f64 (natural log).
+// Every element of out and lse is written.
+void attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
+            const TensorView& out, const TensorView& lse, const Options& options = {});
+
+// plan() then attend(); returns the plan.
+Plan prefill(const TensorView& q, const TensorView& k, const TensorView& v, const Config& config,
+             const TensorView& out, const TensorView& lse, const SeqLens& cu_seqlens = {},
+             const Options& options = {});
+
+// The plan of dense causal attention (every block c <= r) for the given shapes: used for the
+// dense preset and as the baseline of every comparison.
+Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                const SeqLens& cu_seqlens, int block_size = 128, double softmax_scale = 0.0);
+
+// Comparison of a sparse run against the dense run of the same inputs (§9).
+struct HeadMetrics {
+  double recall_mean = 1.0;   // mean over queries of exp(LSE_sparse - LSE_dense)
+  double recall_min = 1.0;    // minimum over queries
+  double rel_error = 0.0;     // ||O_sparse - O_dense||_F / ||O_dense||_F
+};
+// out/lse views of a sparse and a dense run (CPU views); one entry per (sequence, query head) in
+// plan order.
+std::vector<HeadMetrics> compare(const TensorView& out_sparse, const TensorView& lse_sparse,
+                                 const TensorView& out_dense, const TensorView& lse_dense,
+                                 const SeqLens& cu_seqlens = {});
+
+}  // namespace crisp

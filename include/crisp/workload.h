@@ -1,0 +1,56 @@
+// crisp/workload.h — the seeded structured synthetic workload: the common input of the tests,
+// the demo and the benchmarks. docs/workload.md explains each knob and which real attention
+// maps it imitates.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "crisp/tensor.h"
+
+namespace crisp {
+
+struct WorkloadSpec {
+  int64_t num_q_heads = 8;
+  int64_t num_kv_heads = 2;
+  int64_t head_dim = 128;
+  std::vector<int64_t> seq_lens = {8192};  // one entry per sequence of the batch
+  uint64_t seed = 0;
+
+  // Share of query heads that are diffuse (no sink/local/slash structure; broad, input-dependent
+  // attention) so that both routes are exercised. Heads are chosen deterministically from the seed.
+  double diffuse_head_share = 0.25;
+
+  // Structured heads: logit strengths (in units of the softmax logit, after scaling).
+  double sink_strength = 8.0;     // extra logit of the first sink_tokens keys
+  int64_t sink_tokens = 4;
+  double local_strength = 5.0;    // logit bonus decaying over local_width tokens (RoPE-like)
+  int64_t local_width = 64;
+  int64_t slash_lines = 2;        // extra relative-position diagonals per head
+  double slash_strength = 4.0;
+  int64_t needles = 4;            // vertical "needle" keys per sequence and KV head
+  double needle_strength = 9.0;   // logit of queries after the needle on the needle key
+  // Background: i.i.d. noise on every logit; larger = heavier, more uneven tail.
+  double background_scale = 1.0;
+};
+
+struct Workload {
+  WorkloadSpec spec;
+  SeqLens cu_seqlens;          // offsets of the sequences (size = sequences + 1)
+  int64_t total_tokens = 0;
+  std::vector<float> q;        // [Hq, total_tokens, d] row-major
+  std::vector<float> k;        // [Hkv, total_tokens, d]
+  std::vector<float> v;        // [Hkv, total_tokens, d]
+  // Needle key positions per (sequence, kv head), relative to the sequence start.
+  std::vector<std::vector<int64_t>> needle_positions;  // index: seq * Hkv + kv_head
+  std::vector<bool> head_is_diffuse;                    // per query head
+
+  TensorView q_view();
+  TensorView k_view();
+  TensorView v_view();
+};
+
+// Deterministic for a given spec (seed included). Throws crisp::Error on an invalid spec.
+Workload make_workload(const WorkloadSpec& spec);
+
+}  // namespace crisp

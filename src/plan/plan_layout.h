@@ -1,0 +1,43 @@
+// src/plan/plan_layout.h — where each (sequence, head) of a batch keeps its plan inside flat,
+// fixed-capacity buffers. Used by the CUDA planner (which writes them on the device with no host
+// round-trip, so plan + attend can be captured in a CUDA graph), by the CUDA attention kernels
+// (which read them), and by the host code that converts them to/from crisp::Plan.
+//
+// Capacity is the causal worst case (N (N+1) / 2 columns per head), so no size is ever read back
+// before the kernels run. At 512k tokens, B = 128 and 32 heads this is ~1.07 GB of int32 columns.
+#pragma once
+#include <cstdint>
+
+#include "plan/rules.h"
+
+namespace crisp {
+namespace layout {
+
+// Per-sequence bases, computed on the host from cu_seqlens (sequence lengths are host-known
+// shapes, like tensor shapes) and copied to the device once per batch shape.
+struct SequenceBases {
+  int64_t token_offset;   // first token of the sequence
+  int64_t n;              // tokens
+  int32_t num_blocks;     // N
+  int64_t block_base;     // sum of N over earlier sequences (for [slot][N] arrays: slot base = block_base*H + h*N)
+  int64_t row_ptr_base;   // sum of (N+1) over earlier sequences
+  int64_t col_base;       // sum of N(N+1)/2 over earlier sequences
+};
+
+// Slot of (sequence s, query head h): s * H + h.
+CRISP_HD int64_t slot(int64_t s, int64_t h, int64_t num_heads) { return s * num_heads + h; }
+// Start of the [N]-sized arrays (vertical/slash flags, pooled masses) of (s, h).
+CRISP_HD int64_t block_array_offset(const SequenceBases& b, int64_t h, int64_t num_heads) {
+  return b.block_base * num_heads + h * b.num_blocks;
+}
+// Start of the [N+1] row_ptr of (s, h).
+CRISP_HD int64_t row_ptr_offset(const SequenceBases& b, int64_t h, int64_t num_heads) {
+  return b.row_ptr_base * num_heads + h * (b.num_blocks + 1);
+}
+// Start of the column capacity of (s, h). row_ptr values are relative to this start.
+CRISP_HD int64_t col_offset(const SequenceBases& b, int64_t h, int64_t num_heads) {
+  return b.col_base * num_heads + h * rules::causal_blocks(b.num_blocks);
+}
+
+}  // namespace layout
+}  // namespace crisp

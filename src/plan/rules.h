@@ -1,0 +1,145 @@
+// src/plan/rules.h — every rule of the CRISP spec, written once.
+//
+// Small, pure functions usable from host and device code, so the CPU and CUDA planners cannot
+// drift apart: a backend only decides how it streams the data, never what a rule means. Section
+// numbers refer to ../shared/crisp-spec.md.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define CRISP_HD __host__ __device__ __forceinline__
+#else
+#define CRISP_HD inline
+#endif
+
+namespace crisp {
+namespace rules {
+
+// Route codes shared by host and device (match crisp::Route).
+enum RouteCode : int32_t { kRouteVs = 0, kRoutePe = 1, kRouteDense = 2 };
+// Routing codes (match crisp::Routing).
+enum RoutingCode : int32_t { kRoutingCstruct = 0, kRoutingCstructRel = 1, kRoutingJsd = 2, kRoutingNone = 3 };
+// Slash cover codes (match crisp::SlashCover).
+enum SlashCoverCode : int32_t { kCoverExact = 0, kCoverSingle = 1 };
+
+// ---------------------------------------------------------------- Notation
+// N = ceil(n / B).
+CRISP_HD int32_t num_blocks(int64_t n, int32_t block) { return static_cast<int32_t>((n + block - 1) / block); }
+// Block b covers [b*B, min((b+1)*B, n)).
+CRISP_HD int64_t block_begin(int32_t b, int32_t block) { return static_cast<int64_t>(b) * block; }
+CRISP_HD int64_t block_end(int32_t b, int32_t block, int64_t n) {
+  const int64_t e = static_cast<int64_t>(b + 1) * block;
+  return e < n ? e : n;
+}
+// §1: L = min(B, n) last queries; query i of the proxy sits at p_i = n - L + i.
+CRISP_HD int64_t proxy_rows(int64_t n, int32_t block) { return n < block ? n : block; }
+CRISP_HD int64_t proxy_position(int64_t n, int64_t L, int64_t i) { return n - L + i; }
+// Number of causal blocks: N (N + 1) / 2.
+CRISP_HD int64_t causal_blocks(int32_t N) { return static_cast<int64_t>(N) * (N + 1) / 2; }
+CRISP_HD double density(int64_t nnz, int32_t N) { return static_cast<double>(nnz) / static_cast<double>(causal_blocks(N)); }
+
+// ---------------------------------------------------------------- §7 short sequences
+// Dense when there is nothing to select (N <= 2), when FlexPrefill's rule applies
+// (n <= min_budget), or below the speed-driven dense_below.
+CRISP_HD bool is_short_sequence(int64_t n, int32_t block, int64_t min_budget, int64_t dense_below) {
+  return num_blocks(n, block) <= 2 || n <= min_budget || n <= dense_below;
+}
+
+// ---------------------------------------------------------------- §2 routing
+// Key j lies in S_i (sink or local window of query position p) — each key counted once.
+CRISP_HD bool in_structural_set(int64_t j, int64_t p, int64_t w_sink, int64_t w_local) {
+  return j < w_sink || (p - j >= 0 && p - j < w_local);
+}
+// C_rel = C_struct * n / (w_sink + w_local).
+CRISP_HD double cstruct_relative(double c_struct, int64_t n, int64_t w_sink, int64_t w_local) {
+  return c_struct * static_cast<double>(n) / static_cast<double>(w_sink + w_local);
+}
+// JS distance from the two KL terms (natural log): sqrt(KL(a||m)/2 + KL(p||m)/2).
+// One term of a KL sum, with 0 log 0 = 0.
+CRISP_HD double kl_term(double x, double m) { return x > 0.0 ? x * log(x / m) : 0.0; }
+
+// The routing decision. c_struct and jsd are only read by the routing that needs them.
+CRISP_HD int32_t route_head(int32_t routing, double c_struct, double jsd, int64_t n, int64_t w_sink,
+                            int64_t w_local, double tau_proxy, double rho, double tau) {
+  switch (routing) {
+    case kRoutingCstruct: return c_struct >= tau_proxy ? kRouteVs : kRoutePe;
+    case kRoutingCstructRel: return cstruct_relative(c_struct, n, w_sink, w_local) >= rho ? kRouteVs : kRoutePe;
+    case kRoutingJsd: return jsd < tau ? kRoutePe : kRouteVs;
+    default: return kRouteVs;
+  }
+}
+
+// ---------------------------------------------------------------- Ordering (§5 "Ties")
+// Larger value first, then smaller index: true if (va, ia) comes before (vb, ib).
+CRISP_HD bool ranks_before(double va, int64_t ia, double vb, int64_t ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+// ---------------------------------------------------------------- §3 VS rules
+// noise_floor: the floor is the mean of entries 1 .. N-2 (anchors and the far end excluded).
+CRISP_HD int32_t noise_floor_first(int32_t /*N*/) { return 1; }
+CRISP_HD int32_t noise_floor_last(int32_t N) { return N - 2; }  // inclusive
+// Keep block b >= 1 iff its mass is strictly above alpha times the floor.
+CRISP_HD bool noise_floor_keeps(double mass, double floor_mean, double alpha) { return mass > alpha * floor_mean; }
+
+// cumulative: count(x, gamma) = (# entries of x sorted descending whose running sum is <= gamma) + 1.
+// Callers walk the sorted entries and stop at the first whose running sum exceeds gamma; this is
+// the test for one step.
+CRISP_HD bool cumulative_within(double running_sum, double gamma) { return running_sum <= gamma; }
+// Token count -> block budget: count // B + 1, clamped to [min_blocks, N].
+CRISP_HD int32_t cumulative_blocks(int64_t token_count, int32_t block, int32_t min_blocks, int32_t N) {
+  int64_t nb = token_count / block + 1;
+  if (nb < min_blocks) nb = min_blocks;
+  if (nb > N) nb = N;
+  return static_cast<int32_t>(nb);
+}
+
+// topk (MInference-style): tokens forced into the vertical and slash sets.
+// NOTE: MInference's constants: the first 30 keys and the nearest 100 distances are always kept.
+constexpr int64_t kTopkForcedVerticalTokens = 30;
+constexpr int64_t kTopkForcedSlashTokens = 100;
+CRISP_HD bool topk_vertical_forced(int64_t j) { return j < kTopkForcedVerticalTokens; }
+CRISP_HD bool topk_slash_forced(int64_t t) { return t < kTopkForcedSlashTokens; }
+
+// Budget clamps in blocks. min: ceil(min_budget / B) blocks of each kind (0 = none).
+// max: floor(max_budget / B) blocks, at least 1 so the anchor survives (0 = no maximum).
+CRISP_HD int32_t min_budget_blocks(int64_t min_budget, int32_t block, int32_t N) {
+  int64_t b = (min_budget + block - 1) / block;
+  return static_cast<int32_t>(b < N ? b : N);
+}
+CRISP_HD int32_t max_budget_blocks(int64_t max_budget, int32_t block, int32_t N) {
+  if (max_budget <= 0) return N;
+  int64_t b = max_budget / block;
+  if (b < 1) b = 1;
+  return static_cast<int32_t>(b < N ? b : N);
+}
+
+// ---------------------------------------------------------------- §4 PE rule
+// Global coverage keeps the sorted entries while the running sum before them is below the
+// target; the entry that crosses it is included.
+CRISP_HD double pe_coverage_target(double pe_gamma, int32_t N) { return pe_gamma * static_cast<double>(N); }
+CRISP_HD bool pe_keeps_next(double running_sum_before, double target) { return running_sum_before < target; }
+
+// ---------------------------------------------------------------- §5 layout
+// Does slash distance-block c reach key block kb from query block r?
+CRISP_HD bool slash_reaches(int32_t r, int32_t kb, int32_t c, int32_t cover) {
+  return kb == r - c || (cover == kCoverExact && kb == r - c - 1);
+}
+// Is key block kb <= r covered by the slash set (flags indexed by distance-block)?
+template <typename Flags>
+CRISP_HD bool covered_by_slash(int32_t r, int32_t kb, const Flags& slash_flags, int32_t cover) {
+  const int32_t c = r - kb;  // slash c reaches kb directly
+  if (slash_flags[c]) return true;
+  return cover == kCoverExact && c >= 1 && slash_flags[c - 1];  // slash c-1 reaches r-(c-1)-1 = kb
+}
+// Membership of key block kb (<= r) in row r of the layout:
+// {0, r} ∪ {verticals} ∪ slash cover ∪ PE entries of the row.
+template <typename Flags, typename PeRow>
+CRISP_HD bool layout_has_block(int32_t r, int32_t kb, const Flags& vertical_flags, const Flags& slash_flags,
+                               const PeRow& pe_row, int32_t cover) {
+  return kb == 0 || kb == r || vertical_flags[kb] || covered_by_slash(r, kb, slash_flags, cover) || pe_row[kb];
+}
+
+}  // namespace rules
+}  // namespace crisp
