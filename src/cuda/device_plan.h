@@ -1,0 +1,35 @@
+// src/cuda/device_plan.h — raw device view of a batch plan, passed by value to the planning and
+// attention kernels. Buffers are fixed-capacity (see src/plan/plan_layout.h) so that plan +
+// attend need no host round-trip and can be captured in a CUDA graph.
+#pragma once
+#include <cstdint>
+
+#include "plan/plan_layout.h"
+
+namespace crisp {
+namespace cuda_detail {
+
+struct DevicePlanView {
+  int32_t num_sequences = 0;
+  int32_t num_heads = 0;     // query heads
+  int32_t block_size = 128;
+  const layout::SequenceBases* seqs = nullptr;  // device [num_sequences]
+
+  // Per slot (s * num_heads + h):
+  int32_t* route = nullptr;     // rules::RouteCode
+  float* c_struct = nullptr;    // NaN when not computed
+  float* jsd = nullptr;         // NaN when not computed
+  int32_t* nnz = nullptr;       // computed key blocks of the slot
+
+  // Per slot, [N] entries at layout::block_array_offset (1 = kept):
+  int8_t* vertical_flags = nullptr;
+  int8_t* slash_flags = nullptr;
+
+  // Per slot CSR: row_ptr [N+1] at layout::row_ptr_offset (values relative to the slot's column
+  // start), col at layout::col_offset with capacity N(N+1)/2.
+  int32_t* row_ptr = nullptr;
+  int32_t* col = nullptr;
+};
+
+}  // namespace cuda_detail
+}  // namespace crisp
