@@ -1,0 +1,27 @@
+// src/nocuda/cuda_unavailable.cpp — the CUDA entry points of a library built with CRISP_CUDA=OFF
+// (or without a CUDA compiler): calls with Device::cuda views fail with a clear crisp::Error.
+#include "backend.h"
+
+namespace crisp {
+namespace detail {
+
+namespace {
+[[noreturn]] void throw_unavailable(const char* argument) {
+  throw Error(argument, "the CUDA backend is not built into this library",
+              "tensors on Device::cpu, or a build with CRISP_CUDA=ON");
+}
+}  // namespace
+
+bool cuda_backend_built() { return false; }
+
+Plan cuda_plan(const TensorView&, const TensorView&, const Config&, const SeqLens&, const Options&) {
+  throw_unavailable("q");
+}
+
+void cuda_attend(const TensorView&, const TensorView&, const TensorView&, const Plan&,
+                 const TensorView&, const TensorView&, const Options&) {
+  throw_unavailable("q");
+}
+
+}  // namespace detail
+}  // namespace crisp
