@@ -8,7 +8,8 @@
 //  - q: [Hq, tokens, d], k and v: [Hkv, tokens, d], Hq % Hkv == 0, 1 <= d <= 256, tokens >= 1;
 //  - every view's data is non-null and every view is on the same device;
 //  - normalized_cu_seqlens = {0, ..., tokens}, strictly increasing (no empty sequence);
-//  - q, k, v contain only finite values;
+//  - q, k, v contain only finite values (checked by the API for Device::cpu views only: the API
+//    cannot read device memory, so the CUDA backend checks or documents this itself);
 //  - config.validate() passed;
 //  - for attend: plan matches the shapes (heads, head dim, sequences, block size), and out
 //    [Hq, tokens, d] / lse [Hq, tokens] have a supported dtype.
@@ -31,6 +32,10 @@ void validate_qkv(const TensorView& q, const TensorView& k, const TensorView* v)
 // Checks that the plan fits q/k and the sequences, and out/lse for attend.
 void validate_attend(const TensorView& q, const Plan& plan, const TensorView& out,
                      const TensorView& lse);
+
+// The dense head of a sequence with N blocks: route dense, every causal block, c_struct/jsd NaN,
+// density 1 (src/cpu/cpu_plan.cpp; shared by dense_plan, the dense preset and short sequences).
+HeadPlan make_dense_head(int32_t num_blocks);
 
 // ---------------------------------------------------------------- CPU backend (src/cpu/)
 // The plan of every (sequence, query head): §1–§5 and §7 of the spec.
