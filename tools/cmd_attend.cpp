@@ -1,0 +1,67 @@
+// tools/cmd_attend.cpp — `crisp attend`: plan + block-sparse attention of .npy inputs.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "crisp/npy.h"
+#include "io_util.h"
+#include "plan_json.h"
+
+namespace {
+
+struct AttendArgs {
+  crisp_cli::PolicyOptions policy;
+  std::string q_path;
+  std::string k_path;
+  std::string v_path;
+  std::string out_path;
+  std::string lse_path;
+  std::string json_path;  // optional: the plan that was run
+};
+
+void run_attend(const AttendArgs& args) {
+  const crisp::Config config = crisp_cli::make_config(args.policy);
+  crisp::NpyArray q = crisp::read_npy(args.q_path);
+  crisp::NpyArray k = crisp::read_npy(args.k_path);
+  crisp::NpyArray v = crisp::read_npy(args.v_path);
+  const crisp::TensorView q_view = q.view("--q " + args.q_path);
+  const crisp::TensorView k_view = k.view("--k " + args.k_path);
+  const crisp::TensorView v_view = v.view("--v " + args.v_path);
+
+  const int64_t heads = q_view.heads(), tokens = q_view.tokens(), dim = q_view.dim();
+  std::vector<float> out(static_cast<std::size_t>(heads * tokens * dim));
+  std::vector<float> lse(static_cast<std::size_t>(heads * tokens));
+  const crisp::Plan plan = crisp::prefill(
+      q_view, k_view, v_view, config,
+      crisp::TensorView::contiguous(out.data(), crisp::DType::f32, heads, tokens, dim),
+      crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, heads, tokens), {},
+      crisp_cli::make_run_options(args.policy));
+
+  crisp::write_npy(args.out_path, out.data(), {heads, tokens, dim});
+  crisp::write_npy(args.lse_path, lse.data(), {heads, tokens});
+  if (!args.json_path.empty()) {
+    crisp_cli::write_text_file("--json", args.json_path, crisp_cli::plan_to_json(plan).dump(1) + "\n");
+  }
+  std::printf("attend: policy %s, %lld query heads, n = %lld: density %.4f -> %s, %s\n",
+              config.preset.c_str(), static_cast<long long>(heads), static_cast<long long>(tokens),
+              plan.density(), args.out_path.c_str(), args.lse_path.c_str());
+}
+
+}  // namespace
+
+void register_attend_command(CLI::App& app) {
+  auto args = std::make_shared<AttendArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "attend", "Plan and run block-sparse causal attention on one sequence (.npy in, .npy out)");
+  sub->add_option("--q", args->q_path, "Queries, .npy float32/float16 [Hq, n, d]")->required();
+  sub->add_option("--k", args->k_path, "Keys, .npy float32/float16 [Hkv, n, d]")->required();
+  sub->add_option("--v", args->v_path, "Values, .npy float32/float16 [Hkv, n, d]")->required();
+  sub->add_option("--out", args->out_path, "Output O, .npy float32 [Hq, n, d]")->required();
+  sub->add_option("--lse", args->lse_path, "Output LSE (natural log), .npy float32 [Hq, n]")
+      ->required();
+  sub->add_option("--json", args->json_path, "Also write the plan that was run as JSON");
+  crisp_cli::add_policy_options(*sub, args->policy);
+  sub->callback([args] { run_attend(*args); });
+}

@@ -1,0 +1,49 @@
+// tools/cmd_plan.cpp — `crisp plan`: the sparse layout of .npy inputs, as JSON.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "commands.h"
+#include "crisp/npy.h"
+#include "io_util.h"
+#include "plan_json.h"
+
+namespace {
+
+struct PlanArgs {
+  crisp_cli::PolicyOptions policy;
+  std::string q_path;
+  std::string k_path;
+  std::string json_path;
+};
+
+void run_plan(const PlanArgs& args) {
+  const crisp::Config config = crisp_cli::make_config(args.policy);
+  crisp::NpyArray q = crisp::read_npy(args.q_path);
+  crisp::NpyArray k = crisp::read_npy(args.k_path);
+  const crisp::TensorView q_view = q.view("--q " + args.q_path);
+  const crisp::TensorView k_view = k.view("--k " + args.k_path);
+
+  const crisp::Plan plan =
+      crisp::plan(q_view, k_view, config, {}, crisp_cli::make_run_options(args.policy));
+  crisp_cli::write_text_file("--json", args.json_path, crisp_cli::plan_to_json(plan).dump(1) + "\n");
+
+  std::printf("plan: policy %s, %lld query heads, n = %lld, B = %d: density %.4f, VS share %.2f -> %s\n",
+              config.preset.c_str(), static_cast<long long>(plan.num_q_heads),
+              static_cast<long long>(plan.sequences.front().n), plan.block_size, plan.density(),
+              plan.vs_share(), args.json_path.c_str());
+}
+
+}  // namespace
+
+void register_plan_command(CLI::App& app) {
+  auto args = std::make_shared<PlanArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "plan", "Plan the sparse layout of one sequence (.npy inputs) and write it as JSON");
+  sub->add_option("--q", args->q_path, "Queries, .npy float32/float16 [Hq, n, d]")->required();
+  sub->add_option("--k", args->k_path, "Keys, .npy float32/float16 [Hkv, n, d]")->required();
+  sub->add_option("--json", args->json_path, "Output JSON file")->required();
+  crisp_cli::add_policy_options(*sub, args->policy);
+  sub->callback([args] { run_plan(*args); });
+}

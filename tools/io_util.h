@@ -1,0 +1,11 @@
+// tools/io_util.h — small file helpers of the `crisp` command.
+#pragma once
+#include <string>
+
+namespace crisp_cli {
+
+// Writes `text` to `path`; throws crisp::Error naming `argument` (e.g. "--json") if the file
+// cannot be written completely.
+void write_text_file(const std::string& argument, const std::string& path, const std::string& text);
+
+}  // namespace crisp_cli

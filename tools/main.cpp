@@ -1,0 +1,58 @@
+// tools/main.cpp — the `crisp` command: demo, plan, attend, gen (and bench with the CUDA backend).
+//
+// Exit status: 0 on success (and for --help / --version), 2 for every error: bad command-line
+// arguments (CLI11 parse errors are mapped to 2 as well, not CLI11's own codes), unreadable or
+// invalid inputs, invalid parameters. Errors are printed as "crisp: error: <message>" on stderr.
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <new>
+
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+#include "crisp/error.h"
+
+namespace {
+
+int report(const std::string& message, int code) {
+  std::fflush(stdout);
+  std::cerr << "crisp: error: " << message << "\n";
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "crisp: cliff-aware input-adaptive sparse prefill attention (CRISP) and its baselines "
+      "(FlexPrefill, MInference-style, dense) on long-context inputs."};
+  app.name("crisp");
+  app.set_version_flag("--version", "crisp 0.1.0");
+  app.require_subcommand(1);
+  app.footer("Run 'crisp <command> --help' for the options of one command. Errors exit with status 2.");
+
+  register_demo_command(app);
+  register_plan_command(app);
+  register_attend_command(app);
+  register_gen_command(app);
+  register_bench_command(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& success) {
+    return app.exit(success);  // --help, --version: printed on stdout, status 0
+  } catch (const CLI::ParseError& parse_error) {
+    return report(std::string(parse_error.what()) + " (see --help)", crisp_cli::kExitError);
+  } catch (const crisp::Error& error) {
+    return report(error.what(), crisp_cli::kExitError);
+  } catch (const crisp_cli::CommandFailure& failure) {
+    return report(failure.what(), failure.code());
+  } catch (const std::bad_alloc&) {
+    return report("out of memory (inputs too large for this machine?)", crisp_cli::kExitError);
+  } catch (const std::exception& unexpected) {
+    // Not a documented failure mode: still a clean message and status 2 rather than an abort.
+    return report(std::string("internal error: ") + unexpected.what(), crisp_cli::kExitError);
+  }
+  return 0;
+}
