@@ -1,0 +1,134 @@
+// crisp/cuda.h — the CUDA backend's own entry points: plans that live on the device, planning
+// and attention that take a stream and never synchronise the host, so that a whole plan + attend
+// can be captured in a CUDA graph.
+//
+// This header names no CUDA type, so it can be included from plain C++ translation units.
+// Every `void* stream` is a `cudaStream_t` (nullptr = the legacy default stream).
+//
+//   crisp::cuda::DevicePlan dplan(Hq, Hkv, d, cu_seqlens, cfg);      // cudaMalloc'ed once
+//   crisp::cuda::plan_async(q, k, cfg, dplan, stream);                 // plan on the device
+//   crisp::cuda::attend_async(q, k, v, dplan, out, lse, stream);       // block-sparse attention
+//   crisp::Plan host = dplan.to_host(stream);                          // optional: inspect it
+//
+// The host crisp::Plan and the device plan carry the same information, so a plan made by either
+// backend can be run and checked on the other (DevicePlan::upload / DevicePlan::to_host).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "crisp/config.h"
+#include "crisp/error.h"
+#include "crisp/plan.h"
+#include "crisp/tensor.h"
+
+namespace crisp {
+namespace cuda {
+
+// True when the library was built with the CUDA backend and at least one CUDA device is visible.
+// Never throws.
+bool available();
+
+// The plan of a whole batch, kept on the device in buffers of fixed capacity (the causal worst
+// case, src/plan/plan_layout.h), so planning never has to read a size back before attention.
+//
+// A DevicePlan is made for one batch shape: query/key head counts, head dim, the sequence offsets
+// (a host vector: sequence lengths are shapes, like tensor shapes) and the block size of the
+// Config. It can then be filled any number of times, by plan_async (on the device) or upload
+// (from a host Plan), for inputs of that shape.
+//
+// Memory: by default the buffers come from one cudaMalloc made in the constructor and released
+// by the destructor (cudaFree, which synchronises the device: keep DevicePlans alive across
+// iterations rather than making one per call). Callers with their own allocator pass a device
+// workspace of at least bytes_required(...) bytes instead; the DevicePlan then allocates nothing
+// and never frees it, and the workspace must outlive the DevicePlan. Apart from its buffers the
+// DevicePlan holds host-side copies of the shape; constructing one copies the per-sequence bases
+// to the device synchronously (once per batch shape).
+//
+// Capacity grows as N(N+1)/2 int32 columns per (sequence, head): ~1.07 GB for 32 heads at
+// n = 512k, B = 128; bytes_required says exactly.
+class DevicePlan {
+ public:
+  // An empty plan (holds nothing; every other method throws crisp::Error until assigned).
+  DevicePlan();
+  // Allocates with cudaMalloc. cu_seqlens must be the full offsets {0, ..., tokens} (at least one
+  // sequence, strictly increasing); config.block_size gives B; the softmax scale is
+  // config.softmax_scale or 1/sqrt(head_dim) when that is 0. Throws crisp::Error on bad shapes or
+  // when the allocation fails.
+  DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const SeqLens& cu_seqlens,
+             const Config& config);
+  // Same, on a caller-provided device workspace (see above). Throws crisp::Error naming
+  // "workspace" when it is null, not 256-byte aligned, or smaller than bytes_required.
+  DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const SeqLens& cu_seqlens,
+             const Config& config, void* workspace, std::size_t workspace_bytes);
+  // Allocates for the shape of `plan` (cudaMalloc) and uploads it on `stream`.
+  explicit DevicePlan(const Plan& plan, void* stream = nullptr);
+
+  ~DevicePlan();
+  DevicePlan(DevicePlan&&) noexcept;
+  DevicePlan& operator=(DevicePlan&&) noexcept;
+  DevicePlan(const DevicePlan&) = delete;
+  DevicePlan& operator=(const DevicePlan&) = delete;
+
+  // Device bytes needed for a batch shape (every buffer, 256-byte aligned each).
+  static std::size_t bytes_required(int64_t num_q_heads, const SeqLens& cu_seqlens, int block_size);
+
+  // Copies the device plan back (enqueued on `stream`, then synchronises that stream) and builds
+  // the host Plan: routes, statistics, vertical/slash lists from the flags (empty for dense
+  // heads), the CSR rows and density = nnz / (N(N+1)/2).
+  Plan to_host(void* stream = nullptr) const;
+
+  // Host Plan -> device buffers (enqueued on `stream`; host staging is released before return, so
+  // `plan` may be destroyed right after). The plan must match this DevicePlan's shape (heads, head
+  // dim, sequences, block size); its config and softmax scale are adopted. Throws crisp::Error
+  // naming "plan" otherwise, or when the plan is not well formed.
+  void upload(const Plan& plan, void* stream = nullptr);
+
+  // Records the config (and the softmax scale it resolves to) that the next fill was made with;
+  // plan_async calls this. Throws crisp::Error naming "config.block_size" if its block size
+  // differs from this DevicePlan's.
+  void set_config(const Config& config);
+
+  bool empty() const;
+  int64_t num_q_heads() const;
+  int64_t num_kv_heads() const;
+  int64_t head_dim() const;
+  int block_size() const;
+  int64_t num_sequences() const;
+  int64_t total_tokens() const;
+  const SeqLens& cu_seqlens() const;
+  const Config& config() const;
+  double softmax_scale() const;  // resolved (never 0)
+  std::size_t bytes() const;     // device bytes in use (== bytes_required for this shape)
+  bool owns_memory() const;      // true when the constructor cudaMalloc'ed the buffers
+
+  // The library's internal device view (a `const crisp::cuda_detail::DevicePlanView*`, see
+  // src/cuda/device_plan.h). Opaque here to keep CUDA-side types out of the public API.
+  const void* raw_view() const;
+
+  struct Impl;  // defined in src/cuda/device_plan.cu
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Builds the plan of q/k (views on Device::cuda, [Hq, tokens, d] / [Hkv, tokens, d], the shape
+// the DevicePlan was made for) entirely on the device, on `stream`, with no host synchronisation.
+// Same rules and results as crisp::plan on the CPU.
+void plan_async(const TensorView& q, const TensorView& k, const Config& config, DevicePlan& plan,
+                void* stream = nullptr);
+
+// Block-sparse causal attention (spec §6) following the device plan, on `stream`, with no host
+// synchronisation.
+//   q: [Hq, tokens, d], k, v: [Hkv, tokens, d]: f16 or bf16 (all three the same), d = 64 or 128;
+//   out: [Hq, tokens, d], the input dtype; lse: [Hq, tokens] f32 (natural log).
+//   All on Device::cuda; the last dimension of q/k/v/out must be contiguous (stride 1), and every
+//   row start must be 16-byte aligned (base pointers and the head/token strides).
+// Every element of out and lse is written. Throws crisp::Error naming the offending argument for
+// an unsupported dtype, head dim, layout or a shape that does not match the plan.
+void attend_async(const TensorView& q, const TensorView& k, const TensorView& v,
+                  const DevicePlan& plan, const TensorView& out, const TensorView& lse,
+                  void* stream = nullptr);
+
+}  // namespace cuda
+}  // namespace crisp

@@ -1,0 +1,24 @@
+// src/cuda/device_plan_internal.h — access from the CUDA sources to the device view held by a
+// crisp::cuda::DevicePlan (the public header keeps it opaque).
+#pragma once
+#include <vector>
+
+#include "crisp/cuda.h"
+#include "cuda/device_plan.h"
+#include "plan/plan_layout.h"
+
+namespace crisp {
+namespace cuda_detail {
+
+// The view with its device pointers (valid while the DevicePlan lives). Throws crisp::Error
+// naming "plan" for an empty DevicePlan.
+inline const DevicePlanView& view_of(const cuda::DevicePlan& plan) {
+  if (plan.empty()) throw Error("plan", "the DevicePlan is empty", "a DevicePlan made for a batch shape");
+  return *static_cast<const DevicePlanView*>(plan.raw_view());
+}
+
+// Host-side per-sequence bases of a batch shape (also copied to view.seqs on the device).
+std::vector<layout::SequenceBases> sequence_bases(const SeqLens& cu_seqlens, int block_size);
+
+}  // namespace cuda_detail
+}  // namespace crisp
