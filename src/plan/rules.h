@@ -58,6 +58,11 @@ CRISP_HD double cstruct_relative(double c_struct, int64_t n, int64_t w_sink, int
 // JS distance from the two KL terms (natural log): sqrt(KL(a||m)/2 + KL(p||m)/2).
 // One term of a KL sum, with 0 log 0 = 0.
 CRISP_HD double kl_term(double x, double m) { return x > 0.0 ? x * log(x / m) : 0.0; }
+// D = sqrt(KL(a||m)/2 + KL(p||m)/2) from the two KL sums (a rounding-negative sum reads as 0).
+CRISP_HD double js_distance(double kl_a_m, double kl_p_m) {
+  const double half_sum = 0.5 * kl_a_m + 0.5 * kl_p_m;
+  return half_sum > 0.0 ? sqrt(half_sum) : 0.0;
+}
 
 // The routing decision. c_struct and jsd are only read by the routing that needs them.
 CRISP_HD int32_t route_head(int32_t routing, double c_struct, double jsd, int64_t n, int64_t w_sink,
