@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# scripts/test.sh — installs what is missing, builds everything and runs the whole test suite:
+#  1. build/      Release, CUDA backend when nvcc exists: CPU tests (label cpu), then the GPU
+#                 tests (label gpu; they skip themselves on a machine without a GPU);
+#  2. build-asan/ CPU only, AddressSanitizer + UndefinedBehaviorSanitizer, the CPU tests again.
+# Exits non-zero if any build or test fails. CRISP_JOBS sets the build parallelism.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/setup.sh
+jobs=${CRISP_JOBS:-$(nproc)}
+failed=()
+
+echo "== build/ (Release, CUDA auto)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j "$jobs"
+ctest --test-dir build --output-on-failure -LE gpu -j "$jobs" || failed+=("cpu tests (build/)")
+ctest --test-dir build --output-on-failure -L gpu || failed+=("gpu tests (build/)")
+
+echo "== build-asan/ (ASan + UBSan, CPU only)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRISP_SANITIZE=ON -DCRISP_CUDA=OFF
+cmake --build build-asan -j "$jobs"
+ASAN_OPTIONS=halt_on_error=1:abort_on_error=0:detect_leaks=1 \
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -LE gpu -j "$jobs" || failed+=("cpu tests (build-asan/)")
+
+if [ ${#failed[@]} -ne 0 ]; then
+  printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "test.sh: all tests passed"

@@ -1,0 +1,130 @@
+# tests/cli_tests.cmake — the `crisp` command, end to end (included from tests/CMakeLists.txt).
+#
+# Every bad input must end with exit status 2 and a "crisp: error: <message>" naming what was
+# wrong; tests/run_expect.cmake checks both, so a crash (134/139) fails the test. The happy path
+# generates a small workload with `crisp gen` and runs `crisp plan` and `crisp attend` on it.
+set(CLI_DIR "${CMAKE_CURRENT_BINARY_DIR}/cli")
+file(MAKE_DIRECTORY "${CLI_DIR}")
+# A file that is not a .npy at all, and an empty one, for the corrupt-input checks.
+file(WRITE "${CLI_DIR}/corrupt.npy" "this is not a NumPy file, just some text\n")
+file(WRITE "${CLI_DIR}/empty.npy" "")
+
+set(CLI_RUNNER "${CMAKE_CURRENT_SOURCE_DIR}/run_expect.cmake")
+
+# crisp_cli_test(<name> ARGS <a|b|c> [RC <code>] [STDERR <regex>] [STDOUT <regex>]
+#                [FILES <f|g>] [JSON <file> HEADS <n>] [SETUP <fixture>] [REQUIRES <fixtures>])
+function(crisp_cli_test name)
+  cmake_parse_arguments(T "" "ARGS;RC;STDERR;STDOUT;FILES;JSON;HEADS;SETUP" "REQUIRES" ${ARGN})
+  set(defs "-DEXE=$<TARGET_FILE:crisp_cli>" "-DARGS=${T_ARGS}")
+  if(DEFINED T_RC)
+    list(APPEND defs "-DEXPECT_RC=${T_RC}")
+  endif()
+  if(DEFINED T_STDERR)
+    list(APPEND defs "-DEXPECT_STDERR=${T_STDERR}")
+  endif()
+  if(DEFINED T_STDOUT)
+    list(APPEND defs "-DEXPECT_STDOUT=${T_STDOUT}")
+  endif()
+  if(DEFINED T_FILES)
+    list(APPEND defs "-DEXPECT_FILES=${T_FILES}")
+  endif()
+  if(DEFINED T_JSON)
+    list(APPEND defs "-DJSON_FILE=${T_JSON}" "-DJSON_HEADS=${T_HEADS}")
+  endif()
+  add_test(NAME cli.${name} COMMAND ${CMAKE_COMMAND} ${defs} -P "${CLI_RUNNER}")
+  set_tests_properties(cli.${name} PROPERTIES LABELS "cpu" TIMEOUT 300)
+  if(DEFINED T_SETUP)
+    set_tests_properties(cli.${name} PROPERTIES FIXTURES_SETUP "${T_SETUP}")
+  endif()
+  if(T_REQUIRES)
+    set_tests_properties(cli.${name} PROPERTIES FIXTURES_REQUIRED "${T_REQUIRES}")
+  endif()
+endfunction()
+
+set(ERR "crisp: error: ")
+
+# ---------------------------------------------------------------- --help of every command
+crisp_cli_test(help ARGS "--help" RC 0 STDOUT "demo.*plan.*attend.*gen")
+crisp_cli_test(help.demo ARGS "demo|--help" RC 0 STDOUT "--seq.*--backend.*--threads.*--json")
+crisp_cli_test(help.plan ARGS "plan|--help" RC 0 STDOUT "--q.*--k.*--json.*--policy.*--set.*--block")
+crisp_cli_test(help.attend ARGS "attend|--help" RC 0 STDOUT "--v.*--out.*--lse.*--policy")
+crisp_cli_test(help.gen ARGS "gen|--help" RC 0 STDOUT "--seq.*--out-dir")
+crisp_cli_test(help.bench ARGS "bench|--help" RC 0 STDOUT "bench")
+
+# ---------------------------------------------------------------- command-line errors
+crisp_cli_test(no_command ARGS "" STDERR "${ERR}.*subcommand")
+crisp_cli_test(unknown_command ARGS "frobnicate" STDERR "${ERR}")
+crisp_cli_test(unknown_option ARGS "plan|--q|a.npy|--k|b.npy|--json|x.json|--bogus" STDERR "${ERR}.*--bogus")
+crisp_cli_test(missing_required ARGS "plan|--q|a.npy" STDERR "${ERR}.*--k")
+crisp_cli_test(bad_precision ARGS "plan|--q|a.npy|--k|b.npy|--json|x.json|--precision|f16" STDERR "${ERR}.*precision")
+crisp_cli_test(negative_seq ARGS "demo|--seq|-5" STDERR "${ERR}.*seq")
+
+# ---------------------------------------------------------------- unreadable inputs
+crisp_cli_test(missing_npy
+  ARGS "plan|--q|${CLI_DIR}/no_such_q.npy|--k|${CLI_DIR}/no_such_k.npy|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}.*no_such_q\\.npy")
+crisp_cli_test(corrupt_npy
+  ARGS "plan|--q|${CLI_DIR}/corrupt.npy|--k|${CLI_DIR}/corrupt.npy|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}.*corrupt\\.npy")
+crisp_cli_test(empty_npy
+  ARGS "attend|--q|${CLI_DIR}/empty.npy|--k|${CLI_DIR}/empty.npy|--v|${CLI_DIR}/empty.npy|--out|${CLI_DIR}/o.npy|--lse|${CLI_DIR}/l.npy"
+  STDERR "${ERR}.*empty\\.npy")
+
+# ---------------------------------------------------------------- happy path (small workload)
+set(GEN_A "${CLI_DIR}/gen_a")  # n = 640 (5 blocks of 128, 10 of 64), 8/2 heads, d = 64
+set(GEN_B "${CLI_DIR}/gen_b")  # n = 384: a different length, for the shape checks
+set(GEN_C "${CLI_DIR}/gen_c")  # 3 KV heads: 8 query heads are not a multiple of it
+crisp_cli_test(gen_a ARGS "gen|--seq|640|--dim|64|--seed|7|--out-dir|${GEN_A}" RC 0
+  FILES "${GEN_A}/q.npy|${GEN_A}/k.npy|${GEN_A}/v.npy|${GEN_A}/workload.json" SETUP cli_gen_a)
+crisp_cli_test(gen_b ARGS "gen|--seq|384|--dim|64|--out-dir|${GEN_B}" RC 0
+  FILES "${GEN_B}/k.npy" SETUP cli_gen_b)
+crisp_cli_test(gen_c ARGS "gen|--seq|640|--dim|64|--heads-q|3|--heads-kv|3|--out-dir|${GEN_C}" RC 0
+  FILES "${GEN_C}/k.npy" SETUP cli_gen_c)
+
+set(QK_A "--q|${GEN_A}/q.npy|--k|${GEN_A}/k.npy")
+foreach(policy crisp flexprefill minference dense)
+  crisp_cli_test(plan.${policy} ARGS "plan|${QK_A}|--policy|${policy}|--json|${CLI_DIR}/plan_${policy}.json"
+    RC 0 STDOUT "density" FILES "${CLI_DIR}/plan_${policy}.json"
+    JSON "${CLI_DIR}/plan_${policy}.json" HEADS 8 REQUIRES cli_gen_a)
+endforeach()
+crisp_cli_test(plan.sets
+  ARGS "plan|${QK_A}|--set|routing=jsd|--set|vs_budget=noise_floor|--set|alpha=2|--block|64|--precision|f64|--threads|1|--json|${CLI_DIR}/plan_sets.json"
+  RC 0 FILES "${CLI_DIR}/plan_sets.json" JSON "${CLI_DIR}/plan_sets.json" HEADS 8 REQUIRES cli_gen_a)
+crisp_cli_test(attend.flexprefill
+  ARGS "attend|${QK_A}|--v|${GEN_A}/v.npy|--policy|flexprefill|--set|slash_cover=exact|--out|${CLI_DIR}/o.npy|--lse|${CLI_DIR}/lse.npy|--json|${CLI_DIR}/attend_plan.json"
+  RC 0 FILES "${CLI_DIR}/o.npy|${CLI_DIR}/lse.npy|${CLI_DIR}/attend_plan.json"
+  JSON "${CLI_DIR}/attend_plan.json" HEADS 8 REQUIRES cli_gen_a SETUP cli_attend)
+crisp_cli_test(demo.small ARGS "demo|--seq|1024|--heads-q|4|--heads-kv|2|--dim|64|--quiet|--json|${CLI_DIR}/demo.json"
+  RC 0 STDOUT "dense.*crisp.*flexprefill.*minference" FILES "${CLI_DIR}/demo.json")
+
+# ---------------------------------------------------------------- bad policies and parameters
+crisp_cli_test(unknown_policy ARGS "plan|${QK_A}|--policy|bogus_preset|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}.*preset" REQUIRES cli_gen_a)
+crisp_cli_test(unknown_set_key ARGS "plan|${QK_A}|--set|no_such_key=1|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}.*no_such_key" REQUIRES cli_gen_a)
+crisp_cli_test(set_without_value ARGS "plan|${QK_A}|--set|alpha|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}.*alpha" REQUIRES cli_gen_a)
+crisp_cli_test(bad_value ARGS "plan|${QK_A}|--set|alpha=abc|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}.*alpha" REQUIRES cli_gen_a)
+crisp_cli_test(out_of_range_value ARGS "plan|${QK_A}|--set|gamma=1.5|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}.*gamma" REQUIRES cli_gen_a)
+crisp_cli_test(bad_enum_value ARGS "plan|${QK_A}|--set|routing=sometimes|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}.*routing" REQUIRES cli_gen_a)
+crisp_cli_test(bad_block ARGS "plan|${QK_A}|--block|96|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}.*block_size" REQUIRES cli_gen_a)
+
+# ---------------------------------------------------------------- inputs that do not fit together
+crisp_cli_test(length_mismatch ARGS "plan|--q|${GEN_A}/q.npy|--k|${GEN_B}/k.npy|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}" REQUIRES "cli_gen_a;cli_gen_b")
+crisp_cli_test(heads_not_multiple ARGS "plan|--q|${GEN_A}/q.npy|--k|${GEN_C}/k.npy|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}" REQUIRES "cli_gen_a;cli_gen_c")
+crisp_cli_test(rank2_input ARGS "plan|--q|${GEN_A}/q.npy|--k|${CLI_DIR}/lse.npy|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}" REQUIRES "cli_gen_a;cli_attend")
+crisp_cli_test(unwritable_json ARGS "plan|${QK_A}|--json|${CLI_DIR}/no_such_dir/plan.json"
+  STDERR "${ERR}.*--json" REQUIRES cli_gen_a)
+
+# ---------------------------------------------------------------- builds without the CUDA backend
+if(NOT CRISP_HAVE_CUDA)
+  crisp_cli_test(demo_cuda_unavailable ARGS "demo|--backend|cuda|--seq|512" STDERR "${ERR}.*--backend")
+  crisp_cli_test(bench_unavailable ARGS "bench" STDERR "${ERR}.*CUDA")
+endif()
