@@ -29,9 +29,11 @@ SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens);
 // Checks q and k (and v when non-null) for a consistent attention problem: rank, dtype, device,
 // head counts, head dim, token count, non-null data. Throws crisp::Error naming the argument.
 void validate_qkv(const TensorView& q, const TensorView& k, const TensorView* v);
-// Checks that the plan fits q/k and the sequences, and out/lse for attend.
-void validate_attend(const TensorView& q, const Plan& plan, const TensorView& out,
-                     const TensorView& lse);
+// Checks out [Hq, tokens, d] (f32/f16/bf16/f64) and lse [Hq, tokens] (f32/f64) against q.
+void validate_outputs(const TensorView& q, const TensorView& out, const TensorView& lse);
+// Checks that the plan fits q/k (heads, head dim, block size, sequences covering every token)
+// and is well-formed CSR (bounds included), so a backend may index with it freely.
+void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& plan);
 
 // The dense head of a sequence with N blocks: route dense, every causal block, c_struct/jsd NaN,
 // density 1 (src/cpu/cpu_plan.cpp; shared by dense_plan, the dense preset and short sequences).

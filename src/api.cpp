@@ -1,0 +1,362 @@
+// src/api.cpp — the public entry points of crisp/crisp.h: input validation (every bad input is a
+// crisp::Error naming the argument) and dispatch to the backend of the views' device.
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "cpu/cpu_common.h"
+#include "crisp/crisp.h"
+#include "plan/rules.h"
+
+namespace crisp {
+namespace detail {
+namespace {
+
+// NOTE: the largest head dimension any backend supports (the CUDA kernels' register budget).
+constexpr int64_t kMaxHeadDim = 256;
+
+bool valid_dtype(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16 || dtype == DType::f64;
+}
+bool valid_device(Device device) { return device == Device::cpu || device == Device::cuda; }
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::f64: return "f64";
+  }
+  return "an invalid dtype";
+}
+const char* device_name(Device device) { return device == Device::cuda ? "cuda" : "cpu"; }
+
+std::string shape_string(const TensorView& t) {
+  std::ostringstream s;
+  s << "[";
+  for (int i = 0; i < t.rank && i < 3; ++i) s << (i ? ", " : "") << t.shape[i];
+  s << "]";
+  return s.str();
+}
+std::string str(int64_t x) { return std::to_string(x); }
+
+// Rank, non-null data, dtype and device of one view, and every extent >= 1.
+void check_view(const TensorView& t, const std::string& name, int rank, const std::string& shape_names) {
+  if (t.rank != rank)
+    throw Error(name, "has rank " + str(t.rank), "rank " + str(rank) + " " + shape_names);
+  if (t.data == nullptr) throw Error(name, "data pointer is null", "a pointer to the tensor's elements");
+  if (!valid_dtype(t.dtype)) throw Error(name, "has an invalid dtype", "f32, f16, bf16 or f64");
+  if (!valid_device(t.device)) throw Error(name, "has an invalid device", "Device::cpu or Device::cuda");
+  for (int i = 0; i < rank; ++i) {
+    if (t.shape[i] < 1) {
+      const std::string what = i == 0 ? "heads" : i == 1 ? "tokens (n = 0)" : "head dim (d = 0)";
+      throw Error(name, "has shape " + shape_string(t) + " with " + (t.shape[i] == 0 ? "zero " : "negative ") + what,
+                  shape_names + " with every extent >= 1");
+    }
+  }
+}
+
+void check_options(const Options& options) {
+  if (options.num_threads < 0)
+    throw Error("options.num_threads", "is " + str(options.num_threads), "0 (all hardware threads) or a positive count");
+  if (options.precision != Precision::f32 && options.precision != Precision::f64)
+    throw Error("options.precision", "is not a Precision value", "Precision::f32 or Precision::f64");
+}
+
+// Rejects NaN/Inf in a CPU view, naming the first bad element.
+void check_finite(const TensorView& t, const std::string& name) {
+  if (t.device != Device::cpu) return;  // device memory: the CUDA backend's responsibility
+  const int64_t bad = cpu_first_nonfinite(t);
+  if (bad < 0) return;
+  const int64_t dim = t.dim(), tokens = t.tokens();
+  const int64_t h = bad / (tokens * dim), tt = (bad / dim) % tokens, x = bad % dim;
+  throw Error(name, "contains a non-finite value (NaN or Inf) at [" + str(h) + ", " + str(tt) + ", " + str(x) + "]",
+              "finite values only");
+}
+
+Plan plan_validated(const TensorView& q, const TensorView& k, const Config& config, const SeqLens& cu,
+                    const Options& options) {
+  if (q.device == Device::cuda) return cuda_plan(q, k, config, cu, options);
+  return cpu_plan(q, k, config, cu, options);
+}
+
+void attend_validated(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
+                      const TensorView& out, const TensorView& lse, const Options& options) {
+  if (q.device == Device::cuda) {
+    cuda_attend(q, k, v, plan, out, lse, options);
+  } else {
+    cpu_attend(q, k, v, plan, out, lse, options);
+  }
+}
+
+}  // namespace
+
+SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens) {
+  if (cu_seqlens.empty()) return SeqLens{0, tokens};
+  if (cu_seqlens.size() < 2)
+    throw Error("cu_seqlens", "has one entry", "an empty list (one sequence) or {0, ..., tokens} with >= 2 entries");
+  if (cu_seqlens.front() != 0)
+    throw Error("cu_seqlens", "starts at " + str(cu_seqlens.front()), "the first offset to be 0");
+  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+    if (cu_seqlens[s + 1] < cu_seqlens[s])
+      throw Error("cu_seqlens", "decreases at entry " + str(static_cast<int64_t>(s + 1)) + " (" + str(cu_seqlens[s]) +
+                                    " -> " + str(cu_seqlens[s + 1]) + ")",
+                  "non-decreasing offsets");
+    if (cu_seqlens[s + 1] == cu_seqlens[s])
+      throw Error("cu_seqlens", "sequence " + str(static_cast<int64_t>(s)) + " is empty (offset " +
+                                    str(cu_seqlens[s]) + " repeated)",
+                  "every sequence to have at least one token");
+  }
+  if (cu_seqlens.back() != tokens)
+    throw Error("cu_seqlens", "ends at " + str(cu_seqlens.back()) + " but the tensors hold " + str(tokens) + " tokens",
+                "the last offset to equal the token count");
+  return cu_seqlens;
+}
+
+void validate_qkv(const TensorView& q, const TensorView& k, const TensorView* v) {
+  check_view(q, "q", 3, "[Hq, tokens, d]");
+  check_view(k, "k", 3, "[Hkv, tokens, d]");
+  if (v) check_view(*v, "v", 3, "[Hkv, tokens, d]");
+  if (q.dim() > kMaxHeadDim)
+    throw Error("q", "head dim d = " + str(q.dim()) + " is too large", "1 <= d <= " + str(kMaxHeadDim));
+  if (k.device != q.device)
+    throw Error("k", std::string("is on ") + device_name(k.device) + " but q is on " + device_name(q.device),
+                "every tensor of a call on one device");
+  if (v && v->device != q.device)
+    throw Error("v", std::string("is on ") + device_name(v->device) + " but q is on " + device_name(q.device),
+                "every tensor of a call on one device");
+  if (k.tokens() != q.tokens())
+    throw Error("k", "has " + str(k.tokens()) + " tokens but q has " + str(q.tokens()), "the same token count as q");
+  if (k.dim() != q.dim())
+    throw Error("k", "has head dim " + str(k.dim()) + " but q has " + str(q.dim()), "the same head dim as q");
+  if (q.heads() % k.heads() != 0)
+    throw Error("k", "has " + str(k.heads()) + " heads, which does not divide q's " + str(q.heads()),
+                "Hq to be a multiple of Hkv (GQA)");
+  if (v) {
+    if (v->heads() != k.heads())
+      throw Error("v", "has " + str(v->heads()) + " heads but k has " + str(k.heads()), "the same head count as k");
+    if (v->tokens() != q.tokens())
+      throw Error("v", "has " + str(v->tokens()) + " tokens but q has " + str(q.tokens()), "the same token count as q");
+    if (v->dim() != q.dim())
+      throw Error("v", "has head dim " + str(v->dim()) + " but q has " + str(q.dim()), "the same head dim as q");
+  }
+}
+
+void validate_outputs(const TensorView& q, const TensorView& out, const TensorView& lse) {
+  check_view(out, "out", 3, "[Hq, tokens, d]");
+  check_view(lse, "lse", 2, "[Hq, tokens]");
+  if (out.device != q.device)
+    throw Error("out", std::string("is on ") + device_name(out.device) + " but q is on " + device_name(q.device),
+                "every tensor of a call on one device");
+  if (lse.device != q.device)
+    throw Error("lse", std::string("is on ") + device_name(lse.device) + " but q is on " + device_name(q.device),
+                "every tensor of a call on one device");
+  if (out.heads() != q.heads() || out.tokens() != q.tokens() || out.dim() != q.dim())
+    throw Error("out", "has shape " + shape_string(out) + " but q has " + shape_string(q), "the shape of q");
+  if (lse.heads() != q.heads() || lse.tokens() != q.tokens())
+    throw Error("lse", "has shape " + shape_string(lse), "[" + str(q.heads()) + ", " + str(q.tokens()) + "]");
+  if (lse.dtype != DType::f32 && lse.dtype != DType::f64)
+    throw Error("lse", std::string("has dtype ") + dtype_name(lse.dtype), "f32 or f64");
+}
+
+void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& plan) {
+  if (plan.num_q_heads != q.heads())
+    throw Error("plan", "was made for " + str(plan.num_q_heads) + " query heads but q has " + str(q.heads()),
+                "the plan of these tensors");
+  if (plan.num_kv_heads != k.heads())
+    throw Error("plan", "was made for " + str(plan.num_kv_heads) + " kv heads but k has " + str(k.heads()),
+                "the plan of these tensors");
+  if (plan.head_dim != q.dim())
+    throw Error("plan", "was made for head dim " + str(plan.head_dim) + " but q has " + str(q.dim()),
+                "the plan of these tensors");
+  if (plan.block_size != 64 && plan.block_size != 128)
+    throw Error("plan", "has block size " + str(plan.block_size), "64 or 128");
+  if (!(plan.softmax_scale > 0.0) || !std::isfinite(plan.softmax_scale))
+    throw Error("plan", "has softmax scale " + std::to_string(plan.softmax_scale), "a finite scale > 0");
+  if (plan.sequences.empty()) throw Error("plan", "has no sequences", "one entry per sequence");
+  int64_t expected_offset = 0;
+  for (size_t s = 0; s < plan.sequences.size(); ++s) {
+    const SequencePlan& sp = plan.sequences[s];
+    const std::string which = "sequence " + str(static_cast<int64_t>(s));
+    if (sp.token_offset != expected_offset || sp.n < 1)
+      throw Error("plan", which + " covers [" + str(sp.token_offset) + ", " + str(sp.token_offset + sp.n) + ")",
+                  "non-empty sequences covering the tokens in order, the next starting at " + str(expected_offset));
+    if (sp.num_blocks != rules::num_blocks(sp.n, plan.block_size))
+      throw Error("plan", which + " has " + str(sp.num_blocks) + " blocks",
+                  "ceil(n / B) = " + str(rules::num_blocks(sp.n, plan.block_size)));
+    if (static_cast<int64_t>(sp.heads.size()) != q.heads())
+      throw Error("plan", which + " has " + str(static_cast<int64_t>(sp.heads.size())) + " head plans",
+                  "one per query head (" + str(q.heads()) + ")");
+    expected_offset += sp.n;
+  }
+  if (expected_offset != q.tokens())
+    throw Error("plan", "covers " + str(expected_offset) + " tokens but q has " + str(q.tokens()),
+                "the plan of these tensors");
+  plan.check_well_formed();
+  // The backends index K/V blocks with the columns directly: re-check the bounds that make that
+  // memory-safe, independently of check_well_formed.
+  for (size_t s = 0; s < plan.sequences.size(); ++s) {
+    const SequencePlan& sp = plan.sequences[s];
+    for (size_t h = 0; h < sp.heads.size(); ++h) {
+      const HeadPlan& head = sp.heads[h];
+      const std::string which = "sequence " + str(static_cast<int64_t>(s)) + ", head " + str(static_cast<int64_t>(h));
+      if (head.row_ptr.size() != static_cast<size_t>(sp.num_blocks) + 1 || head.row_ptr[0] != 0 ||
+          head.row_ptr.back() != static_cast<int32_t>(head.col.size()))
+        throw Error("plan", which + " has a malformed row_ptr", "N + 1 offsets from 0 to nnz");
+      for (int32_t r = 0; r < sp.num_blocks; ++r) {
+        if (head.row_ptr[r + 1] <= head.row_ptr[r])
+          throw Error("plan", which + " row " + str(r) + " is empty", "every row to list its diagonal block");
+        bool has_diagonal = false;
+        for (int32_t e = head.row_ptr[r]; e < head.row_ptr[r + 1]; ++e) {
+          const int32_t c = head.col[e];
+          if (c < 0 || c > r || (e > head.row_ptr[r] && c <= head.col[e - 1]))
+            throw Error("plan", which + " row " + str(r) + " has column " + str(c),
+                        "ascending unique columns in [0, row]");
+          has_diagonal |= c == r;
+        }
+        if (!has_diagonal)
+          throw Error("plan", which + " row " + str(r) + " lacks its diagonal block", "every row to contain block r");
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+Plan plan(const TensorView& q, const TensorView& k, const Config& config, const SeqLens& cu_seqlens,
+          const Options& options) {
+  detail::check_options(options);
+  detail::validate_qkv(q, k, nullptr);
+  config.validate();
+  const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
+  detail::check_finite(q, "q");
+  detail::check_finite(k, "k");
+  return detail::plan_validated(q, k, config, cu, options);
+}
+
+void attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
+            const TensorView& out, const TensorView& lse, const Options& options) {
+  detail::check_options(options);
+  detail::validate_qkv(q, k, &v);
+  detail::validate_outputs(q, out, lse);
+  detail::validate_plan_for(q, k, plan);
+  detail::check_finite(q, "q");
+  detail::check_finite(k, "k");
+  detail::check_finite(v, "v");
+  detail::attend_validated(q, k, v, plan, out, lse, options);
+}
+
+Plan prefill(const TensorView& q, const TensorView& k, const TensorView& v, const Config& config,
+             const TensorView& out, const TensorView& lse, const SeqLens& cu_seqlens, const Options& options) {
+  // Everything is validated before the (expensive) plan, so a bad output view fails fast.
+  detail::check_options(options);
+  detail::validate_qkv(q, k, &v);
+  detail::validate_outputs(q, out, lse);
+  config.validate();
+  const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
+  detail::check_finite(q, "q");
+  detail::check_finite(k, "k");
+  detail::check_finite(v, "v");
+  Plan result = detail::plan_validated(q, k, config, cu, options);
+  detail::validate_plan_for(q, k, result);  // cheap; guards the backend's own output
+  detail::attend_validated(q, k, v, result, out, lse, options);
+  return result;
+}
+
+Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const SeqLens& cu_seqlens,
+                int block_size, double softmax_scale) {
+  if (num_q_heads < 1) throw Error("num_q_heads", "is " + std::to_string(num_q_heads), "at least 1");
+  if (num_kv_heads < 1) throw Error("num_kv_heads", "is " + std::to_string(num_kv_heads), "at least 1");
+  if (num_q_heads % num_kv_heads != 0)
+    throw Error("num_kv_heads", std::to_string(num_kv_heads) + " does not divide num_q_heads = " +
+                                    std::to_string(num_q_heads),
+                "Hq to be a multiple of Hkv");
+  if (head_dim < 1 || head_dim > detail::kMaxHeadDim)
+    throw Error("head_dim", "is " + std::to_string(head_dim), "1 <= d <= " + std::to_string(detail::kMaxHeadDim));
+  if (block_size != 64 && block_size != 128)
+    throw Error("block_size", "is " + std::to_string(block_size), "64 or 128");
+  if (!(softmax_scale >= 0.0) || !std::isfinite(softmax_scale))
+    throw Error("softmax_scale", "is " + std::to_string(softmax_scale), "0 (1/sqrt(d)) or a finite scale > 0");
+  if (cu_seqlens.empty())
+    throw Error("cu_seqlens", "is empty (dense_plan has no tensors to take the token count from)",
+                "{0, ..., tokens}");
+  const SeqLens cu = detail::normalize_seqlens(cu_seqlens, cu_seqlens.back());
+
+  Plan result;
+  result.config = Config::from_preset("dense");
+  result.config.block_size = block_size;
+  result.config.softmax_scale = softmax_scale;
+  result.block_size = block_size;
+  result.num_q_heads = num_q_heads;
+  result.num_kv_heads = num_kv_heads;
+  result.head_dim = head_dim;
+  result.softmax_scale = softmax_scale > 0.0 ? softmax_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
+    SequencePlan sp;
+    sp.token_offset = cu[s];
+    sp.n = cu[s + 1] - cu[s];
+    sp.num_blocks = rules::num_blocks(sp.n, block_size);
+    sp.heads.assign(static_cast<size_t>(num_q_heads), detail::make_dense_head(sp.num_blocks));
+    result.sequences.push_back(std::move(sp));
+  }
+  return result;
+}
+
+std::vector<HeadMetrics> compare(const TensorView& out_sparse, const TensorView& lse_sparse,
+                                 const TensorView& out_dense, const TensorView& lse_dense,
+                                 const SeqLens& cu_seqlens) {
+  detail::check_view(out_sparse, "out_sparse", 3, "[Hq, tokens, d]");
+  detail::check_view(lse_sparse, "lse_sparse", 2, "[Hq, tokens]");
+  detail::check_view(out_dense, "out_dense", 3, "[Hq, tokens, d]");
+  detail::check_view(lse_dense, "lse_dense", 2, "[Hq, tokens]");
+  const std::pair<const TensorView*, const char*> views[] = {
+      {&out_sparse, "out_sparse"}, {&lse_sparse, "lse_sparse"}, {&out_dense, "out_dense"}, {&lse_dense, "lse_dense"}};
+  for (const auto& [view, name] : views)
+    if (view->device != Device::cpu)
+      throw Error(name, "is on cuda", "CPU views (copy the outputs to the host before comparing)");
+  if (out_dense.shape != out_sparse.shape)
+    throw Error("out_dense", "has shape " + detail::shape_string(out_dense) + " but out_sparse has " +
+                                 detail::shape_string(out_sparse),
+                "the same shape");
+  const int64_t H = out_sparse.heads(), tokens = out_sparse.tokens(), d = out_sparse.dim();
+  for (const auto& [view, name] : {views[1], views[3]})
+    if (view->heads() != H || view->tokens() != tokens)
+      throw Error(name, "has shape " + detail::shape_string(*view), "[" + std::to_string(H) + ", " +
+                                                                        std::to_string(tokens) + "]");
+  const SeqLens cu = detail::normalize_seqlens(cu_seqlens, tokens);
+  const int64_t sequences = static_cast<int64_t>(cu.size()) - 1;
+  std::vector<HeadMetrics> metrics(static_cast<size_t>(sequences * H));
+  cpu::parallel_for(sequences * H, cpu::thread_count(Options{}), [&](int64_t task) {
+    const int64_t s = task / H, h = task % H;
+    std::vector<double> o_sparse(static_cast<size_t>(d)), o_dense(static_cast<size_t>(d));
+    double recall_sum = 0.0, recall_min = std::numeric_limits<double>::infinity();
+    double diff_sq = 0.0, dense_sq = 0.0;
+    for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
+      double ls = 0.0, ld = 0.0;
+      cpu::load_row(lse_sparse, h, t, 1, &ls);
+      cpu::load_row(lse_dense, h, t, 1, &ld);
+      const double recall = std::exp(ls - ld);
+      recall_sum += recall;
+      recall_min = std::min(recall_min, recall);
+      cpu::load_row(out_sparse, h, t, d, o_sparse.data());
+      cpu::load_row(out_dense, h, t, d, o_dense.data());
+      for (int64_t x = 0; x < d; ++x) {
+        const double diff = o_sparse[x] - o_dense[x];
+        diff_sq += diff * diff;
+        dense_sq += o_dense[x] * o_dense[x];
+      }
+    }
+    HeadMetrics& m = metrics[task];
+    m.recall_mean = recall_sum / static_cast<double>(cu[s + 1] - cu[s]);
+    m.recall_min = recall_min;
+    // A zero dense output: the error is 0 if the sparse one is zero too, else infinite.
+    m.rel_error = dense_sq > 0.0 ? std::sqrt(diff_sq / dense_sq)
+                                 : (diff_sq > 0.0 ? std::numeric_limits<double>::infinity() : 0.0);
+  });
+  return metrics;
+}
+
+}  // namespace crisp

@@ -1,0 +1,171 @@
+// src/cpu/cpu_attention.cpp — block-sparse causal attention on the CPU (§6 of the spec).
+//
+// One work item per (sequence, query head, query block r): the block's queries are scored
+// against each listed key block in ascending order with an online softmax (running max m, running
+// sum l, rescaled accumulator), exactly as a FlashAttention kernel, so O and LSE match the dense
+// softmax restricted to the listed blocks. The causal mask matters only on the diagonal block.
+// Q, K, V are packed once into contiguous buffers of the compute type (any input dtype and
+// strides); K block-transposed so Q·K^T is a run of broadcast-multiply-adds.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend.h"
+#include "cpu/cpu_common.h"
+#include "plan/rules.h"
+
+namespace crisp {
+namespace cpu {
+namespace {
+
+template <typename T>
+struct AttendInputs {
+  const PackedRows<T>& q;
+  const PackedKeys<T>& keys;
+  const PackedRows<T>& v;
+  const Plan& plan;
+  const BlockIndex& index;
+  const TensorView& out;
+  const TensorView& lse;
+  int64_t group;
+};
+
+// Per-thread scratch of one query block.
+template <typename T>
+struct Scratch {
+  std::vector<T> q_tile, scores, acc, row_max, row_sum;
+};
+
+// Attention of query block r of head h of sequence s; writes out and lse of the block's rows.
+template <typename T>
+CRISP_CPU_INLINE void attend_block_impl(const AttendInputs<T>& in, int64_t s, int64_t h, int32_t r,
+                                        Scratch<T>& scratch) {
+  const int B = in.plan.block_size;
+  const SequencePlan& sp = in.plan.sequences[s];
+  const HeadPlan& head = sp.heads[h];
+  const int64_t n = sp.n;
+  const int64_t row_begin = rules::block_begin(r, B);
+  const int rows = static_cast<int>(rules::block_end(r, B, n) - row_begin);
+  const int rows_pad = static_cast<int>(round_up(rows, kRowBlock));
+  const int64_t dpad = in.q.dpad;
+  const int64_t g = h / in.group;
+  const T scale = static_cast<T>(in.plan.softmax_scale);
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+
+  scratch.q_tile.assign(static_cast<size_t>(rows_pad * dpad), T(0));
+  std::copy(in.q.row(h, sp.token_offset + row_begin), in.q.row(h, sp.token_offset + row_begin) + rows * dpad,
+            scratch.q_tile.data());
+  scratch.scores.assign(static_cast<size_t>(rows_pad) * B, T(0));
+  scratch.acc.assign(static_cast<size_t>(rows_pad * dpad), T(0));
+  scratch.row_max.assign(static_cast<size_t>(rows), kNegInf);
+  scratch.row_sum.assign(static_cast<size_t>(rows), T(0));
+  T* scores = scratch.scores.data();
+  T* acc = scratch.acc.data();
+
+  for (int32_t e = head.row_ptr[r]; e < head.row_ptr[r + 1]; ++e) {
+    const int32_t c = head.col[e];
+    const int64_t col_begin = rules::block_begin(c, B);
+    const int cols = static_cast<int>(rules::block_end(c, B, n) - col_begin);
+    qk_tile(scratch.q_tile.data(), rows_pad, in.keys.tile(g, in.index.first_block[s] + c), dpad, B, scores, B);
+    for (int i = 0; i < rows; ++i) {
+      T* row = scores + static_cast<int64_t>(i) * B;
+      // Keys j < limit are visible: the whole block, or j <= i on the diagonal block.
+      const int limit = c == r ? i + 1 : cols;
+      T block_max = kNegInf;
+      for (int j = 0; j < limit; ++j) block_max = std::max(block_max, row[j] * scale);
+      const T new_max = std::max(scratch.row_max[i], block_max);
+      const T correction = fast_exp(scratch.row_max[i] - new_max);  // exp(-inf) = 0 on the first block
+      T block_sum = 0;
+#pragma omp simd reduction(+ : block_sum)
+      for (int j = 0; j < limit; ++j) {
+        const T p = fast_exp(row[j] * scale - new_max);
+        row[j] = p;
+        block_sum += p;
+      }
+      for (int j = limit; j < B; ++j) row[j] = T(0);
+      scratch.row_sum[i] = scratch.row_sum[i] * correction + block_sum;
+      scratch.row_max[i] = new_max;
+      T* acc_row = acc + i * dpad;
+#pragma omp simd
+      for (int64_t x = 0; x < dpad; ++x) acc_row[x] *= correction;
+    }
+    pv_tile(scores, B, rows_pad, in.v.row(g, sp.token_offset + col_begin), cols, dpad, acc);
+  }
+
+  // Every row has its diagonal block (check_well_formed guarantees it), so row_sum > 0.
+  const int64_t d = in.plan.head_dim;
+  for (int i = 0; i < rows; ++i) {
+    const T inv = T(1) / scratch.row_sum[i];
+    T* acc_row = acc + i * dpad;
+    for (int64_t x = 0; x < d; ++x) acc_row[x] *= inv;
+    const int64_t token = sp.token_offset + row_begin + i;
+    store_row(in.out, h, token, d, acc_row);
+    const double lse = static_cast<double>(scratch.row_max[i]) + std::log(static_cast<double>(scratch.row_sum[i]));
+    store_row(in.lse, h, token, 1, &lse);
+  }
+}
+
+CRISP_CPU_CLONES void attend_block(const AttendInputs<float>& in, int64_t s, int64_t h, int32_t r,
+                                   Scratch<float>& scratch) {
+  attend_block_impl(in, s, h, r, scratch);
+}
+CRISP_CPU_CLONES void attend_block(const AttendInputs<double>& in, int64_t s, int64_t h, int32_t r,
+                                   Scratch<double>& scratch) {
+  attend_block_impl(in, s, h, r, scratch);
+}
+
+template <typename T>
+void attend_all(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
+                const TensorView& out, const TensorView& lse, const Options& options) {
+  const int threads = thread_count(options);
+  SeqLens cu;
+  cu.push_back(0);
+  for (const SequencePlan& sp : plan.sequences) cu.push_back(sp.token_offset + sp.n);
+  const BlockIndex index(cu, plan.block_size);
+  const PackedRows<T> q_rows = pack_rows<T>(q, threads);
+  const PackedKeys<T> keys = pack_keys<T>(k, cu, index, threads);
+  const PackedRows<T> v_rows = pack_rows<T>(v, threads);
+  const AttendInputs<T> inputs{q_rows, keys, v_rows, plan, index, out, lse, q.heads() / k.heads()};
+
+  // Work items (s, h, r), the longest rows (largest r, most blocks) first for load balance.
+  struct Item {
+    int64_t s, h;
+    int32_t r;
+  };
+  std::vector<Item> items;
+  for (int64_t s = 0; s < static_cast<int64_t>(plan.sequences.size()); ++s)
+    for (int64_t h = 0; h < q.heads(); ++h)
+      for (int32_t r = 0; r < plan.sequences[s].num_blocks; ++r) items.push_back({s, h, r});
+  std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+    const HeadPlan& ha = plan.sequences[a.s].heads[a.h];
+    const HeadPlan& hb = plan.sequences[b.s].heads[b.h];
+    return ha.row_ptr[a.r + 1] - ha.row_ptr[a.r] > hb.row_ptr[b.r + 1] - hb.row_ptr[b.r];
+  });
+  std::vector<Scratch<T>> scratch(static_cast<size_t>(std::max(threads, 1)));
+  parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t i) {
+#if defined(_OPENMP)
+    Scratch<T>& mine = scratch[omp_get_thread_num()];
+#else
+    Scratch<T>& mine = scratch[0];
+#endif
+    attend_block(inputs, items[i].s, items[i].h, items[i].r, mine);
+  });
+}
+
+}  // namespace
+}  // namespace cpu
+
+namespace detail {
+
+void cpu_attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
+                const TensorView& out, const TensorView& lse, const Options& options) {
+  if (options.precision == Precision::f64) {
+    cpu::attend_all<double>(q, k, v, plan, out, lse, options);
+  } else {
+    cpu::attend_all<float>(q, k, v, plan, out, lse, options);
+  }
+}
+
+}  // namespace detail
+}  // namespace crisp

@@ -1,0 +1,336 @@
+// src/cpu/cpu_common.h — shared pieces of the CPU backend: strided element I/O for every dtype,
+// packing of Q/K/V into contiguous compute buffers, OpenMP helpers and the register-blocked
+// micro-kernels of the planner and the attention.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <vector>
+
+#include "cpu/half.h"
+#include "crisp/crisp.h"
+#include "crisp/tensor.h"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+// Hot loops are compiled once per instruction set and picked at load time (GCC function
+// multi-versioning), so one portable binary still runs AVX-512/AVX2 code where the CPU has it.
+// Every helper called from a multi-versioned function is CRISP_CPU_INLINE so it is compiled with
+// the caller's instruction set.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define CRISP_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CRISP_CPU_CLONES
+#endif
+#if defined(__GNUC__)
+#define CRISP_CPU_INLINE inline __attribute__((always_inline))
+#else
+#define CRISP_CPU_INLINE inline
+#endif
+
+namespace crisp {
+namespace cpu {
+
+// NOTE: the head dimension of every packed buffer is padded with zeros to a multiple of this, so
+// the micro-kernels need no remainder loops (zeros change no dot product).
+constexpr int64_t kDimAlign = 16;
+// NOTE: query rows are processed four at a time by the micro-kernels (register blocking).
+constexpr int kRowBlock = 4;
+// NOTE: 16 columns (one AVX-512 float vector, two AVX2 vectors) per register tile.
+constexpr int kColBlock = 16;
+
+inline int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// Threads for a call: options.num_threads, or every hardware thread when 0.
+inline int thread_count(const Options& options) {
+#if defined(_OPENMP)
+  return options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
+#else
+  (void)options;
+  return 1;
+#endif
+}
+
+// Runs body(i) for i in [0, count) on `threads` threads with dynamic scheduling. An exception
+// thrown by any iteration is rethrown on the calling thread after the loop (an exception may
+// not leave an OpenMP region).
+template <typename Body>
+void parallel_for(int64_t count, int threads, Body&& body) {
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t i = 0; i < count; ++i) {
+    try {
+      body(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+// ---------------------------------------------------------------- strided element I/O
+// Converts `count` elements of the view starting at (h, t, 0) (stride view.stride[2]) into dst.
+template <typename T>
+void load_row(const TensorView& view, int64_t h, int64_t t, int64_t count, T* dst) {
+  const int64_t base = view.offset(h, t, 0);
+  const int64_t step = view.rank == 3 ? view.stride[2] : 1;
+  switch (view.dtype) {
+    case DType::f32: {
+      const float* src = static_cast<const float*>(view.data) + base;
+      for (int64_t x = 0; x < count; ++x) dst[x] = static_cast<T>(src[x * step]);
+      break;
+    }
+    case DType::f64: {
+      const double* src = static_cast<const double*>(view.data) + base;
+      for (int64_t x = 0; x < count; ++x) dst[x] = static_cast<T>(src[x * step]);
+      break;
+    }
+    case DType::f16: {
+      const uint16_t* src = static_cast<const uint16_t*>(view.data) + base;
+      for (int64_t x = 0; x < count; ++x) dst[x] = static_cast<T>(half::f16_to_float(src[x * step]));
+      break;
+    }
+    case DType::bf16: {
+      const uint16_t* src = static_cast<const uint16_t*>(view.data) + base;
+      for (int64_t x = 0; x < count; ++x) dst[x] = static_cast<T>(half::bf16_to_float(src[x * step]));
+      break;
+    }
+  }
+}
+
+// Writes `count` values to the view starting at (h, t, 0), converting to its dtype.
+template <typename T>
+void store_row(const TensorView& view, int64_t h, int64_t t, int64_t count, const T* src) {
+  const int64_t base = view.offset(h, t, 0);
+  const int64_t step = view.rank == 3 ? view.stride[2] : 1;
+  switch (view.dtype) {
+    case DType::f32: {
+      float* dst = static_cast<float*>(view.data) + base;
+      for (int64_t x = 0; x < count; ++x) dst[x * step] = static_cast<float>(src[x]);
+      break;
+    }
+    case DType::f64: {
+      double* dst = static_cast<double*>(view.data) + base;
+      for (int64_t x = 0; x < count; ++x) dst[x * step] = static_cast<double>(src[x]);
+      break;
+    }
+    case DType::f16: {
+      uint16_t* dst = static_cast<uint16_t*>(view.data) + base;
+      for (int64_t x = 0; x < count; ++x) dst[x * step] = half::float_to_f16(static_cast<float>(src[x]));
+      break;
+    }
+    case DType::bf16: {
+      uint16_t* dst = static_cast<uint16_t*>(view.data) + base;
+      for (int64_t x = 0; x < count; ++x) dst[x * step] = half::float_to_bf16(static_cast<float>(src[x]));
+      break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- packed buffers
+// Where each sequence's key blocks start in a packed [heads][total blocks] array.
+struct BlockIndex {
+  std::vector<int64_t> first_block;  // per sequence: sum of N over earlier sequences
+  int64_t total_blocks = 0;
+  int block = 128;
+  BlockIndex(const SeqLens& cu, int block_size) : block(block_size) {
+    const size_t sequences = cu.size() - 1;
+    first_block.resize(sequences);
+    for (size_t s = 0; s < sequences; ++s) {
+      first_block[s] = total_blocks;
+      total_blocks += (cu[s + 1] - cu[s] + block_size - 1) / block_size;
+    }
+  }
+};
+
+// K packed block-transposed: for kv head g, sequence s, key block c, a [dpad][B] tile whose
+// column j is key c*B + j of the sequence (zero beyond the sequence end). The transposed tile
+// turns Q·K^T into broadcast-multiply-adds along contiguous key columns (no horizontal sums).
+template <typename T>
+struct PackedKeys {
+  std::vector<T> data;
+  int64_t dpad = 0;
+  int block = 128;
+  int64_t total_blocks = 0;
+  const T* tile(int64_t g, int64_t global_block) const {
+    return data.data() + ((g * total_blocks + global_block) * dpad) * block;
+  }
+};
+
+template <typename T>
+PackedKeys<T> pack_keys(const TensorView& k, const SeqLens& cu, const BlockIndex& index, int threads) {
+  PackedKeys<T> packed;
+  const int64_t d = k.dim();
+  packed.dpad = round_up(d, kDimAlign);
+  packed.block = index.block;
+  packed.total_blocks = index.total_blocks;
+  const int B = index.block;
+  packed.data.assign(static_cast<size_t>(k.heads() * index.total_blocks * packed.dpad * B), T(0));
+  const int64_t sequences = static_cast<int64_t>(cu.size()) - 1;
+  // One work item per (kv head, sequence, block).
+  std::vector<std::pair<int64_t, int32_t>> items;  // (sequence, block)
+  for (int64_t s = 0; s < sequences; ++s) {
+    const int64_t N = (cu[s + 1] - cu[s] + B - 1) / B;
+    for (int64_t c = 0; c < N; ++c) items.emplace_back(s, static_cast<int32_t>(c));
+  }
+  const int64_t per_head = static_cast<int64_t>(items.size());
+  parallel_for(k.heads() * per_head, threads, [&](int64_t i) {
+    const int64_t g = i / per_head;
+    const int64_t s = items[i % per_head].first;
+    const int32_t c = items[i % per_head].second;
+    const int64_t begin = cu[s] + static_cast<int64_t>(c) * B;
+    const int64_t end = std::min(begin + B, cu[s + 1]);
+    T* tile = packed.data.data() + ((g * packed.total_blocks + index.first_block[s] + c) * packed.dpad) * B;
+    std::vector<T> row(static_cast<size_t>(d));
+    for (int64_t t = begin; t < end; ++t) {
+      load_row(k, g, t, d, row.data());
+      const int64_t j = t - begin;
+      for (int64_t x = 0; x < d; ++x) tile[x * B + j] = row[x];
+    }
+  });
+  return packed;
+}
+
+// A view packed row-major: [heads][tokens][dpad], zero padded in the head dimension.
+template <typename T>
+struct PackedRows {
+  std::vector<T> data;
+  int64_t tokens = 0;
+  int64_t dpad = 0;
+  const T* row(int64_t h, int64_t t) const { return data.data() + (h * tokens + t) * dpad; }
+};
+
+template <typename T>
+PackedRows<T> pack_rows(const TensorView& view, int threads) {
+  PackedRows<T> packed;
+  packed.tokens = view.tokens();
+  packed.dpad = round_up(view.dim(), kDimAlign);
+  packed.data.assign(static_cast<size_t>(view.heads() * packed.tokens * packed.dpad), T(0));
+  // NOTE: 256 rows per work item keeps the scheduling overhead negligible.
+  constexpr int64_t kRowsPerItem = 256;
+  const int64_t chunks = (packed.tokens + kRowsPerItem - 1) / kRowsPerItem;
+  parallel_for(view.heads() * chunks, threads, [&](int64_t i) {
+    const int64_t h = i / chunks;
+    const int64_t begin = (i % chunks) * kRowsPerItem;
+    const int64_t end = std::min(begin + kRowsPerItem, packed.tokens);
+    for (int64_t t = begin; t < end; ++t)
+      load_row(view, h, t, view.dim(), packed.data.data() + (h * packed.tokens + t) * packed.dpad);
+  });
+  return packed;
+}
+
+// ---------------------------------------------------------------- micro-kernels
+// S[i][j] = sum_x Q[i][x] * Kt[x][j] for i < rows_pad (a multiple of kRowBlock) and j < B (a
+// multiple of kColBlock). q has leading dimension dpad; kt is a [dpad][B] tile; s has leading
+// dimension lds. Raw dot products: the caller applies the softmax scale.
+template <typename T>
+CRISP_CPU_INLINE void qk_tile(const T* q, int rows_pad, const T* kt, int64_t dpad, int B, T* s,
+                              int64_t lds) {
+  for (int i0 = 0; i0 < rows_pad; i0 += kRowBlock) {
+    const T* q0 = q + (i0 + 0) * dpad;
+    const T* q1 = q + (i0 + 1) * dpad;
+    const T* q2 = q + (i0 + 2) * dpad;
+    const T* q3 = q + (i0 + 3) * dpad;
+    for (int j0 = 0; j0 < B; j0 += kColBlock) {
+      T a0[kColBlock] = {}, a1[kColBlock] = {}, a2[kColBlock] = {}, a3[kColBlock] = {};
+      for (int64_t x = 0; x < dpad; ++x) {
+        const T* k = kt + x * B + j0;
+        const T b0 = q0[x], b1 = q1[x], b2 = q2[x], b3 = q3[x];
+#pragma omp simd
+        for (int j = 0; j < kColBlock; ++j) {
+          a0[j] += b0 * k[j];
+          a1[j] += b1 * k[j];
+          a2[j] += b2 * k[j];
+          a3[j] += b3 * k[j];
+        }
+      }
+      T* s0 = s + (i0 + 0) * lds + j0;
+      T* s1 = s + (i0 + 1) * lds + j0;
+      T* s2 = s + (i0 + 2) * lds + j0;
+      T* s3 = s + (i0 + 3) * lds + j0;
+      for (int j = 0; j < kColBlock; ++j) {
+        s0[j] = a0[j];
+        s1[j] = a1[j];
+        s2[j] = a2[j];
+        s3[j] = a3[j];
+      }
+    }
+  }
+}
+
+// acc[i][x] += sum_{j < cols} P[i][j] * V[j][x] for i < rows_pad, x < dpad (a multiple of
+// kColBlock). p has leading dimension ldp; v rows are dpad apart; acc has leading dimension dpad.
+template <typename T>
+CRISP_CPU_INLINE void pv_tile(const T* p, int ldp, int rows_pad, const T* v, int cols, int64_t dpad,
+                              T* acc) {
+  for (int i0 = 0; i0 < rows_pad; i0 += kRowBlock) {
+    const T* p0 = p + (i0 + 0) * ldp;
+    const T* p1 = p + (i0 + 1) * ldp;
+    const T* p2 = p + (i0 + 2) * ldp;
+    const T* p3 = p + (i0 + 3) * ldp;
+    for (int64_t x0 = 0; x0 < dpad; x0 += kColBlock) {
+      T a0[kColBlock], a1[kColBlock], a2[kColBlock], a3[kColBlock];
+      T* o0 = acc + (i0 + 0) * dpad + x0;
+      T* o1 = acc + (i0 + 1) * dpad + x0;
+      T* o2 = acc + (i0 + 2) * dpad + x0;
+      T* o3 = acc + (i0 + 3) * dpad + x0;
+      for (int x = 0; x < kColBlock; ++x) {
+        a0[x] = o0[x];
+        a1[x] = o1[x];
+        a2[x] = o2[x];
+        a3[x] = o3[x];
+      }
+      for (int j = 0; j < cols; ++j) {
+        const T* vr = v + j * dpad + x0;
+        const T b0 = p0[j], b1 = p1[j], b2 = p2[j], b3 = p3[j];
+#pragma omp simd
+        for (int x = 0; x < kColBlock; ++x) {
+          a0[x] += b0 * vr[x];
+          a1[x] += b1 * vr[x];
+          a2[x] += b2 * vr[x];
+          a3[x] += b3 * vr[x];
+        }
+      }
+      for (int x = 0; x < kColBlock; ++x) {
+        o0[x] = a0[x];
+        o1[x] = a1[x];
+        o2[x] = a2[x];
+        o3[x] = a3[x];
+      }
+    }
+  }
+}
+
+// exp for the float path, vectorizable inside `omp simd` loops (std::exp is not).
+// Cody-Waite range reduction x = k ln2 + r, |r| <= ln2/2, and a degree-6 Taylor polynomial:
+// relative error below 2e-7 (about 2 ulp). Arguments below -87 return ~1e-38 instead of a
+// denormal or zero; callers only pass x <= 0 and mask excluded keys explicitly.
+CRISP_CPU_INLINE float fast_exp(float x) {
+  x = std::max(x, -87.0f);
+  x = std::min(x, 88.0f);
+  const float k = std::nearbyint(x * 1.44269504088896341f);
+  float r = x - k * 0.693145751953125f;  // ln2 high part (exact in float)
+  r = r - k * 1.42860682030941723212e-6f;  // ln2 low part
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+CRISP_CPU_INLINE double fast_exp(double x) { return std::exp(x); }
+
+}  // namespace cpu
+}  // namespace crisp
