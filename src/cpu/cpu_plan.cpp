@@ -398,11 +398,15 @@ HeadPlan plan_head(const PlanInputs<T>& in, int64_t s, int64_t h) {
         break;
     }
   }
-  // Budget clamps, for every VS rule and for PE heads.
+  // Budget clamps. min_budget applies to every VS rule and to PE heads (§4: "union with the
+  // min_budget verticals/slashes"); max_budget clamps the VS rules' selection only (§3), a PE head
+  // keeping exactly {0} plus its min_budget blocks.
   add_until(vertical, vertical_order, min_blocks);
   add_until(slash, slash_order, min_blocks);
-  trim_to(vertical, vertical_order, max_blocks);
-  trim_to(slash, slash_order, max_blocks);
+  if (head.route == Route::vs) {
+    trim_to(vertical, vertical_order, max_blocks);
+    trim_to(slash, slash_order, max_blocks);
+  }
   head.vertical = flagged(vertical);
   head.slash = flagged(slash);
 
