@@ -327,6 +327,22 @@ void DevicePlan::upload(const Plan& plan, void* stream_ptr) {
       c_struct[sl] = static_cast<float>(hp.c_struct);
       jsd[sl] = static_cast<float>(hp.jsd);
       nnz[sl] = static_cast<int32_t>(hp.col.size());
+      // The kernels index K/V with these columns: re-check the bounds that make that
+      // memory-safe here, whatever check_well_formed covers.
+      const bool rows_ok = hp.row_ptr.size() == static_cast<std::size_t>(b.num_blocks) + 1 && hp.row_ptr[0] == 0 &&
+                           hp.row_ptr.back() == static_cast<int32_t>(hp.col.size()) &&
+                           static_cast<int64_t>(hp.col.size()) <= rules::causal_blocks(b.num_blocks);
+      if (!rows_ok)
+        throw Error("plan", "sequence " + std::to_string(s) + ", head " + std::to_string(h) + " has a malformed row_ptr",
+                    "N + 1 offsets from 0 to nnz <= N(N+1)/2");
+      for (int32_t r = 0; r < b.num_blocks; ++r) {
+        if (hp.row_ptr[r + 1] < hp.row_ptr[r])
+          throw Error("plan", "row_ptr decreases at row " + std::to_string(r), "non-decreasing offsets");
+        for (int32_t e = hp.row_ptr[r]; e < hp.row_ptr[r + 1]; ++e)
+          if (hp.col[e] < 0 || hp.col[e] > r)
+            throw Error("plan", "row " + std::to_string(r) + " lists key block " + std::to_string(hp.col[e]),
+                        "key blocks in [0, row]");
+      }
       const int64_t fo = layout::block_array_offset(b, h, H);
       for (int32_t x : hp.vertical) {
         if (x < 0 || x >= b.num_blocks)

@@ -1,0 +1,146 @@
+// src/cuda/attention.cu — crisp::cuda::attend_async: argument checks, the dispatch on
+// (dtype, head dim, block size) and the launch of the block-sparse attention kernel.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "crisp/cuda.h"
+#include "cuda/attention_kernel.cuh"
+#include "cuda/cuda_check.h"
+#include "cuda/device_plan_internal.h"
+
+namespace crisp {
+namespace cuda {
+
+namespace {
+
+namespace att = cuda_detail::attention;
+
+std::string shape_string(const TensorView& t) {
+  std::string s = "[" + std::to_string(t.shape[0]) + ", " + std::to_string(t.shape[1]);
+  if (t.rank == 3) s += ", " + std::to_string(t.shape[2]);
+  return s + "]";
+}
+
+void check_view(const char* name, const TensorView& t, int rank, int64_t heads, int64_t tokens, int64_t dim) {
+  if (t.device != Device::cuda)
+    throw Error(name, std::string("is on ") + to_string(t.device), "a view on Device::cuda");
+  if (t.data == nullptr) throw Error(name, "has a null data pointer", "device memory");
+  if (t.rank != rank) throw Error(name, "has rank " + std::to_string(t.rank), "rank " + std::to_string(rank));
+  const bool shape_ok = t.shape[0] == heads && t.shape[1] == tokens && (rank == 2 || t.shape[2] == dim);
+  if (!shape_ok) {
+    std::string want = "[" + std::to_string(heads) + ", " + std::to_string(tokens);
+    if (rank == 3) want += ", " + std::to_string(dim);
+    throw Error(name, "has shape " + shape_string(t), want + "] (the DevicePlan's shape)");
+  }
+}
+
+// q/k/v/out rows are copied in 16-byte pieces (cp.async) and written 4 bytes at a time.
+void check_rows(const char* name, const TensorView& t) {
+  if (t.stride[2] != 1)
+    throw Error(name, "has last-dimension stride " + std::to_string(t.stride[2]), "1 (contiguous head dim)");
+  const std::size_t es = dtype_size(t.dtype);
+  const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 &&
+                       (t.stride[0] * static_cast<int64_t>(es)) % 16 == 0 &&
+                       (t.stride[1] * static_cast<int64_t>(es)) % 16 == 0;
+  if (!aligned)
+    throw Error(name, "rows are not 16-byte aligned",
+                "a 16-byte aligned base pointer and head/token strides that are multiples of 16 bytes");
+}
+
+template <typename T, int kDim, int kBlock>
+void launch(const att::Params& params, int64_t num_ctas, cudaStream_t stream) {
+  constexpr int kThreads = kBlock / att::kRowsPerWarp * 32;
+  constexpr int kSmemBytes = 4 * att::kKeyTile * kDim * static_cast<int>(sizeof(T));
+  auto kernel = att::block_sparse_attention_kernel<T, kDim, kBlock>;
+  CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  if (num_ctas > 0x7fffffffLL)
+    throw Error("q", "needs " + std::to_string(num_ctas) + " thread blocks", "fewer than 2^31");
+  kernel<<<static_cast<unsigned>(num_ctas), kThreads, kSmemBytes, stream>>>(params);
+  CRISP_CUDA_CHECK_LAUNCH("block_sparse_attention_kernel");
+}
+
+template <typename T>
+void dispatch_dim_block(const att::Params& params, int64_t head_dim, int block, int64_t num_ctas,
+                        cudaStream_t stream) {
+  if (head_dim == 128) {
+    if (block == 128) return launch<T, 128, 128>(params, num_ctas, stream);
+    return launch<T, 128, 64>(params, num_ctas, stream);
+  }
+  if (block == 128) return launch<T, 64, 128>(params, num_ctas, stream);
+  return launch<T, 64, 64>(params, num_ctas, stream);
+}
+
+}  // namespace
+
+void attend_async(const TensorView& q, const TensorView& k, const TensorView& v, const DevicePlan& plan,
+                  const TensorView& out, const TensorView& lse, void* stream_ptr) {
+  const cuda_detail::DevicePlanView& view = cuda_detail::view_of(plan);
+  const int64_t Hq = plan.num_q_heads(), Hkv = plan.num_kv_heads(), d = plan.head_dim();
+  const int64_t tokens = plan.total_tokens();
+  const int block = plan.block_size();
+
+  check_view("q", q, 3, Hq, tokens, d);
+  check_view("k", k, 3, Hkv, tokens, d);
+  check_view("v", v, 3, Hkv, tokens, d);
+  check_view("out", out, 3, Hq, tokens, d);
+  check_view("lse", lse, 2, Hq, tokens, 1);
+  if (q.dtype != DType::bf16 && q.dtype != DType::f16)
+    throw Error("q", std::string("has dtype ") + to_string(q.dtype), "bf16 or f16 on the CUDA backend");
+  if (k.dtype != q.dtype) throw Error("k", std::string("has dtype ") + to_string(k.dtype), to_string(q.dtype));
+  if (v.dtype != q.dtype) throw Error("v", std::string("has dtype ") + to_string(v.dtype), to_string(q.dtype));
+  if (out.dtype != q.dtype)
+    throw Error("out", std::string("has dtype ") + to_string(out.dtype),
+                std::string(to_string(q.dtype)) + " (the input dtype, on the CUDA backend)");
+  if (lse.dtype != DType::f32)
+    throw Error("lse", std::string("has dtype ") + to_string(lse.dtype), "f32 on the CUDA backend");
+  if (d != 64 && d != 128)
+    throw Error("q", "has head dim " + std::to_string(d), "64 or 128 on the CUDA backend");
+  if (block != 64 && block != 128)
+    throw Error("plan", "has block size " + std::to_string(block), "64 or 128");
+  check_rows("q", q);
+  check_rows("k", k);
+  check_rows("v", v);
+  check_rows("out", out);
+
+  att::Params params{};
+  params.q = q.data;
+  params.k = k.data;
+  params.v = v.data;
+  params.out = out.data;
+  params.lse = static_cast<float*>(lse.data);
+  params.q_stride_head = q.stride[0];
+  params.q_stride_token = q.stride[1];
+  params.k_stride_head = k.stride[0];
+  params.k_stride_token = k.stride[1];
+  params.v_stride_head = v.stride[0];
+  params.v_stride_token = v.stride[1];
+  params.o_stride_head = out.stride[0];
+  params.o_stride_token = out.stride[1];
+  params.lse_stride_head = lse.stride[0];
+  params.lse_stride_token = lse.stride[1];
+  params.num_q_heads = static_cast<int32_t>(Hq);
+  params.q_per_kv = static_cast<int32_t>(Hq / Hkv);
+  int32_t max_blocks = 0;
+  const SeqLens& cu = plan.cu_seqlens();
+  for (std::size_t s = 0; s + 1 < cu.size(); ++s)
+    max_blocks = std::max(max_blocks, static_cast<int32_t>((cu[s + 1] - cu[s] + block - 1) / block));
+  params.max_num_blocks = max_blocks;
+  params.scale = static_cast<float>(plan.softmax_scale());
+  params.scale_log2 = static_cast<float>(plan.softmax_scale() * 1.4426950408889634);  // log2(e)
+  params.plan = view;
+
+  const int64_t num_ctas = Hq * plan.num_sequences() * static_cast<int64_t>(max_blocks);
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  if (q.dtype == DType::bf16)
+    dispatch_dim_block<__nv_bfloat16>(params, d, block, num_ctas, stream);
+  else
+    dispatch_dim_block<__half>(params, d, block, num_ctas, stream);
+}
+
+}  // namespace cuda
+}  // namespace crisp

@@ -1,0 +1,504 @@
+// tests/gpu/test_gpu_attention.cpp — the CUDA block-sparse attention kernel against the CPU float64
+// reference on the same plan and the same (bf16/fp16-rounded) inputs, plus the DevicePlan round
+// trip and the argument checks. Every test skips itself when no CUDA device is present.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/half.h"
+#include "crisp/crisp.h"
+#include "crisp/cuda.h"
+#include "crisp/workload.h"
+
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device"
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+// Device memory owned by a test.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) {
+    if (cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+uint16_t to_bits(float x, crisp::DType dt) {
+  return dt == crisp::DType::bf16 ? crisp::half::float_to_bf16(x) : crisp::half::float_to_f16(x);
+}
+float from_bits(uint16_t b, crisp::DType dt) {
+  return dt == crisp::DType::bf16 ? crisp::half::bf16_to_float(b) : crisp::half::f16_to_float(b);
+}
+
+// Rounds `values` to the dtype: the bits for the device, the rounded floats for the reference.
+void round_to(const std::vector<float>& values, crisp::DType dt, std::vector<uint16_t>& bits,
+              std::vector<float>& rounded) {
+  bits.resize(values.size());
+  rounded.resize(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    bits[i] = to_bits(values[i], dt);
+    rounded[i] = from_bits(bits[i], dt);
+  }
+}
+
+enum class Layout { dense, crisp_plan, random };
+
+struct Case {
+  std::string name;
+  crisp::DType dtype;
+  int64_t head_dim;
+  int block_size;
+  int64_t num_q_heads, num_kv_heads;
+  std::vector<int64_t> seq_lens;
+  Layout layout;
+  double random_density;  // share of the off-anchor causal blocks kept (Layout::random)
+  uint64_t seed;
+};
+
+std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
+
+// A random layout of the plan's shape: per (sequence, head, row) the anchors (block 0, and blocks
+// r and r-1 that the local slash anchor reaches under the exact cover) plus each other block c
+// with probability `keep`. Routed PE (its entries are free-form).
+crisp::Plan random_plan(const crisp::Plan& dense, double keep, uint64_t seed) {
+  crisp::Plan plan = dense;
+  std::mt19937_64 rng(seed);
+  std::bernoulli_distribution take(keep);
+  for (auto& sp : plan.sequences) {
+    for (auto& hp : sp.heads) {
+      hp.route = crisp::Route::pe;
+      hp.vertical = {0};
+      hp.slash = {0};
+      hp.row_ptr.assign(1, 0);
+      hp.col.clear();
+      for (int32_t r = 0; r < sp.num_blocks; ++r) {
+        for (int32_t c = 0; c <= r; ++c)
+          if (c == 0 || c >= r - 1 || take(rng)) hp.col.push_back(c);
+        hp.row_ptr.push_back(static_cast<int32_t>(hp.col.size()));
+      }
+      hp.density = static_cast<double>(hp.col.size()) /
+                   (static_cast<double>(sp.num_blocks) * (sp.num_blocks + 1) / 2.0);
+    }
+  }
+  return plan;
+}
+
+class GpuAttention : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuAttention, MatchesFloat64ReferenceAndWritesEveryElement) {
+  SKIP_WITHOUT_GPU();
+  const Case& c = GetParam();
+
+  crisp::WorkloadSpec spec;
+  spec.num_q_heads = c.num_q_heads;
+  spec.num_kv_heads = c.num_kv_heads;
+  spec.head_dim = c.head_dim;
+  spec.seq_lens = c.seq_lens;
+  spec.seed = c.seed;
+  crisp::Workload w = crisp::make_workload(spec);
+  const int64_t tokens = w.total_tokens;
+  const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, d = c.head_dim;
+
+  std::vector<uint16_t> q_bits, k_bits, v_bits;
+  std::vector<float> q_r, k_r, v_r;
+  round_to(w.q, c.dtype, q_bits, q_r);
+  round_to(w.k, c.dtype, k_bits, k_r);
+  round_to(w.v, c.dtype, v_bits, v_r);
+  const auto cpu_q = crisp::TensorView::contiguous(q_r.data(), crisp::DType::f32, Hq, tokens, d);
+  const auto cpu_k = crisp::TensorView::contiguous(k_r.data(), crisp::DType::f32, Hkv, tokens, d);
+  const auto cpu_v = crisp::TensorView::contiguous(v_r.data(), crisp::DType::f32, Hkv, tokens, d);
+
+  crisp::Plan plan;
+  const crisp::Plan dense = crisp::dense_plan(Hq, Hkv, d, w.cu_seqlens, c.block_size);
+  if (c.layout == Layout::dense) {
+    plan = dense;
+  } else if (c.layout == Layout::crisp_plan) {
+    crisp::Config cfg = crisp::Config::from_preset("crisp");
+    cfg.block_size = c.block_size;
+    plan = crisp::plan(cpu_q, cpu_k, cfg, w.cu_seqlens);
+  } else {
+    plan = random_plan(dense, c.random_density, c.seed * 7919 + 1);
+  }
+
+  // Reference: float64 CPU attention on the rounded inputs, same plan.
+  std::vector<double> ref_out(static_cast<std::size_t>(Hq * tokens * d)), ref_lse(static_cast<std::size_t>(Hq * tokens));
+  crisp::Options f64;
+  f64.precision = crisp::Precision::f64;
+  crisp::attend(cpu_q, cpu_k, cpu_v, plan,
+                crisp::TensorView::contiguous(ref_out.data(), crisp::DType::f64, Hq, tokens, d),
+                crisp::TensorView::contiguous2d(ref_lse.data(), crisp::DType::f64, Hq, tokens), f64);
+
+  // Device run, outputs poisoned with NaN.
+  const std::size_t q_bytes = q_bits.size() * 2, kv_bytes = k_bits.size() * 2;
+  DeviceBuffer dq(q_bytes), dk(kv_bytes), dv(kv_bytes), dout(q_bytes), dlse(Hq * tokens * sizeof(float));
+  ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr);
+  CUDA_OK(cudaMemcpy(dq.ptr, q_bits.data(), q_bytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dk.ptr, k_bits.data(), kv_bytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dv.ptr, v_bits.data(), kv_bytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(dout.ptr, 0xff, q_bytes));                         // 0xffff: NaN in f16 and bf16
+  CUDA_OK(cudaMemset(dlse.ptr, 0xff, Hq * tokens * sizeof(float)));      // 0xffffffff: NaN
+  const auto dev = crisp::Device::cuda;
+  crisp::cuda::DevicePlan dplan(plan);
+  crisp::cuda::attend_async(crisp::TensorView::contiguous(dq.ptr, c.dtype, Hq, tokens, d, dev),
+                            crisp::TensorView::contiguous(dk.ptr, c.dtype, Hkv, tokens, d, dev),
+                            crisp::TensorView::contiguous(dv.ptr, c.dtype, Hkv, tokens, d, dev), dplan,
+                            crisp::TensorView::contiguous(dout.ptr, c.dtype, Hq, tokens, d, dev),
+                            crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, Hq, tokens, dev));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> out_bits(q_bits.size());
+  std::vector<float> lse(static_cast<std::size_t>(Hq * tokens));
+  CUDA_OK(cudaMemcpy(out_bits.data(), dout.ptr, q_bytes, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(lse.data(), dlse.ptr, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+
+  // Per (sequence, head): relative Frobenius error of O <= 1e-2, LSE within 1e-3 (absolute, it is
+  // a log), and no element left unwritten (NaN).
+  double worst_rel = 0.0, worst_lse = 0.0;
+  for (std::size_t s = 0; s + 1 < w.cu_seqlens.size(); ++s) {
+    for (int64_t h = 0; h < Hq; ++h) {
+      double err2 = 0.0, ref2 = 0.0;
+      for (int64_t t = w.cu_seqlens[s]; t < w.cu_seqlens[s + 1]; ++t) {
+        const float l = lse[h * tokens + t];
+        ASSERT_TRUE(std::isfinite(l)) << "lse unwritten or non-finite at head " << h << ", token " << t;
+        worst_lse = std::max(worst_lse, std::fabs(l - ref_lse[h * tokens + t]));
+        for (int64_t x = 0; x < d; ++x) {
+          const std::size_t i = static_cast<std::size_t>((h * tokens + t) * d + x);
+          const float o = from_bits(out_bits[i], c.dtype);
+          ASSERT_TRUE(std::isfinite(o)) << "out unwritten or non-finite at head " << h << ", token " << t
+                                        << ", dim " << x;
+          err2 += (o - ref_out[i]) * (o - ref_out[i]);
+          ref2 += ref_out[i] * ref_out[i];
+        }
+      }
+      const double rel = std::sqrt(err2 / ref2);
+      worst_rel = std::max(worst_rel, rel);
+      EXPECT_LE(rel, 1e-2) << "sequence " << s << ", head " << h;
+    }
+  }
+  EXPECT_LE(worst_lse, 1e-3);
+  std::printf("[ %s ] density %.3f, worst rel. error of O %.2e, worst |LSE - ref| %.2e\n", c.name.c_str(),
+              plan.density(), worst_rel, worst_lse);
+}
+
+constexpr auto bf16 = crisp::DType::bf16;
+constexpr auto f16 = crisp::DType::f16;
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuAttention,
+    ::testing::Values(
+        // name, dtype, d, B, Hq, Hkv, seq_lens, layout, random density, seed
+        Case{"bf16_d128_B128_dense_gqa4_unaligned", bf16, 128, 128, 8, 2, {1000}, Layout::dense, 0, 1},
+        Case{"bf16_d128_B128_crisp_gqa4", bf16, 128, 128, 8, 2, {3000}, Layout::crisp_plan, 0, 2},
+        Case{"bf16_d128_B64_crisp_gqa8", bf16, 128, 64, 8, 1, {1777}, Layout::crisp_plan, 0, 3},
+        Case{"fp16_d128_B128_random30_gqa1", f16, 128, 128, 4, 4, {2100}, Layout::random, 0.3, 4},
+        Case{"fp16_d64_B128_dense_gqa1", f16, 64, 128, 4, 4, {1300}, Layout::dense, 0, 5},
+        Case{"bf16_d64_B64_random20_gqa4", bf16, 64, 64, 8, 2, {2049}, Layout::random, 0.2, 6},
+        Case{"bf16_d64_B128_crisp_gqa4", bf16, 64, 128, 4, 1, {2500}, Layout::crisp_plan, 0, 7},
+        Case{"fp16_d64_B64_crisp_gqa8", f16, 64, 64, 8, 1, {1500}, Layout::crisp_plan, 0, 8},
+        Case{"bf16_d128_B128_n_below_block", bf16, 128, 128, 4, 1, {37}, Layout::dense, 0, 9},
+        Case{"fp16_d64_B64_n_below_block", f16, 64, 64, 4, 2, {3}, Layout::dense, 0, 10},
+        Case{"bf16_d128_B128_varlen_dense", bf16, 128, 128, 8, 2, {50, 700, 129, 1024}, Layout::dense, 0, 11},
+        Case{"bf16_d128_B64_varlen_random10_gqa8", bf16, 128, 64, 8, 1, {300, 1200, 65, 901}, Layout::random, 0.1, 12},
+        Case{"fp16_d64_B128_varlen_crisp", f16, 64, 128, 4, 2, {1500, 77, 2200}, Layout::crisp_plan, 0, 13},
+        Case{"bf16_d64_B64_varlen_random5", bf16, 64, 64, 4, 1, {640, 3000}, Layout::random, 0.05, 14}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// ------------------------------------------------------------------ DevicePlan
+
+crisp::Plan structured_plan(int block, uint64_t seed, std::vector<int64_t> lens) {
+  crisp::WorkloadSpec spec;
+  spec.num_q_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.seq_lens = std::move(lens);
+  spec.seed = seed;
+  crisp::Workload w = crisp::make_workload(spec);
+  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  cfg.block_size = block;
+  return crisp::plan(w.q_view(), w.k_view(), cfg, w.cu_seqlens);
+}
+
+TEST(GpuDevicePlan, UploadThenToHostReturnsThePlan) {
+  SKIP_WITHOUT_GPU();
+  const crisp::Plan plan = structured_plan(64, 21, {1900, 300, 2600});
+  crisp::cuda::DevicePlan dplan(plan);
+  EXPECT_EQ(dplan.bytes(), crisp::cuda::DevicePlan::bytes_required(4, dplan.cu_seqlens(), 64));
+  const crisp::Plan back = dplan.to_host();
+  EXPECT_EQ(back.block_size, plan.block_size);
+  EXPECT_EQ(back.num_q_heads, plan.num_q_heads);
+  EXPECT_EQ(back.num_kv_heads, plan.num_kv_heads);
+  EXPECT_EQ(back.head_dim, plan.head_dim);
+  EXPECT_DOUBLE_EQ(back.softmax_scale, plan.softmax_scale);
+  EXPECT_EQ(back.config.preset, plan.config.preset);
+  ASSERT_EQ(back.sequences.size(), plan.sequences.size());
+  for (std::size_t s = 0; s < plan.sequences.size(); ++s) {
+    const auto& a = plan.sequences[s];
+    const auto& b = back.sequences[s];
+    EXPECT_EQ(a.token_offset, b.token_offset);
+    EXPECT_EQ(a.n, b.n);
+    EXPECT_EQ(a.num_blocks, b.num_blocks);
+    ASSERT_EQ(a.heads.size(), b.heads.size());
+    for (std::size_t h = 0; h < a.heads.size(); ++h) {
+      const auto& x = a.heads[h];
+      const auto& y = b.heads[h];
+      EXPECT_EQ(x.route, y.route) << s << "/" << h;
+      EXPECT_EQ(x.row_ptr, y.row_ptr) << s << "/" << h;
+      EXPECT_EQ(x.col, y.col) << s << "/" << h;
+      EXPECT_EQ(x.vertical, y.vertical) << s << "/" << h;
+      EXPECT_EQ(x.slash, y.slash) << s << "/" << h;
+      EXPECT_DOUBLE_EQ(x.density, y.density) << s << "/" << h;
+      // Statistics travel as float32 on the device.
+      if (std::isnan(x.c_struct)) EXPECT_TRUE(std::isnan(y.c_struct));
+      else EXPECT_NEAR(y.c_struct, x.c_struct, 1e-6 * std::max(1.0, std::fabs(x.c_struct)));
+    }
+  }
+  EXPECT_NO_THROW(back.check_well_formed());
+}
+
+TEST(GpuDevicePlan, CallerWorkspaceIsUsedAndChecked) {
+  SKIP_WITHOUT_GPU();
+  const crisp::Plan plan = structured_plan(128, 22, {2000});
+  const crisp::SeqLens cu{0, 2000};
+  const std::size_t bytes = crisp::cuda::DevicePlan::bytes_required(4, cu, 128);
+  DeviceBuffer ws(bytes);
+  ASSERT_NE(ws.ptr, nullptr);
+  crisp::Config cfg = plan.config;
+  cfg.block_size = 128;
+  EXPECT_THROW(crisp::cuda::DevicePlan(4, 2, 64, cu, cfg, ws.ptr, bytes - 1), crisp::Error);
+  EXPECT_THROW(crisp::cuda::DevicePlan(4, 2, 64, cu, cfg, static_cast<char*>(ws.ptr) + 16, bytes), crisp::Error);
+  crisp::cuda::DevicePlan dplan(4, 2, 64, cu, cfg, ws.ptr, bytes);
+  EXPECT_FALSE(dplan.owns_memory());
+  dplan.upload(plan);
+  EXPECT_EQ(dplan.to_host().sequences[0].heads[1].col, plan.sequences[0].heads[1].col);
+  // A plan of another shape is refused.
+  const crisp::Plan other = structured_plan(128, 23, {2100});
+  try {
+    dplan.upload(other);
+    ADD_FAILURE() << "upload of a plan of another shape did not throw";
+  } catch (const crisp::Error& e) {
+    EXPECT_EQ(e.argument(), "plan");
+  }
+}
+
+// ------------------------------------------------------------------ argument checks
+
+TEST(GpuAttentionArguments, UnsupportedInputsGiveClearErrors) {
+  SKIP_WITHOUT_GPU();
+  const int64_t H = 2, T = 256, d = 128;
+  const crisp::Plan plan = crisp::dense_plan(H, H, d, {0, T}, 128);
+  crisp::cuda::DevicePlan dplan(plan);
+  DeviceBuffer q(H * T * d * 4), k(H * T * d * 4), v(H * T * d * 4), o(H * T * d * 4), l(H * T * 4);
+  const auto dev = crisp::Device::cuda;
+  auto view = [&](void* p, crisp::DType dt) { return crisp::TensorView::contiguous(p, dt, H, T, d, dev); };
+  const auto lse = crisp::TensorView::contiguous2d(l.ptr, crisp::DType::f32, H, T, dev);
+  auto expect_error = [&](const std::string& argument, auto&& call) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for a bad " << argument;
+    } catch (const crisp::Error& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  };
+  // f32 inputs are not supported by the kernel.
+  expect_error("q", [&] {
+    crisp::cuda::attend_async(view(q.ptr, crisp::DType::f32), view(k.ptr, crisp::DType::f32),
+                              view(v.ptr, crisp::DType::f32), dplan, view(o.ptr, crisp::DType::f32), lse);
+  });
+  // Output dtype must be the input dtype.
+  expect_error("out", [&] {
+    crisp::cuda::attend_async(view(q.ptr, bf16), view(k.ptr, bf16), view(v.ptr, bf16), dplan,
+                              view(o.ptr, crisp::DType::f32), lse);
+  });
+  // Mixed input dtypes.
+  expect_error("k", [&] {
+    crisp::cuda::attend_async(view(q.ptr, bf16), view(k.ptr, f16), view(v.ptr, bf16), dplan, view(o.ptr, bf16), lse);
+  });
+  // Last-dimension stride != 1.
+  expect_error("v", [&] {
+    auto vv = view(v.ptr, bf16);
+    vv.shape = {H, T, d};
+    vv.stride = {T * d, 1, T};
+    crisp::cuda::attend_async(view(q.ptr, bf16), view(k.ptr, bf16), vv, dplan, view(o.ptr, bf16), lse);
+  });
+  // CPU views.
+  expect_error("q", [&] {
+    auto qq = view(q.ptr, bf16);
+    qq.device = crisp::Device::cpu;
+    crisp::cuda::attend_async(qq, view(k.ptr, bf16), view(v.ptr, bf16), dplan, view(o.ptr, bf16), lse);
+  });
+  // Head dim 96 is not compiled.
+  {
+    const int64_t d96 = 96;
+    const crisp::Plan p96 = crisp::dense_plan(H, H, d96, {0, T}, 128);
+    crisp::cuda::DevicePlan dp96(p96);
+    auto v96 = [&](void* p) { return crisp::TensorView::contiguous(p, bf16, H, T, d96, dev); };
+    expect_error("q", [&] { crisp::cuda::attend_async(v96(q.ptr), v96(k.ptr), v96(v.ptr), dp96, v96(o.ptr), lse); });
+  }
+  // Shape that does not match the DevicePlan.
+  expect_error("q", [&] {
+    auto qq = crisp::TensorView::contiguous(q.ptr, bf16, H, T - 1, d, dev);
+    crisp::cuda::attend_async(qq, view(k.ptr, bf16), view(v.ptr, bf16), dplan, view(o.ptr, bf16), lse);
+  });
+  // Misaligned rows (token stride of 65 elements).
+  expect_error("q", [&] {
+    auto qq = view(q.ptr, bf16);
+    qq.shape = {H, T, 64};
+    qq.stride = {T * 65, 65, 1};
+    const crisp::Plan p64 = crisp::dense_plan(H, H, 64, {0, T}, 128);
+    crisp::cuda::DevicePlan dp64(p64);
+    auto v64 = [&](void* p) { return crisp::TensorView::contiguous(p, bf16, H, T, 64, dev); };
+    crisp::cuda::attend_async(qq, v64(k.ptr), v64(v.ptr), dp64, v64(o.ptr), lse);
+  });
+}
+
+// The public crisp::attend on Device::cuda views (uploads the host plan, runs, synchronises) and a
+// non-contiguous [tokens, heads, d] layout.
+TEST(GpuAttentionApi, PublicAttendOnDeviceViewsMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  crisp::WorkloadSpec spec;
+  spec.num_q_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 128;
+  spec.seq_lens = {1400};
+  spec.seed = 31;
+  crisp::Workload w = crisp::make_workload(spec);
+  const int64_t T = w.total_tokens, d = 128;
+  std::vector<uint16_t> qb, kb, vb;
+  std::vector<float> qr, kr, vr;
+  round_to(w.q, bf16, qb, qr);
+  round_to(w.k, bf16, kb, kr);
+  round_to(w.v, bf16, vb, vr);
+  auto cq = crisp::TensorView::contiguous(qr.data(), crisp::DType::f32, 4, T, d);
+  auto ck = crisp::TensorView::contiguous(kr.data(), crisp::DType::f32, 2, T, d);
+  auto cv = crisp::TensorView::contiguous(vr.data(), crisp::DType::f32, 2, T, d);
+  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  const crisp::Plan plan = crisp::plan(cq, ck, cfg);
+  std::vector<double> ref(4 * T * d), ref_lse(4 * T);
+  crisp::Options f64;
+  f64.precision = crisp::Precision::f64;
+  crisp::attend(cq, ck, cv, plan, crisp::TensorView::contiguous(ref.data(), crisp::DType::f64, 4, T, d),
+                crisp::TensorView::contiguous2d(ref_lse.data(), crisp::DType::f64, 4, T), f64);
+
+  // Q and O stored [tokens, heads, d] on the device.
+  std::vector<uint16_t> q_thd(qb.size());
+  for (int64_t h = 0; h < 4; ++h)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t x = 0; x < d; ++x) q_thd[(t * 4 + h) * d + x] = qb[(h * T + t) * d + x];
+  DeviceBuffer dq(qb.size() * 2), dk(kb.size() * 2), dv(vb.size() * 2), dout(qb.size() * 2), dlse(4 * T * 4);
+  CUDA_OK(cudaMemcpy(dq.ptr, q_thd.data(), qb.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dk.ptr, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dv.ptr, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(dout.ptr, 0xff, qb.size() * 2));
+  CUDA_OK(cudaMemset(dlse.ptr, 0xff, 4 * T * 4));
+  const auto dev = crisp::Device::cuda;
+  auto thd = [&](void* p) {
+    auto v = crisp::TensorView::contiguous(p, bf16, 4, T, d, dev);
+    v.stride = {d, 4 * d, 1};
+    return v;
+  };
+  crisp::attend(thd(dq.ptr), crisp::TensorView::contiguous(dk.ptr, bf16, 2, T, d, dev),
+                crisp::TensorView::contiguous(dv.ptr, bf16, 2, T, d, dev), plan, thd(dout.ptr),
+                crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, 4, T, dev));
+  std::vector<uint16_t> out(qb.size());
+  std::vector<float> lse(4 * T);
+  CUDA_OK(cudaMemcpy(out.data(), dout.ptr, out.size() * 2, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(lse.data(), dlse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
+  for (int64_t h = 0; h < 4; ++h) {
+    double e2 = 0, r2 = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      ASSERT_TRUE(std::isfinite(lse[h * T + t]));
+      EXPECT_NEAR(lse[h * T + t], ref_lse[h * T + t], 1e-3);
+      for (int64_t x = 0; x < d; ++x) {
+        const float o = crisp::half::bf16_to_float(out[(t * 4 + h) * d + x]);
+        ASSERT_TRUE(std::isfinite(o));
+        const double r = ref[(h * T + t) * d + x];
+        e2 += (o - r) * (o - r);
+        r2 += r * r;
+      }
+    }
+    EXPECT_LE(std::sqrt(e2 / r2), 1e-2) << "head " << h;
+  }
+}
+
+// ------------------------------------------------------------------ timing (not a test)
+// Run with --gtest_also_run_disabled_tests --gtest_filter='*Timing*'. Hq=32, Hkv=8, d=128, bf16,
+// CRISP_TIMING_N tokens (default 131072): dense and random layouts of ~10% and ~5% density.
+// Effective FLOP = 4 d B^2 (nnz - N/2) per head (the diagonal block counts half, so the dense
+// plan gives the usual causal 2 n^2 d).
+TEST(GpuAttentionTiming, DISABLED_EffectiveTflops) {
+  SKIP_WITHOUT_GPU();
+  const char* env = std::getenv("CRISP_TIMING_N");
+  const int64_t n = env ? std::atoll(env) : 131072;
+  const int64_t Hq = 32, Hkv = 8, d = 128;
+  const int B = 128;
+  std::vector<uint16_t> qb(Hq * n * d), kb(Hkv * n * d), vb(Hkv * n * d);
+  auto fill = [](std::vector<uint16_t>& x, uint64_t seed) {
+#pragma omp parallel for
+    for (int64_t i = 0; i < static_cast<int64_t>(x.size()); ++i) {
+      uint64_t z = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z ^= z >> 27;
+      const float u = static_cast<float>((z >> 40) & 0xFFFFFF) / 16777216.0f;  // [0, 1)
+      x[i] = crisp::half::float_to_bf16(2.0f * u - 1.0f);
+    }
+  };
+  fill(qb, 1);
+  fill(kb, 2);
+  fill(vb, 3);
+  DeviceBuffer dq(qb.size() * 2), dk(kb.size() * 2), dv(vb.size() * 2), dout(qb.size() * 2), dlse(Hq * n * 4);
+  ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr);
+  CUDA_OK(cudaMemcpy(dq.ptr, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dk.ptr, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dv.ptr, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice));
+  const auto dev = crisp::Device::cuda;
+  const auto q = crisp::TensorView::contiguous(dq.ptr, bf16, Hq, n, d, dev);
+  const auto k = crisp::TensorView::contiguous(dk.ptr, bf16, Hkv, n, d, dev);
+  const auto v = crisp::TensorView::contiguous(dv.ptr, bf16, Hkv, n, d, dev);
+  const auto o = crisp::TensorView::contiguous(dout.ptr, bf16, Hq, n, d, dev);
+  const auto l = crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, Hq, n, dev);
+  const crisp::Plan dense = crisp::dense_plan(Hq, Hkv, d, {0, n}, B);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (double keep : {1.0, 0.1, 0.05}) {
+    const crisp::Plan plan = keep >= 1.0 ? dense : random_plan(dense, keep, 99);
+    crisp::cuda::DevicePlan dplan(plan);
+    double work_blocks = 0;
+    for (const auto& hp : plan.sequences[0].heads)
+      work_blocks += static_cast<double>(hp.col.size()) - plan.sequences[0].num_blocks / 2.0;
+    const double flop = 4.0 * d * B * B * work_blocks;
+    crisp::cuda::attend_async(q, k, v, dplan, o, l);  // warm-up
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> ms;
+    for (int rep = 0; rep < 5; ++rep) {
+      cudaEventRecord(start);
+      crisp::cuda::attend_async(q, k, v, dplan, o, l);
+      cudaEventRecord(stop);
+      CUDA_OK(cudaEventSynchronize(stop));
+      float t = 0;
+      cudaEventElapsedTime(&t, start, stop);
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const float med = ms[ms.size() / 2];
+    std::printf("TIMING n=%lld Hq=32 Hkv=8 d=128 bf16 B=128 density %.3f: median %.3f ms (min %.3f), %.1f TFLOP/s effective\n",
+                static_cast<long long>(n), plan.density(), med, ms.front(), flop / (med * 1e-3) / 1e12);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+}  // namespace
