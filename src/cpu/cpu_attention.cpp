@@ -73,6 +73,7 @@ CRISP_CPU_INLINE void attend_block_impl(const AttendInputs<T>& in, int64_t s, in
       // Keys j < limit are visible: the whole block, or j <= i on the diagonal block.
       const int limit = c == r ? i + 1 : cols;
       T block_max = kNegInf;
+#pragma omp simd reduction(max : block_max)
       for (int j = 0; j < limit; ++j) block_max = std::max(block_max, row[j] * scale);
       const T new_max = std::max(scratch.row_max[i], block_max);
       const T correction = fast_exp(scratch.row_max[i] - new_max);  // exp(-inf) = 0 on the first block
