@@ -54,8 +54,8 @@ void check_rows(const char* name, const TensorView& t) {
 
 template <typename T, int kDim, int kBlock>
 void launch(const att::Params& params, int64_t num_ctas, cudaStream_t stream) {
-  constexpr int kThreads = kBlock / att::kRowsPerWarp * 32;
-  constexpr int kSmemBytes = 4 * att::kKeyTile * kDim * static_cast<int>(sizeof(T));
+  constexpr int kThreads = att::threads_per_cta<kBlock>();
+  constexpr int kSmemBytes = att::smem_bytes<T, kDim, kBlock>();
   auto kernel = att::block_sparse_attention_kernel<T, kDim, kBlock>;
   CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   if (num_ctas > 0x7fffffffLL)

@@ -4,7 +4,8 @@
 // One CTA computes one query block r (B rows) of one query head of one sequence. It walks the
 // key blocks listed in the CSR row r of its (sequence, head) plan, in ascending order, each as
 // B/64 key tiles of 64 rows, and keeps the softmax online in registers:
-//  - warps own 16 query rows each (B/16 warps); Q lives in registers as mma A-fragments;
+//  - warps own 32 query rows each (two 16-row mma tiles; B/32 warps); the query block stays in
+//    shared memory and is re-read per key tile, so K/V fragments serve both row tiles;
 //  - K/V tiles are double-buffered in shared memory by cp.async (the next tile streams in while
 //    the current one is multiplied); rows are XOR-swizzled in 16-byte chunks so every ldmatrix
 //    phase touches 8 distinct bank groups;
@@ -30,12 +31,21 @@ namespace crisp {
 namespace cuda_detail {
 namespace attention {
 
-// NOTE: key tile of 64 rows for both block sizes (B = 128 is walked as two tiles). 64 keys keep
-// the S accumulator at 32 fp32 registers per thread, leaving room for Q (d/4 registers) and O
-// (d/2 registers) without spilling at d = 128; the FA2 forward kernel uses the same tile width.
+// NOTE: key tile of 64 rows for both block sizes (B = 128 is walked as two tiles): the S
+// accumulator of a warp is then 2 x 32 fp32 registers per thread, which with O (d/2 x 2) still
+// fits the 255-register cap at d = 128; the FA2 forward kernel uses the same 128 x 64 tiling.
 constexpr int kKeyTile = 64;
-// Rows of queries per warp: the M of one mma.sync.m16n8k16.
-constexpr int kRowsPerWarp = 16;
+// NOTE: each warp owns two 16-row mma tiles (32 query rows): K and V fragments read from shared
+// memory are reused for both, halving shared-memory traffic per FLOP against 16 rows per warp
+// (measured on the H200: 16 rows per warp, 8 warps, reached 216 TFLOP/s dense at 128k).
+constexpr int kRowTilesPerWarp = 2;
+constexpr int kRowsPerWarp = 16 * kRowTilesPerWarp;
+
+template <int kBlock>
+constexpr int threads_per_cta() { return kBlock / kRowsPerWarp * 32; }
+// Dynamic shared memory: two stages of [K tile | V tile] plus the query block.
+template <typename T, int kDim, int kBlock>
+constexpr int smem_bytes() { return (4 * kKeyTile + kBlock) * kDim * static_cast<int>(sizeof(T)); }
 
 // Plain-data parameters of one launch (passed by value).
 struct Params {
@@ -73,15 +83,16 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+// ldmatrix takes 32-bit shared-window addresses: cheaper in registers than generic pointers.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(smem)));
+               : "r"(smem_addr));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(smem)));
+               : "r"(smem_addr));
 }
 
 template <typename T>
@@ -143,30 +154,35 @@ __device__ __forceinline__ void load_tile(T* smem, const T* base, int64_t row_st
 }
 
 // ------------------------------------------------------------------ the kernel
-// NOTE: one resident CTA per SM is requested for the 8-warp (B = 128) and the d = 128 variants:
-// they need ~150-220 registers per thread (Q, O and S fragments), and a cap of 128 would spill.
-// The 4-warp d = 64 variant fits two.
-template <int kDim, int kBlock>
-constexpr int min_ctas_per_sm() { return kDim == 64 && kBlock == 64 ? 2 : 1; }
-
+// NOTE: two resident CTAs per SM (a 255-register cap): while one CTA waits at a barrier or on
+// its copies, the other keeps the tensor cores busy.
 template <typename T, int kDim, int kBlock>
-__global__ void __launch_bounds__(kBlock / kRowsPerWarp * 32, min_ctas_per_sm<kDim, kBlock>())
+__global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
     block_sparse_attention_kernel(const Params p) {
-  constexpr int kWarps = kBlock / kRowsPerWarp;
-  constexpr int kThreads = kWarps * 32;
+  constexpr int kThreads = threads_per_cta<kBlock>();
   constexpr int kSubTiles = kBlock / kKeyTile;  // key tiles per key block
   constexpr int kTileElems = kKeyTile * kDim;
   constexpr int kDimChunks = kDim / 16;  // k-steps of QK^T; also pairs of n8 groups of PV
   constexpr int kKeyGroups = kKeyTile / 8;
+  constexpr int R = kRowTilesPerWarp;
   static_assert(kDim == 64 || kDim == 128, "head dim 64 or 128");
   static_assert(kBlock == 64 || kBlock == 128, "block size 64 or 128");
-  static_assert(kBlock * kDim <= 2 * kTileElems, "Q staging must fit in one K/V stage");
 
-  // Shared memory: two stages of [K tile | V tile]. Q is staged in stage 1 before the loop.
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
   auto k_stage = [&](int s) { return smem + s * 2 * kTileElems; };
   auto v_stage = [&](int s) { return smem + s * 2 * kTileElems + kTileElems; };
+  T* const q_smem = smem + 4 * kTileElems;
+  const uint32_t smem_u32 = smem_address(smem);
+  constexpr uint32_t kElemBytes = sizeof(T);
+  // 32-bit shared addresses for ldmatrix.
+  auto k_addr = [&](int s, int row, int chunk) {
+    return smem_u32 + (s * 2 * kTileElems + swizzled<kDim>(row, chunk)) * kElemBytes;
+  };
+  auto v_addr = [&](int s, int row, int chunk) {
+    return smem_u32 + (s * 2 * kTileElems + kTileElems + swizzled<kDim>(row, chunk)) * kElemBytes;
+  };
+  auto q_addr = [&](int row, int chunk) { return smem_u32 + (4 * kTileElems + swizzled<kDim>(row, chunk)) * kElemBytes; };
 
   // ---- work item: heads fastest, then sequences, then query blocks from the last (heaviest) one
   const int32_t H = p.num_q_heads;
@@ -193,8 +209,8 @@ __global__ void __launch_bounds__(kBlock / kRowsPerWarp * 32, min_ctas_per_sm<kD
   const int q_row0 = r * kBlock;  // first query of the block, relative to the sequence
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int group = lane / 4;       // mma row within the 8-row half
-  const int quad_lane = lane % 4;   // mma column pair
+  const int group = lane / 4;      // mma row within an 8-row half
+  const int quad_lane = lane % 4;  // mma column pair
   const int warp_row0 = q_row0 + warp * kRowsPerWarp;
 
   // First key of tile t (relative to the sequence).
@@ -210,31 +226,28 @@ __global__ void __launch_bounds__(kBlock / kRowsPerWarp * 32, min_ctas_per_sm<kD
                                  n - key0);
   };
 
-  // ---- Q: staged through shared memory into mma A-fragments held for the whole row
-  load_tile<T, kDim, kThreads>(k_stage(1), q_base + q_row0 * p.q_stride_token, p.q_stride_token, kBlock,
-                               n - q_row0);
+  // ---- prologue: the query block and the first K/V tile (every row has its diagonal block, so
+  // num_tiles >= 1). Groups in flight: Q, K(0), V(0).
+  load_tile<T, kDim, kThreads>(q_smem, q_base + q_row0 * p.q_stride_token, p.q_stride_token, kBlock, n - q_row0);
   cp_async_commit();
-  load_k(0, 0);  // every row has at least its diagonal block, so num_tiles >= 1
+  load_k(0, 0);
   cp_async_commit();
   load_v(0, 0);
   cp_async_commit();
-  cp_async_wait<2>();
-  __syncthreads();
-  uint32_t q_frag[kDimChunks][4];
-#pragma unroll
-  for (int kk = 0; kk < kDimChunks; ++kk) {
-    const int row = warp * kRowsPerWarp + (lane & 15);
-    ldmatrix_x4(q_frag[kk], k_stage(1) + swizzled<kDim>(row, kk * 2 + (lane >> 4)));
-  }
-  __syncthreads();  // stage 1 is about to receive tile 1
 
-  float o_acc[kDim / 8][4];
+  float o_acc[R][kDim / 8][4];
 #pragma unroll
-  for (int j = 0; j < kDim / 8; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < kDim / 8; ++j) o_acc[i][j][0] = o_acc[i][j][1] = o_acc[i][j][2] = o_acc[i][j][3] = 0.f;
   // Running max in raw score units (before scaling) and partial row sums of this thread's
-  // columns; rows `group` and `group + 8` of the warp.
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};
+  // columns; index 2*i + half: row tile i, rows `group` (half 0) and `group + 8` (half 1).
+  float row_max[2 * R], row_sum[2 * R];
+#pragma unroll
+  for (int i = 0; i < 2 * R; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.f;
+  }
 
   for (int t = 0; t < num_tiles; ++t) {
     const int stage = t & 1;
@@ -244,7 +257,7 @@ __global__ void __launch_bounds__(kBlock / kRowsPerWarp * 32, min_ctas_per_sm<kD
       cp_async_commit();
       load_v(t + 1, stage ^ 1);
       cp_async_commit();
-      cp_async_wait<3>();  // K(t) landed; V(t), K(t+1), V(t+1) may be in flight
+      cp_async_wait<3>();  // Q and K(t) landed; V(t), K(t+1), V(t+1) may be in flight
     } else {
       cp_async_wait<1>();
     }
@@ -253,73 +266,77 @@ __global__ void __launch_bounds__(kBlock / kRowsPerWarp * 32, min_ctas_per_sm<kD
     const int key0 = tile_key0(t);
     // A warp whose rows all precede the tile (upper part of the diagonal block) skips it.
     const bool warp_active = key0 <= warp_row0 + kRowsPerWarp - 1;
-    float p_acc[kKeyGroups][4];
+    float p_acc[R][kKeyGroups][4];
     if (warp_active) {
-      // ---- S = Q K^T
+      // ---- S = Q K^T: each K fragment feeds both row tiles
 #pragma unroll
-      for (int j = 0; j < kKeyGroups; ++j) p_acc[j][0] = p_acc[j][1] = p_acc[j][2] = p_acc[j][3] = 0.f;
-      const T* ks = k_stage(stage);
+      for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < kKeyGroups; ++j) p_acc[i][j][0] = p_acc[i][j][1] = p_acc[i][j][2] = p_acc[i][j][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < kDimChunks; ++kk) {
+        uint32_t a[R][4];
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+          ldmatrix_x4(a[i], q_addr(warp * kRowsPerWarp + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
 #pragma unroll
         for (int jj = 0; jj < kKeyGroups / 2; ++jj) {
           uint32_t b[4];
           const int key_row = jj * 16 + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(b, ks + swizzled<kDim>(key_row, kk * 2 + ((lane >> 3) & 1)));
-          Mma<T>::run(p_acc[2 * jj], q_frag[kk], b[0], b[1]);
-          Mma<T>::run(p_acc[2 * jj + 1], q_frag[kk], b[2], b[3]);
+          ldmatrix_x4(b, k_addr(stage, key_row, kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+          for (int i = 0; i < R; ++i) {
+            Mma<T>::run(p_acc[i][2 * jj], a[i], b[0], b[1]);
+            Mma<T>::run(p_acc[i][2 * jj + 1], a[i], b[2], b[3]);
+          }
         }
       }
       // ---- masks: causal (diagonal block) and the end of the sequence (partial last block)
       const bool needs_mask = key0 + kKeyTile - 1 > warp_row0 || key0 + kKeyTile > n;
       if (needs_mask) {
 #pragma unroll
-        for (int j = 0; j < kKeyGroups; ++j) {
+        for (int i = 0; i < R; ++i)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key0 + j * 8 + quad_lane * 2 + (e & 1);
-            const int query = warp_row0 + group + (e >= 2 ? 8 : 0);
-            if (key > query || key >= n) p_acc[j][e] = -INFINITY;
-          }
-        }
+          for (int j = 0; j < kKeyGroups; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = key0 + j * 8 + quad_lane * 2 + (e & 1);
+              const int query = warp_row0 + i * 16 + group + (e >= 2 ? 8 : 0);
+              if (key > query || key >= n) p_acc[i][j][e] = -INFINITY;
+            }
       }
       // ---- online softmax (base 2); each row is spread over the 4 threads of a quad
-      float tile_max[2] = {row_max[0], row_max[1]};
 #pragma unroll
-      for (int j = 0; j < kKeyGroups; ++j) {
-        tile_max[0] = fmaxf(tile_max[0], fmaxf(p_acc[j][0], p_acc[j][1]));
-        tile_max[1] = fmaxf(tile_max[1], fmaxf(p_acc[j][2], p_acc[j][3]));
-      }
+      for (int i = 0; i < R; ++i) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-      }
-      float correction[2], neg_max_scaled[2];
+        for (int half = 0; half < 2; ++half) {
+          const int x = 2 * i + half;
+          float tile_max = row_max[x];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        // A row with no allowed key yet keeps max -inf; subtracting 0 instead gives exp2(-inf) = 0.
-        const float m = tile_max[i] == -INFINITY ? 0.f : tile_max[i];
-        neg_max_scaled[i] = -m * p.scale_log2;
-        correction[i] = fast_exp2(row_max[i] == -INFINITY ? -INFINITY : (row_max[i] - m) * p.scale_log2);
-        row_max[i] = tile_max[i];
-        row_sum[i] *= correction[i];
-      }
+          for (int j = 0; j < kKeyGroups; ++j)
+            tile_max = fmaxf(tile_max, fmaxf(p_acc[i][j][2 * half], p_acc[i][j][2 * half + 1]));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+          // A row with no allowed key yet keeps max -inf; subtracting 0 instead gives exp2(-inf) = 0.
+          const float m = tile_max == -INFINITY ? 0.f : tile_max;
+          const float neg_max_scaled = -m * p.scale_log2;
+          const float correction =
+              fast_exp2(row_max[x] == -INFINITY ? -INFINITY : (row_max[x] - m) * p.scale_log2);
+          row_max[x] = tile_max;
+          float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < kKeyGroups; ++j) {
-        p_acc[j][0] = fast_exp2(fmaf(p_acc[j][0], p.scale_log2, neg_max_scaled[0]));
-        p_acc[j][1] = fast_exp2(fmaf(p_acc[j][1], p.scale_log2, neg_max_scaled[0]));
-        p_acc[j][2] = fast_exp2(fmaf(p_acc[j][2], p.scale_log2, neg_max_scaled[1]));
-        p_acc[j][3] = fast_exp2(fmaf(p_acc[j][3], p.scale_log2, neg_max_scaled[1]));
-        row_sum[0] += p_acc[j][0] + p_acc[j][1];
-        row_sum[1] += p_acc[j][2] + p_acc[j][3];
-      }
+          for (int j = 0; j < kKeyGroups; ++j) {
+            p_acc[i][j][2 * half] = fast_exp2(fmaf(p_acc[i][j][2 * half], p.scale_log2, neg_max_scaled));
+            p_acc[i][j][2 * half + 1] = fast_exp2(fmaf(p_acc[i][j][2 * half + 1], p.scale_log2, neg_max_scaled));
+            sum += p_acc[i][j][2 * half] + p_acc[i][j][2 * half + 1];
+          }
+          row_sum[x] = row_sum[x] * correction + sum;
 #pragma unroll
-      for (int j = 0; j < kDim / 8; ++j) {
-        o_acc[j][0] *= correction[0];
-        o_acc[j][1] *= correction[0];
-        o_acc[j][2] *= correction[1];
-        o_acc[j][3] *= correction[1];
+          for (int j = 0; j < kDim / 8; ++j) {
+            o_acc[i][j][2 * half] *= correction;
+            o_acc[i][j][2 * half + 1] *= correction;
+          }
+        }
       }
     }
 
@@ -332,21 +349,26 @@ __global__ void __launch_bounds__(kBlock / kRowsPerWarp * 32, min_ctas_per_sm<kD
 
     if (warp_active) {
       // ---- O += P V; P's accumulator layout is the A-fragment layout of the next mma
-      const T* vs = v_stage(stage);
 #pragma unroll
       for (int kc = 0; kc < kKeyTile / 16; ++kc) {
-        uint32_t a[4];
-        a[0] = Mma<T>::pack(p_acc[2 * kc][0], p_acc[2 * kc][1]);
-        a[1] = Mma<T>::pack(p_acc[2 * kc][2], p_acc[2 * kc][3]);
-        a[2] = Mma<T>::pack(p_acc[2 * kc + 1][0], p_acc[2 * kc + 1][1]);
-        a[3] = Mma<T>::pack(p_acc[2 * kc + 1][2], p_acc[2 * kc + 1][3]);
+        uint32_t a[R][4];
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          a[i][0] = Mma<T>::pack(p_acc[i][2 * kc][0], p_acc[i][2 * kc][1]);
+          a[i][1] = Mma<T>::pack(p_acc[i][2 * kc][2], p_acc[i][2 * kc][3]);
+          a[i][2] = Mma<T>::pack(p_acc[i][2 * kc + 1][0], p_acc[i][2 * kc + 1][1]);
+          a[i][3] = Mma<T>::pack(p_acc[i][2 * kc + 1][2], p_acc[i][2 * kc + 1][3]);
+        }
 #pragma unroll
         for (int dp = 0; dp < kDimChunks; ++dp) {
           uint32_t b[4];
           const int key_row = kc * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-          ldmatrix_x4_trans(b, vs + swizzled<kDim>(key_row, dp * 2 + (lane >> 4)));
-          Mma<T>::run(o_acc[2 * dp], a, b[0], b[1]);
-          Mma<T>::run(o_acc[2 * dp + 1], a, b[2], b[3]);
+          ldmatrix_x4_trans(b, v_addr(stage, key_row, dp * 2 + (lane >> 4)));
+#pragma unroll
+          for (int i = 0; i < R; ++i) {
+            Mma<T>::run(o_acc[i][2 * dp], a[i], b[0], b[1]);
+            Mma<T>::run(o_acc[i][2 * dp + 1], a[i], b[2], b[3]);
+          }
         }
       }
     }
@@ -354,27 +376,29 @@ __global__ void __launch_bounds__(kBlock / kRowsPerWarp * 32, min_ctas_per_sm<kD
   }
 
   // ---- epilogue: full row sums, normalise, write O (input dtype) and LSE (natural log)
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
-    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
-  }
   T* out_base = static_cast<T*>(p.out) + h * p.o_stride_head + bases.token_offset * p.o_stride_token;
   float* lse_base = p.lse + h * p.lse_stride_head + bases.token_offset * p.lse_stride_token;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int query = warp_row0 + group + i * 8;
-    if (query >= n) continue;
-    // Every row lists its diagonal block, whose first key precedes every query of the block,
-    // so row_sum > 0.
-    const float inv = 1.f / row_sum[i];
-    T* out_row = out_base + query * p.o_stride_token;
+  for (int i = 0; i < R; ++i) {
 #pragma unroll
-    for (int j = 0; j < kDim / 8; ++j) {
-      const uint32_t packed = Mma<T>::pack(o_acc[j][2 * i] * inv, o_acc[j][2 * i + 1] * inv);
-      *reinterpret_cast<uint32_t*>(out_row + j * 8 + quad_lane * 2) = packed;
+    for (int half = 0; half < 2; ++half) {
+      const int x = 2 * i + half;
+      float sum = row_sum[x];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int query = warp_row0 + i * 16 + group + half * 8;
+      if (query >= n) continue;
+      // Every row lists its diagonal block, whose first key precedes every query of the block,
+      // so sum > 0.
+      const float inv = 1.f / sum;
+      T* out_row = out_base + query * p.o_stride_token;
+#pragma unroll
+      for (int j = 0; j < kDim / 8; ++j) {
+        const uint32_t packed = Mma<T>::pack(o_acc[i][j][2 * half] * inv, o_acc[i][j][2 * half + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out_row + j * 8 + quad_lane * 2) = packed;
+      }
+      if (quad_lane == 0) lse_base[query * p.lse_stride_token] = row_max[x] * p.scale + logf(sum);
     }
-    if (quad_lane == 0) lse_base[query * p.lse_stride_token] = row_max[i] * p.scale + logf(row_sum[i]);
   }
 }
 
