@@ -1,0 +1,91 @@
+// src/cuda/plan_common.cuh — shared pieces of the device planner (src/cuda/plan_device.cu):
+// element loads for every input dtype, block reductions, and the planner's workspace layout.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "plan/plan_layout.h"
+#include "plan/rules.h"
+
+namespace crisp {
+namespace cuda_detail {
+namespace planner {
+
+// ---------------------------------------------------------------- element loads
+template <typename T>
+__device__ __forceinline__ float to_float(const T& x);
+template <>
+__device__ __forceinline__ float to_float<float>(const float& x) { return x; }
+template <>
+__device__ __forceinline__ float to_float<double>(const double& x) { return static_cast<float>(x); }
+template <>
+__device__ __forceinline__ float to_float<__half>(const __half& x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(const __nv_bfloat16& x) { return __bfloat162float(x); }
+
+// A strided [heads, tokens, dim] device tensor (strides in elements).
+template <typename T>
+struct Strided3 {
+  const T* data;
+  int64_t stride_head, stride_token, stride_dim;
+  __device__ __forceinline__ float at(int64_t h, int64_t t, int64_t x) const {
+    return to_float(data[h * stride_head + t * stride_token + x * stride_dim]);
+  }
+};
+
+// ---------------------------------------------------------------- reductions
+// Block-wide reductions for blockDim.x a multiple of 32 (<= 1024). `scratch` holds 32 entries.
+// Every thread gets the result. The caller syncs before reusing scratch.
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T value, T* scratch, Op op) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int off = 16; off > 0; off >>= 1) value = op(value, __shfl_xor_sync(0xffffffffu, value, off));
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  T total = scratch[0];
+  for (int w = 1; w < warps; ++w) total = op(total, scratch[w]);
+  return total;
+}
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
+// ---------------------------------------------------------------- workspace view
+// Temporary device buffers of one planning call (see PlanWorkspace in plan_device.cu for sizes).
+// Per-slot arrays use the layouts of src/plan/plan_layout.h:
+//  - [slot][N]-sized arrays at layout::block_array_offset,
+//  - [slot][N(N+1)/2] causal-entry arrays at layout::col_offset,
+//  - [slot][n] token arrays at token_offset * H + h * n,
+//  - [slot][B] proxy-row arrays at slot * B.
+struct Workspace {
+  // §1 proxy statistics.
+  float2* partial_stats = nullptr;  // [work item][kProxyTileRows] (running max, running sum), pass 1
+  float* row_max = nullptr;         // [slot][B] exact row maximum of s q.k
+  float* row_inv_den = nullptr;     // [slot][B] 1 / softmax denominator
+  double* pv_sum = nullptr;         // [block array] sum over proxy rows of A (times L)
+  double* ps_sum = nullptr;         // [block array]
+  double* cs_sum = nullptr;         // [slot] sum over rows of the structural mass (times L)
+  double* v_sum = nullptr;          // [token array] token-level v (times L), cumulative/topk only
+  double* u_sum = nullptr;          // [token array] token-level u (times L)
+  // §2 jsd / §4 PE.
+  float* key_means = nullptr;       // [(block_base * Hkv + kv * N + c)][d]
+  float* query_means = nullptr;     // [block array][d] (PE heads)
+  double* pe_prob = nullptr;        // [causal entries] P[r, c] at r(r+1)/2 + c
+  int8_t* pe_keep = nullptr;        // [causal entries] 1 = kept by global coverage
+  // §3 topk: blocks of the selected tokens (before routing is applied).
+  int8_t* topk_vertical = nullptr;  // [block array]
+  int8_t* topk_slash = nullptr;     // [block array]
+};
+
+}  // namespace planner
+}  // namespace cuda_detail
+}  // namespace crisp

@@ -1,0 +1,583 @@
+// src/cuda/plan_device.cu — planning on the device: crisp::cuda::plan_async and the backend's
+// crisp::detail::cuda_plan (plan_async into a temporary DevicePlan, then to_host).
+//
+// Launch sequence (all on the caller's stream, no host synchronisation, fixed-size launches so
+// the whole sequence can be captured in a CUDA graph):
+//   1. proxy pass 1 + combine + pass 2 (plan_proxy.cuh): pv, ps, C_struct (+ v, u);
+//   2. block means of K (jsd routing and PE), routing (+ JS distance);
+//   3. cumulative / topk token selections (plan_select.cuh) for the VS heads;
+//   4. verticals and slashes with anchors and min/max budget clamps;
+//   5. PE heads: block means of Q, block-causal softmax P, global coverage (radix select);
+//   6. layout: row counts, scan into row_ptr + nnz, columns.
+//
+// Workspace: plan_async keeps one planning workspace per DevicePlan (one cudaMalloc, made on the
+// first call and again only when the shape or the parts the config needs grow); call plan_async
+// once before capturing it in a graph. cuda_plan uses a workspace of its own, freed on return.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "crisp/cuda.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_plan.h"
+#include "cuda/device_plan_internal.h"
+#include "cuda/plan_common.cuh"
+#include "cuda/plan_kernels.cuh"
+#include "cuda/plan_proxy.cuh"
+#include "cuda/plan_select.cuh"
+
+namespace crisp {
+namespace cuda_detail {
+namespace planner {
+namespace {
+
+// NOTE: aim for this many proxy work items per SM (two resident 256-thread blocks per SM at
+// d = 128, two waves) and at least this many key tiles per item, so the split-K partials stay
+// small against the streamed keys.
+constexpr int kProxyItemsPerSm = 4;
+constexpr int64_t kProxyMinTilesPerItem = 8;
+
+constexpr std::size_t kAlign = 256;
+std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// What a config needs besides the always-present buffers.
+struct Needs {
+  bool token_level = false;  // cumulative / topk: v, u and selections
+  bool key_means = false;    // jsd routing or PE heads possible
+  bool pe = false;           // PE heads possible
+};
+
+Needs needs_of(const Config& c) {
+  Needs n;
+  if (c.dense) return n;
+  n.token_level = c.vs_budget == VsRule::cumulative || c.vs_budget == VsRule::topk;
+  n.pe = c.routing != Routing::none;
+  n.key_means = n.pe || c.routing == Routing::jsd;
+  return n;
+}
+
+bool covers(const Needs& have, const Needs& want) {
+  return (have.token_level || !want.token_level) && (have.key_means || !want.key_means) && (have.pe || !want.pe);
+}
+
+// Host-known shape of one planning call.
+struct Shape {
+  int64_t H = 0, Hkv = 0, d = 0;
+  int B = 128;
+  std::vector<layout::SequenceBases> bases;
+  std::vector<int8_t> estimated;
+  bool operator==(const Shape& o) const {
+    if (H != o.H || Hkv != o.Hkv || d != o.d || B != o.B || estimated != o.estimated || bases.size() != o.bases.size())
+      return false;
+    for (std::size_t s = 0; s < bases.size(); ++s)
+      if (bases[s].n != o.bases[s].n || bases[s].token_offset != o.bases[s].token_offset) return false;
+    return true;
+  }
+};
+
+}  // namespace
+
+// The planner's temporary device memory for one batch shape (one allocation).
+class PlanWorkspace {
+ public:
+  PlanWorkspace() = default;
+  ~PlanWorkspace() {
+    if (memory_ != nullptr) cudaFree(memory_);  // no throw from a destructor
+  }
+  PlanWorkspace(const PlanWorkspace&) = delete;
+  PlanWorkspace& operator=(const PlanWorkspace&) = delete;
+
+  // (Re)allocates when the shape differs or the config needs buffers this one lacks.
+  void ensure(const Shape& shape, const Needs& needs) {
+    if (memory_ != nullptr && shape == shape_ && covers(needs_, needs)) return;
+    release();
+    shape_ = shape;
+    needs_ = needs;
+    build_items();
+    allocate();
+  }
+
+  const Shape& shape() const { return shape_; }
+  const Workspace& ws() const { return ws_; }
+  const ProxyWorkItem* items() const { return items_dev_; }
+  int64_t num_items() const { return static_cast<int64_t>(items_.size()); }
+  const int64_t* item_base() const { return item_base_dev_; }
+  const int32_t* splits() const { return splits_dev_; }
+  const int8_t* estimated() const { return estimated_dev_; }
+  SelectState* states(int which) const { return states_ + which * slots_; }
+  unsigned long long* hist_count() const { return hist_count_; }
+  double* hist_mass() const { return hist_mass_; }
+  int64_t slots() const { return slots_; }
+  int32_t max_blocks() const { return max_blocks_; }
+  int64_t max_tokens() const { return max_tokens_; }
+  int64_t max_causal() const { return max_causal_; }
+  std::size_t block_entries() const { return block_entries_; }
+  std::size_t token_entries() const { return token_entries_; }
+  std::size_t bytes() const { return bytes_; }
+  bool any_estimated() const { return !items_.empty(); }
+
+ private:
+  void release() {
+    if (memory_ != nullptr) CRISP_CUDA_CHECK(cudaFree(memory_));
+    memory_ = nullptr;
+    bytes_ = 0;
+  }
+
+  void build_items() {
+    int device = 0, sms = 132;
+    CRISP_CUDA_CHECK(cudaGetDevice(&device));
+    CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const std::size_t S = shape_.bases.size();
+    const int64_t group = shape_.H / shape_.Hkv;
+    items_.clear();
+    item_base_.assign(S, 0);
+    splits_.assign(S, 0);
+    int64_t estimated_tokens = 0, base_units = 0;
+    for (std::size_t s = 0; s < S; ++s) {
+      if (!shape_.estimated[s]) continue;
+      estimated_tokens += shape_.bases[s].n;
+      const int64_t L = rules::proxy_rows(shape_.bases[s].n, shape_.B);
+      base_units += shape_.Hkv * ((group * L + kProxyTileRows - 1) / kProxyTileRows);
+    }
+    const int64_t target_items = static_cast<int64_t>(sms) * kProxyItemsPerSm;
+    for (std::size_t s = 0; s < S; ++s) {
+      if (!shape_.estimated[s]) continue;
+      const layout::SequenceBases& sb = shape_.bases[s];
+      const int64_t L = rules::proxy_rows(sb.n, shape_.B);
+      const int64_t row_tiles = (group * L + kProxyTileRows - 1) / kProxyTileRows;
+      const int64_t key_tiles = (sb.n + kProxyTileKeys - 1) / kProxyTileKeys;
+      // Splits of this sequence's keys, in proportion to its share of the tokens.
+      const double share = static_cast<double>(sb.n) / static_cast<double>(estimated_tokens);
+      int64_t splits = static_cast<int64_t>(std::ceil(share * static_cast<double>(target_items) /
+                                                      static_cast<double>(shape_.Hkv * row_tiles)));
+      splits = std::max<int64_t>(1, std::min(splits, key_tiles / kProxyMinTilesPerItem));
+      splits_[s] = static_cast<int32_t>(splits);
+      item_base_[s] = static_cast<int64_t>(items_.size());
+      for (int64_t kv = 0; kv < shape_.Hkv; ++kv)
+        for (int64_t rt = 0; rt < row_tiles; ++rt)
+          for (int64_t sp = 0; sp < splits; ++sp) {
+            ProxyWorkItem it{};
+            it.seq = static_cast<int32_t>(s);
+            it.kv = static_cast<int32_t>(kv);
+            it.row_tile = static_cast<int32_t>(rt);
+            it.split = static_cast<int32_t>(sp);
+            it.key_begin = key_tiles * sp / splits * kProxyTileKeys;
+            it.key_end = key_tiles * (sp + 1) / splits * kProxyTileKeys;
+            items_.push_back(it);
+          }
+    }
+    (void)base_units;
+  }
+
+  void allocate() {
+    const Shape& sh = shape_;
+    const std::size_t S = sh.bases.size();
+    slots_ = static_cast<int64_t>(S) * sh.H;
+    const auto& last = sh.bases.back();
+    block_entries_ = static_cast<std::size_t>(last.block_base + last.num_blocks) * sh.H;
+    const std::size_t causal_entries = static_cast<std::size_t>(last.col_base + rules::causal_blocks(last.num_blocks)) * sh.H;
+    const std::size_t tokens = static_cast<std::size_t>(last.token_offset + last.n);
+    token_entries_ = tokens * sh.H;
+    max_blocks_ = 0;
+    max_tokens_ = 0;
+    max_causal_ = 0;
+    for (const auto& b : sh.bases) {
+      max_blocks_ = std::max(max_blocks_, b.num_blocks);
+      max_tokens_ = std::max(max_tokens_, b.n);
+      max_causal_ = std::max(max_causal_, rules::causal_blocks(b.num_blocks));
+    }
+    const std::size_t key_block_entries = static_cast<std::size_t>(last.block_base + last.num_blocks) * sh.Hkv;
+
+    std::size_t at = 0;
+    auto take = [&](std::size_t bytes) {
+      const std::size_t here = at;
+      at += align_up(std::max<std::size_t>(bytes, 1));
+      return here;
+    };
+    const std::size_t o_items = take(std::max<std::size_t>(items_.size(), 1) * sizeof(ProxyWorkItem));
+    const std::size_t o_item_base = take(S * sizeof(int64_t));
+    const std::size_t o_splits = take(S * sizeof(int32_t));
+    const std::size_t o_estimated = take(S * sizeof(int8_t));
+    const std::size_t o_partial = take(std::max<std::size_t>(items_.size(), 1) * kProxyTileRows * sizeof(float2));
+    const std::size_t o_row_max = take(slots_ * sh.B * sizeof(float));
+    const std::size_t o_row_inv = take(slots_ * sh.B * sizeof(float));
+    const std::size_t o_pv = take(block_entries_ * sizeof(double));
+    const std::size_t o_ps = take(block_entries_ * sizeof(double));
+    const std::size_t o_cs = take(slots_ * sizeof(double));
+    const std::size_t o_v = needs_.token_level ? take(token_entries_ * sizeof(double)) : 0;
+    const std::size_t o_u = needs_.token_level ? take(token_entries_ * sizeof(double)) : 0;
+    const std::size_t o_kmeans = needs_.key_means ? take(key_block_entries * sh.d * sizeof(float)) : 0;
+    const std::size_t o_qmeans = needs_.pe ? take(block_entries_ * sh.d * sizeof(float)) : 0;
+    const std::size_t o_pe_prob = needs_.pe ? take(causal_entries * sizeof(double)) : 0;
+    const std::size_t o_pe_keep = needs_.pe ? take(causal_entries * sizeof(int8_t)) : 0;
+    const std::size_t o_topk_v = take(block_entries_ * sizeof(int8_t));
+    const std::size_t o_topk_s = take(block_entries_ * sizeof(int8_t));
+    const std::size_t o_states = take(3 * slots_ * sizeof(SelectState));
+    const std::size_t o_hist_count = take(slots_ * kSelectBins * sizeof(unsigned long long));
+    const std::size_t o_hist_mass = take(slots_ * kSelectBins * sizeof(double));
+    bytes_ = at;
+
+    const cudaError_t status = cudaMalloc(&memory_, bytes_);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      memory_ = nullptr;
+      throw Error("plan workspace", "cudaMalloc of " + std::to_string(bytes_) + " bytes failed (" +
+                                        cudaGetErrorString(status) + ")",
+                  "enough free device memory for the planner's workspace");
+    }
+    char* base = static_cast<char*>(memory_);
+    items_dev_ = reinterpret_cast<ProxyWorkItem*>(base + o_items);
+    item_base_dev_ = reinterpret_cast<int64_t*>(base + o_item_base);
+    splits_dev_ = reinterpret_cast<int32_t*>(base + o_splits);
+    estimated_dev_ = reinterpret_cast<int8_t*>(base + o_estimated);
+    ws_ = Workspace{};
+    ws_.partial_stats = reinterpret_cast<float2*>(base + o_partial);
+    ws_.row_max = reinterpret_cast<float*>(base + o_row_max);
+    ws_.row_inv_den = reinterpret_cast<float*>(base + o_row_inv);
+    ws_.pv_sum = reinterpret_cast<double*>(base + o_pv);
+    ws_.ps_sum = reinterpret_cast<double*>(base + o_ps);
+    ws_.cs_sum = reinterpret_cast<double*>(base + o_cs);
+    if (needs_.token_level) {
+      ws_.v_sum = reinterpret_cast<double*>(base + o_v);
+      ws_.u_sum = reinterpret_cast<double*>(base + o_u);
+    }
+    if (needs_.key_means) ws_.key_means = reinterpret_cast<float*>(base + o_kmeans);
+    if (needs_.pe) {
+      ws_.query_means = reinterpret_cast<float*>(base + o_qmeans);
+      ws_.pe_prob = reinterpret_cast<double*>(base + o_pe_prob);
+      ws_.pe_keep = reinterpret_cast<int8_t*>(base + o_pe_keep);
+    }
+    ws_.topk_vertical = reinterpret_cast<int8_t*>(base + o_topk_v);
+    ws_.topk_slash = reinterpret_cast<int8_t*>(base + o_topk_s);
+    states_ = reinterpret_cast<SelectState*>(base + o_states);
+    hist_count_ = reinterpret_cast<unsigned long long*>(base + o_hist_count);
+    hist_mass_ = reinterpret_cast<double*>(base + o_hist_mass);
+
+    // The shape tables, once per shape (synchronous, like DevicePlan's sequence bases).
+    if (!items_.empty())
+      CRISP_CUDA_CHECK(cudaMemcpy(items_dev_, items_.data(), items_.size() * sizeof(ProxyWorkItem), cudaMemcpyHostToDevice));
+    CRISP_CUDA_CHECK(cudaMemcpy(item_base_dev_, item_base_.data(), S * sizeof(int64_t), cudaMemcpyHostToDevice));
+    CRISP_CUDA_CHECK(cudaMemcpy(splits_dev_, splits_.data(), S * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CRISP_CUDA_CHECK(cudaMemcpy(estimated_dev_, sh.estimated.data(), S * sizeof(int8_t), cudaMemcpyHostToDevice));
+    // The histogram bins start at zero; each scan clears what it used.
+    CRISP_CUDA_CHECK(cudaMemset(hist_count_, 0, slots_ * kSelectBins * sizeof(unsigned long long)));
+    CRISP_CUDA_CHECK(cudaMemset(hist_mass_, 0, slots_ * kSelectBins * sizeof(double)));
+  }
+
+  Shape shape_;
+  Needs needs_;
+  std::vector<ProxyWorkItem> items_;
+  std::vector<int64_t> item_base_;
+  std::vector<int32_t> splits_;
+  void* memory_ = nullptr;
+  std::size_t bytes_ = 0;
+  Workspace ws_;
+  ProxyWorkItem* items_dev_ = nullptr;
+  int64_t* item_base_dev_ = nullptr;
+  int32_t* splits_dev_ = nullptr;
+  int8_t* estimated_dev_ = nullptr;
+  SelectState* states_ = nullptr;
+  unsigned long long* hist_count_ = nullptr;
+  double* hist_mass_ = nullptr;
+  int64_t slots_ = 0;
+  int32_t max_blocks_ = 0;
+  int64_t max_tokens_ = 0, max_causal_ = 0;
+  std::size_t block_entries_ = 0, token_entries_ = 0;
+};
+
+namespace {
+
+unsigned grid_for(int64_t count, int threads) { return static_cast<unsigned>((count + threads - 1) / threads); }
+
+// Runs one radix selection (plan_select.cuh) over `values` for every slot, then marks.
+template <typename Mark>
+void run_select(const PlanWorkspace& pw, const double* values, SelectState* states, int64_t max_len, const Mark* mark,
+                cudaStream_t stream) {
+  const int slots = static_cast<int>(pw.slots());
+  const dim3 grid(grid_for(std::max<int64_t>(max_len, 1), static_cast<int>(kSelectChunk)), slots);
+  for (int pass = 0; pass < kSelectPasses; ++pass) {
+    const int shift = 64 - kSelectDigitBits * (pass + 1);
+    select_histogram_kernel<<<grid, kSelectThreads, 0, stream>>>(values, states, pw.hist_count(), pw.hist_mass(), shift);
+    CRISP_CUDA_CHECK_LAUNCH("select_histogram_kernel");
+    select_scan_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(states, pw.hist_count(), pw.hist_mass(), shift, slots);
+    CRISP_CUDA_CHECK_LAUNCH("select_scan_kernel");
+  }
+  select_finish_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(states, slots);
+  CRISP_CUDA_CHECK_LAUNCH("select_finish_kernel");
+  if (mark != nullptr) {
+    select_mark_kernel<<<grid, kSelectThreads, 0, stream>>>(values, states, *mark);
+    CRISP_CUDA_CHECK_LAUNCH("select_mark_kernel");
+    select_mark_ties_kernel<<<slots, 1024, 0, stream>>>(values, states, *mark);
+    CRISP_CUDA_CHECK_LAUNCH("select_mark_ties_kernel");
+  }
+}
+
+template <typename T>
+Strided3<T> strided(const TensorView& v) {
+  return Strided3<T>{static_cast<const T*>(v.data), v.stride[0], v.stride[1], v.stride[2]};
+}
+
+void set_smem(const void* kernel, std::size_t bytes) {
+  // NOTE: kernels above the 48 KB default opt in; the limit depends on the device (227 KB on
+  // sm_90, 163 KB on sm_80), checked by the launch.
+  if (bytes > 48 * 1024)
+    CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+template <typename T>
+void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, const DevicePlanView& view,
+                PlanWorkspace& pw, double scale, cudaStream_t stream) {
+  const Shape& sh = pw.shape();
+  const Workspace& ws = pw.ws();
+  const int slots = static_cast<int>(pw.slots());
+  const int maxN = pw.max_blocks();
+  const Strided3<T> qs = strided<T>(q), ks = strided<T>(k);
+  const Needs needs = needs_of(cfg);
+  const bool estimate = pw.any_estimated();
+
+  SlotParams sp{};
+  sp.view = view;
+  sp.ws = ws;
+  sp.estimated = pw.estimated();
+  sp.num_kv_heads = static_cast<int32_t>(sh.Hkv);
+  sp.group = static_cast<int32_t>(sh.H / sh.Hkv);
+  sp.head_dim = static_cast<int32_t>(sh.d);
+  sp.scale = static_cast<float>(scale);
+  sp.routing = static_cast<int32_t>(cfg.routing);
+  sp.vs_rule = cfg.vs_budget == VsRule::noise_floor ? kRuleNoiseFloor
+               : cfg.vs_budget == VsRule::cumulative ? kRuleCumulative
+                                                     : kRuleTopk;
+  sp.cover = cfg.slash_cover == SlashCover::exact ? rules::kCoverExact : rules::kCoverSingle;
+  sp.tau_proxy = cfg.tau_proxy;
+  sp.rho = cfg.rho;
+  sp.tau = cfg.tau;
+  sp.alpha = cfg.alpha;
+  sp.gamma = cfg.gamma;
+  sp.pe_gamma = cfg.pe_gamma;
+  sp.w_sink = cfg.w_sink;
+  sp.w_local = cfg.w_local;
+  sp.vertical_tokens = cfg.vertical_tokens;
+  sp.slash_tokens = cfg.slash_tokens;
+  sp.min_budget = cfg.min_budget;
+  sp.max_budget = cfg.max_budget;
+  sp.count_v = pw.states(0);
+  sp.count_u = pw.states(1);
+
+  if (estimate) {
+    // 1. Proxy map.
+    CRISP_CUDA_CHECK(cudaMemsetAsync(ws.pv_sum, 0, pw.block_entries() * sizeof(double), stream));
+    CRISP_CUDA_CHECK(cudaMemsetAsync(ws.ps_sum, 0, pw.block_entries() * sizeof(double), stream));
+    CRISP_CUDA_CHECK(cudaMemsetAsync(ws.cs_sum, 0, slots * sizeof(double), stream));
+    if (needs.token_level) {
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.v_sum, 0, pw.token_entries() * sizeof(double), stream));
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.u_sum, 0, pw.token_entries() * sizeof(double), stream));
+    }
+    ProxyParams pp{};
+    pp.seqs = view.seqs;
+    pp.items = pw.items();
+    pp.num_q_heads = static_cast<int32_t>(sh.H);
+    pp.group = static_cast<int32_t>(sh.H / sh.Hkv);
+    pp.head_dim = static_cast<int32_t>(sh.d);
+    pp.block = sh.B;
+    pp.scale = static_cast<float>(scale);
+    pp.w_sink = cfg.w_sink;
+    pp.w_local = cfg.w_local;
+    pp.ws = ws;
+    const std::size_t smem = proxy_smem_bytes(static_cast<int>(sh.d));
+    const unsigned items = static_cast<unsigned>(pw.num_items());
+    set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 1, false>), smem);
+    proxy_kernel<T, 1, false><<<items, kProxyThreads, smem, stream>>>(qs, ks, pp);
+    CRISP_CUDA_CHECK_LAUNCH("proxy_kernel (pass 1)");
+    ProxyCombineParams cp{};
+    cp.seqs = view.seqs;
+    cp.item_base = pw.item_base();
+    cp.splits = pw.splits();
+    cp.num_sequences = static_cast<int32_t>(sh.bases.size());
+    cp.num_q_heads = static_cast<int32_t>(sh.H);
+    cp.num_kv_heads = static_cast<int32_t>(sh.Hkv);
+    cp.group = pp.group;
+    cp.block = sh.B;
+    cp.ws = ws;
+    proxy_combine_kernel<<<dim3(grid_for(pp.group * sh.B, 256), static_cast<unsigned>(sh.Hkv),
+                                static_cast<unsigned>(sh.bases.size())),
+                           256, 0, stream>>>(cp);
+    CRISP_CUDA_CHECK_LAUNCH("proxy_combine_kernel");
+    if (needs.token_level) {
+      set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 2, true>), smem);
+      proxy_kernel<T, 2, true><<<items, kProxyThreads, smem, stream>>>(qs, ks, pp);
+    } else {
+      set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 2, false>), smem);
+      proxy_kernel<T, 2, false><<<items, kProxyThreads, smem, stream>>>(qs, ks, pp);
+    }
+    CRISP_CUDA_CHECK_LAUNCH("proxy_kernel (pass 2)");
+
+    // 2. Key block means, routing.
+    if (needs.key_means) {
+      key_means_kernel<T><<<dim3(maxN, static_cast<unsigned>(sh.Hkv), static_cast<unsigned>(sh.bases.size())),
+                            128, 0, stream>>>(ks, sp);
+      CRISP_CUDA_CHECK_LAUNCH("key_means_kernel");
+    }
+  }
+  const std::size_t route_smem = (static_cast<std::size_t>(maxN) + sh.d) * sizeof(float);
+  set_smem(reinterpret_cast<const void*>(&route_kernel<T>), route_smem);
+  route_kernel<T><<<slots, 256, route_smem, stream>>>(qs, sp);
+  CRISP_CUDA_CHECK_LAUNCH("route_kernel");
+
+  // 3. Token-level selections for the VS heads.
+  if (estimate && needs.token_level) {
+    if (cfg.vs_budget == VsRule::cumulative) {
+      for (int side = 0; side < 2; ++side) {
+        SelectState* st = pw.states(side);
+        init_token_select_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(st, sp, kMassInclusive, 0, 0, cfg.gamma,
+                                                                            slots);
+        CRISP_CUDA_CHECK_LAUNCH("init_token_select_kernel");
+        run_select<TopkMark>(pw, side == 0 ? ws.v_sum : ws.u_sum, st, pw.max_tokens(), nullptr, stream);
+      }
+    } else {
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.topk_vertical, 0, pw.block_entries(), stream));
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.topk_slash, 0, pw.block_entries(), stream));
+      for (int side = 0; side < 2; ++side) {
+        SelectState* st = pw.states(side);
+        const int64_t forced = side == 0 ? rules::kTopkForcedVerticalTokens : rules::kTopkForcedSlashTokens;
+        const int64_t budget = side == 0 ? cfg.vertical_tokens : cfg.slash_tokens;
+        init_token_select_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(st, sp, kCount, forced, budget, 0.0, slots);
+        CRISP_CUDA_CHECK_LAUNCH("init_token_select_kernel");
+        const TopkMark mark{side == 0 ? ws.topk_vertical : ws.topk_slash, view.seqs, static_cast<int32_t>(sh.H), sh.B,
+                            forced};
+        run_select(pw, side == 0 ? ws.v_sum : ws.u_sum, st, pw.max_tokens(), &mark, stream);
+      }
+    }
+  }
+
+  // 4. Verticals and slashes.
+  const std::size_t vs_smem = static_cast<std::size_t>(maxN) * (sizeof(double) + 2) + 16;
+  set_smem(reinterpret_cast<const void*>(&vs_flags_kernel), vs_smem);
+  vs_flags_kernel<<<slots, 1024, vs_smem, stream>>>(sp);
+  CRISP_CUDA_CHECK_LAUNCH("vs_flags_kernel");
+
+  // 5. PE heads.
+  if (estimate && needs.pe) {
+    query_means_kernel<T><<<dim3(maxN, slots), 128, 0, stream>>>(qs, sp);
+    CRISP_CUDA_CHECK_LAUNCH("query_means_kernel");
+    const std::size_t pe_smem = (static_cast<std::size_t>(maxN) + sh.d) * sizeof(float);
+    set_smem(reinterpret_cast<const void*>(&pe_prob_kernel), pe_smem);
+    pe_prob_kernel<<<dim3(maxN, slots), 256, pe_smem, stream>>>(sp);
+    CRISP_CUDA_CHECK_LAUNCH("pe_prob_kernel");
+    SelectState* st = pw.states(2);
+    init_pe_select_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(st, sp, slots);
+    CRISP_CUDA_CHECK_LAUNCH("init_pe_select_kernel");
+    const PeMark mark{ws.pe_keep, view.seqs, static_cast<int32_t>(sh.H)};
+    run_select(pw, ws.pe_prob, st, pw.max_causal(), &mark, stream);
+  }
+
+  // 6. Layout.
+  const dim3 layout_grid(grid_for(maxN, kLayoutWarps), slots);
+  layout_kernel<false><<<layout_grid, kLayoutWarps * 32, 0, stream>>>(sp);
+  CRISP_CUDA_CHECK_LAUNCH("layout_kernel (count)");
+  layout_scan_kernel<<<slots, 1024, 0, stream>>>(sp);
+  CRISP_CUDA_CHECK_LAUNCH("layout_scan_kernel");
+  layout_kernel<true><<<layout_grid, kLayoutWarps * 32, 0, stream>>>(sp);
+  CRISP_CUDA_CHECK_LAUNCH("layout_kernel (fill)");
+}
+
+void check_input(const TensorView& v, const char* name, int64_t heads, int64_t tokens, int64_t dim) {
+  if (v.device != Device::cuda)
+    throw Error(name, std::string("is on ") + to_string(v.device), "a view on Device::cuda");
+  if (v.data == nullptr) throw Error(name, "has no data", "a device pointer");
+  if (v.rank != 3) throw Error(name, "has rank " + std::to_string(v.rank), "rank 3 [heads, tokens, dim]");
+  if (v.shape[0] != heads || v.shape[1] != tokens || v.shape[2] != dim)
+    throw Error(name,
+                "has shape [" + std::to_string(v.shape[0]) + ", " + std::to_string(v.shape[1]) + ", " +
+                    std::to_string(v.shape[2]) + "]",
+                "[" + std::to_string(heads) + ", " + std::to_string(tokens) + ", " + std::to_string(dim) +
+                    "] as the DevicePlan was made for");
+}
+
+}  // namespace
+
+// The whole device planning of q/k into `plan`, using `pw` as workspace.
+void plan_on_device(const TensorView& q, const TensorView& k, const Config& config, cuda::DevicePlan& plan,
+                    PlanWorkspace& pw, cudaStream_t stream) {
+  config.validate();
+  const DevicePlanView& view = view_of(plan);
+  check_input(q, "q", plan.num_q_heads(), plan.total_tokens(), plan.head_dim());
+  check_input(k, "k", plan.num_kv_heads(), plan.total_tokens(), plan.head_dim());
+  if (q.dtype != k.dtype)
+    throw Error("k", std::string("has dtype ") + to_string(k.dtype) + " but q has " + to_string(q.dtype),
+                "q and k of one dtype");
+  plan.set_config(config);  // checks the block size
+
+  Shape sh;
+  sh.H = plan.num_q_heads();
+  sh.Hkv = plan.num_kv_heads();
+  sh.d = plan.head_dim();
+  sh.B = plan.block_size();
+  sh.bases = sequence_bases(plan.cu_seqlens(), sh.B);
+  sh.estimated.resize(sh.bases.size());
+  for (std::size_t s = 0; s < sh.bases.size(); ++s)
+    sh.estimated[s] = !config.dense && !rules::is_short_sequence(sh.bases[s].n, sh.B, config.min_budget,
+                                                                 config.dense_below);
+  pw.ensure(sh, needs_of(config));
+  const double scale = plan.softmax_scale();
+  switch (q.dtype) {
+    case DType::f32: plan_typed<float>(q, k, config, view, pw, scale, stream); break;
+    case DType::f64: plan_typed<double>(q, k, config, view, pw, scale, stream); break;
+    case DType::f16: plan_typed<__half>(q, k, config, view, pw, scale, stream); break;
+    case DType::bf16: plan_typed<__nv_bfloat16>(q, k, config, view, pw, scale, stream); break;
+  }
+}
+
+}  // namespace planner
+}  // namespace cuda_detail
+
+namespace cuda {
+
+namespace {
+// One planning workspace per DevicePlan (keyed by its view, which lives as long as the plan).
+// A DevicePlan destroyed and another made at the same address reuse the entry (reallocated
+// when the shape differs).
+std::mutex& workspace_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<const void*, std::unique_ptr<cuda_detail::planner::PlanWorkspace>>& workspaces() {
+  static std::map<const void*, std::unique_ptr<cuda_detail::planner::PlanWorkspace>> w;
+  return w;
+}
+}  // namespace
+
+void plan_async(const TensorView& q, const TensorView& k, const Config& config, DevicePlan& plan, void* stream) {
+  const void* key = cuda_detail::view_of(plan).seqs;  // unique per live DevicePlan buffer
+  cuda_detail::planner::PlanWorkspace* pw = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(workspace_mutex());
+    auto& slot = workspaces()[key];
+    if (!slot) slot = std::make_unique<cuda_detail::planner::PlanWorkspace>();
+    pw = slot.get();
+  }
+  cuda_detail::planner::plan_on_device(q, k, config, plan, *pw, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace cuda
+
+namespace detail {
+
+Plan cuda_plan(const TensorView& q, const TensorView& k, const Config& config, const SeqLens& normalized_cu_seqlens,
+               const Options& options) {
+  cuda::DevicePlan plan(q.heads(), k.heads(), q.dim(), normalized_cu_seqlens, config);
+  cuda_detail::planner::PlanWorkspace workspace;
+  const cudaStream_t stream = static_cast<cudaStream_t>(options.stream);
+  cuda_detail::planner::plan_on_device(q, k, config, plan, workspace, stream);
+  Plan host = plan.to_host(options.stream);
+  return host;
+}
+
+}  // namespace detail
+}  // namespace crisp

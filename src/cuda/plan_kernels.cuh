@@ -1,0 +1,437 @@
+// src/cuda/plan_kernels.cuh — §2 routing, §3 VS rules, §4 PE path and §5 layout on the device.
+// Every decision is a call into src/plan/rules.h; these kernels only arrange the data.
+#pragma once
+#include "cuda/device_plan.h"
+#include "cuda/plan_common.cuh"
+#include "cuda/plan_select.cuh"
+
+namespace crisp {
+namespace cuda_detail {
+namespace planner {
+
+// Everything the per-slot kernels read besides the tensors.
+struct SlotParams {
+  DevicePlanView view;
+  Workspace ws;
+  const int8_t* estimated;  // [seq] 1 = the proxy was computed (not dense, not short)
+  int32_t num_kv_heads, group, head_dim;
+  float scale;
+  // Config (host-resolved).
+  int32_t routing, vs_rule, cover;
+  double tau_proxy, rho, tau, alpha, gamma, pe_gamma;
+  int64_t w_sink, w_local, vertical_tokens, slash_tokens, min_budget, max_budget;
+  const SelectState* count_v;  // cumulative counts (kMassInclusive), per slot
+  const SelectState* count_u;
+};
+
+enum VsRuleCode : int32_t { kRuleNoiseFloor = 0, kRuleCumulative = 1, kRuleTopk = 2 };
+
+__device__ __forceinline__ int64_t key_mean_index(const layout::SequenceBases& sb, int64_t kv, int64_t c,
+                                                  int64_t num_kv_heads) {
+  return sb.block_base * num_kv_heads + kv * sb.num_blocks + c;
+}
+
+// ---------------------------------------------------------------- block means (§2 jsd, §4)
+// Keys: grid (max N, Hkv, sequences); queries: grid (max N, slots), PE heads only.
+template <typename T>
+__global__ void key_means_kernel(Strided3<T> k, SlotParams P) {
+  const int s = blockIdx.z, kv = blockIdx.y, c = blockIdx.x;
+  if (!P.estimated[s]) return;
+  const layout::SequenceBases sb = P.view.seqs[s];
+  if (c >= sb.num_blocks) return;
+  const int64_t begin = rules::block_begin(c, P.view.block_size), end = rules::block_end(c, P.view.block_size, sb.n);
+  const double inv = 1.0 / static_cast<double>(end - begin);
+  float* out = P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * P.head_dim;
+  for (int x = threadIdx.x; x < P.head_dim; x += blockDim.x) {
+    double sum = 0.0;
+    for (int64_t t = begin; t < end; ++t) sum += static_cast<double>(k.at(kv, sb.token_offset + t, x));
+    out[x] = static_cast<float>(sum * inv);
+  }
+}
+
+template <typename T>
+__global__ void query_means_kernel(Strided3<T> q, SlotParams P) {
+  const int64_t slot = blockIdx.y;
+  const int H = P.view.num_heads;
+  const int64_t s = slot / H, h = slot % H;
+  const int c = blockIdx.x;
+  if (P.view.route[slot] != rules::kRoutePe) return;
+  const layout::SequenceBases sb = P.view.seqs[s];
+  if (c >= sb.num_blocks) return;
+  const int64_t begin = rules::block_begin(c, P.view.block_size), end = rules::block_end(c, P.view.block_size, sb.n);
+  const double inv = 1.0 / static_cast<double>(end - begin);
+  float* out = P.ws.query_means + (layout::block_array_offset(sb, h, H) + c) * P.head_dim;
+  for (int x = threadIdx.x; x < P.head_dim; x += blockDim.x) {
+    double sum = 0.0;
+    for (int64_t t = begin; t < end; ++t) sum += static_cast<double>(q.at(h, sb.token_offset + t, x));
+    out[x] = static_cast<float>(sum * inv);
+  }
+}
+
+// ---------------------------------------------------------------- §2 routing
+// One block per slot. Dynamic shared memory: max(N) floats of logits + head_dim floats.
+template <typename T>
+__global__ void route_kernel(Strided3<T> q, SlotParams P) {
+  extern __shared__ float route_smem[];
+  __shared__ double d_scratch[32];
+  __shared__ float f_scratch[32];
+  const int64_t slot = blockIdx.x;
+  const int H = P.view.num_heads;
+  const int64_t s = slot / H, h = slot % H;
+  const layout::SequenceBases sb = P.view.seqs[s];
+  if (!P.estimated[s]) {
+    if (threadIdx.x == 0) {
+      P.view.route[slot] = rules::kRouteDense;
+      P.view.c_struct[slot] = NAN;
+      P.view.jsd[slot] = NAN;
+    }
+    return;
+  }
+  const int B = P.view.block_size, N = sb.num_blocks, d = P.head_dim;
+  const int64_t n = sb.n, L = rules::proxy_rows(n, B);
+  const double inv_L = 1.0 / static_cast<double>(L);
+  const double c_struct = P.ws.cs_sum[slot] * inv_L;
+  double jsd = NAN;
+  if (P.routing == rules::kRoutingJsd) {
+    float* logits = route_smem;
+    float* mean_query = route_smem + N;
+    for (int x = threadIdx.x; x < d; x += blockDim.x) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < L; ++i)
+        sum += static_cast<double>(q.at(h, sb.token_offset + rules::proxy_position(n, L, i), x));
+      mean_query[x] = static_cast<float>(sum / static_cast<double>(L));
+    }
+    __syncthreads();
+    const int64_t kv = h / P.group;
+    float local_max = -INFINITY;
+    for (int c = threadIdx.x; c < N; c += blockDim.x) {
+      const float* km = P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * d;
+      float dot = 0.f;
+      for (int x = 0; x < d; ++x) dot = fmaf(mean_query[x], km[x], dot);
+      logits[c] = P.scale * dot;
+      local_max = fmaxf(local_max, logits[c]);
+    }
+    const float max_logit = block_reduce(local_max, f_scratch, MaxOp());
+    double local_den = 0.0;
+    for (int c = threadIdx.x; c < N; c += blockDim.x) local_den += static_cast<double>(expf(logits[c] - max_logit));
+    const double den = block_reduce(local_den, d_scratch, SumOp());
+    double kl_pooled = 0.0, kl_proxy = 0.0;
+    const int64_t base = layout::block_array_offset(sb, h, H);
+    for (int c = threadIdx.x; c < N; c += blockDim.x) {
+      const double pooled = static_cast<double>(expf(logits[c] - max_logit)) / den;
+      const double proxy = P.ws.pv_sum[base + c] * inv_L;
+      const double mid = 0.5 * (pooled + proxy);
+      kl_pooled += rules::kl_term(pooled, mid);
+      kl_proxy += rules::kl_term(proxy, mid);
+    }
+    kl_pooled = block_reduce(kl_pooled, d_scratch, SumOp());
+    kl_proxy = block_reduce(kl_proxy, d_scratch, SumOp());
+    jsd = rules::js_distance(kl_pooled, kl_proxy);
+  }
+  if (threadIdx.x == 0) {
+    P.view.route[slot] = rules::route_head(P.routing, c_struct, jsd, n, P.w_sink, P.w_local, P.tau_proxy, P.rho, P.tau);
+    P.view.c_struct[slot] = static_cast<float>(c_struct);
+    P.view.jsd[slot] = static_cast<float>(jsd);
+  }
+}
+
+// ---------------------------------------------------------------- §3 VS rules and clamps
+// Block-wide count of flags == 1.
+__device__ __forceinline__ int count_flags(const int8_t* flags, int N, int* scratch) {
+  int local = 0;
+  for (int b = threadIdx.x; b < N; b += blockDim.x) local += flags[b] == 1;
+  return block_reduce(local, scratch, SumOp());
+}
+
+// Adds unflagged blocks in tie order (rules::ranks_before on mass) until `target` are flagged.
+__device__ void add_until(const double* mass, int8_t* flags, int8_t* temp, int N, int target, int* scratch) {
+  const int kept = count_flags(flags, N, scratch);
+  if (kept >= target) return;
+  const int need = target - kept;
+  for (int b = threadIdx.x; b < N; b += blockDim.x) {
+    temp[b] = 0;
+    if (flags[b]) continue;
+    int rank = 0;
+    for (int o = 0; o < N; ++o)
+      rank += (!flags[o] && rules::ranks_before(mass[o], o, mass[b], b)) ? 1 : 0;
+    temp[b] = rank < need;
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < N; b += blockDim.x) flags[b] |= temp[b];
+  __syncthreads();
+}
+
+// max_budget: keeps block 0 and the first (limit - 1) other flagged blocks in tie order.
+__device__ void trim_to(const double* mass, int8_t* flags, int8_t* temp, int N, int limit, int* scratch) {
+  const int kept = count_flags(flags, N, scratch);
+  if (kept <= limit) return;
+  for (int b = threadIdx.x; b < N; b += blockDim.x) {
+    temp[b] = 0;
+    if (b == 0) {
+      temp[b] = 1;
+      continue;
+    }
+    if (!flags[b]) continue;
+    int rank = 0;
+    for (int o = 1; o < N; ++o) rank += (flags[o] && rules::ranks_before(mass[o], o, mass[b], b)) ? 1 : 0;
+    temp[b] = rank < limit - 1;
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < N; b += blockDim.x) flags[b] = temp[b];
+  __syncthreads();
+}
+
+// One side (vertical with pv, or slash with ps) of one slot.
+__device__ void vs_side(const SlotParams& P, int64_t slot, const layout::SequenceBases& sb, int64_t h, int32_t route,
+                        const double* mass_sum, const int8_t* topk_blocks, const SelectState* counts,
+                        int64_t forced_tokens, int8_t* out, double* mass, int8_t* flags, int8_t* temp,
+                        int* i_scratch, double* d_scratch) {
+  const int B = P.view.block_size, N = sb.num_blocks;
+  const int64_t n = sb.n;
+  const double inv_L = 1.0 / static_cast<double>(rules::proxy_rows(n, B));
+  const int64_t base = layout::block_array_offset(sb, h, P.view.num_heads);
+  for (int b = threadIdx.x; b < N; b += blockDim.x) {
+    mass[b] = mass_sum[base + b] * inv_L;
+    flags[b] = b == 0;  // the anchor
+  }
+  __syncthreads();
+  const int min_blocks = rules::min_budget_blocks(P.min_budget, B, N);
+  const int max_blocks = rules::max_budget_blocks(P.max_budget, B, N);
+  if (route == rules::kRouteVs) {
+    if (P.vs_rule == kRuleNoiseFloor) {
+      const int first = rules::noise_floor_first(N), last = rules::noise_floor_last(N);
+      double local = 0.0;
+      for (int b = first + threadIdx.x; b <= last; b += blockDim.x) local += mass[b];
+      const double floor_mean = block_reduce(local, d_scratch, SumOp()) / static_cast<double>(last - first + 1);
+      for (int b = 1 + threadIdx.x; b < N; b += blockDim.x)
+        if (rules::noise_floor_keeps(mass[b], floor_mean, P.alpha)) flags[b] = 1;
+      __syncthreads();
+    } else if (P.vs_rule == kRuleCumulative) {
+      const int64_t count = counts[slot].kept + 1;  // count(x, gamma): entries within gamma, plus one
+      add_until(mass, flags, temp, N, rules::cumulative_blocks(count, B, min_blocks, N), i_scratch);
+    } else {
+      const int64_t forced = forced_tokens < n ? forced_tokens : n;
+      for (int b = threadIdx.x; b < N; b += blockDim.x)
+        if (topk_blocks[base + b] || (forced > 0 && b <= (forced - 1) / B)) flags[b] = 1;
+      __syncthreads();
+    }
+  }
+  // min_budget applies to every VS rule and to PE heads; max_budget clamps the VS rules only
+  // (a PE head keeps {0} plus its min_budget blocks), as the CPU reference.
+  add_until(mass, flags, temp, N, min_blocks, i_scratch);
+  if (route == rules::kRouteVs) trim_to(mass, flags, temp, N, max_blocks, i_scratch);
+  for (int b = threadIdx.x; b < N; b += blockDim.x) out[base + b] = flags[b];
+  __syncthreads();
+}
+
+// One block per slot. Dynamic shared memory: max(N) * (8 + 2) bytes.
+__global__ void __launch_bounds__(1024) vs_flags_kernel(SlotParams P) {
+  extern __shared__ double vs_smem[];
+  __shared__ int i_scratch[32];
+  __shared__ double d_scratch[32];
+  const int64_t slot = blockIdx.x;
+  const int H = P.view.num_heads;
+  const int64_t s = slot / H, h = slot % H;
+  const layout::SequenceBases sb = P.view.seqs[s];
+  const int N = sb.num_blocks;
+  const int32_t route = P.view.route[slot];
+  const int64_t base = layout::block_array_offset(sb, h, H);
+  if (route == rules::kRouteDense) {
+    for (int b = threadIdx.x; b < N; b += blockDim.x) {
+      P.view.vertical_flags[base + b] = 0;
+      P.view.slash_flags[base + b] = 0;
+    }
+    return;
+  }
+  double* mass = vs_smem;
+  int8_t* flags = reinterpret_cast<int8_t*>(mass + N);
+  int8_t* temp = flags + N;
+  vs_side(P, slot, sb, h, route, P.ws.pv_sum, P.ws.topk_vertical, P.count_v, rules::kTopkForcedVerticalTokens,
+          P.view.vertical_flags, mass, flags, temp, i_scratch, d_scratch);
+  vs_side(P, slot, sb, h, route, P.ws.ps_sum, P.ws.topk_slash, P.count_u, rules::kTopkForcedSlashTokens,
+          P.view.slash_flags, mass, flags, temp, i_scratch, d_scratch);
+}
+
+// Token-level selections (§3 cumulative / topk) for the VS slots.
+__global__ void init_token_select_kernel(SelectState* states, SlotParams P, int32_t mode, int64_t forced,
+                                         int64_t budget, double gamma, int num_slots) {
+  const int slot = blockIdx.x * blockDim.x + threadIdx.x;
+  if (slot >= num_slots) return;
+  const int H = P.view.num_heads;
+  const layout::SequenceBases sb = P.view.seqs[slot / H];
+  const int64_t h = slot % H, n = sb.n;
+  SelectState st{};
+  const int64_t first = mode == kCount ? (forced < n ? forced : n) : 0;
+  st.base = sb.token_offset * H + h * n + first;
+  st.len = n - first;
+  st.scale = 1.0 / static_cast<double>(rules::proxy_rows(n, P.view.block_size));
+  st.mode = mode;
+  st.target = gamma;
+  st.active = P.view.route[slot] == rules::kRouteVs;
+  if (mode == kCount) {
+    int64_t extra = budget - first;
+    if (extra < 0) extra = 0;
+    if (extra > n - first) extra = n - first;
+    st.k = extra;
+    if (extra == 0) st.active = 0;
+    else if (extra >= st.len) st.all = 1;
+  }
+  states[slot] = st;
+}
+
+struct TopkMark {
+  int8_t* blocks;
+  const layout::SequenceBases* seqs;
+  int32_t num_heads, block;
+  int64_t forced;
+  __device__ __forceinline__ void operator()(int64_t slot, int64_t e, bool kept) const {
+    if (!kept) return;
+    const layout::SequenceBases& sb = seqs[slot / num_heads];
+    const int64_t first = forced < sb.n ? forced : sb.n;
+    blocks[layout::block_array_offset(sb, slot % num_heads, num_heads) + (first + e) / block] = 1;
+  }
+};
+
+// ---------------------------------------------------------------- §4 PE path
+// P[r, c] for the PE slots: one block (8 warps) per (row r, slot). Dynamic shared memory:
+// max(N) floats of logits + head_dim floats.
+__global__ void __launch_bounds__(256) pe_prob_kernel(SlotParams P) {
+  extern __shared__ float pe_smem[];
+  __shared__ float f_scratch[32];
+  __shared__ double d_scratch[32];
+  const int64_t slot = blockIdx.y;
+  const int H = P.view.num_heads;
+  const int64_t s = slot / H, h = slot % H;
+  const int r = blockIdx.x;
+  if (P.view.route[slot] != rules::kRoutePe) return;
+  const layout::SequenceBases sb = P.view.seqs[s];
+  if (r >= sb.num_blocks) return;
+  const int d = P.head_dim, N = sb.num_blocks;
+  float* logits = pe_smem;
+  float* qr = pe_smem + N;
+  const float* qm = P.ws.query_means + (layout::block_array_offset(sb, h, H) + r) * d;
+  for (int x = threadIdx.x; x < d; x += blockDim.x) qr[x] = qm[x];
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int64_t kv = h / P.group;
+  for (int c = warp; c <= r; c += warps) {
+    const float* km = P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * d;
+    float dot = 0.f;
+    for (int x = lane; x < d; x += 32) dot = fmaf(qr[x], km[x], dot);
+    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (lane == 0) logits[c] = P.scale * dot;
+  }
+  __syncthreads();
+  float local_max = -INFINITY;
+  for (int c = threadIdx.x; c <= r; c += blockDim.x) local_max = fmaxf(local_max, logits[c]);
+  const float max_logit = block_reduce(local_max, f_scratch, MaxOp());
+  double local_den = 0.0;
+  for (int c = threadIdx.x; c <= r; c += blockDim.x) local_den += static_cast<double>(expf(logits[c] - max_logit));
+  const double den = block_reduce(local_den, d_scratch, SumOp());
+  // Causal entry of (r, c): r (r + 1) / 2 + c.
+  double* out = P.ws.pe_prob + layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2;
+  for (int c = threadIdx.x; c <= r; c += blockDim.x) out[c] = static_cast<double>(expf(logits[c] - max_logit)) / den;
+}
+
+__global__ void init_pe_select_kernel(SelectState* states, SlotParams P, int num_slots) {
+  const int slot = blockIdx.x * blockDim.x + threadIdx.x;
+  if (slot >= num_slots) return;
+  const int H = P.view.num_heads;
+  const layout::SequenceBases sb = P.view.seqs[slot / H];
+  SelectState st{};
+  st.base = layout::col_offset(sb, slot % H, H);
+  st.len = rules::causal_blocks(sb.num_blocks);
+  st.scale = 1.0;
+  st.mode = kMassBefore;
+  st.target = rules::pe_coverage_target(P.pe_gamma, sb.num_blocks);
+  st.active = P.view.route[slot] == rules::kRoutePe;
+  states[slot] = st;
+}
+
+struct PeMark {
+  int8_t* keep;
+  const layout::SequenceBases* seqs;
+  int32_t num_heads;
+  __device__ __forceinline__ void operator()(int64_t slot, int64_t e, bool kept) const {
+    const layout::SequenceBases& sb = seqs[slot / num_heads];
+    keep[layout::col_offset(sb, slot % num_heads, num_heads) + e] = kept ? 1 : 0;
+  }
+};
+
+// ---------------------------------------------------------------- §5 layout
+// The PE entries of one row (none for VS heads).
+struct PeRow {
+  const int8_t* row;
+  __device__ __forceinline__ int8_t operator[](int32_t c) const { return row != nullptr ? row[c] : int8_t(0); }
+};
+
+constexpr int kLayoutWarps = 8;
+
+// kFill = false: row counts into row_ptr[r + 1]; kFill = true: columns at row_ptr[r].
+// grid: (ceil(max N / kLayoutWarps), slots); one warp per row.
+template <bool kFill>
+__global__ void __launch_bounds__(kLayoutWarps * 32) layout_kernel(SlotParams P) {
+  const int64_t slot = blockIdx.y;
+  const int H = P.view.num_heads;
+  const int64_t s = slot / H, h = slot % H;
+  const layout::SequenceBases sb = P.view.seqs[s];
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.x * kLayoutWarps + (threadIdx.x >> 5);
+  if (r >= sb.num_blocks) return;
+  const int32_t route = P.view.route[slot];
+  int32_t* row_ptr = P.view.row_ptr + layout::row_ptr_offset(sb, h, H);
+  int32_t* col = P.view.col + layout::col_offset(sb, h, H);
+  const int64_t fo = layout::block_array_offset(sb, h, H);
+  const int8_t* vflags = P.view.vertical_flags + fo;
+  const int8_t* sflags = P.view.slash_flags + fo;
+  const PeRow pe_row{route == rules::kRoutePe
+                         ? P.ws.pe_keep + layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2
+                         : nullptr};
+  int32_t written = kFill ? row_ptr[r] : 0;
+  for (int kb0 = 0; kb0 <= r; kb0 += 32) {
+    const int kb = kb0 + lane;
+    const bool has = kb <= r && (route == rules::kRouteDense ||
+                                 rules::layout_has_block(r, kb, vflags, sflags, pe_row, P.cover));
+    const unsigned ballot = __ballot_sync(0xffffffffu, has);
+    if (kFill && has) col[written + __popc(ballot & ((1u << lane) - 1u))] = kb;
+    written += __popc(ballot);
+  }
+  if (!kFill && lane == 0) row_ptr[r + 1] = written;
+}
+
+// Inclusive scan of the row counts into row_ptr and nnz; one block per slot.
+__global__ void __launch_bounds__(1024) layout_scan_kernel(SlotParams P) {
+  __shared__ int32_t s_warp[32];
+  const int64_t slot = blockIdx.x;
+  const int H = P.view.num_heads;
+  const layout::SequenceBases sb = P.view.seqs[slot / H];
+  int32_t* row_ptr = P.view.row_ptr + layout::row_ptr_offset(sb, slot % H, H);
+  const int N = sb.num_blocks;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  int32_t carry = 0;
+  for (int r0 = 0; r0 < N; r0 += blockDim.x) {
+    const int r = r0 + threadIdx.x;
+    int32_t value = r < N ? row_ptr[r + 1] : 0;
+    for (int off = 1; off < 32; off <<= 1) {
+      const int32_t other = __shfl_up_sync(0xffffffffu, value, off);
+      if (lane >= off) value += other;
+    }
+    __syncthreads();
+    if (lane == 31) s_warp[warp] = value;
+    __syncthreads();
+    int32_t before = carry;
+    for (int w = 0; w < warp; ++w) before += s_warp[w];
+    int32_t total = 0;
+    for (int w = 0; w < warps; ++w) total += s_warp[w];
+    if (r < N) row_ptr[r + 1] = before + value;
+    carry += total;
+  }
+  if (threadIdx.x == 0) {
+    row_ptr[0] = 0;
+    P.view.nnz[slot] = carry;
+  }
+}
+
+}  // namespace planner
+}  // namespace cuda_detail
+}  // namespace crisp
