@@ -1,0 +1,422 @@
+// tests/test_bad_input.cpp — every bad input gives a crisp::Error naming the argument (never a
+// crash, hang or silently wrong result), and the documented results of the edge cases that are
+// valid: n = 1, n < B, n not a multiple of B.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "crisp/crisp.h"
+#include "crisp/npy.h"
+#include "oracle.h"
+#include "test_util.h"
+
+namespace {
+
+using crisp_test::Tensor3;
+
+// Runs f; it must throw crisp::Error whose argument() is `argument` and whose what() names it.
+void expect_error(const std::function<void()>& f, const std::string& argument, const std::string& note = "") {
+  try {
+    f();
+    ADD_FAILURE() << note << ": no crisp::Error thrown (expected one naming '" << argument << "')";
+  } catch (const crisp::Error& e) {
+    EXPECT_EQ(e.argument(), argument) << note << ": what() = " << e.what();
+    EXPECT_NE(std::string(e.what()).find(argument), std::string::npos) << note << ": what() = " << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << note << ": threw a non-crisp exception: " << e.what();
+  }
+}
+
+struct Qkv {
+  Tensor3 q, k, v;
+  Qkv(int64_t hq, int64_t hkv, int64_t n, int64_t d, uint64_t seed = 7)
+      : q(crisp_test::random_tensor(seed, hq, n, d)),
+        k(crisp_test::random_tensor(seed + 1, hkv, n, d)),
+        v(crisp_test::random_tensor(seed + 2, hkv, n, d)) {}
+};
+
+crisp::Config crisp_cfg() { return crisp::Config::from_preset("crisp"); }
+
+// ---------------------------------------------------------------- shapes
+
+TEST(BadInput, TokenCountsDisagree) {
+  Tensor3 q = crisp_test::random_tensor(1, 2, 300, 16), k = crisp_test::random_tensor(2, 1, 299, 16);
+  expect_error([&] { crisp::plan(q.view(), k.view(), crisp_cfg()); }, "k", "k tokens");
+  Qkv x(2, 1, 300, 16);
+  Tensor3 v = crisp_test::random_tensor(3, 1, 301, 16);
+  crisp::Plan p = crisp::plan(x.q.view(), x.k.view(), crisp_cfg());
+  std::vector<float> out(2 * 300 * 16), lse(2 * 300);
+  auto ov = crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 2, 300, 16);
+  auto lv = crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 2, 300);
+  expect_error([&] { crisp::attend(x.q.view(), x.k.view(), v.view(), p, ov, lv); }, "v", "v tokens");
+  // out / lse of the wrong shape
+  auto bad_out = crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 2, 299, 16);
+  expect_error([&] { crisp::attend(x.q.view(), x.k.view(), x.v.view(), p, bad_out, lv); }, "out", "out shape");
+  auto bad_lse = crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 1, 300);
+  expect_error([&] { crisp::attend(x.q.view(), x.k.view(), x.v.view(), p, ov, bad_lse); }, "lse", "lse shape");
+  std::vector<uint16_t> lse16(2 * 300);
+  auto lse_f16 = crisp::TensorView::contiguous2d(lse16.data(), crisp::DType::f16, 2, 300);
+  expect_error([&] { crisp::attend(x.q.view(), x.k.view(), x.v.view(), p, ov, lse_f16); }, "lse", "lse dtype");
+}
+
+TEST(BadInput, HeadDimDisagrees) {
+  Tensor3 q = crisp_test::random_tensor(1, 2, 300, 16), k = crisp_test::random_tensor(2, 1, 300, 8);
+  expect_error([&] { crisp::plan(q.view(), k.view(), crisp_cfg()); }, "k", "k dim");
+}
+
+TEST(BadInput, QueryHeadsNotMultipleOfKvHeads) {
+  Tensor3 q = crisp_test::random_tensor(1, 3, 300, 16), k = crisp_test::random_tensor(2, 2, 300, 16);
+  expect_error([&] { crisp::plan(q.view(), k.view(), crisp_cfg()); }, "k", "3 % 2");
+  expect_error([&] { crisp::dense_plan(3, 2, 16, {0, 300}); }, "num_kv_heads", "dense_plan 3 % 2");
+}
+
+TEST(BadInput, HeadDimTooLarge) {
+  Tensor3 q = crisp_test::random_tensor(1, 1, 4, 257), k = crisp_test::random_tensor(2, 1, 4, 257);
+  expect_error([&] { crisp::plan(q.view(), k.view(), crisp_cfg()); }, "q", "d = 257");
+  // d = 256 is accepted.
+  Tensor3 q2 = crisp_test::random_tensor(1, 1, 4, 256), k2 = crisp_test::random_tensor(2, 1, 4, 256);
+  EXPECT_NO_THROW(crisp::plan(q2.view(), k2.view(), crisp_cfg()));
+}
+
+TEST(BadInput, ZeroTokens) {
+  std::vector<float> q(16), k(16);
+  auto qv = crisp::TensorView::contiguous(q.data(), crisp::DType::f32, 1, 0, 16);
+  auto kv = crisp::TensorView::contiguous(k.data(), crisp::DType::f32, 1, 0, 16);
+  expect_error([&] { crisp::plan(qv, kv, crisp_cfg()); }, "q", "n = 0");
+}
+
+TEST(BadInput, NullDataAndBadRank) {
+  Tensor3 k = crisp_test::random_tensor(2, 1, 300, 16);
+  auto qv = crisp::TensorView::contiguous(nullptr, crisp::DType::f32, 1, 300, 16);
+  expect_error([&] { crisp::plan(qv, k.view(), crisp_cfg()); }, "q", "null q");
+  Tensor3 q = crisp_test::random_tensor(1, 1, 300, 16);
+  auto q2 = q.view();
+  q2.rank = 2;
+  expect_error([&] { crisp::plan(q2, k.view(), crisp_cfg()); }, "q", "rank 2 q");
+}
+
+TEST(BadInput, NonFiniteValues) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  {
+    Qkv x(2, 1, 300, 16);
+    x.q.at(1, 299, 15) = nan;  // the very last element
+    expect_error([&] { crisp::plan(x.q.view(), x.k.view(), crisp_cfg()); }, "q", "NaN in q");
+  }
+  {
+    Qkv x(2, 1, 300, 16);
+    x.k.at(0, 17, 3) = -inf;
+    expect_error([&] { crisp::plan(x.q.view(), x.k.view(), crisp_cfg()); }, "k", "-Inf in k");
+    // also the dense preset, which does no estimation, must refuse it
+    expect_error([&] { crisp::plan(x.q.view(), x.k.view(), crisp::Config::from_preset("dense")); }, "k", "Inf in k, dense");
+  }
+  {
+    Qkv x(2, 1, 300, 16);
+    crisp::Plan p = crisp::plan(x.q.view(), x.k.view(), crisp_cfg());
+    x.v.at(0, 100, 0) = inf;
+    std::vector<float> out(2 * 300 * 16), lse(2 * 300);
+    expect_error([&] {
+      crisp::attend(x.q.view(), x.k.view(), x.v.view(), p, crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 2, 300, 16),
+                    crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 2, 300));
+    }, "v", "Inf in v");
+    std::vector<float> o2(out.size()), l2(lse.size());
+    expect_error([&] {
+      crisp::prefill(x.q.view(), x.k.view(), x.v.view(), crisp_cfg(), crisp::TensorView::contiguous(o2.data(), crisp::DType::f32, 2, 300, 16),
+                     crisp::TensorView::contiguous2d(l2.data(), crisp::DType::f32, 2, 300));
+    }, "v", "Inf in v, prefill");
+  }
+  {
+    // a NaN in f16 input
+    std::vector<uint16_t> q(1 * 200 * 8, crisp_test::float_to_half(0.5f)), k(q);
+    q[5] = 0x7E00;
+    expect_error([&] {
+      crisp::plan(crisp::TensorView::contiguous(q.data(), crisp::DType::f16, 1, 200, 8),
+                  crisp::TensorView::contiguous(k.data(), crisp::DType::f16, 1, 200, 8), crisp_cfg());
+    }, "q", "NaN in f16 q");
+  }
+}
+
+TEST(BadInput, CuSeqlens) {
+  Qkv x(2, 1, 300, 16);
+  auto plan_with = [&](crisp::SeqLens cu) { return [&x, cu] { crisp::plan(x.q.view(), x.k.view(), crisp::Config::from_preset("crisp"), cu); }; };
+  expect_error(plan_with({1, 300}), "cu_seqlens", "not starting at 0");
+  expect_error(plan_with({0, 200, 100, 300}), "cu_seqlens", "decreasing");
+  expect_error(plan_with({0, 200}), "cu_seqlens", "not ending at tokens");
+  expect_error(plan_with({0, 400}), "cu_seqlens", "ending beyond tokens");
+  expect_error(plan_with({0, 100, 100, 300}), "cu_seqlens", "empty sequence");
+  expect_error(plan_with({0}), "cu_seqlens", "one entry");
+  expect_error(plan_with({-5, 300}), "cu_seqlens", "negative start");
+  // valid: {0, 300} and {0, 1, 300}
+  EXPECT_NO_THROW(plan_with({0, 300})());
+  EXPECT_NO_THROW(plan_with({0, 1, 300})());
+}
+
+// ---------------------------------------------------------------- configuration
+
+TEST(BadInput, UnknownPresetAndParameters) {
+  expect_error([] { crisp::Config::from_preset("sparse"); }, "preset", "unknown preset");
+  expect_error([] { crisp::Config::from_preset(""); }, "preset", "empty preset");
+  crisp::Config c = crisp_cfg();
+  expect_error([&] { c.set("alhpa", "1"); }, "alhpa", "unknown key");
+  expect_error([&] { c.set("alhpa=1"); }, "alhpa", "unknown key via key=value");
+  expect_error([&] { c.set("alpha1.5"); }, "--set", "no '='");
+  expect_error([&] { c.set("alpha", "abc"); }, "alpha", "unparsable");
+  expect_error([&] { c.set("alpha", "1.5x"); }, "alpha", "trailing garbage");
+  expect_error([&] { c.set("alpha", ""); }, "alpha", "empty value");
+  expect_error([&] { c.set("alpha", "-1"); }, "alpha", "negative alpha");
+  expect_error([&] { c.set("alpha", "nan"); }, "alpha", "NaN alpha");
+  expect_error([&] { c.set("gamma", "1.5"); }, "gamma", "gamma > 1");
+  expect_error([&] { c.set("pe_gamma", "0"); }, "pe_gamma", "pe_gamma = 0");
+  expect_error([&] { c.set("tau_proxy", "2"); }, "tau_proxy", "tau_proxy > 1");
+  expect_error([&] { c.set("rho", "0"); }, "rho", "rho = 0");
+  expect_error([&] { c.set("w_sink", "-1"); }, "w_sink", "negative w_sink");
+  expect_error([&] { c.set("min_budget", "1.5"); }, "min_budget", "fractional tokens");
+  expect_error([&] { c.set("routing", "flex"); }, "routing", "unknown routing");
+  expect_error([&] { c.set("vs_budget", "topp"); }, "vs_budget", "unknown rule");
+  expect_error([&] { c.set("slash_cover", "double"); }, "slash_cover", "unknown cover");
+  expect_error([&] { c.set("block_size", "96"); }, "block_size", "block 96");
+  expect_error([&] { c.set("block_size", "256"); }, "block_size", "block 256");
+  // A rejected set() leaves the config unchanged.
+  EXPECT_DOUBLE_EQ(c.alpha, 1.0);
+  EXPECT_EQ(c.block_size, 128);
+  // Every name in parameter_names() is accepted by set() with its current value.
+  for (const auto& kv : c.to_key_values()) {
+    if (kv.first == "preset") continue;
+    EXPECT_NO_THROW(c.set(kv.first, kv.second)) << kv.first << "=" << kv.second;
+  }
+}
+
+TEST(BadInput, InvalidConfigFieldsRejectedByPlan) {
+  Qkv x(2, 1, 300, 16);
+  struct Case {
+    std::function<void(crisp::Config&)> mutate;
+    const char* argument;
+  };
+  const std::vector<Case> cases = {
+      {[](crisp::Config& c) { c.block_size = 96; }, "block_size"},
+      {[](crisp::Config& c) { c.alpha = -1; }, "alpha"},
+      {[](crisp::Config& c) { c.alpha = std::numeric_limits<double>::quiet_NaN(); }, "alpha"},
+      {[](crisp::Config& c) { c.gamma = 0; }, "gamma"},
+      {[](crisp::Config& c) { c.pe_gamma = 1.5; }, "pe_gamma"},
+      {[](crisp::Config& c) { c.softmax_scale = -0.5; }, "softmax_scale"},
+      {[](crisp::Config& c) { c.min_budget = -1; }, "min_budget"},
+      {[](crisp::Config& c) { c.vertical_tokens = 0; }, "vertical_tokens"},
+      {[](crisp::Config& c) { c.routing = static_cast<crisp::Routing>(42); }, "routing"},
+  };
+  for (const auto& c : cases) {
+    crisp::Config cfg = crisp_cfg();
+    c.mutate(cfg);
+    expect_error([&] { crisp::plan(x.q.view(), x.k.view(), cfg); }, c.argument, std::string("config.") + c.argument);
+  }
+}
+
+// ---------------------------------------------------------------- plan / attend mismatch
+
+TEST(BadInput, AttendWithPlanOfOtherShapes) {
+  Qkv small(2, 1, 300, 16), longer(2, 1, 400, 16), wide(4, 1, 300, 16), deep(2, 1, 300, 32);
+  crisp::Plan p = crisp::plan(small.q.view(), small.k.view(), crisp_cfg());
+  auto run = [&](Qkv& x) {
+    return [&x, &p] {
+      std::vector<float> out(x.q.data.size()), lse(static_cast<size_t>(x.q.heads * x.q.tokens));
+      crisp::attend(x.q.view(), x.k.view(), x.v.view(), p,
+                    crisp::TensorView::contiguous(out.data(), crisp::DType::f32, x.q.heads, x.q.tokens, x.q.dim),
+                    crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, x.q.heads, x.q.tokens));
+    };
+  };
+  expect_error(run(longer), "plan", "other token count");
+  expect_error(run(wide), "plan", "other head count");
+  expect_error(run(deep), "plan", "other head dim");
+  // A plan whose layout was tampered with (a column beyond the diagonal) is refused, not run.
+  crisp::Plan bad = p;
+  auto& hp = bad.sequences[0].heads[0];
+  hp.col[hp.row_ptr[1]] = 2;  // row 1 lists block 2
+  std::vector<float> out(small.q.data.size()), lse(2 * 300);
+  expect_error([&] {
+    crisp::attend(small.q.view(), small.k.view(), small.v.view(), bad, crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 2, 300, 16),
+                  crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 2, 300));
+  }, "plan", "tampered layout");
+  // A plan of a varlen batch does not fit a one-sequence call of the same total length.
+  crisp::Plan varlen = crisp::plan(small.q.view(), small.k.view(), crisp_cfg(), {0, 150, 300});
+  expect_error([&] {
+    crisp::Plan v2 = varlen;
+    v2.sequences[1].token_offset = 140;
+    crisp::attend(small.q.view(), small.k.view(), small.v.view(), v2, crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 2, 300, 16),
+                  crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 2, 300));
+  }, "plan", "overlapping sequences");
+}
+
+// ---------------------------------------------------------------- .npy files
+
+class Npy : public ::testing::Test {
+ protected:
+  std::filesystem::path dir = crisp_test::temp_dir();
+  std::string path(const std::string& name) { return (dir / name).string(); }
+  void expect_read_error(const std::string& name, const std::string& bytes, const std::string& note) {
+    const std::string p = path(name);
+    crisp_test::write_bytes(p, bytes);
+    expect_error([&] { crisp::read_npy(p); }, p, note);
+  }
+};
+
+TEST_F(Npy, RoundTrip) {
+  std::vector<float> x = crisp_test::gaussian(3, 2 * 5 * 4);
+  const std::string p = path("ok.npy");
+  crisp::write_npy(p, x.data(), {2, 5, 4});
+  crisp::NpyArray a = crisp::read_npy(p);
+  EXPECT_EQ(a.dtype, crisp::DType::f32);
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{2, 5, 4}));
+  ASSERT_EQ(a.bytes.size(), x.size() * 4);
+  EXPECT_EQ(std::memcmp(a.bytes.data(), x.data(), a.bytes.size()), 0);
+  crisp::TensorView v = a.view("Q.npy");
+  EXPECT_EQ(v.heads(), 2);
+  EXPECT_EQ(v.tokens(), 5);
+  EXPECT_EQ(v.dim(), 4);
+}
+
+TEST_F(Npy, HandWrittenFilesAreRead) {
+  // float32, float16 and float64, header written by hand as numpy does (v1.0 and v2.0).
+  std::vector<float> x = {1.5f, -2.0f, 0.25f, 4.0f, 5.0f, 6.0f};
+  const std::string p = path("f4.npy");
+  crisp_test::write_bytes(p, crisp_test::npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2, 3), }", crisp_test::float_payload(x)));
+  crisp::NpyArray a = crisp::read_npy(p);
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{1, 2, 3}));
+  std::vector<uint16_t> h(6);
+  for (size_t i = 0; i < 6; ++i) h[i] = crisp_test::float_to_half(x[i]);
+  const std::string p2 = path("f2.npy");
+  crisp_test::write_bytes(p2, crisp_test::npy_bytes("{'descr': '<f2', 'fortran_order': False, 'shape': (1, 2, 3), }",
+                                                   std::string(reinterpret_cast<const char*>(h.data()), 12)));
+  crisp::NpyArray b = crisp::read_npy(p2);
+  EXPECT_EQ(b.dtype, crisp::DType::f16);
+  ASSERT_EQ(b.bytes.size(), 12u);
+  EXPECT_EQ(std::memcmp(b.bytes.data(), h.data(), 12), 0);
+}
+
+TEST_F(Npy, MissingFile) {
+  const std::string p = path("does_not_exist.npy");
+  std::filesystem::remove(p);
+  expect_error([&] { crisp::read_npy(p); }, p, "missing");
+  expect_error([&] { crisp::read_npy(dir.string()); }, dir.string(), "a directory");
+}
+
+TEST_F(Npy, CorruptFiles) {
+  const std::string good_dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3, 4), }";
+  const std::string payload = crisp_test::float_payload(std::vector<float>(24, 1.0f));
+  expect_read_error("empty.npy", "", "empty file");
+  expect_read_error("garbage.npy", std::string("this is not a numpy file at all, just text\n") + std::string(100, 'x'), "garbage");
+  expect_read_error("magic_only.npy", "\x93NUMPY", "magic only");
+  expect_read_error("truncated_data.npy", crisp_test::npy_bytes(good_dict, payload.substr(0, 50)), "truncated data");
+  std::string cut_header = crisp_test::npy_bytes(good_dict, payload);
+  expect_read_error("truncated_header.npy", cut_header.substr(0, 30), "truncated header");
+  expect_read_error("bad_version.npy", crisp_test::npy_bytes(good_dict, payload, 9), "version 9");
+  expect_read_error("bad_dict.npy", crisp_test::npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3, }", payload), "unterminated shape");
+  expect_read_error("not_a_dict.npy", crisp_test::npy_bytes("hello world", payload), "header not a dict");
+  expect_read_error("no_shape.npy", crisp_test::npy_bytes("{'descr': '<f4', 'fortran_order': False, }", payload), "no shape");
+  expect_read_error("neg_shape.npy", crisp_test::npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3, 4), }", payload), "negative extent");
+  expect_read_error("huge_shape.npy", crisp_test::npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4), }", payload), "overflowing shape");
+  expect_read_error("big_endian.npy", crisp_test::npy_bytes("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3, 4), }", payload), "big-endian");
+  expect_read_error("fortran.npy", crisp_test::npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3, 4), }", payload), "fortran order");
+  expect_read_error("int32.npy", crisp_test::npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 3, 4), }", payload), "int32 dtype");
+  // header length field pointing beyond the file
+  std::string long_len = crisp_test::npy_bytes(good_dict, "");
+  long_len[8] = '\xff';
+  long_len[9] = '\x7f';
+  expect_read_error("header_len.npy", long_len, "header length beyond the file");
+}
+
+TEST_F(Npy, WrongRankForAView) {
+  const std::string p = path("rank1.npy");
+  std::vector<float> x(8, 1.0f);
+  crisp::write_npy(p, x.data(), {8});
+  crisp::NpyArray a = crisp::read_npy(p);
+  expect_error([&] { a.view("Q.npy"); }, "Q.npy", "rank-1 array as a view");
+}
+
+TEST_F(Npy, UnwritablePath) {
+  std::vector<float> x(8, 1.0f);
+  const std::string p = (dir / "no_such_dir" / "x.npy").string();
+  expect_error([&] { crisp::write_npy(p, x.data(), {8}); }, p, "write into a missing directory");
+}
+
+// ---------------------------------------------------------------- documented edge results
+
+TEST(EdgeCases, SingleTokenIsDenseAndReturnsV) {
+  // n = 1: one dense block; O = V[0], LSE = s * q . k (softmax over one key).
+  const int64_t d = 8;
+  Tensor3 q = crisp_test::random_tensor(11, 2, 1, d), k = crisp_test::random_tensor(12, 1, 1, d),
+          v = crisp_test::random_tensor(13, 1, 1, d);
+  for (const char* preset : {"crisp", "flexprefill", "minference", "dense"}) {
+    crisp::Plan p = crisp::plan(q.view(), k.view(), crisp::Config::from_preset(preset));
+    ASSERT_EQ(p.sequences.at(0).num_blocks, 1);
+    for (const auto& hp : p.sequences[0].heads) {
+      EXPECT_EQ(hp.route, crisp::Route::dense) << preset;
+      EXPECT_EQ(hp.col, (std::vector<int32_t>{0}));
+      EXPECT_TRUE(std::isnan(hp.c_struct));
+    }
+    std::vector<float> out(2 * d, std::numeric_limits<float>::quiet_NaN()), lse(2, std::numeric_limits<float>::quiet_NaN());
+    crisp::attend(q.view(), k.view(), v.view(), p, crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 2, 1, d),
+                  crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 2, 1));
+    for (int64_t h = 0; h < 2; ++h) {
+      double qk = 0;
+      for (int64_t x = 0; x < d; ++x) qk += static_cast<double>(q.at(h, 0, x)) * k.at(0, 0, x);
+      EXPECT_NEAR(lse[h], qk / std::sqrt(static_cast<double>(d)), 1e-6) << preset;
+      for (int64_t x = 0; x < d; ++x) EXPECT_FLOAT_EQ(out[h * d + x], v.at(0, 0, x)) << preset;
+    }
+  }
+}
+
+TEST(EdgeCases, FewerTokensThanOneBlock) {
+  // n < B: L = n proxy rows, N = 1: dense, matches the oracle's dense attention.
+  Qkv x(2, 2, 50, 16, 21);
+  for (int block : {64, 128}) {
+    crisp::Config cfg = crisp_cfg();
+    cfg.set("block_size=" + std::to_string(block));
+    crisp::Options opt;
+    opt.precision = crisp::Precision::f64;
+    crisp::Plan p = crisp::plan(x.q.view(), x.k.view(), cfg, {}, opt);
+    ASSERT_EQ(p.sequences[0].num_blocks, 1);
+    std::vector<double> out(2 * 50 * 16), lse(2 * 50);
+    crisp::attend(x.q.view(), x.k.view(), x.v.view(), p, crisp::TensorView::contiguous(out.data(), crisp::DType::f64, 2, 50, 16),
+                  crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f64, 2, 50), opt);
+    auto ref = oracle::attend(oracle::Tensor::from_floats(x.q.data, 2, 50, 16), oracle::Tensor::from_floats(x.k.data, 2, 50, 16),
+                              oracle::Tensor::from_floats(x.v.data, 2, 50, 16), {0, 50}, block, 0.25,
+                              {{oracle::dense_csr(50, block), oracle::dense_csr(50, block)}});
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref.out.data[i], 1e-12);
+    for (size_t i = 0; i < lse.size(); ++i) EXPECT_NEAR(lse[i], ref.lse[i], 1e-12);
+  }
+}
+
+TEST(EdgeCases, PartialLastBlockIsPlannedAndAttended) {
+  // n = 3 * 64 + 1: the last block holds one token; planned (N = 4), oracle-identical.
+  Qkv x(2, 1, 193, 16, 31);
+  crisp::Config cfg = crisp_cfg();
+  cfg.set("block_size=64");
+  cfg.set("routing=none");
+  crisp::Options opt;
+  opt.precision = crisp::Precision::f64;
+  crisp::Plan p = crisp::plan(x.q.view(), x.k.view(), cfg, {}, opt);
+  ASSERT_EQ(p.sequences[0].num_blocks, 4);
+  oracle::Planner op(x.q.data, x.k.data, 2, 1, 193, 16);
+  auto ref = op.plan(cfg);
+  for (size_t h = 0; h < 2; ++h) {
+    EXPECT_EQ(p.sequences[0].heads[h].route, crisp::Route::vs);
+    EXPECT_EQ(p.sequences[0].heads[h].vertical, ref[0][h].vertical);
+    EXPECT_EQ(p.sequences[0].heads[h].slash, ref[0][h].slash);
+    EXPECT_EQ(p.sequences[0].heads[h].col, ref[0][h].col);
+    EXPECT_NEAR(p.sequences[0].heads[h].c_struct, ref[0][h].c_struct, 1e-9);
+  }
+  std::vector<double> out(2 * 193 * 16), lse(2 * 193);
+  crisp::attend(x.q.view(), x.k.view(), x.v.view(), p, crisp::TensorView::contiguous(out.data(), crisp::DType::f64, 2, 193, 16),
+                crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f64, 2, 193), opt);
+  std::vector<std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>> layouts(1);
+  for (const auto& hp : p.sequences[0].heads) layouts[0].push_back({hp.row_ptr, hp.col});
+  auto att = oracle::attend(oracle::Tensor::from_floats(x.q.data, 2, 193, 16), oracle::Tensor::from_floats(x.k.data, 1, 193, 16),
+                            oracle::Tensor::from_floats(x.v.data, 1, 193, 16), {0, 193}, 64, 0.25, layouts);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], att.out.data[i], 1e-12) << i;
+  for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], att.lse[i], 1e-12) << i;
+}
+
+}  // namespace
