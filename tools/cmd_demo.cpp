@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "validators.h"
 #include "demo_backend.h"
 #include "io_util.h"
 #include "progress.h"
@@ -22,9 +23,10 @@
 namespace {
 
 // NOTE: default --seq. Sized so the whole demo (workload, dense + three presets, comparisons)
-// ends within a minute on the 2-core CPU machine this project is developed on; measured with
-// `time ./build/crisp demo` (README, "CPU performance").
-constexpr int64_t kDefaultDemoSeq = 8192;
+// ends within a minute on the 2-core CPU machine this project is developed on: at 16384 tokens
+// it used 32 s of CPU time in all (`time ./build/crisp demo`), so it fits the minute even on
+// one free core; 32768 would take about four times as long.
+constexpr int64_t kDefaultDemoSeq = 16384;
 
 struct DemoArgs {
   crisp_cli::WorkloadOptions workload;
@@ -225,7 +227,7 @@ void register_demo_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub->add_option("--threads", args->threads, "CPU threads (0 = all hardware threads)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(crisp_cli::kNonNegativeInteger);
   sub->add_option("--json", args->json_path, "Also write the table as JSON to this file");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
   sub->callback([args] { run_demo(*args); });

@@ -12,11 +12,13 @@
 
 #include "commands.h"
 #include "crisp/error.h"
+#include "progress.h"
 
 namespace {
 
 int report(const std::string& message, int code) {
   std::fflush(stdout);
+  crisp_cli::finish_progress_line();
   std::cerr << "crisp: error: " << message << "\n";
   return code;
 }

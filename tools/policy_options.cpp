@@ -3,6 +3,7 @@
 #include <string>
 
 #include "commands.h"
+#include "validators.h"
 
 namespace crisp_cli {
 
@@ -15,15 +16,17 @@ void add_policy_options(CLI::App& sub, PolicyOptions& options) {
                  "routing, tau_proxy, rho, tau, w_sink, w_local, vs_budget, alpha, gamma, "
                  "vertical_tokens, slash_tokens, pe_gamma, slash_cover, min_budget, max_budget, "
                  "dense_below, softmax_scale, block_size")
+      ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
-  sub.add_option("--block", options.block_size, "Block size B: 64 or 128 (default: the preset's, 128)");
+  sub.add_option("--block", options.block_size, "Block size B: 64 or 128 (default: the preset's, 128)")
+      ->type_name("INT");
   sub.add_option("--precision", options.precision,
                  "CPU arithmetic: f32 (fp32 compute, fp64 sums) or f64 (the fp64 reference)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "f64"}));
   sub.add_option("--threads", options.threads, "CPU threads (0 = all hardware threads)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(crisp_cli::kNonNegativeInteger);
 }
 
 crisp::Config make_config(const PolicyOptions& options) {

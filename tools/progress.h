@@ -9,6 +9,17 @@
 
 namespace crisp_cli {
 
+// True while a "crisp: <step> ..." line waits for its time: an error reported meanwhile starts
+// on a new line (see finish_progress_line).
+inline bool progress_line_open = false;
+
+// Ends an unfinished progress line so that what follows starts on a line of its own.
+inline void finish_progress_line() {
+  if (!progress_line_open) return;
+  std::fputc('\n', stderr);
+  progress_line_open = false;
+}
+
 class Progress {
  public:
   explicit Progress(bool enabled) : enabled_(enabled) {}
@@ -19,6 +30,7 @@ class Progress {
     if (!enabled_) return;
     std::fprintf(stderr, "crisp: %s ...", what.c_str());
     std::fflush(stderr);
+    progress_line_open = true;
   }
 
   // Ends the step begun last, printing its wall time; returns that time in milliseconds.
@@ -28,6 +40,7 @@ class Progress {
     if (enabled_) {
       std::fprintf(stderr, " %.1f s\n", ms / 1000.0);
       std::fflush(stderr);
+      progress_line_open = false;
     }
     return ms;
   }
@@ -35,6 +48,7 @@ class Progress {
   // A line of its own (e.g. the backend chosen).
   void note(const std::string& text) const {
     if (!enabled_) return;
+    finish_progress_line();
     std::fprintf(stderr, "crisp: %s\n", text.c_str());
     std::fflush(stderr);
   }

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "crisp/workload.h"
+#include "validators.h"
 
 namespace crisp_cli {
 
@@ -19,16 +20,16 @@ struct WorkloadOptions {
 inline void add_workload_options(CLI::App& sub, WorkloadOptions& options) {
   sub.add_option("--seq", options.seq, "Sequence length n (tokens)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInteger);
   sub.add_option("--heads-q", options.heads_q, "Query heads Hq")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInteger);
   sub.add_option("--heads-kv", options.heads_kv, "KV heads Hkv (Hq must be a multiple)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInteger);
   sub.add_option("--dim", options.dim, "Head dimension d (at most 256)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInteger);
   sub.add_option("--seed", options.seed, "Seed of the synthetic workload")->capture_default_str();
 }
 
