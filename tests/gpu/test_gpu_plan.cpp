@@ -87,8 +87,8 @@ void expect_same_plan(const crisp::Plan& gpu, const crisp::Plan& cpu, const char
       pe_heads += c.route == crisp::Route::pe;
     }
   }
-  RecordProperty(std::string(reference) + "_vs_heads", vs_heads);
-  RecordProperty(std::string(reference) + "_pe_heads", pe_heads);
+  testing::Test::RecordProperty(std::string(reference) + "_vs_heads", vs_heads);
+  testing::Test::RecordProperty(std::string(reference) + "_pe_heads", pe_heads);
 }
 
 class GpuPlanMatchesCpu : public testing::TestWithParam<PlanCase> {};
