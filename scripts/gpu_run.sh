@@ -25,7 +25,8 @@ BUILD=build-gpu
 SUMMARY=()
 note() { echo "== $*"; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+DEVICE=$(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | head -1)
+echo "$DEVICE"
 
 # ---------------------------------------------------------------- dependencies
 PREFIX=""
@@ -39,8 +40,8 @@ if ! ls /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake /usr/lib/cmake/G
   note "building GoogleTest from .deps/googletest"
   if ! { cmake -S .deps/googletest -B /tmp/crisp-gtest-build -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF \
            -DCMAKE_INSTALL_PREFIX=/tmp/crisp-gtest && cmake --build /tmp/crisp-gtest-build -j"$JOBS" \
-           && cmake --install /tmp/crisp-gtest-build; } >"$OUT/gtest_build.log" 2>&1; then
-    tail -20 "$OUT/gtest_build.log"; exit 1
+           && cmake --install /tmp/crisp-gtest-build; } >"$OUT/build.log" 2>&1; then
+    tail -20 "$OUT/build.log"; exit 1
   fi
   PREFIX="/tmp/crisp-gtest${PREFIX:+;$PREFIX}"
 fi
@@ -49,12 +50,12 @@ fi
 note "configure + build ($BUILD, sm_90a, -j$JOBS)"
 T0=$(date +%s)
 if ! cmake -S . -B "$BUILD" -DCRISP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release \
-     -DCRISP_BUILD_TESTS=ON ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} >"$OUT/configure.log" 2>&1; then
-  tail -30 "$OUT/configure.log"; exit 1
+     -DCRISP_BUILD_TESTS=ON ${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} >>"$OUT/build.log" 2>&1; then
+  tail -30 "$OUT/build.log"; exit 1
 fi
 TARGETS="crisp_cli crisp_gpu_tests"
 [ "${RUN_CPU_TESTS:-0}" = 1 ] && TARGETS="$TARGETS crisp_tests"
-if ! cmake --build "$BUILD" -j"$JOBS" --target $TARGETS >"$OUT/build.log" 2>&1; then
+if ! cmake --build "$BUILD" -j"$JOBS" --target $TARGETS >>"$OUT/build.log" 2>&1; then
   grep -E "error" "$OUT/build.log" | head -30; exit 1
 fi
 grep -E "spill" "$OUT/build.log" | sort | uniq -c | head
@@ -64,7 +65,7 @@ SUMMARY+=("build: ok in $(( $(date +%s) - T0 )) s")
 GPU_TESTS=$BUILD/tests/crisp_gpu_tests
 note "GPU tests (ctest -L gpu)"
 T0=$(date +%s)
-(cd "$BUILD" && timeout 300 ctest -L gpu -j4 --output-on-failure --timeout 200) >"$OUT/ctest_gpu.log" 2>&1
+(cd "$BUILD" && timeout ${CTEST_TIMEOUT:-300} ctest -L gpu -j4 --output-on-failure --timeout 200) >"$OUT/ctest_gpu.log" 2>&1
 RC=$?
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/ctest_gpu.log" | head -40
 SUMMARY+=("ctest -L gpu: rc=$RC, $(grep -E 'tests passed' "$OUT/ctest_gpu.log" | tail -1) ($(( $(date +%s) - T0 )) s)")
@@ -78,7 +79,7 @@ if [ "$SANITIZE" = 1 ] && command -v compute-sanitizer >/dev/null; then
   FILTER=${SANITIZE_FILTER:-'Presets/GpuPlanMatchesCpu.crisp_n3001*:Presets/GpuPlanMatchesCpu.minference_n2500*:Presets/GpuPlanMatchesCpu.flexprefill_varlen*'}
   for tool in memcheck racecheck; do
     note "compute-sanitizer --tool $tool ($FILTER)"
-    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$GPU_TESTS" --gtest_filter="$FILTER" \
+    timeout ${SANITIZER_TIMEOUT:-240} compute-sanitizer --tool "$tool" --error-exitcode 3 "$GPU_TESTS" --gtest_filter="$FILTER" \
       >"$OUT/sanitizer_$tool.log" 2>&1
     RC=$?
     tail -3 "$OUT/sanitizer_$tool.log"
@@ -97,6 +98,6 @@ if [ -n "$BENCH_SEQ" ]; then
 fi
 
 echo
-echo "==================== summary ($(date -u +%Y-%m-%dT%H:%MZ), $(head -1 "$OUT/device.txt"))"
+echo "==================== summary ($(date -u +%Y-%m-%dT%H:%MZ), $DEVICE)"
 for line in "${SUMMARY[@]}"; do echo "  $line"; done
 [ -f "$OUT/bench.txt" ] && cat "$OUT/bench.txt"
