@@ -39,9 +39,10 @@ HeadPlan make_dense_head(int32_t num_blocks) {
 namespace cpu {
 namespace {
 
-// NOTE: proxy rows are scored in chunks of 16 so the score buffer is 16 x n values (2 MiB at 32k
-// tokens in float) instead of L x n, while each K tile is still reused by 16 rows.
-constexpr int kProxyRowsPerChunk = 16;
+// NOTE: proxy rows are scored in chunks of 64, so the score buffer is 64 x n values (8 MiB at 32k
+// tokens in float) instead of L x n, while K is streamed only L / 64 = 2 times per head (16-row
+// chunks made the planner memory-bound on K at 32k tokens).
+constexpr int kProxyRowsPerChunk = 64;
 
 // Everything a head's planning reads, shared by all (sequence, head) tasks.
 template <typename T>
