@@ -104,6 +104,8 @@ double computed_block_pairs(const crisp::Plan& plan) {
 // other c < r with one probability.
 crisp::Plan random_plan(int64_t H, int64_t Hkv, int64_t d, int64_t n, int B, double density, uint64_t seed) {
   crisp::Plan plan = crisp::dense_plan(H, Hkv, d, {0, n}, B);
+  // Slash 0 then reaches only the diagonal (a random row need not hold r - 1).
+  plan.config.slash_cover = crisp::SlashCover::single;
   const int32_t N = plan.sequences[0].num_blocks;
   const double total = static_cast<double>(N) * (N + 1) / 2;
   const double forced = 2.0 * N - 1;
