@@ -105,7 +105,7 @@ struct Case {
   crisp::SeqLens cu;
 };
 
-Case workload_case(uint64_t seed, std::vector<int64_t> lens, int64_t hq = 4, int64_t hkv = 2, int64_t d = 64) {
+Case workload_case(uint64_t seed, std::vector<int64_t> lens, int64_t hq = 4, int64_t hkv = 2, int64_t d = 32) {
   crisp::WorkloadSpec spec;
   spec.num_q_heads = hq;
   spec.num_kv_heads = hkv;
@@ -141,6 +141,10 @@ crisp::Plan api_plan(Case& c, const crisp::Config& cfg, crisp::Precision precisi
   crisp::TensorView k = crisp::TensorView::contiguous(c.k.data(), crisp::DType::f32, c.hkv, c.tokens, c.d);
   crisp::Options opt;
   opt.precision = precision;
+  // NOTE: one thread: ctest runs test processes in parallel on this 2-core machine, and OpenMP
+  // teams oversubscribing the cores made the grids several times slower. Thread-count
+  // independence of the plan is its own test (Properties.PlanIsIndependentOfThreadCount).
+  opt.num_threads = 1;
   return crisp::plan(q, k, cfg, c.cu, opt);
 }
 
@@ -214,8 +218,15 @@ void run_grid(Case& c, crisp::Precision precision, Tally& tally) {
   // error of x near 0, hence the looser bound. float64: 1e-9 as the brief asks.
   const double c_tol = f32 ? 1e-5 : 1e-9;
   const double j_tol = f32 ? 1e-4 : 1e-9;
-  for (int block : {64, 128}) {
-    for (const auto& entry : config_grid()) {
+  const auto grid = config_grid();
+  for (size_t index = 0; index < grid.size(); ++index) {
+    const auto& entry = grid[index];
+    // NOTE: the presets and every routing x rule x cover combination (the first 28 entries) run at
+    // both block sizes; the single-parameter variations alternate between 64 and 128, which halves
+    // the suite's time (it must stay fast under AddressSanitizer) and still runs most knobs at both.
+    std::vector<int> blocks = {64, 128};
+    if (index >= 28) blocks = {index % 2 ? 64 : 128};
+    for (int block : blocks) {
       crisp::Config cfg = crisp::Config::from_preset(entry.first);
       for (const auto& kv : entry.second) cfg.set(kv);
       cfg.set("block_size=" + std::to_string(block));
@@ -265,7 +276,7 @@ TEST(PlanOracle, StructuredWorkloadF64NotMultipleOfBlock) {
 TEST(PlanOracle, StructuredWorkloadF64) {
   const uint64_t seed = test_seed();
   SCOPED_TRACE(seed_trace(seed));
-  Case c = workload_case(seed, {1536}, 4, 1, 64);
+  Case c = workload_case(seed, {1536}, 4, 1, 32);
   Tally t;
   run_grid(c, crisp::Precision::f64, t);
   report(t);
