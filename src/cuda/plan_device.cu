@@ -17,10 +17,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend.h"
@@ -31,6 +35,7 @@
 #include "cuda/plan_common.cuh"
 #include "cuda/plan_kernels.cuh"
 #include "cuda/plan_proxy.cuh"
+#include "cuda/plan_proxy_mma.cuh"
 #include "cuda/plan_select.cuh"
 
 namespace crisp {
@@ -71,10 +76,12 @@ bool covers(const Needs& have, const Needs& want) {
 struct Shape {
   int64_t H = 0, Hkv = 0, d = 0;
   int B = 128;
+  bool tensor_cores = false;  // proxy on plan_proxy_mma.cuh (bf16 / fp16, d 64 / 128, aligned rows)
   std::vector<layout::SequenceBases> bases;
   std::vector<int8_t> estimated;
   bool operator==(const Shape& o) const {
-    if (H != o.H || Hkv != o.Hkv || d != o.d || B != o.B || estimated != o.estimated || bases.size() != o.bases.size())
+    if (H != o.H || Hkv != o.Hkv || d != o.d || B != o.B || tensor_cores != o.tensor_cores ||
+        estimated != o.estimated || bases.size() != o.bases.size())
       return false;
     for (std::size_t s = 0; s < bases.size(); ++s)
       if (bases[s].n != o.bases[s].n || bases[s].token_offset != o.bases[s].token_offset) return false;
@@ -122,6 +129,8 @@ class PlanWorkspace {
   std::size_t token_entries() const { return token_entries_; }
   std::size_t bytes() const { return bytes_; }
   bool any_estimated() const { return !items_.empty(); }
+  const float4* records() const { return records_; }
+  float4* records() { return records_; }
 
  private:
   void release() {
@@ -136,44 +145,53 @@ class PlanWorkspace {
     CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     const std::size_t S = shape_.bases.size();
     const int64_t group = shape_.H / shape_.Hkv;
+    const int64_t rows_per_item = shape_.tensor_cores ? kMmaRows : kProxyTileRows;
     items_.clear();
     item_base_.assign(S, 0);
     splits_.assign(S, 0);
-    int64_t estimated_tokens = 0, base_units = 0;
-    for (std::size_t s = 0; s < S; ++s) {
-      if (!shape_.estimated[s]) continue;
-      estimated_tokens += shape_.bases[s].n;
-      const int64_t L = rules::proxy_rows(shape_.bases[s].n, shape_.B);
-      base_units += shape_.Hkv * ((group * L + kProxyTileRows - 1) / kProxyTileRows);
-    }
-    const int64_t target_items = static_cast<int64_t>(sms) * kProxyItemsPerSm;
+    records_count_ = 0;
+    int64_t estimated_tokens = 0;
+    for (std::size_t s = 0; s < S; ++s)
+      if (shape_.estimated[s]) estimated_tokens += shape_.bases[s].n;
     for (std::size_t s = 0; s < S; ++s) {
       if (!shape_.estimated[s]) continue;
       const layout::SequenceBases& sb = shape_.bases[s];
       const int64_t L = rules::proxy_rows(sb.n, shape_.B);
-      const int64_t row_tiles = (group * L + kProxyTileRows - 1) / kProxyTileRows;
-      const int64_t key_tiles = (sb.n + kProxyTileKeys - 1) / kProxyTileKeys;
+      const int64_t row_tiles = (group * L + rows_per_item - 1) / rows_per_item;
       // Splits of this sequence's keys, in proportion to its share of the tokens.
       const double share = static_cast<double>(sb.n) / static_cast<double>(estimated_tokens);
-      int64_t splits = static_cast<int64_t>(std::ceil(share * static_cast<double>(target_items) /
-                                                      static_cast<double>(shape_.Hkv * row_tiles)));
-      splits = std::max<int64_t>(1, std::min(splits, key_tiles / kProxyMinTilesPerItem));
+      int64_t splits = 1;
+      int64_t unit = kProxyTileKeys, units = (sb.n + kProxyTileKeys - 1) / kProxyTileKeys;
+      if (shape_.tensor_cores) {
+        // One CTA per SM (plan_proxy_mma.cuh): one wave of whole-key-block ranges.
+        unit = shape_.B;
+        units = sb.num_blocks;
+        splits = static_cast<int64_t>(share * static_cast<double>(sms) / static_cast<double>(shape_.Hkv * row_tiles));
+        splits = std::max<int64_t>(1, std::min(splits, units));
+      } else {
+        const int64_t target_items = static_cast<int64_t>(sms) * kProxyItemsPerSm;
+        splits = static_cast<int64_t>(std::ceil(share * static_cast<double>(target_items) /
+                                                static_cast<double>(shape_.Hkv * row_tiles)));
+        splits = std::max<int64_t>(1, std::min(splits, units / kProxyMinTilesPerItem));
+      }
       splits_[s] = static_cast<int32_t>(splits);
       item_base_[s] = static_cast<int64_t>(items_.size());
       for (int64_t kv = 0; kv < shape_.Hkv; ++kv)
-        for (int64_t rt = 0; rt < row_tiles; ++rt)
+        for (int64_t rt = 0; rt < row_tiles; ++rt) {
           for (int64_t sp = 0; sp < splits; ++sp) {
             ProxyWorkItem it{};
             it.seq = static_cast<int32_t>(s);
             it.kv = static_cast<int32_t>(kv);
             it.row_tile = static_cast<int32_t>(rt);
             it.split = static_cast<int32_t>(sp);
-            it.key_begin = key_tiles * sp / splits * kProxyTileKeys;
-            it.key_end = key_tiles * (sp + 1) / splits * kProxyTileKeys;
+            it.key_begin = units * sp / splits * unit;
+            it.key_end = units * (sp + 1) / splits * unit;
+            it.record_base = records_count_;
             items_.push_back(it);
           }
+          if (shape_.tensor_cores) records_count_ += static_cast<int64_t>(sb.num_blocks) * kMmaWarps;
+        }
     }
-    (void)base_units;
   }
 
   void allocate() {
@@ -205,7 +223,9 @@ class PlanWorkspace {
     const std::size_t o_item_base = take(S * sizeof(int64_t));
     const std::size_t o_splits = take(S * sizeof(int32_t));
     const std::size_t o_estimated = take(S * sizeof(int8_t));
-    const std::size_t o_partial = take(std::max<std::size_t>(items_.size(), 1) * kProxyTileRows * sizeof(float2));
+    const std::size_t rows_per_item = sh.tensor_cores ? kMmaRows : kProxyTileRows;
+    const std::size_t o_partial = take(std::max<std::size_t>(items_.size(), 1) * rows_per_item * sizeof(float2));
+    const std::size_t o_records = take(static_cast<std::size_t>(records_count_) * sizeof(float4));
     const std::size_t o_row_max = take(slots_ * sh.B * sizeof(float));
     const std::size_t o_row_inv = take(slots_ * sh.B * sizeof(float));
     const std::size_t o_pv = take(block_entries_ * sizeof(double));
@@ -239,6 +259,7 @@ class PlanWorkspace {
     estimated_dev_ = reinterpret_cast<int8_t*>(base + o_estimated);
     ws_ = Workspace{};
     ws_.partial_stats = reinterpret_cast<float2*>(base + o_partial);
+    records_ = reinterpret_cast<float4*>(base + o_records);
     ws_.row_max = reinterpret_cast<float*>(base + o_row_max);
     ws_.row_inv_den = reinterpret_cast<float*>(base + o_row_inv);
     ws_.pv_sum = reinterpret_cast<double*>(base + o_pv);
@@ -283,6 +304,8 @@ class PlanWorkspace {
   int64_t* item_base_dev_ = nullptr;
   int32_t* splits_dev_ = nullptr;
   int8_t* estimated_dev_ = nullptr;
+  int64_t records_count_ = 0;
+  float4* records_ = nullptr;  // pass-2 records of the tensor-core proxy
   SelectState* states_ = nullptr;
   unsigned long long* hist_count_ = nullptr;
   double* hist_mass_ = nullptr;
@@ -293,6 +316,55 @@ class PlanWorkspace {
 };
 
 namespace {
+
+// Optional per-stage timing of plan_async (environment CRISP_PLAN_TIMING=1): CUDA events between
+// the stages, one line on stderr per call after a synchronisation of the stream. Off by default
+// (it synchronises, so it is not for graph capture); meant for profiling the planner.
+class StageTimer {
+ public:
+  explicit StageTimer(cudaStream_t stream) : stream_(stream) {
+    static const bool enabled = [] {
+      const char* v = std::getenv("CRISP_PLAN_TIMING");
+      return v != nullptr && v[0] != '\0' && v[0] != '0';
+    }();
+    enabled_ = enabled;
+    mark("start");
+  }
+  ~StageTimer() {
+    for (auto& m : marks_) cudaEventDestroy(m.second);
+  }
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+  void mark(const char* name) {
+    if (!enabled_) return;
+    cudaEvent_t e = nullptr;
+    CRISP_CUDA_CHECK(cudaEventCreate(&e));
+    CRISP_CUDA_CHECK(cudaEventRecord(e, stream_));
+    marks_.emplace_back(name, e);
+  }
+  void report() {
+    if (!enabled_ || marks_.size() < 2) return;
+    CRISP_CUDA_CHECK(cudaEventSynchronize(marks_.back().second));
+    std::string line = "plan stages (ms):";
+    float total = 0.f;
+    for (std::size_t i = 1; i < marks_.size(); ++i) {
+      float ms = 0.f;
+      CRISP_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[i - 1].second, marks_[i].second));
+      total += ms;
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " %s %.3f", marks_[i].first, ms);
+      line += buf;
+    }
+    char buf[48];
+    std::snprintf(buf, sizeof buf, " | total %.3f\n", total);
+    std::fputs((line + buf).c_str(), stderr);
+  }
+
+ private:
+  cudaStream_t stream_;
+  bool enabled_ = false;
+  std::vector<std::pair<const char*, cudaEvent_t>> marks_;
+};
 
 unsigned grid_for(int64_t count, int threads) { return static_cast<unsigned>((count + threads - 1) / threads); }
 
@@ -306,7 +378,7 @@ void run_select(const PlanWorkspace& pw, const double* values, SelectState* stat
     const int shift = 64 - kSelectDigitBits * (pass + 1);
     select_histogram_kernel<<<grid, kSelectThreads, 0, stream>>>(values, states, pw.hist_count(), pw.hist_mass(), shift);
     CRISP_CUDA_CHECK_LAUNCH("select_histogram_kernel");
-    select_scan_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(states, pw.hist_count(), pw.hist_mass(), shift, slots);
+    select_scan_kernel<<<slots, kSelectBins, 0, stream>>>(states, pw.hist_count(), pw.hist_mass(), shift, slots);
     CRISP_CUDA_CHECK_LAUNCH("select_scan_kernel");
   }
   select_finish_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(states, slots);
@@ -331,6 +403,29 @@ void set_smem(const void* kernel, std::size_t bytes) {
     CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+// §1 on tensor cores (plan_proxy_mma.cuh): pass 1, combine, pass 2, finalize.
+template <typename T, int kDim>
+void proxy_on_tensor_cores(const Strided3<T>& qs, const Strided3<T>& ks, const ProxyParams& pp,
+                           const ProxyMmaRecords& records, const ProxyCombineParams& cp, const ProxyFinalizeParams& fp,
+                           const dim3& combine_grid, unsigned items, int slots, bool token_level, cudaStream_t stream) {
+  constexpr std::size_t smem = proxy_mma_smem_bytes<T, kDim>();
+  set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, 1, false>), smem);
+  proxy_mma_kernel<T, kDim, 1, false><<<items, kMmaThreads, smem, stream>>>(qs, ks, pp, records);
+  CRISP_CUDA_CHECK_LAUNCH("proxy_mma_kernel (pass 1)");
+  proxy_combine_kernel<kMmaRows, true><<<combine_grid, 256, 0, stream>>>(cp);
+  CRISP_CUDA_CHECK_LAUNCH("proxy_combine_kernel");
+  if (token_level) {
+    set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, 2, true>), smem);
+    proxy_mma_kernel<T, kDim, 2, true><<<items, kMmaThreads, smem, stream>>>(qs, ks, pp, records);
+  } else {
+    set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, 2, false>), smem);
+    proxy_mma_kernel<T, kDim, 2, false><<<items, kMmaThreads, smem, stream>>>(qs, ks, pp, records);
+  }
+  CRISP_CUDA_CHECK_LAUNCH("proxy_mma_kernel (pass 2)");
+  proxy_mma_finalize_kernel<<<slots, 256, 0, stream>>>(fp);
+  CRISP_CUDA_CHECK_LAUNCH("proxy_mma_finalize_kernel");
+}
+
 template <typename T>
 void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, const DevicePlanView& view,
                 PlanWorkspace& pw, double scale, cudaStream_t stream) {
@@ -341,6 +436,7 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
   const Strided3<T> qs = strided<T>(q), ks = strided<T>(k);
   const Needs needs = needs_of(cfg);
   const bool estimate = pw.any_estimated();
+  StageTimer timer(stream);
 
   SlotParams sp{};
   sp.view = view;
@@ -372,13 +468,6 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
 
   if (estimate) {
     // 1. Proxy map.
-    CRISP_CUDA_CHECK(cudaMemsetAsync(ws.pv_sum, 0, pw.block_entries() * sizeof(double), stream));
-    CRISP_CUDA_CHECK(cudaMemsetAsync(ws.ps_sum, 0, pw.block_entries() * sizeof(double), stream));
-    CRISP_CUDA_CHECK(cudaMemsetAsync(ws.cs_sum, 0, slots * sizeof(double), stream));
-    if (needs.token_level) {
-      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.v_sum, 0, pw.token_entries() * sizeof(double), stream));
-      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.u_sum, 0, pw.token_entries() * sizeof(double), stream));
-    }
     ProxyParams pp{};
     pp.seqs = view.seqs;
     pp.items = pw.items();
@@ -390,11 +479,6 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
     pp.w_sink = cfg.w_sink;
     pp.w_local = cfg.w_local;
     pp.ws = ws;
-    const std::size_t smem = proxy_smem_bytes(static_cast<int>(sh.d));
-    const unsigned items = static_cast<unsigned>(pw.num_items());
-    set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 1, false>), smem);
-    proxy_kernel<T, 1, false><<<items, kProxyThreads, smem, stream>>>(qs, ks, pp);
-    CRISP_CUDA_CHECK_LAUNCH("proxy_kernel (pass 1)");
     ProxyCombineParams cp{};
     cp.seqs = view.seqs;
     cp.item_base = pw.item_base();
@@ -405,19 +489,62 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
     cp.group = pp.group;
     cp.block = sh.B;
     cp.ws = ws;
-    proxy_combine_kernel<<<dim3(grid_for(pp.group * sh.B, 256), static_cast<unsigned>(sh.Hkv),
-                                static_cast<unsigned>(sh.bases.size())),
-                           256, 0, stream>>>(cp);
-    CRISP_CUDA_CHECK_LAUNCH("proxy_combine_kernel");
-    if (needs.token_level) {
-      set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 2, true>), smem);
-      proxy_kernel<T, 2, true><<<items, kProxyThreads, smem, stream>>>(qs, ks, pp);
-    } else {
-      set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 2, false>), smem);
-      proxy_kernel<T, 2, false><<<items, kProxyThreads, smem, stream>>>(qs, ks, pp);
+    const dim3 combine_grid(grid_for(pp.group * sh.B, 256), static_cast<unsigned>(sh.Hkv),
+                            static_cast<unsigned>(sh.bases.size()));
+    const unsigned items = static_cast<unsigned>(pw.num_items());
+    bool proxy_done = false;
+    if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
+      if (sh.tensor_cores) {
+        // pv, ps and C_struct come as plain stores from the finalize kernel, v as plain stores
+        // from pass 2; only u is accumulated with atomics.
+        if (needs.token_level)
+          CRISP_CUDA_CHECK(cudaMemsetAsync(ws.u_sum, 0, pw.token_entries() * sizeof(double), stream));
+        ProxyFinalizeParams fp{};
+        fp.seqs = view.seqs;
+        fp.items = pw.items();
+        fp.item_base = pw.item_base();
+        fp.splits = pw.splits();
+        fp.estimated = pw.estimated();
+        fp.records = pw.records();
+        fp.num_q_heads = static_cast<int32_t>(sh.H);
+        fp.group = pp.group;
+        fp.block = sh.B;
+        fp.ws = ws;
+        const ProxyMmaRecords records{pw.records()};
+        if (sh.d == 64)
+          proxy_on_tensor_cores<T, 64>(qs, ks, pp, records, cp, fp, combine_grid, items, slots, needs.token_level,
+                                       stream);
+        else
+          proxy_on_tensor_cores<T, 128>(qs, ks, pp, records, cp, fp, combine_grid, items, slots, needs.token_level,
+                                        stream);
+        proxy_done = true;
+      }
     }
-    CRISP_CUDA_CHECK_LAUNCH("proxy_kernel (pass 2)");
+    if (!proxy_done) {
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.pv_sum, 0, pw.block_entries() * sizeof(double), stream));
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.ps_sum, 0, pw.block_entries() * sizeof(double), stream));
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.cs_sum, 0, slots * sizeof(double), stream));
+      if (needs.token_level) {
+        CRISP_CUDA_CHECK(cudaMemsetAsync(ws.v_sum, 0, pw.token_entries() * sizeof(double), stream));
+        CRISP_CUDA_CHECK(cudaMemsetAsync(ws.u_sum, 0, pw.token_entries() * sizeof(double), stream));
+      }
+      const std::size_t smem = proxy_smem_bytes(static_cast<int>(sh.d));
+      set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 1, false>), smem);
+      proxy_kernel<T, 1, false><<<items, kProxyThreads, smem, stream>>>(qs, ks, pp);
+      CRISP_CUDA_CHECK_LAUNCH("proxy_kernel (pass 1)");
+      proxy_combine_kernel<kProxyTileRows, false><<<combine_grid, 256, 0, stream>>>(cp);
+      CRISP_CUDA_CHECK_LAUNCH("proxy_combine_kernel");
+      if (needs.token_level) {
+        set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 2, true>), smem);
+        proxy_kernel<T, 2, true><<<items, kProxyThreads, smem, stream>>>(qs, ks, pp);
+      } else {
+        set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 2, false>), smem);
+        proxy_kernel<T, 2, false><<<items, kProxyThreads, smem, stream>>>(qs, ks, pp);
+      }
+      CRISP_CUDA_CHECK_LAUNCH("proxy_kernel (pass 2)");
+    }
 
+    timer.mark("proxy");
     // 2. Key block means, routing.
     if (needs.key_means) {
       key_means_kernel<T><<<dim3(maxN, static_cast<unsigned>(sh.Hkv), static_cast<unsigned>(sh.bases.size())),
@@ -430,6 +557,7 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
   route_kernel<T><<<slots, 256, route_smem, stream>>>(qs, sp);
   CRISP_CUDA_CHECK_LAUNCH("route_kernel");
 
+  timer.mark("means+route");
   // 3. Token-level selections for the VS heads.
   if (estimate && needs.token_level) {
     if (cfg.vs_budget == VsRule::cumulative) {
@@ -456,20 +584,24 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
     }
   }
 
+  timer.mark("token_select");
   // 4. Verticals and slashes.
   const std::size_t vs_smem = static_cast<std::size_t>(maxN) * (sizeof(double) + 2) + 16;
   set_smem(reinterpret_cast<const void*>(&vs_flags_kernel), vs_smem);
   vs_flags_kernel<<<slots, 1024, vs_smem, stream>>>(sp);
   CRISP_CUDA_CHECK_LAUNCH("vs_flags_kernel");
 
+  timer.mark("vs_flags");
   // 5. PE heads.
   if (estimate && needs.pe) {
     query_means_kernel<T><<<dim3(maxN, slots), 128, 0, stream>>>(qs, sp);
     CRISP_CUDA_CHECK_LAUNCH("query_means_kernel");
-    const std::size_t pe_smem = (static_cast<std::size_t>(maxN) + sh.d) * sizeof(float);
+    timer.mark("pe_qmeans");
+    const std::size_t pe_smem = pe_prob_smem_floats(static_cast<int>(sh.d)) * sizeof(float);
     set_smem(reinterpret_cast<const void*>(&pe_prob_kernel), pe_smem);
-    pe_prob_kernel<<<dim3(maxN, slots), 256, pe_smem, stream>>>(sp);
+    pe_prob_kernel<<<dim3(grid_for(maxN, kPeRows), slots), kPeRows * 32, pe_smem, stream>>>(sp);
     CRISP_CUDA_CHECK_LAUNCH("pe_prob_kernel");
+    timer.mark("pe_prob");
     SelectState* st = pw.states(2);
     init_pe_select_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(st, sp, slots);
     CRISP_CUDA_CHECK_LAUNCH("init_pe_select_kernel");
@@ -477,6 +609,7 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
     run_select(pw, ws.pe_prob, st, pw.max_causal(), &mark, stream);
   }
 
+  timer.mark("pe_select");
   // 6. Layout.
   const dim3 layout_grid(grid_for(maxN, kLayoutWarps), slots);
   layout_kernel<false><<<layout_grid, kLayoutWarps * 32, 0, stream>>>(sp);
@@ -485,6 +618,8 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
   CRISP_CUDA_CHECK_LAUNCH("layout_scan_kernel");
   layout_kernel<true><<<layout_grid, kLayoutWarps * 32, 0, stream>>>(sp);
   CRISP_CUDA_CHECK_LAUNCH("layout_kernel (fill)");
+  timer.mark("layout");
+  timer.report();
 }
 
 void check_input(const TensorView& v, const char* name, int64_t heads, int64_t tokens, int64_t dim) {
@@ -498,6 +633,18 @@ void check_input(const TensorView& v, const char* name, int64_t heads, int64_t t
                     std::to_string(v.shape[2]) + "]",
                 "[" + std::to_string(heads) + ", " + std::to_string(tokens) + ", " + std::to_string(dim) +
                     "] as the DevicePlan was made for");
+}
+
+// Can the proxy run on tensor cores (plan_proxy_mma.cuh)? bf16 / fp16, d 64 or 128, rows of
+// contiguous elements at 16-byte aligned addresses (cp.async of 16-byte chunks).
+bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d) {
+  if (q.dtype != DType::bf16 && q.dtype != DType::f16) return false;
+  if (d != 64 && d != 128) return false;
+  for (const TensorView* v : {&q, &k}) {
+    if (v->stride[2] != 1 || v->stride[1] % 8 != 0 || v->stride[0] % 8 != 0) return false;
+    if (reinterpret_cast<std::uintptr_t>(v->data) % 16 != 0) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -520,6 +667,7 @@ void plan_on_device(const TensorView& q, const TensorView& k, const Config& conf
   sh.d = plan.head_dim();
   sh.B = plan.block_size();
   sh.bases = sequence_bases(plan.cu_seqlens(), sh.B);
+  sh.tensor_cores = tensor_core_proxy(q, k, sh.d);
   sh.estimated.resize(sh.bases.size());
   for (std::size_t s = 0; s < sh.bases.size(); ++s)
     sh.estimated[s] = !config.dense && !rules::is_short_sequence(sh.bases[s].n, sh.B, config.min_budget,

@@ -44,6 +44,7 @@ __global__ void key_means_kernel(Strided3<T> k, SlotParams P) {
   float* out = P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * P.head_dim;
   for (int x = threadIdx.x; x < P.head_dim; x += blockDim.x) {
     double sum = 0.0;
+#pragma unroll 8  // NOTE: 8 independent loads in flight per thread (the sum chain is not the limit)
     for (int64_t t = begin; t < end; ++t) sum += static_cast<double>(k.at(kv, sb.token_offset + t, x));
     out[x] = static_cast<float>(sum * inv);
   }
@@ -63,6 +64,7 @@ __global__ void query_means_kernel(Strided3<T> q, SlotParams P) {
   float* out = P.ws.query_means + (layout::block_array_offset(sb, h, H) + c) * P.head_dim;
   for (int x = threadIdx.x; x < P.head_dim; x += blockDim.x) {
     double sum = 0.0;
+#pragma unroll 8
     for (int64_t t = begin; t < end; ++t) sum += static_cast<double>(q.at(h, sb.token_offset + t, x));
     out[x] = static_cast<float>(sum * inv);
   }
@@ -293,44 +295,73 @@ struct TopkMark {
 };
 
 // ---------------------------------------------------------------- §4 PE path
-// P[r, c] for the PE slots: one block (8 warps) per (row r, slot). Dynamic shared memory:
-// max(N) floats of logits + head_dim floats.
-__global__ void __launch_bounds__(256) pe_prob_kernel(SlotParams P) {
+// P[r, c] for the PE slots: one block per (kPeRows rows, slot), one warp per row r. The key block
+// means are staged in shared memory in chunks of 32 (one per lane) and shared by the block's rows,
+// so each is read from L2 once per kPeRows rows instead of once per row. Two sweeps over c <= r:
+// the row maximum, then exp(logit - max) into pe_prob with the denominator; a last pass over the
+// row divides. Dynamic shared memory: pe_prob_smem_floats(d) floats.
+// NOTE: 16 rows per block: 16x fewer key-mean reads than one row per block, 512 threads.
+constexpr int kPeRows = 16;
+constexpr int kPeKeyChunk = 32;
+inline size_t pe_prob_smem_floats(int d) { return static_cast<size_t>(kPeRows) * d + kPeKeyChunk * (d + 1); }
+
+__global__ void __launch_bounds__(kPeRows * 32) pe_prob_kernel(SlotParams P) {
   extern __shared__ float pe_smem[];
-  __shared__ float f_scratch[32];
-  __shared__ double d_scratch[32];
   const int64_t slot = blockIdx.y;
   const int H = P.view.num_heads;
   const int64_t s = slot / H, h = slot % H;
-  const int r = blockIdx.x;
   if (P.view.route[slot] != rules::kRoutePe) return;
   const layout::SequenceBases sb = P.view.seqs[s];
-  if (r >= sb.num_blocks) return;
   const int d = P.head_dim, N = sb.num_blocks;
-  float* logits = pe_smem;
-  float* qr = pe_smem + N;
-  const float* qm = P.ws.query_means + (layout::block_array_offset(sb, h, H) + r) * d;
-  for (int x = threadIdx.x; x < d; x += blockDim.x) qr[x] = qm[x];
-  __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int64_t kv = h / P.group;
-  for (int c = warp; c <= r; c += warps) {
-    const float* km = P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * d;
-    float dot = 0.f;
-    for (int x = lane; x < d; x += 32) dot = fmaf(qr[x], km[x], dot);
-    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    if (lane == 0) logits[c] = P.scale * dot;
+  const int r0 = blockIdx.x * kPeRows;
+  if (r0 >= N) return;
+  const int last_c = min(r0 + kPeRows - 1, N - 1);  // the largest c any row of the block needs
+  float* q_rows = pe_smem;                   // [kPeRows][d]
+  float* k_chunk = pe_smem + kPeRows * d;    // [kPeKeyChunk][d + 1] (+1: lanes hit distinct banks)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* qm = P.ws.query_means + layout::block_array_offset(sb, h, H) * d;
+  for (int idx = threadIdx.x; idx < kPeRows * d; idx += blockDim.x) {
+    const int row = idx / d;
+    q_rows[idx] = r0 + row < N ? qm[static_cast<int64_t>(r0) * d + idx] : 0.f;
   }
-  __syncthreads();
-  float local_max = -INFINITY;
-  for (int c = threadIdx.x; c <= r; c += blockDim.x) local_max = fmaxf(local_max, logits[c]);
-  const float max_logit = block_reduce(local_max, f_scratch, MaxOp());
-  double local_den = 0.0;
-  for (int c = threadIdx.x; c <= r; c += blockDim.x) local_den += static_cast<double>(expf(logits[c] - max_logit));
-  const double den = block_reduce(local_den, d_scratch, SumOp());
+  const int64_t kv = h / P.group;
+  const float* km = P.ws.key_means + key_mean_index(sb, kv, 0, P.num_kv_heads) * d;  // block c at km + c d
+  const int r = r0 + warp;
+  const bool active = r < N;
   // Causal entry of (r, c): r (r + 1) / 2 + c.
   double* out = P.ws.pe_prob + layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2;
-  for (int c = threadIdx.x; c <= r; c += blockDim.x) out[c] = static_cast<double>(expf(logits[c] - max_logit)) / den;
+  float row_max = -INFINITY;
+  double den = 0.0;
+  for (int sweep = 0; sweep < 2; ++sweep) {
+    for (int c0 = 0; c0 <= last_c; c0 += kPeKeyChunk) {
+      __syncthreads();  // the previous chunk is consumed (first time: q_rows are written)
+      for (int idx = threadIdx.x; idx < kPeKeyChunk * d; idx += blockDim.x) {
+        const int cc = idx / d, x = idx % d;
+        k_chunk[cc * (d + 1) + x] = c0 + cc <= last_c ? km[static_cast<int64_t>(c0) * d + idx] : 0.f;
+      }
+      __syncthreads();
+      if (!active || c0 > r) continue;  // warp-uniform
+      const int c = c0 + lane;
+      if (c > r) continue;
+      float dot = 0.f;
+      const float* qr = q_rows + warp * d;
+      const float* kc = k_chunk + lane * (d + 1);
+      for (int x = 0; x < d; ++x) dot = fmaf(qr[x], kc[x], dot);
+      const float logit = P.scale * dot;
+      if (sweep == 0) {
+        row_max = fmaxf(row_max, logit);
+      } else {
+        const double e = static_cast<double>(expf(logit - row_max));
+        den += e;
+        out[c] = e;
+      }
+    }
+    if (sweep == 0 && active)
+      for (int off = 16; off > 0; off >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, off));
+  }
+  if (!active) return;
+  for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
+  for (int c = lane; c <= r; c += 32) out[c] /= den;  // entries this lane wrote
 }
 
 __global__ void init_pe_select_kernel(SelectState* states, SlotParams P, int num_slots) {

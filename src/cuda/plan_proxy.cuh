@@ -11,7 +11,9 @@
 //  - pass 2: recomputes the scores, A = exp(s q.k - max) / denominator, and accumulates per
 //    query head the block-pooled vertical pv[b] and slash ps[c] masses, the structural mass
 //    (C_struct) and, when a token-level rule needs them, v[j] and u[t] — all in double.
-// Scores are float32 FFMA dot products (the CPU Precision::f32 path's arithmetic).
+// Scores are float32 FFMA dot products (the CPU Precision::f32 path's arithmetic). This path serves
+// f32 / f64 inputs and shapes the tensor-core path (plan_proxy_mma.cuh: bf16 / fp16, d = 64 / 128)
+// does not take.
 #pragma once
 #include "cuda/plan_common.cuh"
 
@@ -40,8 +42,9 @@ struct ProxyWorkItem {
   int32_t kv;
   int32_t row_tile;
   int32_t split;
-  int64_t key_begin;  // multiple of kProxyTileKeys
+  int64_t key_begin;  // multiple of kProxyTileKeys (tensor-core path: of the block size)
   int64_t key_end;
+  int64_t record_base;  // tensor-core path (plan_proxy_mma.cuh): first pass-2 record of (seq, kv, row tile)
 };
 
 struct ProxyParams {
@@ -280,7 +283,9 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
 
 // Row statistics from the per-item partials: exact maximum, denominator in double.
 // One thread per (sequence item group, proxy row). items_of_tile(s, kv, row_tile) are contiguous:
-// item_base[s] + (kv * row_tiles[s] + row_tile) * splits[s] + split.
+// item_base[s] + (kv * row_tiles[s] + row_tile) * splits[s] + split. kRowsPerItem: rows of one
+// work item (kProxyTileRows here, kMmaRows on the tensor-core path); kLog2: the partials are in
+// the log2 domain (max of s q.k log2(e), sums of exp2), as the tensor-core path keeps them.
 struct ProxyCombineParams {
   const layout::SequenceBases* seqs;
   const int64_t* item_base;   // [seq]
@@ -290,6 +295,7 @@ struct ProxyCombineParams {
   Workspace ws;
 };
 
+template <int kRowsPerItem, bool kLog2>
 __global__ void proxy_combine_kernel(ProxyCombineParams P) {
   // grid: (ceil(group * B / 256), num_kv_heads, num_sequences)
   const int s = blockIdx.z, kv = blockIdx.y;
@@ -299,15 +305,15 @@ __global__ void proxy_combine_kernel(ProxyCombineParams P) {
   const int64_t L = rules::proxy_rows(sb.n, P.block);
   const int64_t rho = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (rho >= P.group * L) return;
-  const int64_t row_tiles = (P.group * L + kProxyTileRows - 1) / kProxyTileRows;
-  const int64_t tile = rho / kProxyTileRows, in_tile = rho % kProxyTileRows;
+  const int64_t row_tiles = (P.group * L + kRowsPerItem - 1) / kRowsPerItem;
+  const int64_t tile = rho / kRowsPerItem, in_tile = rho % kRowsPerItem;
   const int64_t first_item = P.item_base[s] + (kv * row_tiles + tile) * splits;
   float m = -INFINITY;
-  for (int sp = 0; sp < splits; ++sp) m = fmaxf(m, P.ws.partial_stats[(first_item + sp) * kProxyTileRows + in_tile].x);
+  for (int sp = 0; sp < splits; ++sp) m = fmaxf(m, P.ws.partial_stats[(first_item + sp) * kRowsPerItem + in_tile].x);
   double den = 0.0;
   for (int sp = 0; sp < splits; ++sp) {
-    const float2 st = P.ws.partial_stats[(first_item + sp) * kProxyTileRows + in_tile];
-    if (st.x != -INFINITY) den += static_cast<double>(st.y) * static_cast<double>(expf(st.x - m));
+    const float2 st = P.ws.partial_stats[(first_item + sp) * kRowsPerItem + in_tile];
+    if (st.x != -INFINITY) den += static_cast<double>(st.y) * static_cast<double>(kLog2 ? exp2f(st.x - m) : expf(st.x - m));
   }
   const int64_t h = static_cast<int64_t>(kv) * P.group + rho / L;
   const int64_t slot = layout::slot(s, h, P.num_q_heads);

@@ -73,13 +73,31 @@ select_histogram_kernel(const double* values, const SelectState* states, unsigne
   }
   __syncthreads();
   const uint64_t prefix = st.prefix, mask = st.mask;
+  // Runs of one digit are summed in registers first: the high digits of probabilities cluster in
+  // a few bins (one exponent range), where one shared atomic per entry would serialise.
+  int run_digit = -1;
+  unsigned int run_count = 0;
+  double run_mass = 0.0;
   for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
     const double v = select_value(values, st, e);
     const uint64_t bits = key_bits(v);
     if ((bits & mask) != prefix) continue;
     const int digit = static_cast<int>((bits >> shift) & (kSelectBins - 1));
-    atomicAdd(&s_count[digit], 1u);
-    if (st.mode != kCount) atomicAdd(&s_mass[digit], v);
+    if (digit != run_digit) {
+      if (run_count != 0) {
+        atomicAdd(&s_count[run_digit], run_count);
+        if (st.mode != kCount) atomicAdd(&s_mass[run_digit], run_mass);
+      }
+      run_digit = digit;
+      run_count = 0;
+      run_mass = 0.0;
+    }
+    ++run_count;
+    run_mass += v;
+  }
+  if (run_count != 0) {
+    atomicAdd(&s_count[run_digit], run_count);
+    if (st.mode != kCount) atomicAdd(&s_mass[run_digit], run_mass);
   }
   __syncthreads();
   for (int b = threadIdx.x; b < kSelectBins; b += blockDim.x) {
@@ -99,54 +117,84 @@ __device__ __forceinline__ bool select_crosses(const SelectState& st, double G, 
   }
 }
 
-// One thread per slot: walks the digits from the largest, narrows the prefix, clears the bins.
-__global__ void select_scan_kernel(SelectState* states, unsigned long long* hist_count, double* hist_mass,
-                                   int shift, int num_slots) {
-  const int slot = blockIdx.x * blockDim.x + threadIdx.x;
+// One block of kSelectBins threads per slot: thread `rank` holds digit kSelectBins - 1 - rank (the
+// walk goes from the largest digit down); exclusive prefix sums over the ranks give the mass G and
+// count C above every digit at once, and the first digit where the rule stops is the smallest rank
+// that crosses. Same decisions as a sequential walk from the top digit; the prefix sums add the same
+// doubles in a tree order. Clears the bins it read.
+__global__ void __launch_bounds__(kSelectBins) select_scan_kernel(SelectState* states, unsigned long long* hist_count,
+                                                                  double* hist_mass, int shift, int num_slots) {
+  __shared__ double s_warp_mass[kSelectBins / 32];
+  __shared__ long long s_warp_count[kSelectBins / 32];
+  __shared__ int s_found, s_last;
+  const int slot = blockIdx.x;
   if (slot >= num_slots) return;
   SelectState& st = states[slot];
+  const int rank = threadIdx.x, digit = kSelectBins - 1 - rank;
+  const int lane = rank & 31, warp = rank >> 5;
   unsigned long long* cnt = hist_count + static_cast<int64_t>(slot) * kSelectBins;
   double* mass = hist_mass + static_cast<int64_t>(slot) * kSelectBins;
-  if (st.active && !st.all) {
-    double G = st.mass_before;
-    int64_t C = st.count_before;
-    int found = -1, last_nonempty = -1;
-    double G_last = G;
-    int64_t C_last = C;
-    for (int digit = kSelectBins - 1; digit >= 0; --digit) {
-      const int64_t c = static_cast<int64_t>(cnt[digit]);
-      if (c == 0) continue;
-      if (select_crosses(st, G, mass[digit], C, c)) {
-        found = digit;
-        break;
-      }
-      last_nonempty = digit;
-      G_last = G;
-      C_last = C;
-      G += mass[digit];
-      C += c;
-    }
-    if (found < 0 && st.mask == 0) {
-      st.all = 1;  // the rule never stops: every entry kept
-    } else {
-      if (found < 0) {
-        // Within a bucket that crossed at the previous digit, rounding of the finer sums can
-        // leave no finer crossing: the stop then lies in the bucket's last (smallest) digit.
-        found = last_nonempty;
-        G = G_last;
-        C = C_last;
-      }
-      st.prefix |= static_cast<uint64_t>(found) << shift;
-      st.mask |= static_cast<uint64_t>(kSelectBins - 1) << shift;
-      st.mass_before = G;
-      st.count_before = C;
-      st.ties = static_cast<int64_t>(cnt[found]);
+  const int64_t c = static_cast<int64_t>(cnt[digit]);
+  const double m = mass[digit];
+  cnt[digit] = 0;
+  mass[digit] = 0.0;
+  if (!st.active || st.all) return;  // uniform over the block
+  // Inclusive warp scans, then the totals of the warps before.
+  double incl_m = m;
+  long long incl_c = c;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const double om = __shfl_up_sync(0xffffffffu, incl_m, off);
+    const long long oc = __shfl_up_sync(0xffffffffu, incl_c, off);
+    if (lane >= off) {
+      incl_m += om;
+      incl_c += oc;
     }
   }
-  for (int b = 0; b < kSelectBins; ++b) {
-    cnt[b] = 0;
-    mass[b] = 0.0;
+  if (lane == 31) {
+    s_warp_mass[warp] = incl_m;
+    s_warp_count[warp] = incl_c;
   }
+  if (rank == 0) {
+    s_found = kSelectBins;
+    s_last = -1;
+  }
+  __syncthreads();
+  double excl_m = __shfl_up_sync(0xffffffffu, incl_m, 1);
+  long long excl_c = __shfl_up_sync(0xffffffffu, incl_c, 1);
+  if (lane == 0) {
+    excl_m = 0.0;
+    excl_c = 0;
+  }
+  double before_m = 0.0;
+  long long before_c = 0;
+  for (int w = 0; w < warp; ++w) {
+    before_m += s_warp_mass[w];
+    before_c += s_warp_count[w];
+  }
+  const double G = st.mass_before + (before_m + excl_m);
+  const int64_t C = st.count_before + static_cast<int64_t>(before_c + excl_c);
+  if (c != 0) {
+    if (select_crosses(st, G, m, C, c)) atomicMin(&s_found, rank);
+    atomicMax(&s_last, rank);
+  }
+  __syncthreads();
+  int chosen = s_found;
+  if (chosen == kSelectBins) {
+    if (st.mask == 0) {
+      if (rank == 0) st.all = 1;  // the rule never stops: every entry kept
+      return;
+    }
+    // Within a bucket that crossed at the previous digit, rounding of the finer sums can leave
+    // no finer crossing: the stop then lies in the bucket's last (smallest) digit.
+    chosen = s_last;
+  }
+  if (rank != chosen) return;
+  st.prefix |= static_cast<uint64_t>(digit) << shift;
+  st.mask |= static_cast<uint64_t>(kSelectBins - 1) << shift;
+  st.mass_before = G;
+  st.count_before = C;
+  st.ties = c;
 }
 
 // Final tie walk (sequential, as a sorted walk would do it) and the kept count.

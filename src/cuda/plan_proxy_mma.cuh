@@ -1,0 +1,438 @@
+// src/cuda/plan_proxy_mma.cuh — §1 proxy map on tensor cores, for bf16 / fp16 inputs with head dim
+// 64 or 128 (contiguous rows). Same two-pass structure and the same results as plan_proxy.cuh
+// (the f32 FFMA path, still used for f32 / f64 inputs and other shapes), organised for speed:
+//
+//  - one CTA = (sequence, kv head, row group of up to kMmaRows = 512 proxy rows, key range). The
+//    rows are the proxy rows of the kv head's whole GQA group (row rho = head_in_group * L + i),
+//    so at Hq/Hkv <= 4 and L = 128 every key tile is read ONCE per kv head for all its query heads;
+//  - the queries of the row group stay in shared memory (bf16, XOR-swizzled for ldmatrix); key
+//    tiles of 64 stream through a cp.async double buffer; S = Q K^T on mma.sync m16n8k16 with fp32
+//    accumulation (products of bf16 / fp16 values are exact in fp32; only the summation order
+//    differs from the CPU's f32 dot product);
+//  - 16 warps of 32 rows each (two m16 tiles x 64 keys = 64 fp32 accumulators per thread);
+//  - key ranges are whole key blocks, so every key block is seen by exactly one CTA.
+//
+// Pass 1 writes per-row online-softmax partials (max, sum) in the log2 domain; a combine kernel
+// makes the exact row maximum and 1 / denominator. Pass 2 recomputes the scores and accumulates
+// per warp and key block the slash masses of <= 3 distance blocks and the structural mass, written
+// as plain stores into a record array; a finalize kernel sums the records into pv, ps and C_struct
+// in a fixed order. Everything but the token-level slash u is therefore deterministic: v[j] is
+// summed across the warps of a head in shared memory in a fixed order and stored (each key has one
+// owner CTA); u[t] collects diagonals through shared-memory float atomics and one double atomic per
+// (CTA, distance), whose order may vary at the last bit (cumulative / topk rules only).
+#pragma once
+#include "cuda/attention_kernel.cuh"  // mma.sync / ldmatrix / cp.async helpers, swizzled()
+#include "cuda/plan_common.cuh"
+#include "cuda/plan_proxy.cuh"
+
+namespace crisp {
+namespace cuda_detail {
+namespace planner {
+
+// NOTE: 512 proxy rows per CTA = the whole GQA group at Hq/Hkv = 4, L = 128 (K streamed once per
+// kv head); 16 warps x 32 rows. The queries take 128 KB of shared memory at d = 128, so one CTA
+// runs per SM (launch bounds cap registers at 128 per thread).
+constexpr int kMmaRows = 512;
+constexpr int kMmaWarpRows = 32;
+constexpr int kMmaWarps = kMmaRows / kMmaWarpRows;
+constexpr int kMmaThreads = kMmaWarps * 32;
+// NOTE: 64-key tiles (8 n8 mma tiles per warp): both block sizes (64, 128) are whole tiles.
+constexpr int kMmaKeyTile = 64;
+// Distance blocks one key block can reach from the L = B proxy rows of one head: the distances span
+// L + B - 1 = 2B - 1 values, so at most 3 blocks.
+constexpr int kMmaSlashBins = 3;
+constexpr int kMmaMaxHeads = kMmaRows / 64;  // L >= 64 (L = B for every estimated sequence)
+// Token-level u: a per-head ring of distances; a tile touches L + 63 <= 191 distances, and the
+// 64 that no later tile can reach are flushed after each tile, so 256 slots never alias.
+constexpr int kMmaRing = 256;
+
+template <typename T, int kDim>
+constexpr size_t proxy_mma_smem_bytes() {
+  return static_cast<size_t>(kMmaRows + 2 * kMmaKeyTile) * kDim * sizeof(T);
+}
+
+// Record of one (warp, key block) in pass 2: slash masses of distance blocks c_base + 0..2, and
+// the structural mass.
+struct ProxyMmaRecords {
+  float4* data;  // [record_base of (seq, kv, row group) + key block * kMmaWarps + warp]
+};
+
+// First distance block reached by key block kb from the L proxy rows (t >= n - L - (kb+1) B + 1).
+__device__ __forceinline__ int mma_slash_base(int64_t n, int L, int B, int64_t kb) {
+  const int64_t t_lo = n - L - (kb + 1) * B + 1;
+  return t_lo > 0 ? static_cast<int>(t_lo / B) : 0;
+}
+
+// Pass-2 masses of one tile for one thread: turns acc (raw q.k) into A values in place and adds
+// them to the three slash bins and (kEdge) the structural mass; kEdge also applies the causal mask.
+// Rows rr = 2 mt + hf sit at positions p = pw_g + 8 rr; keys at j = j0q + 8 nt + e.
+template <bool kEdge>
+__device__ __forceinline__ void mma_tile_masses(float (&acc)[2][8][4], const float (&row_max)[4],
+                                                const float (&row_inv)[4], int pw_g, int j0q, int T1, int T2,
+                                                float scale_log2, int64_t w_sink, int64_t w_local, float& ps0,
+                                                float& ps1, float& ps2, float& cs) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int rr = 2 * mt + hf;
+      const int p = pw_g + 8 * rr;
+      const int tb = p - j0q;  // distance of key offset 0
+      const int k1 = tb - T1, k2 = tb - T2;  // key offsets <= k1 are in bin >= 1, <= k2 in bin 2
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int koff = 8 * nt + e;
+          float a = attention::fast_exp2(acc[mt][nt][2 * hf + e] * scale_log2 - row_max[rr]) * row_inv[rr];
+          if (kEdge) {
+            if (tb - koff < 0) a = 0.f;  // causal: j <= p (also keeps j < n)
+            else if (rules::in_structural_set(j0q + koff, p, w_sink, w_local)) cs += a;
+          }
+          if (koff <= k2) ps2 += a;
+          else if (koff <= k1) ps1 += a;
+          else ps0 += a;
+          acc[mt][nt][2 * hf + e] = a;
+        }
+    }
+}
+
+// One step of a butterfly reduce-scatter: lanes with `kMask` set keep the upper kHalf values,
+// the others the lower kHalf, each adding its partner's copy; the result is in vals[0, kHalf).
+template <int kHalf, int kMask>
+__device__ __forceinline__ void reduce_scatter_half(float (&vals)[16], int lane) {
+  const bool upper = (lane & kMask) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float send = upper ? vals[i] : vals[i + kHalf];
+    const float keep = upper ? vals[i + kHalf] : vals[i];
+    vals[i] = keep + __shfl_xor_sync(0xffffffffu, send, kMask);
+  }
+}
+
+// kPass 1: softmax partials; kPass 2: masses (+ v, u when kTokenLevel).
+template <typename T, int kDim, int kPass, bool kTokenLevel>
+__global__ void __launch_bounds__(kMmaThreads, 1)
+    proxy_mma_kernel(Strided3<T> q, Strided3<T> k, ProxyParams P, ProxyMmaRecords R) {
+  extern __shared__ __align__(16) unsigned char proxy_mma_smem[];
+  T* Qs = reinterpret_cast<T*>(proxy_mma_smem);
+  T* Ks = Qs + kMmaRows * kDim;  // two stages of kMmaKeyTile x kDim
+  __shared__ float s_v[kTokenLevel ? kMmaWarps : 1][kTokenLevel ? kMmaKeyTile : 1];
+  __shared__ float s_u[kTokenLevel ? kMmaMaxHeads : 1][kTokenLevel ? kMmaRing : 1];
+  constexpr int kChunks = kDim / 8;  // 16-byte chunks per row
+
+  const ProxyWorkItem item = P.items[blockIdx.x];
+  const layout::SequenceBases sb = P.seqs[item.seq];
+  const int B = P.block, H = P.num_q_heads;
+  const int64_t n = sb.n;
+  const int L = static_cast<int>(rules::proxy_rows(n, B));  // == B: estimated sequences have n > 2B
+  const int rows_total = P.group * L;
+  const int row0 = item.row_tile * kMmaRows;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+
+  // Proxy queries of the row group -> shared memory (rows past the group are zero-filled).
+  for (int idx = tid; idx < kMmaRows * kChunks; idx += kMmaThreads) {
+    const int row = idx / kChunks, chunk = idx % kChunks;
+    const int rho = row0 + row;
+    const T* src = q.data;
+    int bytes = 0;
+    if (rho < rows_total) {
+      const int64_t h = static_cast<int64_t>(item.kv) * P.group + rho / L;
+      const int64_t p = rules::proxy_position(n, L, rho % L);
+      src = q.data + h * q.stride_head + (sb.token_offset + p) * q.stride_token + chunk * 8;
+      bytes = 16;
+    }
+    attention::cp_async_16(Qs + attention::swizzled<kDim>(row, chunk), src, bytes);
+  }
+  const int64_t key_stop = min(item.key_end, n);
+  const int tiles = static_cast<int>((key_stop - item.key_begin + kMmaKeyTile - 1) / kMmaKeyTile);
+  auto load_keys = [&](int64_t j0, int stage) {
+    T* dst = Ks + stage * kMmaKeyTile * kDim;
+    for (int idx = tid; idx < kMmaKeyTile * kChunks; idx += kMmaThreads) {
+      const int key = idx / kChunks, chunk = idx % kChunks;
+      const int64_t j = j0 + key;
+      const bool inside = j < n;
+      const T* src = inside ? k.data + item.kv * k.stride_head + (sb.token_offset + j) * k.stride_token + chunk * 8
+                            : k.data;
+      attention::cp_async_16(dst + attention::swizzled<kDim>(key, chunk), src, inside ? 16 : 0);
+    }
+  };
+  load_keys(item.key_begin, 0);
+  attention::cp_async_commit();
+
+  // This warp's 32 rows lie in one query head (L is a multiple of 32).
+  const int wrow0 = row0 + warp * kMmaWarpRows;
+  const bool warp_valid = wrow0 < rows_total;
+  const int head_local = warp * kMmaWarpRows / L;
+  const int i0 = wrow0 % L;
+  const int pw = static_cast<int>(n) - L + i0;  // position of the warp's first row
+  const int64_t head = static_cast<int64_t>(item.kv) * P.group + (warp_valid ? wrow0 / L : 0);
+  const int64_t slot = layout::slot(item.seq, head, H);
+  const float scale_log2 = P.scale * 1.4426950408889634f;
+
+  float run_max[4], run_sum[4];  // pass 1
+  float row_max[4], row_inv[4];  // pass 2
+#pragma unroll
+  for (int rr = 0; rr < 4; ++rr) {
+    run_max[rr] = -INFINITY;
+    run_sum[rr] = 0.f;
+    row_max[rr] = 0.f;
+    row_inv[rr] = 0.f;
+    if (kPass == 2 && warp_valid) {
+      const int i = i0 + g + 8 * rr;
+      row_max[rr] = P.ws.row_max[slot * B + i];
+      row_inv[rr] = P.ws.row_inv_den[slot * B + i];
+    }
+  }
+  float ps0 = 0.f, ps1 = 0.f, ps2 = 0.f, cs = 0.f;
+  if (kTokenLevel)
+    for (int idx = tid; idx < kMmaMaxHeads * kMmaRing; idx += kMmaThreads) (&s_u[0][0])[idx] = 0.f;
+  const int heads_here = min(kMmaRows, rows_total - row0) / L;
+  const int warps_per_head = L / kMmaWarpRows;
+
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int64_t j0 = item.key_begin + static_cast<int64_t>(tile) * kMmaKeyTile;
+    attention::cp_async_wait<0>();
+    __syncthreads();  // tile ready everywhere; the other stage (and the token buffers) are free
+    if (tile + 1 < tiles) {
+      load_keys(j0 + kMmaKeyTile, (tile + 1) & 1);
+      attention::cp_async_commit();
+    }
+    const int j0i = static_cast<int>(j0);
+    if (warp_valid) {
+      float acc[2][8][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) acc[mt][nt][x] = 0.f;
+      const uint32_t q_base = attention::smem_address(Qs);
+      const uint32_t k_base = attention::smem_address(Ks + (tile & 1) * kMmaKeyTile * kDim);
+#pragma unroll
+      for (int ks = 0; ks < kDim / 16; ++ks) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+          attention::ldmatrix_x4(
+              a[mt], q_base + 2u * attention::swizzled<kDim>(warp * kMmaWarpRows + mt * 16 + (lane & 15),
+                                                            2 * ks + (lane >> 4)));
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t b[4];
+          attention::ldmatrix_x4(b, k_base + 2u * attention::swizzled<kDim>(np * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                                           2 * ks + ((lane >> 3) & 1)));
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            attention::Mma<T>::run(acc[mt][2 * np], a[mt], b[0], b[1]);
+            attention::Mma<T>::run(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+          }
+        }
+      }
+
+      const bool needs_mask = j0i + kMmaKeyTile - 1 > pw;  // some key lies after some row
+      if (kPass == 1) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int rr = 2 * mt + hf;
+            const int p = pw + g + 8 * rr;
+            float m = run_max[rr];
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                float x = acc[mt][nt][2 * hf + e] * scale_log2;
+                if (needs_mask && j0i + 8 * nt + 2 * qd + e > p) x = -INFINITY;
+                acc[mt][nt][2 * hf + e] = x;
+                m = fmaxf(m, x);
+              }
+            if (m == -INFINITY) continue;  // no key of this row so far
+            float sum = run_sum[rr] * attention::fast_exp2(run_max[rr] - m);
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) sum += attention::fast_exp2(acc[mt][nt][2 * hf + e] - m);
+            run_max[rr] = m;
+            run_sum[rr] = sum;
+          }
+      } else {
+        const int64_t kb = j0 / B;
+        const int c_base = mma_slash_base(n, L, B, kb);
+        const int T1 = (c_base + 1) * B, T2 = (c_base + 2) * B;
+        const bool fast = !needs_mask && j0 >= P.w_sink && pw - (j0i + kMmaKeyTile - 1) >= P.w_local;
+        if (fast)
+          mma_tile_masses<false>(acc, row_max, row_inv, pw + g, j0i + 2 * qd, T1, T2, scale_log2, P.w_sink,
+                                 P.w_local, ps0, ps1, ps2, cs);
+        else
+          mma_tile_masses<true>(acc, row_max, row_inv, pw + g, j0i + 2 * qd, T1, T2, scale_log2, P.w_sink,
+                                P.w_local, ps0, ps1, ps2, cs);
+        if (kTokenLevel) {
+          // v: per key, the sum over this warp's 32 rows. Reduce-scatter over the 8 lanes that share
+          // a key column (lane bits 2..4): lane (g, qd) ends with keys 8 g + 2 qd + {0, 1}.
+          float vals[16];
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              vals[2 * nt + e] = (acc[0][nt][e] + acc[0][nt][2 + e]) + (acc[1][nt][e] + acc[1][nt][2 + e]);
+          reduce_scatter_half<8, 16>(vals, lane);  // lane bit 4 (g bit 2)
+          reduce_scatter_half<4, 8>(vals, lane);   // lane bit 3
+          reduce_scatter_half<2, 4>(vals, lane);   // lane bit 2
+          s_v[warp][8 * g + 2 * qd] = vals[0];
+          s_v[warp][8 * g + 2 * qd + 1] = vals[1];
+          // u: entries with the same rr - nt share a distance t = T0 + 8 (rr - nt) - e.
+          const int T0 = pw + g - j0i - 2 * qd;
+          float diag[11][2];
+#pragma unroll
+          for (int dd = 0; dd < 11; ++dd) diag[dd][0] = diag[dd][1] = 0.f;
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+              for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) diag[2 * mt + hf - nt + 7][e] += acc[mt][nt][2 * hf + e];
+#pragma unroll
+          for (int dd = 0; dd < 11; ++dd)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int t = T0 + 8 * (dd - 7) - e;
+              if (t >= 0 && diag[dd][e] != 0.f) atomicAdd(&s_u[head_local][t & (kMmaRing - 1)], diag[dd][e]);
+            }
+        }
+      }
+    }
+
+    if (kPass == 2) {
+      // End of a key block (or of this CTA's keys): one record per warp.
+      const bool block_end = ((j0 + kMmaKeyTile) % B) == 0 || tile + 1 == tiles;
+      if (block_end && warp_valid) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+          ps0 += __shfl_xor_sync(0xffffffffu, ps0, off);
+          ps1 += __shfl_xor_sync(0xffffffffu, ps1, off);
+          ps2 += __shfl_xor_sync(0xffffffffu, ps2, off);
+          cs += __shfl_xor_sync(0xffffffffu, cs, off);
+        }
+        if (lane == 0) R.data[item.record_base + (j0 / B) * kMmaWarps + warp] = make_float4(ps0, ps1, ps2, cs);
+        ps0 = ps1 = ps2 = cs = 0.f;
+      }
+      if (kTokenLevel) {
+        __syncthreads();  // s_v and s_u of this tile complete
+        // v: each (head, key) has this CTA as its only owner -> a plain store, warps in fixed order.
+        // u: the 64 distances no later tile reaches, t in [n - 1 - j0 - 63, n - 1 - j0].
+        for (int idx = tid; idx < heads_here * kMmaKeyTile; idx += kMmaThreads) {
+          const int hl = idx / kMmaKeyTile, key = idx % kMmaKeyTile;
+          const int64_t h = static_cast<int64_t>(item.kv) * P.group + row0 / L + hl;
+          const int64_t token_base = sb.token_offset * H + h * n;
+          const int64_t j = j0 + key;
+          float sum = 0.f;
+          for (int w = 0; w < warps_per_head; ++w) sum += s_v[hl * warps_per_head + w][key];
+          if (j < n) P.ws.v_sum[token_base + j] = static_cast<double>(sum);
+          const int64_t t = n - 1 - j0 - (kMmaKeyTile - 1) + key;
+          float& cell = s_u[hl][t & (kMmaRing - 1)];
+          const float value = cell;
+          cell = 0.f;
+          if (t >= 0 && value != 0.f) atomicAdd(&P.ws.u_sum[token_base + t], static_cast<double>(value));
+        }
+      }
+    }
+  }
+
+  if (kPass == 1) {
+    if (!warp_valid) return;
+    // Combine the 4 lanes (qd) that share each row.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int rr = 2 * mt + hf;
+        float m = run_max[rr], l = run_sum[rr];
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+          const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
+          const float l2 = __shfl_xor_sync(0xffffffffu, l, off);
+          const float mm = fmaxf(m, m2);
+          l = (m == -INFINITY ? 0.f : l * exp2f(m - mm)) + (m2 == -INFINITY ? 0.f : l2 * exp2f(m2 - mm));
+          m = mm;
+        }
+        if (qd == 0)
+          P.ws.partial_stats[static_cast<int64_t>(blockIdx.x) * kMmaRows + warp * kMmaWarpRows + mt * 16 + hf * 8 + g] =
+              make_float2(m, l);
+      }
+  } else if (kTokenLevel && tiles > 0) {
+    // The distances still held: [n - L - j_last - 63, n - j_last - 65] (L - 1 of them).
+    const int64_t j_last = item.key_begin + static_cast<int64_t>(tiles - 1) * kMmaKeyTile;
+    const int64_t t_lo = n - L - j_last - (kMmaKeyTile - 1);
+    for (int idx = tid; idx < heads_here * (L - 1); idx += kMmaThreads) {
+      const int hl = idx / (L - 1), off = idx % (L - 1);
+      const int64_t h = static_cast<int64_t>(item.kv) * P.group + row0 / L + hl;
+      const int64_t t = t_lo + off;
+      const float value = s_u[hl][t & (kMmaRing - 1)];
+      if (t >= 0 && value != 0.f) atomicAdd(&P.ws.u_sum[sb.token_offset * H + h * n + t], static_cast<double>(value));
+    }
+  }
+}
+
+// pv, ps and C_struct (all "times L", as plan_proxy.cuh) from the pass-2 records, in a fixed
+// order. One block per slot.
+struct ProxyFinalizeParams {
+  const layout::SequenceBases* seqs;
+  const ProxyWorkItem* items;
+  const int64_t* item_base;  // [seq]
+  const int32_t* splits;     // [seq]
+  const int8_t* estimated;   // [seq]
+  const float4* records;
+  int32_t num_q_heads, group, block;
+  Workspace ws;
+};
+
+__global__ void __launch_bounds__(256) proxy_mma_finalize_kernel(ProxyFinalizeParams P) {
+  __shared__ double d_scratch[32];
+  const int64_t slot = blockIdx.x;
+  const int H = P.num_q_heads;
+  const int64_t s = slot / H, h = slot % H;
+  if (!P.estimated[s]) return;
+  const layout::SequenceBases sb = P.seqs[s];
+  const int B = P.block, N = sb.num_blocks;
+  const int64_t n = sb.n;
+  const int L = static_cast<int>(rules::proxy_rows(n, B));
+  const int64_t kv = h / P.group, rho0 = (h % P.group) * L;
+  const int64_t row_groups = (static_cast<int64_t>(P.group) * L + kMmaRows - 1) / kMmaRows;
+  const int64_t group_item = P.item_base[s] + (kv * row_groups + rho0 / kMmaRows) * P.splits[s];
+  const float4* rec = P.records + P.items[group_item].record_base;
+  const int w0 = static_cast<int>(rho0 % kMmaRows) / kMmaWarpRows, wn = L / kMmaWarpRows;
+  const int64_t base = layout::block_array_offset(sb, h, H);
+  double cs_local = 0.0;
+  for (int b = threadIdx.x; b < N; b += blockDim.x) {
+    double pv = 0.0;
+    for (int w = 0; w < wn; ++w) {
+      const float4 r = rec[static_cast<int64_t>(b) * kMmaWarps + w0 + w];
+      pv += static_cast<double>(r.x) + static_cast<double>(r.y) + static_cast<double>(r.z);
+      cs_local += static_cast<double>(r.w);
+    }
+    P.ws.pv_sum[base + b] = pv;
+    // Slash block c = b: key blocks whose distances reach it lie within 3 below kb_hi.
+    const int64_t c = b;
+    const int64_t kb_hi = min((n - 1 - c * B) / B, static_cast<int64_t>(N - 1));
+    double ps = 0.0;
+    for (int64_t kb = max(kb_hi - 3, static_cast<int64_t>(0)); kb <= kb_hi; ++kb) {
+      const int bin = static_cast<int>(c - mma_slash_base(n, L, B, kb));
+      if (bin < 0 || bin >= kMmaSlashBins) continue;
+      for (int w = 0; w < wn; ++w) {
+        const float4 r = rec[kb * kMmaWarps + w0 + w];
+        ps += static_cast<double>(bin == 0 ? r.x : bin == 1 ? r.y : r.z);
+      }
+    }
+    P.ws.ps_sum[base + b] = ps;
+  }
+  const double cs = block_reduce(cs_local, d_scratch, SumOp());
+  if (threadIdx.x == 0) P.ws.cs_sum[slot] = cs;
+}
+
+}  // namespace planner
+}  // namespace cuda_detail
+}  // namespace crisp
