@@ -6,13 +6,16 @@
 // B/64 key tiles of 64 rows, and keeps the softmax online in registers:
 //  - warps own 32 query rows each (two 16-row mma tiles; B/32 warps); the query block stays in
 //    shared memory and is re-read per key tile, so K/V fragments serve both row tiles;
-//  - K/V tiles are double-buffered in shared memory by cp.async (the next tile streams in while
-//    the current one is multiplied); rows are XOR-swizzled in 16-byte chunks so every ldmatrix
-//    phase touches 8 distinct bank groups;
-//  - S = Q K^T and O += P V on mma.sync.m16n8k16 (bf16/fp16 inputs, fp32 accumulation);
-//  - softmax in base 2 with the scale pre-multiplied by log2(e); the causal mask and the
-//    end-of-sequence mask are applied only to tiles that need them (the diagonal block and a
-//    partial last block);
+//  - K and V tiles stream through a ring of 5 shared-memory slots by cp.async, two key tiles
+//    ahead of the tile being multiplied (K(t+2) is issued at the first barrier of tile t, V(t+2)
+//    at the second), so a gathered block that misses L2 has two tile-times to arrive; rows are
+//    XOR-swizzled in 16-byte chunks so every ldmatrix phase touches 8 distinct bank groups;
+//  - S = Q K^T and O += P V on mma.sync.m16n8k16 (bf16/fp16 inputs, fp32 accumulation); the
+//    per-lane ldmatrix offsets are computed once, and each k-step only XORs its chunk bits in;
+//  - softmax in base 2 with the scale folded into one FFMA per score; O and the row sums are
+//    rescaled only when some row max of the warp grew (rare once the max has settled);
+//  - the causal mask and the end-of-sequence mask are applied only to tiles that need them
+//    (the diagonal block and a partial last block);
 //  - GQA reads kv head h / (Hq/Hkv) in place; variable-length batches through the per-sequence
 //    bases of the plan.
 // The grid is 1-D and ordered heaviest-first: causal rows near the end of a sequence have the
@@ -43,9 +46,15 @@ constexpr int kRowsPerWarp = 16 * kRowTilesPerWarp;
 
 template <int kBlock>
 constexpr int threads_per_cta() { return kBlock / kRowsPerWarp * 32; }
-// Dynamic shared memory: two stages of [K tile | V tile] plus the query block.
+// NOTE: 5 ring slots of one 64-key tile each (K and V tiles take turns): with the query block
+// this is 112 KB at d = 128, so two CTAs still fit the 228 KB of a Hopper SM (2 x (112 + 1 KB
+// reserved)), and the ring holds the tile being read plus four in flight, i.e. K and V two key
+// tiles ahead (the 4-slot double buffer it replaces ran one tile ahead: 283 TFLOP/s dense but
+// 264 on 10% random layouts at 128k, where the gathered blocks miss L2 more often).
+constexpr int kRingSlots = 5;
+// Dynamic shared memory: the K/V ring plus the query block.
 template <typename T, int kDim, int kBlock>
-constexpr int smem_bytes() { return (4 * kKeyTile + kBlock) * kDim * static_cast<int>(sizeof(T)); }
+constexpr int smem_bytes() { return (kRingSlots * kKeyTile + kBlock) * kDim * static_cast<int>(sizeof(T)); }
 
 // Plain-data parameters of one launch (passed by value).
 struct Params {
@@ -139,52 +148,76 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * kDim + ((chunk ^ (row & 7)) << 3);
 }
 
-// Copies rows [0, rows) of a tile whose row i starts at base + i * row_stride (elements);
-// rows >= valid_rows are zero-filled. All threads of the CTA take part.
-template <typename T, int kDim, int kThreads>
-__device__ __forceinline__ void load_tile(T* smem, const T* base, int64_t row_stride, int rows, int valid_rows) {
+// ------------------------------------------------------------------ tile copies
+// Byte offset of (row, 16-byte chunk) in a swizzled tile with kRowBytes bytes per row (the
+// layout of swizzled<kDim>, in bytes).
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t swizzled_bytes(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+__device__ __forceinline__ void cp_async_16_full(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
+}
+
+// Issues the cp.async copies of a kRows x kDim tile whose row i starts at src + i * row_stride
+// into the swizzled tile at shared address smem_tile. Rows >= valid_rows are zero-filled and
+// their source is not read (safe_src, any mapped address, stands in for it). Each thread copies
+// one fixed 16-byte chunk column of every (kThreads / chunks per row)-th row, so its offsets are
+// loop-invariant and the copy unrolls fully; whole tiles (the common case) skip the predicates.
+template <typename T, int kDim, int kRows, int kThreads>
+__device__ __forceinline__ void copy_tile_async(uint32_t smem_tile, const T* src, int64_t row_stride,
+                                                int valid_rows, const T* safe_src) {
   constexpr int kChunks = kDim / 8;
-  for (int idx = threadIdx.x; idx < rows * kChunks; idx += kThreads) {
-    const int row = idx / kChunks;
-    const int chunk = idx % kChunks;
-    const bool valid = row < valid_rows;
-    const T* src = valid ? base + row * row_stride + chunk * 8 : base;
-    cp_async_16(smem + swizzled<kDim>(row, chunk), src, valid ? 16 : 0);
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  constexpr int kPasses = kRows / kRowsPerPass;
+  constexpr int kRowBytes = kDim * static_cast<int>(sizeof(T));
+  static_assert(kThreads % kChunks == 0 && kRows % kRowsPerPass == 0, "tile copy shape");
+  const int row0 = static_cast<int>(threadIdx.x) / kChunks;
+  const int chunk = static_cast<int>(threadIdx.x) % kChunks;
+  const T* thread_src = src + row0 * row_stride + chunk * 8;
+  const int64_t pass_stride = kRowsPerPass * row_stride;
+  if (valid_rows >= kRows) {
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i)
+      cp_async_16_full(smem_tile + swizzled_bytes<kRowBytes>(row0 + i * kRowsPerPass, chunk),
+                       thread_src + i * pass_stride);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int row = row0 + i * kRowsPerPass;
+      const bool valid = row < valid_rows;
+      cp_async_16_zfill(smem_tile + swizzled_bytes<kRowBytes>(row, chunk), valid ? thread_src + i * pass_stride : safe_src,
+                        valid ? 16 : 0);
+    }
   }
 }
 
 // ------------------------------------------------------------------ the kernel
-// NOTE: two resident CTAs per SM on Hopper (2 x 96 KB of shared memory at d = 128 fit its
+// NOTE: two resident CTAs per SM on Hopper (2 x 112 KB of shared memory at d = 128 fit its
 // 228 KB): while one CTA waits at a barrier or on its copies, the other keeps the tensor cores
-// busy. No spills on sm_90a; the sm_80 build of the d = 128 variants spills 12 bytes (it hits the
-// 255-register ceiling of the ISA, whatever the launch bounds).
+// busy. The register budget (255 at 2 x 128 threads) holds O (128 fp32), S (64 fp32) and the
+// fragments at d = 128.
 template <typename T, int kDim, int kBlock>
 __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
     block_sparse_attention_kernel(const Params p) {
   constexpr int kThreads = threads_per_cta<kBlock>();
   constexpr int kSubTiles = kBlock / kKeyTile;  // key tiles per key block
-  constexpr int kTileElems = kKeyTile * kDim;
+  constexpr int kRowBytes = kDim * static_cast<int>(sizeof(T));
+  constexpr int kTileBytes = kKeyTile * kRowBytes;
   constexpr int kDimChunks = kDim / 16;  // k-steps of QK^T; also pairs of n8 groups of PV
   constexpr int kKeyGroups = kKeyTile / 8;
+  constexpr int kKeySteps = kKeyTile / 16;  // k-steps of PV
   constexpr int R = kRowTilesPerWarp;
   static_assert(kDim == 64 || kDim == 128, "head dim 64 or 128");
   static_assert(kBlock == 64 || kBlock == 128, "block size 64 or 128");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* smem = reinterpret_cast<T*>(smem_raw);
-  auto k_stage = [&](int s) { return smem + s * 2 * kTileElems; };
-  auto v_stage = [&](int s) { return smem + s * 2 * kTileElems + kTileElems; };
-  T* const q_smem = smem + 4 * kTileElems;
-  const uint32_t smem_u32 = smem_address(smem);
-  constexpr uint32_t kElemBytes = sizeof(T);
-  // 32-bit shared addresses for ldmatrix.
-  auto k_addr = [&](int s, int row, int chunk) {
-    return smem_u32 + (s * 2 * kTileElems + swizzled<kDim>(row, chunk)) * kElemBytes;
-  };
-  auto v_addr = [&](int s, int row, int chunk) {
-    return smem_u32 + (s * 2 * kTileElems + kTileElems + swizzled<kDim>(row, chunk)) * kElemBytes;
-  };
-  auto q_addr = [&](int row, int chunk) { return smem_u32 + (4 * kTileElems + swizzled<kDim>(row, chunk)) * kElemBytes; };
+  const uint32_t ring = smem_address(smem_raw);  // kRingSlots K/V tiles
+  const uint32_t q_smem = ring + kRingSlots * kTileBytes;
+  auto slot_address = [&](int slot) { return ring + static_cast<uint32_t>(slot * kTileBytes); };
 
   // ---- work item: heads fastest, then sequences, then query blocks from the last (heaviest) one
   const int32_t H = p.num_q_heads;
@@ -200,9 +233,10 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   const int32_t n = static_cast<int32_t>(bases.n);
   const int32_t kv_head = h / p.q_per_kv;
   const int32_t* row_ptr = p.plan.row_ptr + layout::row_ptr_offset(bases, h, H);
-  const int32_t* cols = p.plan.col + layout::col_offset(bases, h, H);
   const int32_t col_begin = row_ptr[r];
-  const int32_t num_tiles = (row_ptr[r + 1] - col_begin) * kSubTiles;
+  const int32_t num_row_blocks = row_ptr[r + 1] - col_begin;
+  const int32_t num_tiles = num_row_blocks * kSubTiles;
+  const int32_t* row_cols = p.plan.col + layout::col_offset(bases, h, H) + col_begin;
 
   const T* q_base = static_cast<const T*>(p.q) + h * p.q_stride_head + bases.token_offset * p.q_stride_token;
   const T* k_base = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + bases.token_offset * p.k_stride_token;
@@ -215,27 +249,56 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   const int quad_lane = lane % 4;  // mma column pair
   const int warp_row0 = q_row0 + warp * kRowsPerWarp;
 
-  // First key of tile t (relative to the sequence).
-  auto tile_key0 = [&](int t) { return cols[col_begin + t / kSubTiles] * kBlock + (t % kSubTiles) * kKeyTile; };
-  auto load_k = [&](int t, int stage) {
-    const int key0 = tile_key0(t);
-    load_tile<T, kDim, kThreads>(k_stage(stage), k_base + key0 * p.k_stride_token, p.k_stride_token, kKeyTile,
-                                 n - key0);
+  // ---- producer side: first key of the next tile to copy. The column of the block after the
+  // current one is loaded a whole block ahead, so no copy waits on a dependent global load.
+  int issue_col = row_cols[0];
+  int ahead_col = num_row_blocks > 1 ? row_cols[1] : 0;
+  auto take_key0 = [&](int tile) {  // called for tiles 0, 1, 2, ... in order
+    const int sub = tile % kSubTiles;
+    if (sub == 0 && tile > 0) {
+      const int block = tile / kSubTiles;
+      issue_col = ahead_col;
+      if (block + 1 < num_row_blocks) ahead_col = row_cols[block + 1];
+    }
+    return issue_col * kBlock + sub * kKeyTile;
   };
-  auto load_v = [&](int t, int stage) {
-    const int key0 = tile_key0(t);
-    load_tile<T, kDim, kThreads>(v_stage(stage), v_base + key0 * p.v_stride_token, p.v_stride_token, kKeyTile,
-                                 n - key0);
+  auto copy_k = [&](int key0, int slot) {
+    copy_tile_async<T, kDim, kKeyTile, kThreads>(slot_address(slot), k_base + key0 * p.k_stride_token,
+                                                 p.k_stride_token, n - key0, k_base);
+  };
+  auto copy_v = [&](int key0, int slot) {
+    copy_tile_async<T, kDim, kKeyTile, kThreads>(slot_address(slot), v_base + key0 * p.v_stride_token,
+                                                 p.v_stride_token, n - key0, v_base);
   };
 
-  // ---- prologue: the query block and the first K/V tile (every row has its diagonal block, so
-  // num_tiles >= 1). Groups in flight: Q, K(0), V(0).
-  load_tile<T, kDim, kThreads>(q_smem, q_base + q_row0 * p.q_stride_token, p.q_stride_token, kBlock, n - q_row0);
+  // ---- prologue: the query block with K(0) (one group), then V(0), K(1), V(1) (every row has its
+  // diagonal block, so num_tiles >= 1; missing tiles commit empty groups so the counts stay uniform).
+  // Tile t's K sits in slot (2t) % 5 and its V in the next slot.
+  copy_tile_async<T, kDim, kBlock, kThreads>(q_smem, q_base + q_row0 * p.q_stride_token, p.q_stride_token,
+                                             n - q_row0, q_base);
+  int key0_current = take_key0(0);  // tile t
+  copy_k(key0_current, 0);
   cp_async_commit();
-  load_k(0, 0);
+  copy_v(key0_current, 1);
   cp_async_commit();
-  load_v(0, 0);
+  int key0_next = 0;  // tile t + 1
+  if (num_tiles > 1) {
+    key0_next = take_key0(1);
+    copy_k(key0_next, 2);
+  }
   cp_async_commit();
+  if (num_tiles > 1) copy_v(key0_next, 3);
+  cp_async_commit();
+
+  // Per-lane ldmatrix offsets inside a tile; k-step kk of Q and K (and d-pair dp of V) flips the
+  // chunk bits by XOR with kk << 5 (chunk 2 kk + hi, swizzled by row & 7 = lane & 7).
+  const int lane7 = lane & 7;
+  const uint32_t q_lane = static_cast<uint32_t>((warp * kRowsPerWarp + (lane & 15)) * kRowBytes +
+                                                (((lane >> 4) ^ lane7) << 4));
+  const uint32_t k_lane = static_cast<uint32_t>((lane7 + ((lane >> 4) << 3)) * kRowBytes +
+                                                ((((lane >> 3) & 1) ^ lane7) << 4));
+  const uint32_t v_lane = static_cast<uint32_t>((lane7 + (((lane >> 3) & 1) << 3)) * kRowBytes +
+                                                (((lane >> 4) ^ lane7) << 4));
 
   float o_acc[R][kDim / 8][4];
 #pragma unroll
@@ -251,45 +314,48 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
     row_sum[i] = 0.f;
   }
 
+  int k_slot = 0;  // (2t) % kRingSlots
   for (int t = 0; t < num_tiles; ++t) {
-    const int stage = t & 1;
-    const bool prefetch = t + 1 < num_tiles;
-    cp_async_wait<1>();  // Q and K(t) landed; V(t) may be in flight
+    const int v_slot = k_slot + 1 == kRingSlots ? 0 : k_slot + 1;
+    const bool issue = t + 2 < num_tiles;
+    int key0_ahead = 0;  // tile t + 2
+    // Groups committed so far end with V(t+1); the 3 newest may stay in flight.
+    cp_async_wait<3>();  // K(t) (and at t = 0 the query block) landed
     __syncthreads();
-    // Every thread is past iteration t-1 here, so the other stage (read there) can be refilled
-    // without a barrier of its own at the end of each iteration.
-    if (prefetch) {
-      load_k(t + 1, stage ^ 1);
-      cp_async_commit();
-      load_v(t + 1, stage ^ 1);
-      cp_async_commit();
+    // Every warp is past PV(t-1), so V(t-1)'s slot, (2t + 4) % 5, takes K(t+2).
+    if (issue) {
+      key0_ahead = take_key0(t + 2);
+      copy_k(key0_ahead, k_slot == 0 ? kRingSlots - 1 : k_slot - 1);
     }
+    cp_async_commit();
 
-    const int key0 = tile_key0(t);
+    const int key0 = key0_current;
     // A warp whose rows all precede the tile (upper part of the diagonal block) skips it.
     const bool warp_active = key0 <= warp_row0 + kRowsPerWarp - 1;
-    float p_acc[R][kKeyGroups][4];
+    uint32_t p_frag[R][kKeySteps][4];  // P in bf16/fp16, already in the A-fragment layout of PV
     if (warp_active) {
       // ---- S = Q K^T: each K fragment feeds both row tiles
+      float s_acc[R][kKeyGroups][4];
 #pragma unroll
       for (int i = 0; i < R; ++i)
 #pragma unroll
-        for (int j = 0; j < kKeyGroups; ++j) p_acc[i][j][0] = p_acc[i][j][1] = p_acc[i][j][2] = p_acc[i][j][3] = 0.f;
+        for (int j = 0; j < kKeyGroups; ++j) s_acc[i][j][0] = s_acc[i][j][1] = s_acc[i][j][2] = s_acc[i][j][3] = 0.f;
+      const uint32_t k_tile = slot_address(k_slot);
 #pragma unroll
       for (int kk = 0; kk < kDimChunks; ++kk) {
         uint32_t a[R][4];
+        const uint32_t q_kk = q_smem + (q_lane ^ (kk << 5));
 #pragma unroll
-        for (int i = 0; i < R; ++i)
-          ldmatrix_x4(a[i], q_addr(warp * kRowsPerWarp + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+        for (int i = 0; i < R; ++i) ldmatrix_x4(a[i], q_kk + i * 16 * kRowBytes);
+        const uint32_t k_kk = k_tile + (k_lane ^ (kk << 5));
 #pragma unroll
         for (int jj = 0; jj < kKeyGroups / 2; ++jj) {
           uint32_t b[4];
-          const int key_row = jj * 16 + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(b, k_addr(stage, key_row, kk * 2 + ((lane >> 3) & 1)));
+          ldmatrix_x4(b, k_kk + jj * 16 * kRowBytes);
 #pragma unroll
           for (int i = 0; i < R; ++i) {
-            Mma<T>::run(p_acc[i][2 * jj], a[i], b[0], b[1]);
-            Mma<T>::run(p_acc[i][2 * jj + 1], a[i], b[2], b[3]);
+            Mma<T>::run(s_acc[i][2 * jj], a[i], b[0], b[1]);
+            Mma<T>::run(s_acc[i][2 * jj + 1], a[i], b[2], b[3]);
           }
         }
       }
@@ -304,76 +370,102 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
             for (int e = 0; e < 4; ++e) {
               const int key = key0 + j * 8 + quad_lane * 2 + (e & 1);
               const int query = warp_row0 + i * 16 + group + (e >= 2 ? 8 : 0);
-              if (key > query || key >= n) p_acc[i][j][e] = -INFINITY;
+              if (key > query || key >= n) s_acc[i][j][e] = -INFINITY;
             }
       }
       // ---- online softmax (base 2); each row is spread over the 4 threads of a quad
+      float new_max[2 * R];
+      bool grew = false;
 #pragma unroll
-      for (int i = 0; i < R; ++i) {
+      for (int i = 0; i < R; ++i)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int x = 2 * i + half;
-          float tile_max = row_max[x];
+          float m = row_max[x];
 #pragma unroll
-          for (int j = 0; j < kKeyGroups; ++j)
-            tile_max = fmaxf(tile_max, fmaxf(p_acc[i][j][2 * half], p_acc[i][j][2 * half + 1]));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+          for (int j = 0; j < kKeyGroups; ++j) m = fmaxf(m, fmaxf(s_acc[i][j][2 * half], s_acc[i][j][2 * half + 1]));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+          new_max[x] = m;
+          grew |= m > row_max[x];
+        }
+      // O and the row sums need rescaling only when a row max grew; skipping the 2 x d/2
+      // multiplies per row otherwise is exact (the correction would be 1).
+      if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int x = 2 * i + half;
+            // From -inf (no allowed key yet) the correction is exp2(-inf) = 0; an unchanged max
+            // (-inf included) keeps 1.
+            const float correction =
+                new_max[x] > row_max[x] ? fast_exp2((row_max[x] - new_max[x]) * p.scale_log2) : 1.f;
+            row_sum[x] *= correction;
+#pragma unroll
+            for (int j = 0; j < kDim / 8; ++j) {
+              o_acc[i][j][2 * half] *= correction;
+              o_acc[i][j][2 * half + 1] *= correction;
+            }
+          }
+      }
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int x = 2 * i + half;
+          row_max[x] = new_max[x];
           // A row with no allowed key yet keeps max -inf; subtracting 0 instead gives exp2(-inf) = 0.
-          const float m = tile_max == -INFINITY ? 0.f : tile_max;
-          const float neg_max_scaled = -m * p.scale_log2;
-          const float correction =
-              fast_exp2(row_max[x] == -INFINITY ? -INFINITY : (row_max[x] - m) * p.scale_log2);
-          row_max[x] = tile_max;
+          const float neg_max_scaled = new_max[x] == -INFINITY ? 0.f : -new_max[x] * p.scale_log2;
           float sum = 0.f;
 #pragma unroll
           for (int j = 0; j < kKeyGroups; ++j) {
-            p_acc[i][j][2 * half] = fast_exp2(fmaf(p_acc[i][j][2 * half], p.scale_log2, neg_max_scaled));
-            p_acc[i][j][2 * half + 1] = fast_exp2(fmaf(p_acc[i][j][2 * half + 1], p.scale_log2, neg_max_scaled));
-            sum += p_acc[i][j][2 * half] + p_acc[i][j][2 * half + 1];
+            s_acc[i][j][2 * half] = fast_exp2(fmaf(s_acc[i][j][2 * half], p.scale_log2, neg_max_scaled));
+            s_acc[i][j][2 * half + 1] = fast_exp2(fmaf(s_acc[i][j][2 * half + 1], p.scale_log2, neg_max_scaled));
+            sum += s_acc[i][j][2 * half] + s_acc[i][j][2 * half + 1];
           }
-          row_sum[x] = row_sum[x] * correction + sum;
-#pragma unroll
-          for (int j = 0; j < kDim / 8; ++j) {
-            o_acc[i][j][2 * half] *= correction;
-            o_acc[i][j][2 * half + 1] *= correction;
-          }
+          row_sum[x] += sum;
         }
-      }
+      // P's accumulator layout is the A-fragment layout of the PV mma
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int kc = 0; kc < kKeySteps; ++kc) {
+          p_frag[i][kc][0] = Mma<T>::pack(s_acc[i][2 * kc][0], s_acc[i][2 * kc][1]);
+          p_frag[i][kc][1] = Mma<T>::pack(s_acc[i][2 * kc][2], s_acc[i][2 * kc][3]);
+          p_frag[i][kc][2] = Mma<T>::pack(s_acc[i][2 * kc + 1][0], s_acc[i][2 * kc + 1][1]);
+          p_frag[i][kc][3] = Mma<T>::pack(s_acc[i][2 * kc + 1][2], s_acc[i][2 * kc + 1][3]);
+        }
     }
 
-    if (prefetch) {
-      cp_async_wait<2>();  // V(t) landed
-    } else {
-      cp_async_wait<0>();
-    }
+    // Groups committed so far end with K(t+2); the 3 newest may stay in flight.
+    cp_async_wait<3>();  // V(t) landed
     __syncthreads();
+    // Every warp is past QK(t), so K(t)'s slot takes V(t+2).
+    if (issue) copy_v(key0_ahead, k_slot);
+    cp_async_commit();
 
     if (warp_active) {
-      // ---- O += P V; P's accumulator layout is the A-fragment layout of the next mma
+      // ---- O += P V
+      const uint32_t v_tile = slot_address(v_slot);
 #pragma unroll
-      for (int kc = 0; kc < kKeyTile / 16; ++kc) {
-        uint32_t a[R][4];
+      for (int dp = 0; dp < kDimChunks; ++dp) {
+        const uint32_t v_dp = v_tile + (v_lane ^ (dp << 5));
 #pragma unroll
-        for (int i = 0; i < R; ++i) {
-          a[i][0] = Mma<T>::pack(p_acc[i][2 * kc][0], p_acc[i][2 * kc][1]);
-          a[i][1] = Mma<T>::pack(p_acc[i][2 * kc][2], p_acc[i][2 * kc][3]);
-          a[i][2] = Mma<T>::pack(p_acc[i][2 * kc + 1][0], p_acc[i][2 * kc + 1][1]);
-          a[i][3] = Mma<T>::pack(p_acc[i][2 * kc + 1][2], p_acc[i][2 * kc + 1][3]);
-        }
-#pragma unroll
-        for (int dp = 0; dp < kDimChunks; ++dp) {
+        for (int kc = 0; kc < kKeySteps; ++kc) {
           uint32_t b[4];
-          const int key_row = kc * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-          ldmatrix_x4_trans(b, v_addr(stage, key_row, dp * 2 + (lane >> 4)));
+          ldmatrix_x4_trans(b, v_dp + kc * 16 * kRowBytes);
 #pragma unroll
           for (int i = 0; i < R; ++i) {
-            Mma<T>::run(o_acc[i][2 * dp], a[i], b[0], b[1]);
-            Mma<T>::run(o_acc[i][2 * dp + 1], a[i], b[2], b[3]);
+            Mma<T>::run(o_acc[i][2 * dp], p_frag[i][kc], b[0], b[1]);
+            Mma<T>::run(o_acc[i][2 * dp + 1], p_frag[i][kc], b[2], b[3]);
           }
         }
       }
     }
+    key0_current = key0_next;
+    key0_next = key0_ahead;
+    k_slot = k_slot + 2 >= kRingSlots ? k_slot + 2 - kRingSlots : k_slot + 2;
   }
 
   // ---- epilogue: full row sums, normalise, write O (input dtype) and LSE (natural log)
