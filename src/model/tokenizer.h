@@ -47,6 +47,11 @@ class Tokenizer {
   std::vector<std::pair<std::string, int32_t>> special_tokens_;  // longest first
   std::string chat_template_;
   int32_t bos_ = -1, eos_ = -1, im_end_ = -1;
+  // Added for the implementation (tokenizer.cpp):
+  bool split_digits_ = false;           // pre-tokenizer isolates each \p{N} (SmolLM2's "smollm")
+  std::vector<uint8_t> is_special_;     // per id: 1 for control / user-defined (matched whole)
+  int32_t unk_ = -1;                    // tokenizer.ggml.unknown_token_id, -1 if none
+  std::string default_system_;          // the template's system turn when none is given
 };
 
 }  // namespace model
