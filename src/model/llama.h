@@ -1,0 +1,171 @@
+// src/model/llama.h — a Llama-family decoder (SmolLM2, Llama 2/3 shapes) run from a GGUF file on
+// the CPU, with the prefill attention going through the crisp library.
+//
+//   GgufFile file(path);
+//   LlamaModel model(file);                       // weights dequantised to float32
+//   LlamaContext ctx(model, capacity, options);   // KV cache + RoPE table of one sequence
+//   PrefillResult r = ctx.prefill(tokens);        // crisp::prefill with options.attention
+//   std::vector<float> next = ctx.decode(token);  // dense attention over the KV cache
+//
+// One layer: h += W_o · Attn(RoPE(W_q · n1), RoPE(W_k · n1), W_v · n1), n1 = RMSNorm(h);
+//            h += W_down · (SiLU(W_gate · n2) ⊙ W_up · n2), n2 = RMSNorm(h).
+// Logits = W_out · RMSNorm(h), W_out the token embedding when the file has no output.weight.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "crisp/crisp.h"
+#include "model/gguf.h"
+#include "model/rope.h"
+
+namespace crisp {
+namespace model {
+
+class Tokenizer;
+
+// Shapes and constants, read from the file's "<arch>.*" metadata.
+struct LlamaHparams {
+  std::string architecture;   // general.architecture ("llama")
+  int64_t n_layer = 0;        // block_count
+  int64_t n_embd = 0;         // embedding_length
+  int64_t n_ff = 0;           // feed_forward_length
+  int64_t n_head = 0;         // attention.head_count
+  int64_t n_head_kv = 0;      // attention.head_count_kv
+  int64_t head_dim = 0;       // n_embd / n_head
+  int64_t n_vocab = 0;        // rows of token_embd.weight
+  int64_t n_ctx_train = 0;    // context_length
+  int64_t rope_dim = 0;       // rope.dimension_count (default head_dim)
+  double rope_freq_base = 10000.0;
+  double rms_eps = 1e-5;      // attention.layer_norm_rms_epsilon
+  bool tied_embeddings = false;  // no output.weight: logits use token_embd.weight
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm;  // [n_embd]
+  std::vector<float> wqkv;       // [(n_head + 2 n_head_kv) head_dim, n_embd]: Q rows, K rows, V rows
+  std::vector<float> wo;         // [n_embd, n_head head_dim]
+  std::vector<float> ffn_norm;   // [n_embd]
+  std::vector<float> w_gate_up;  // [2 n_ff, n_embd]: gate rows then up rows
+  std::vector<float> w_down;     // [n_embd, n_ff]
+};
+
+class LlamaModel {
+ public:
+  // Reads hparams and dequantises every weight to float32 (rows stay in file order: one
+  // contiguous row per output feature). Throws crisp::Error naming the tensor or key for a file
+  // that is not a Llama-family model or whose tensors have unexpected shapes.
+  explicit LlamaModel(const GgufFile& file);
+
+  const LlamaHparams& hparams() const { return hp_; }
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+  const float* token_embedding(int32_t token) const;  // [n_embd]; token checked by the caller
+  const std::vector<float>& output_norm() const { return output_norm_; }
+  const float* output_weight() const;                   // [n_vocab, n_embd]
+  std::size_t weight_bytes() const;
+
+ private:
+  LlamaHparams hp_;
+  std::vector<float> token_embd_;  // [n_vocab, n_embd]
+  std::vector<float> output_;      // [n_vocab, n_embd], empty when tied
+  std::vector<float> output_norm_;
+  std::vector<LayerWeights> layers_;
+};
+
+// How one sequence is run.
+struct RunOptions {
+  // Prefill attention: any crisp preset/config (the dense preset is the exact model).
+  crisp::Config attention = crisp::Config::from_preset("dense");
+  crisp::Precision attention_precision = crisp::Precision::f32;
+  RopeScaling rope;
+  int threads = 0;  // OpenMP threads for matmuls and attention (0 = all)
+};
+
+// Post-RoPE projections of one layer during prefill (views into the runner's buffers, valid only
+// during the callback): q [n_head, n, head_dim], k and v [n_head_kv, n, head_dim].
+using QkvObserver =
+    std::function<void(int64_t layer, const TensorView& q, const TensorView& k, const TensorView& v)>;
+
+struct PrefillResult {
+  int64_t tokens = 0;
+  std::vector<float> logits;   // [n_vocab] of the last position, or [tokens, n_vocab] if asked
+  double seconds = 0.0;        // whole prefill, logits included
+  double attention_seconds = 0.0;  // time inside crisp::prefill (plan + attend), all layers
+  double density = 1.0;        // mean over layers of Plan::density()
+  double vs_share = 0.0;       // mean over layers of Plan::vs_share()
+  std::vector<double> layer_density;
+  bool beyond_training = false;  // some position >= the trained context
+};
+
+// The KV cache and RoPE table of one sequence.
+class LlamaContext {
+ public:
+  // capacity: the most positions the sequence will hold (prompt + generated tokens).
+  LlamaContext(const LlamaModel& model, int64_t capacity, const RunOptions& options = {});
+
+  // Runs the prompt from position 0 (the context must be empty). all_logits: logits of every
+  // position instead of the last only. observer: called per layer with post-RoPE Q/K/V.
+  PrefillResult prefill(const std::vector<int32_t>& tokens, bool all_logits = false,
+                        const QkvObserver& observer = {});
+  // Appends one token and returns the logits of the next one (dense attention over the cache).
+  std::vector<float> decode(int32_t token);
+
+  int64_t position() const { return position_; }
+  int64_t capacity() const { return capacity_; }
+  const RunOptions& options() const { return options_; }
+
+ private:
+  void check_tokens(const std::vector<int32_t>& tokens) const;
+  void logits_of(const float* hidden, int64_t rows, float* out) const;
+
+  const LlamaModel& model_;
+  RunOptions options_;
+  int threads_;
+  int64_t capacity_;
+  int64_t position_ = 0;
+  Rope rope_;
+  // Per layer: [n_head_kv, capacity, head_dim], post-RoPE keys and values.
+  std::vector<std::vector<float>> k_cache_, v_cache_;
+};
+
+// The last position's logits of a prompt ([n_vocab]).
+std::vector<float> prefill_logits(const LlamaModel& model, const std::vector<int32_t>& tokens,
+                                  const RunOptions& options = {}, PrefillResult* stats = nullptr);
+
+// Post-RoPE Q/K/V of the chosen layers (all when `layers` is empty) for a prompt, computed with
+// options.attention (dense by default, i.e. the model's own maps).
+struct LayerQkv {
+  int64_t layer = 0;
+  int64_t tokens = 0;
+  std::vector<float> q;  // [n_head, tokens, head_dim]
+  std::vector<float> k;  // [n_head_kv, tokens, head_dim]
+  std::vector<float> v;  // [n_head_kv, tokens, head_dim]
+};
+std::vector<LayerQkv> capture_qkv(const LlamaModel& model, const std::vector<int32_t>& tokens,
+                                  const std::vector<int64_t>& layers = {},
+                                  const RunOptions& options = {});
+
+// Greedy generation.
+struct GenerateOptions {
+  int64_t max_new_tokens = 128;
+  RunOptions run;
+};
+struct GenerateResult {
+  std::vector<int32_t> tokens;   // generated, the end-of-generation token excluded
+  std::string text;
+  bool stopped_at_end = false;   // an end-of-generation token ended it (else max_new_tokens)
+  PrefillResult prefill;         // logits not kept
+  double time_to_first_token = 0.0;  // seconds: prefill + choosing the first token
+  double decode_seconds = 0.0;       // the tokens after the first
+};
+// on_token (optional) receives each generated token's text as soon as it is chosen.
+GenerateResult generate(const LlamaModel& model, const Tokenizer& tokenizer,
+                        const std::vector<int32_t>& prompt, const GenerateOptions& options,
+                        const std::function<void(const std::string&)>& on_token = {});
+
+// Index of the largest value (the first on ties).
+int32_t argmax(const float* values, int64_t count);
+
+}  // namespace model
+}  // namespace crisp

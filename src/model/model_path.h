@@ -1,0 +1,20 @@
+// src/model/model_path.h — where the cached model file is looked for (the same lookup as
+// scripts/fetch_model.sh, which fetches it).
+#pragma once
+#include <string>
+
+namespace crisp {
+namespace model {
+
+// File name of the project's model: SmolLM2-135M-Instruct as a Q4_1 GGUF.
+constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// The default model path:
+//   $CRISP_MODEL_PATH if set; else $CRISP_MODEL_DIR/<file> if set; else the first existing
+//   .cache/model/<file> in the working directory or in a parent (up to 4 levels) of the running
+//   executable's directory (a build directory inside the repository finds the repository's cache);
+//   else .cache/model/<file> relative to the working directory (which may not exist).
+std::string default_model_path();
+
+}  // namespace model
+}  // namespace crisp
