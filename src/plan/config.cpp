@@ -119,6 +119,15 @@ const Routing kRoutings[] = {Routing::cstruct, Routing::cstruct_rel, Routing::js
 const VsRule kVsRules[] = {VsRule::noise_floor, VsRule::cumulative, VsRule::topk};
 const SlashCover kSlashCovers[] = {SlashCover::exact, SlashCover::single};
 
+// An enum field set directly in C++ (not through set()) may hold any integer; validate() rejects
+// values outside the named choices so no backend switches over an unknown code.
+template <typename E, std::size_t K>
+bool is_one_of(E value, const E (&choices)[K]) {
+  for (E c : choices)
+    if (c == value) return true;
+  return false;
+}
+
 // ---------------------------------------------------------------- the parameter table
 // One row per parameter accepted by Config::set(). `check` returns "" when the value of the
 // parameter in `c` is acceptable on its own, else the expected range (cross-parameter checks live
@@ -155,7 +164,7 @@ const std::vector<Parameter>& parameters() {
       Parameter{"routing", "one of cstruct, cstruct_rel, jsd, none",
                 [](Config& c, const std::string& s) { return parse_enum(s, kRoutings, c.routing); },
                 [](const Config& c) { return std::string(to_string(c.routing)); },
-                [](const Config&) { return true; }, "one of cstruct, cstruct_rel, jsd, none"},
+                [](const Config& c) { return is_one_of(c.routing, kRoutings); }, "one of cstruct, cstruct_rel, jsd, none"},
       CRISP_DOUBLE_PARAM(tau_proxy, x >= 0.0 && x <= 1.0, "a number in [0, 1]"),
       CRISP_DOUBLE_PARAM(rho, x > 0.0, "a finite number > 0"),
       CRISP_DOUBLE_PARAM(tau, x >= 0.0, "a finite number >= 0"),
@@ -164,7 +173,7 @@ const std::vector<Parameter>& parameters() {
       Parameter{"vs_budget", "one of noise_floor, cumulative, topk",
                 [](Config& c, const std::string& s) { return parse_enum(s, kVsRules, c.vs_budget); },
                 [](const Config& c) { return std::string(to_string(c.vs_budget)); },
-                [](const Config&) { return true; }, "one of noise_floor, cumulative, topk"},
+                [](const Config& c) { return is_one_of(c.vs_budget, kVsRules); }, "one of noise_floor, cumulative, topk"},
       CRISP_DOUBLE_PARAM(alpha, x > 0.0, "a finite number > 0"),
       CRISP_DOUBLE_PARAM(gamma, x > 0.0 && x <= 1.0, "a number in (0, 1]"),
       CRISP_INT_PARAM(vertical_tokens, x >= 1, "an integer >= 1"),
@@ -173,7 +182,7 @@ const std::vector<Parameter>& parameters() {
       Parameter{"slash_cover", "one of exact, single",
                 [](Config& c, const std::string& s) { return parse_enum(s, kSlashCovers, c.slash_cover); },
                 [](const Config& c) { return std::string(to_string(c.slash_cover)); },
-                [](const Config&) { return true; }, "one of exact, single"},
+                [](const Config& c) { return is_one_of(c.slash_cover, kSlashCovers); }, "one of exact, single"},
       CRISP_INT_PARAM(min_budget, x >= 0, "an integer >= 0 (tokens)"),
       CRISP_INT_PARAM(max_budget, x >= 0, "an integer >= 0 (tokens; 0 = no maximum)"),
       CRISP_INT_PARAM(dense_below, x >= 0, "an integer >= 0 (tokens; 0 = off)"),
