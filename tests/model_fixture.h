@@ -32,7 +32,8 @@ inline std::string real_model_path() {
 // Skips the current test, naming the script that fetches the model, when the file is absent.
 #define CRISP_REQUIRE_REAL_MODEL(path_var)                                                   \
   const std::string path_var = crisp_test::real_model_path();                                \
-  if (path_var.empty())                                                                      \
-  GTEST_SKIP() << "SmolLM2-135M-Instruct.Q4_1.gguf not found (looked at $CRISP_MODEL_PATH, " \
-                  "$CRISP_MODEL_DIR, <repo>/.cache/model); run scripts/fetch_model.sh to "   \
-                  "fetch it"
+  if (path_var.empty()) {                                                                    \
+    GTEST_SKIP() << "SmolLM2-135M-Instruct.Q4_1.gguf not found (looked at "                  \
+                    "$CRISP_MODEL_PATH, $CRISP_MODEL_DIR, <repo>/.cache/model); run "        \
+                    "scripts/fetch_model.sh to fetch it";                                    \
+  }

@@ -327,8 +327,9 @@ void expect_rejected(const std::vector<uint8_t>& bytes, const std::string& what,
     ADD_FAILURE() << what << ": accepted";
   } catch (const crisp::Error& e) {
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << what << ": " << e.what();
-    if (!needle.empty())
+    if (!needle.empty()) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
+    }
   }
 }
 
@@ -750,7 +751,9 @@ TEST(GgufRealModel, DequantisationSanity) {
     const double rms = std::sqrt(sq / static_cast<double>(v.size()));
     EXPECT_GT(rms, 1e-3);
     EXPECT_LT(max_abs, 100.0);
-    if (t.name.find("norm") != std::string::npos) EXPECT_GT(sum, 0.0);  // RMSNorm gains are positive on the whole
+    if (t.name.find("norm") != std::string::npos) {
+      EXPECT_GT(sum, 0.0);  // RMSNorm gains are positive on the whole
+    }
   }
   // Values printed by an independent implementation, gguf-py 0.19 (gguf.quants.dequantize), for
   // this file: a few elements of the Q8_0 embedding and of two Q4_1 matrices (flat ggml order).

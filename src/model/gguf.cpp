@@ -330,8 +330,8 @@ void dequant_q4_k(const unsigned char* b, float* y) {
     const unsigned char* q = qs + 32 * g;
     float* out = y + 64 * g;
     for (int l = 0; l < 32; ++l) {
-      out[l] = d * sc_lo * static_cast<float>(q[l] & 0x0f) - dmin * m_lo;
-      out[l + 32] = d * sc_hi * static_cast<float>(q[l] >> 4) - dmin * m_hi;
+      out[l] = d * static_cast<float>(sc_lo) * static_cast<float>(q[l] & 0x0f) - dmin * static_cast<float>(m_lo);
+      out[l + 32] = d * static_cast<float>(sc_hi) * static_cast<float>(q[l] >> 4) - dmin * static_cast<float>(m_hi);
     }
   }
 }
@@ -353,8 +353,8 @@ void dequant_q5_k(const unsigned char* b, float* y) {
     for (int l = 0; l < 32; ++l) {
       const int lo = (q[l] & 0x0f) | (((qh[l] >> (2 * g)) & 1) << 4);
       const int hi = (q[l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4);
-      out[l] = d * sc_lo * static_cast<float>(lo) - dmin * m_lo;
-      out[l + 32] = d * sc_hi * static_cast<float>(hi) - dmin * m_hi;
+      out[l] = d * static_cast<float>(sc_lo) * static_cast<float>(lo) - dmin * static_cast<float>(m_lo);
+      out[l + 32] = d * static_cast<float>(sc_hi) * static_cast<float>(hi) - dmin * static_cast<float>(m_hi);
     }
   }
 }
