@@ -205,7 +205,10 @@ TEST(BadInput, InvalidConfigFieldsRejectedByPlan) {
       {[](crisp::Config& c) { c.softmax_scale = -0.5; }, "softmax_scale"},
       {[](crisp::Config& c) { c.min_budget = -1; }, "min_budget"},
       {[](crisp::Config& c) { c.vertical_tokens = 0; }, "vertical_tokens"},
+      // Out-of-range enum values (a cast from an int read elsewhere) must not silently plan.
       {[](crisp::Config& c) { c.routing = static_cast<crisp::Routing>(42); }, "routing"},
+      {[](crisp::Config& c) { c.vs_budget = static_cast<crisp::VsRule>(7); }, "vs_budget"},
+      {[](crisp::Config& c) { c.slash_cover = static_cast<crisp::SlashCover>(5); }, "slash_cover"},
   };
   for (const auto& c : cases) {
     crisp::Config cfg = crisp_cfg();

@@ -440,3 +440,37 @@ TEST(Properties, PrefillEqualsPlanThenAttend) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Properties, Float64InputsAndPlanStatistics) {
+  // DType::f64 views plan exactly like float32 views of the same values; Plan::density() is the
+  // causal-block-weighted mean of head densities and vs_share() the VS share of non-dense heads.
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  Inputs in = workload_inputs(seed, {900, 500, 100});
+  std::vector<double> q64(in.q.data.begin(), in.q.data.end()), k64(in.k.data.begin(), in.k.data.end());
+  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Plan a = crisp::plan(in.q.view(), in.k.view(), cfg, in.cu, options(crisp::Precision::f64));
+  crisp::Plan b = crisp::plan(crisp::TensorView::contiguous(q64.data(), crisp::DType::f64, in.q.heads, in.q.tokens, in.q.dim),
+                              crisp::TensorView::contiguous(k64.data(), crisp::DType::f64, in.k.heads, in.k.tokens, in.k.dim), cfg,
+                              in.cu, options(crisp::Precision::f64));
+  double nnz = 0, causal = 0;
+  int vs = 0, routed = 0;
+  for (size_t s = 0; s < a.sequences.size(); ++s)
+    for (size_t h = 0; h < a.sequences[s].heads.size(); ++h) {
+      const auto& x = a.sequences[s].heads[h];
+      EXPECT_EQ(x.col, b.sequences[s].heads[h].col);
+      EXPECT_EQ(x.route, b.sequences[s].heads[h].route);
+      const double N = a.sequences[s].num_blocks;
+      nnz += static_cast<double>(x.col.size());
+      causal += N * (N + 1) / 2;
+      if (x.route != crisp::Route::dense) ++routed;
+      if (x.route == crisp::Route::vs) ++vs;
+    }
+  EXPECT_NEAR(a.density(), nnz / causal, 1e-12);
+  ASSERT_GT(routed, 0);
+  EXPECT_NEAR(a.vs_share(), static_cast<double>(vs) / routed, 1e-12);
+}
+
+}  // namespace
