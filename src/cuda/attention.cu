@@ -1,5 +1,6 @@
-// src/cuda/attention.cu — crisp::cuda::attend_async: argument checks, the dispatch on
-// (dtype, head dim, block size) and the launch of the block-sparse attention kernel.
+// src/cuda/attention.cu — crisp::cuda::attend_async and the row-subset launch
+// (cuda_detail::attend_rows_async): argument checks, the dispatch on (dtype, head dim, block size)
+// and the launch of the block-sparse attention kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 
 #include "crisp/cuda.h"
 #include "cuda/attention_kernel.cuh"
+#include "cuda/attention_rows.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_plan_internal.h"
 
@@ -75,10 +77,11 @@ void dispatch_dim_block(const att::Params& params, int64_t head_dim, int block, 
   return launch<T, 64, 64>(params, num_ctas, stream);
 }
 
-}  // namespace
-
-void attend_async(const TensorView& q, const TensorView& k, const TensorView& v, const DevicePlan& plan,
-                  const TensorView& out, const TensorView& lse, void* stream_ptr) {
+// The checks and the launch shared by attend_async (every row: items == nullptr, out_tokens ==
+// the plan's tokens) and attend_rows_async (the listed rows into out/lse of out_tokens tokens).
+void launch_attention(const TensorView& q, const TensorView& k, const TensorView& v, const DevicePlan& plan,
+                      const TensorView& out, const TensorView& lse, const att::RowItem* items, int64_t num_items,
+                      int64_t out_tokens, void* stream_ptr) {
   const cuda_detail::DevicePlanView& view = cuda_detail::view_of(plan);
   const int64_t Hq = plan.num_q_heads(), Hkv = plan.num_kv_heads(), d = plan.head_dim();
   const int64_t tokens = plan.total_tokens();
@@ -87,8 +90,8 @@ void attend_async(const TensorView& q, const TensorView& k, const TensorView& v,
   check_view("q", q, 3, Hq, tokens, d);
   check_view("k", k, 3, Hkv, tokens, d);
   check_view("v", v, 3, Hkv, tokens, d);
-  check_view("out", out, 3, Hq, tokens, d);
-  check_view("lse", lse, 2, Hq, tokens, 1);
+  check_view("out", out, 3, Hq, out_tokens, d);
+  check_view("lse", lse, 2, Hq, out_tokens, 1);
   if (q.dtype != DType::bf16 && q.dtype != DType::f16)
     throw Error("q", std::string("has dtype ") + to_string(q.dtype), "bf16 or f16 on the CUDA backend");
   if (k.dtype != q.dtype) throw Error("k", std::string("has dtype ") + to_string(k.dtype), to_string(q.dtype));
@@ -133,8 +136,12 @@ void attend_async(const TensorView& q, const TensorView& k, const TensorView& v,
   params.scale = static_cast<float>(plan.softmax_scale());
   params.scale_log2 = static_cast<float>(plan.softmax_scale() * 1.4426950408889634);  // log2(e)
   params.plan = view;
+  params.row_items = items;
+  params.num_row_items = static_cast<int32_t>(num_items);
 
-  const int64_t num_ctas = Hq * plan.num_sequences() * static_cast<int64_t>(max_blocks);
+  const int64_t num_ctas =
+      items != nullptr ? Hq * num_items : Hq * plan.num_sequences() * static_cast<int64_t>(max_blocks);
+  if (num_ctas == 0) return;
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (q.dtype == DType::bf16)
     dispatch_dim_block<__nv_bfloat16>(params, d, block, num_ctas, stream);
@@ -142,5 +149,29 @@ void attend_async(const TensorView& q, const TensorView& k, const TensorView& v,
     dispatch_dim_block<__half>(params, d, block, num_ctas, stream);
 }
 
+}  // namespace
+
+void attend_async(const TensorView& q, const TensorView& k, const TensorView& v, const DevicePlan& plan,
+                  const TensorView& out, const TensorView& lse, void* stream) {
+  launch_attention(q, k, v, plan, out, lse, nullptr, 0, plan.empty() ? 0 : plan.total_tokens(), stream);
+}
+
 }  // namespace cuda
+
+namespace cuda_detail {
+
+void attend_rows_async(const TensorView& q, const TensorView& k, const TensorView& v, const cuda::DevicePlan& plan,
+                       const TensorView& out, const TensorView& lse, const attention::RowItem* device_items,
+                       int64_t num_items, void* stream) {
+  if (num_items < 0) throw Error("num_items", "is " + std::to_string(num_items), "0 or more");
+  if (num_items > 0 && device_items == nullptr)
+    throw Error("device_items", "is null", "a device array of num_items row items");
+  // NOTE: the item index shares the 1-D grid with the heads (Hq * num_items < 2^31 is checked at
+  // the launch); num_row_items is int32 in the kernel parameters.
+  if (num_items > 0x7fffffffLL) throw Error("num_items", "is " + std::to_string(num_items), "fewer than 2^31");
+  if (num_items == 0) return;
+  cuda::launch_attention(q, k, v, plan, out, lse, device_items, num_items, out.shape[1], stream);
+}
+
+}  // namespace cuda_detail
 }  // namespace crisp

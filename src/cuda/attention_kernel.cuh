@@ -27,6 +27,7 @@
 
 #include <cstdint>
 
+#include "cuda/attention_rows.h"
 #include "cuda/device_plan.h"
 #include "plan/plan_layout.h"
 
@@ -74,6 +75,12 @@ struct Params {
   float scale_log2;        // softmax scale * log2(e)
   float scale;             // softmax scale
   DevicePlanView plan;
+  // Optional row subset (context parallelism): when non-null the grid is num_q_heads x
+  // num_row_items CTAs and CTA work item w computes row_items[w] for every head, writing its
+  // rows to out/lse token row_items[w].out_token + i; when null, every query block of every
+  // sequence is computed and written at its own token (the default).
+  const RowItem* row_items;
+  int32_t num_row_items;
 };
 
 // ------------------------------------------------------------------ small device helpers
@@ -222,12 +229,20 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   // ---- work item: heads fastest, then sequences, then query blocks from the last (heaviest) one
   const int32_t H = p.num_q_heads;
   const int32_t S = p.plan.num_sequences;
+  // (or, for a row-subset launch, heads fastest, then the listed items in their order).
   const int64_t item = blockIdx.x;
   const int32_t h = static_cast<int32_t>(item % H);
-  const int32_t s = static_cast<int32_t>((item / H) % S);
-  const int32_t from_end = static_cast<int32_t>(item / (static_cast<int64_t>(H) * S));
+  int32_t s, r;
+  if (p.row_items == nullptr) {
+    s = static_cast<int32_t>((item / H) % S);
+    const int32_t from_end = static_cast<int32_t>(item / (static_cast<int64_t>(H) * S));
+    r = p.plan.seqs[s].num_blocks - 1 - from_end;
+  } else {
+    const RowItem listed = p.row_items[item / H];
+    s = listed.sequence;
+    r = listed.query_block;
+  }
   const layout::SequenceBases bases = p.plan.seqs[s];
-  const int32_t r = bases.num_blocks - 1 - from_end;
   if (r < 0) return;  // a shorter sequence of a varlen batch
 
   const int32_t n = static_cast<int32_t>(bases.n);
@@ -469,8 +484,14 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   }
 
   // ---- epilogue: full row sums, normalise, write O (input dtype) and LSE (natural log)
-  T* out_base = static_cast<T*>(p.out) + h * p.o_stride_head + bases.token_offset * p.o_stride_token;
-  float* lse_base = p.lse + h * p.lse_stride_head + bases.token_offset * p.lse_stride_token;
+  // Output token of query row `query` (sequence-relative) is out_shift + query: the sequence's own
+  // token by default, the listed out_token for a row-subset launch (re-read here rather than kept
+  // live in a register across the main loop).
+  const int64_t out_shift = p.row_items == nullptr
+                                ? bases.token_offset
+                                : p.row_items[item / H].out_token - static_cast<int64_t>(q_row0);
+  T* out_base = static_cast<T*>(p.out) + h * p.o_stride_head;
+  float* lse_base = p.lse + h * p.lse_stride_head;
 #pragma unroll
   for (int i = 0; i < R; ++i) {
 #pragma unroll
@@ -484,13 +505,13 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
       // Every row lists its diagonal block, whose first key precedes every query of the block,
       // so sum > 0.
       const float inv = 1.f / sum;
-      T* out_row = out_base + query * p.o_stride_token;
+      T* out_row = out_base + (out_shift + query) * p.o_stride_token;
 #pragma unroll
       for (int j = 0; j < kDim / 8; ++j) {
         const uint32_t packed = Mma<T>::pack(o_acc[i][j][2 * half] * inv, o_acc[i][j][2 * half + 1] * inv);
         *reinterpret_cast<uint32_t*>(out_row + j * 8 + quad_lane * 2) = packed;
       }
-      if (quad_lane == 0) lse_base[query * p.lse_stride_token] = row_max[x] * p.scale + logf(sum);
+      if (quad_lane == 0) lse_base[(out_shift + query) * p.lse_stride_token] = row_max[x] * p.scale + logf(sum);
     }
   }
 }
