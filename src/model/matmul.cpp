@@ -69,7 +69,7 @@ void tile_portable(const float* x, int64_t ldx, const float* w, int64_t ldw, flo
 
 #if defined(CRISP_MODEL_X86) && defined(__GNUC__)
 // Horizontal sums of one vector.
-__attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
+__attribute__((target("avx2"), always_inline)) inline float hsum256(__m256 v) {
   const __m128 lo = _mm256_castps256_ps128(v);
   const __m128 hi = _mm256_extractf128_ps(v, 1);
   __m128 s = _mm_add_ps(lo, hi);
@@ -83,7 +83,7 @@ __attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-__attribute__((target("avx512f"))) inline float hsum512(__m512 v) {
+__attribute__((target("avx512f"), always_inline)) inline float hsum512(__m512 v) {
   const __m256 lo = _mm512_castps512_ps256(v);
   const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
   return hsum256(_mm256_add_ps(lo, hi));
