@@ -21,6 +21,8 @@ void register_attend_command(CLI::App& app);
 void register_gen_command(CLI::App& app);
 // Owned by the CUDA backend (tools/cmd_bench.cpp).
 void register_bench_command(CLI::App& app);
+// The model runner (tools/cmd_run.cpp): a Llama-family GGUF model answers a prompt.
+void register_run_command(CLI::App& app);
 
 namespace crisp_cli {
 

@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   register_attend_command(app);
   register_gen_command(app);
   register_bench_command(app);
+  register_run_command(app);
 
   try {
     app.parse(argc, argv);
