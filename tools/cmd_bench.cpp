@@ -29,6 +29,7 @@
 #include "cpu/half.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
+#include "bench_context_parallel.h"
 #include "progress.h"
 
 namespace {
@@ -46,6 +47,9 @@ struct BenchArgs {
   uint64_t seed = 0;
   std::string json_path;
   bool quiet = false;
+  // --gpus N > 1: context-parallel prefill over N GPUs against one (tools/bench_context_parallel.cpp).
+  int gpus = 1;
+  std::vector<std::string> partitions = {"zigzag"};
 };
 
 #if defined(CRISP_WITH_CUDA)
@@ -323,9 +327,36 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--seed", args->seed, "Workload seed");
   sub->add_option("--json", args->json_path, "Write every measurement as JSON to this file");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
+  sub->add_option("--gpus", args->gpus,
+                  "GPUs: above 1, context-parallel prefill over that many GPUs (NCCL) against one GPU, "
+                  "for --presets (random layouts are not run)")
+      ->check(CLI::Range(1, 64));
+  sub->add_option("--partition", args->partitions,
+                  "Query-block partitions of --gpus > 1 (comma separated): contiguous, zigzag")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"contiguous", "zigzag"}));
   sub->callback([args] {
     if (args->heads % args->kv_heads != 0)
       throw crisp::Error("--kv-heads", "does not divide --heads", "a divisor of the query head count");
+    if (args->gpus > 1) {
+      ContextParallelBenchArgs cp;
+      cp.gpus = args->gpus;
+      cp.partitions = args->partitions;
+      cp.seq = args->seq;
+      cp.presets = args->presets;
+      cp.heads = args->heads;
+      cp.kv_heads = args->kv_heads;
+      cp.dim = args->dim;
+      cp.block = args->block;
+      cp.reps = args->reps;
+      cp.warmup = args->warmup;
+      cp.quarter_heads_from = args->quarter_heads_from;
+      cp.seed = args->seed;
+      cp.json_path = args->json_path;
+      cp.quiet = args->quiet;
+      run_context_parallel_bench(cp);
+      return;
+    }
 #if defined(CRISP_WITH_CUDA)
     run_bench(*args);
 #else

@@ -85,10 +85,12 @@ std::vector<int64_t> cp_causal_blocks_per_rank(int64_t n, int block_size, CpPart
 // ... or the computed blocks of a plan of one sequence (nnz of the rank's rows, summed over heads).
 std::vector<int64_t> cp_plan_nnz_per_rank(const Plan& plan, CpPartition partition, int world);
 
-// `plan` (one sequence) with the rows of the other ranks reduced to their anchors {0, r}: the
-// rows of `rank` are kept exactly, the plan stays well formed, and running it computes the rank's
-// rows as the full plan would. Used to run a rank's share on a backend without a row-subset
-// launch (the CPU backend); densities are recomputed.
+// `plan` (one sequence) with the rows of `rank` kept exactly and every other row reduced to the
+// least row the head's own sets imply (anchors {0, r}, its vertical blocks and slash cover, no PE
+// entries; every causal block for a dense head), so the plan stays well formed. Running it
+// computes the rank's rows as the full plan would (each row's attention depends on that row
+// only). Used to run a rank's share on a backend without a row-subset launch (the CPU backend);
+// densities are recomputed.
 Plan cp_rows_of_rank(const Plan& plan, CpPartition partition, int rank, int world);
 
 // How the all-gathered slices form the full sequence: `tokens` tokens of `rank`'s slice, from its

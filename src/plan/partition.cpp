@@ -126,14 +126,21 @@ Plan cp_rows_of_rank(const Plan& plan, CpPartition partition, int rank, int worl
   Plan out = plan;
   SequencePlan& os = out.sequences[0];
   const int32_t N = seq.num_blocks;
+  const int32_t cover = plan.config.slash_cover == SlashCover::exact ? rules::kCoverExact : rules::kCoverSingle;
+  const std::vector<char> no_pe(static_cast<std::size_t>(N), 0);
   for (HeadPlan& head : os.heads) {
+    // Flags of the head's own sets: the least row they imply is what a well-formed plan must hold.
+    std::vector<char> vflag(static_cast<std::size_t>(N), 0), sflag(static_cast<std::size_t>(N), 0);
+    for (const int32_t b : head.vertical) vflag[static_cast<std::size_t>(b)] = 1;
+    for (const int32_t c : head.slash) sflag[static_cast<std::size_t>(c)] = 1;
     std::vector<int32_t> row_ptr{0}, col;
     for (int32_t r = 0; r < N; ++r) {
       if (partition::block_owner(code_of(partition), world, r, N) == rank) {
         col.insert(col.end(), head.col.begin() + head.row_ptr[r], head.col.begin() + head.row_ptr[r + 1]);
       } else {
-        col.push_back(0);  // anchors only: keeps the plan well formed at the least cost
-        if (r > 0) col.push_back(r);
+        for (int32_t kb = 0; kb <= r; ++kb)
+          if (head.route == Route::dense || rules::layout_has_block(r, kb, vflag, sflag, no_pe, cover))
+            col.push_back(kb);
       }
       row_ptr.push_back(static_cast<int32_t>(col.size()));
     }

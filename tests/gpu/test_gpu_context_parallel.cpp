@@ -1,0 +1,228 @@
+// tests/gpu/test_gpu_context_parallel.cpp — context-parallel prefill over NCCL
+// (crisp/context_parallel.h) against the single-GPU run of the same inputs: the same plan on
+// every rank, and O / LSE bit for bit (the same kernel computes every row from the same data).
+// Skips itself without two CUDA devices or without NCCL in the build.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(CRISP_WITH_NCCL)
+#include <nccl.h>
+#endif
+
+#include "cpu/half.h"
+#include "crisp/context_parallel.h"
+#include "crisp/cuda.h"
+#include "crisp/workload.h"
+
+namespace {
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+#define SKIP_WITHOUT_TWO_GPUS_AND_NCCL()                                          \
+  do {                                                                            \
+    if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device";              \
+    if (!crisp::cuda::nccl_built()) GTEST_SKIP() << "built without NCCL";          \
+    if (device_count() < 2) GTEST_SKIP() << "fewer than 2 CUDA devices";           \
+  } while (0)
+
+TEST(GpuContextParallel, WithoutNcclOrCommunicatorGivesAClearError) {
+  if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device";
+  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  try {
+    crisp::cuda::ContextParallelPrefill cp(8, 2, 128, 4096, crisp::DType::bf16, cfg, crisp::CpPartition::zigzag, 0, 2,
+                                           nullptr);
+    FAIL() << "no error for a null communicator";
+  } catch (const crisp::Error& e) {
+    if (crisp::cuda::nccl_built())
+      EXPECT_EQ(e.argument(), "nccl_comm") << e.what();
+    else
+      EXPECT_NE(std::string(e.what()).find("without NCCL"), std::string::npos) << e.what();
+  }
+}
+
+#if defined(CRISP_WITH_NCCL)
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) {
+    if (cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+std::vector<uint16_t> to_half_bits(const std::vector<float>& x, crisp::DType dt) {
+  std::vector<uint16_t> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i)
+    out[i] = dt == crisp::DType::bf16 ? crisp::half::float_to_bf16(x[i]) : crisp::half::float_to_f16(x[i]);
+  return out;
+}
+
+// [H, n, d] -> the shard's tokens in local order.
+template <typename T>
+std::vector<T> local_slice(const std::vector<T>& full, int64_t heads, int64_t n, int64_t d, const crisp::CpShard& s) {
+  std::vector<T> out(static_cast<std::size_t>(heads * s.local_tokens * d));
+  for (int64_t h = 0; h < heads; ++h)
+    for (const crisp::CpRange& r : s.ranges)
+      std::memcpy(&out[static_cast<std::size_t>((h * s.local_tokens + r.local_token) * d)],
+                  &full[static_cast<std::size_t>((h * n + r.token_begin) * d)],
+                  static_cast<std::size_t>((r.token_end - r.token_begin) * d) * sizeof(T));
+  return out;
+}
+
+struct Case {
+  const char* preset;
+  crisp::DType dtype;
+  int64_t head_dim;
+  int block;
+  int64_t n;
+};
+
+struct RankOutput {
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+  crisp::Plan plan;
+  std::string error;
+};
+
+TEST(GpuContextParallel, ShardedOutputEqualsSingleGpuOutputBitForBit) {
+  SKIP_WITHOUT_TWO_GPUS_AND_NCCL();
+  const int world = 2;
+  const int64_t Hq = 8, Hkv = 2;
+  const Case cases[] = {
+      {"crisp", crisp::DType::bf16, 128, 128, 128 * 41 + 45},
+      {"flexprefill", crisp::DType::bf16, 128, 128, 128 * 40},
+      {"dense", crisp::DType::f16, 64, 64, 64 * 37 + 9},
+      {"minference", crisp::DType::f16, 128, 64, 64 * 52 + 63},
+  };
+  ncclComm_t comms[2];
+  const int devices[2] = {0, 1};
+  ASSERT_EQ(ncclCommInitAll(comms, world, devices), ncclSuccess);
+
+  for (const Case& c : cases)
+    for (const crisp::CpPartition partition : {crisp::CpPartition::contiguous, crisp::CpPartition::zigzag}) {
+      SCOPED_TRACE(std::string(c.preset) + " " + crisp::to_string(partition) + " n=" + std::to_string(c.n) +
+                   " d=" + std::to_string(c.head_dim) + " B=" + std::to_string(c.block));
+      crisp::WorkloadSpec spec;
+      spec.num_q_heads = Hq;
+      spec.num_kv_heads = Hkv;
+      spec.head_dim = c.head_dim;
+      spec.seq_lens = {c.n};
+      spec.seed = 7;
+      crisp::Workload w = crisp::make_workload(spec);
+      const auto qb = to_half_bits(w.q, c.dtype), kb = to_half_bits(w.k, c.dtype), vb = to_half_bits(w.v, c.dtype);
+      crisp::Config cfg = crisp::Config::from_preset(c.preset);
+      cfg.block_size = c.block;
+      const int64_t n = c.n, d = c.head_dim;
+
+      // The single-GPU run on device 0.
+      std::vector<uint16_t> out_ref(qb.size());
+      std::vector<float> lse_ref(static_cast<std::size_t>(Hq * n));
+      crisp::Plan plan_ref;
+      {
+        ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+        DeviceBuffer q(qb.size() * 2), k(kb.size() * 2), v(vb.size() * 2), o(qb.size() * 2), l(lse_ref.size() * 4);
+        ASSERT_TRUE(q.ptr && k.ptr && v.ptr && o.ptr && l.ptr);
+        ASSERT_EQ(cudaMemcpy(q.ptr, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(k.ptr, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(v.ptr, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        const auto dev = crisp::Device::cuda;
+        const auto qv = crisp::TensorView::contiguous(q.ptr, c.dtype, Hq, n, d, dev);
+        const auto kv = crisp::TensorView::contiguous(k.ptr, c.dtype, Hkv, n, d, dev);
+        const auto vv = crisp::TensorView::contiguous(v.ptr, c.dtype, Hkv, n, d, dev);
+        crisp::cuda::DevicePlan dplan(Hq, Hkv, d, {0, n}, cfg);
+        crisp::cuda::plan_async(qv, kv, cfg, dplan);
+        crisp::cuda::attend_async(qv, kv, vv, dplan, crisp::TensorView::contiguous(o.ptr, c.dtype, Hq, n, d, dev),
+                                  crisp::TensorView::contiguous2d(l.ptr, crisp::DType::f32, Hq, n, dev));
+        plan_ref = dplan.to_host();
+        ASSERT_EQ(cudaMemcpy(out_ref.data(), o.ptr, out_ref.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(lse_ref.data(), l.ptr, lse_ref.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      }
+
+      // The sharded run: one thread per GPU, each holding only its slices.
+      std::vector<RankOutput> results(world);
+      std::vector<std::thread> threads;
+      for (int rank = 0; rank < world; ++rank)
+        threads.emplace_back([&, rank] {
+          RankOutput& res = results[rank];
+          try {
+            if (cudaSetDevice(devices[rank]) != cudaSuccess) throw std::runtime_error("cudaSetDevice");
+            const crisp::CpShard shard = crisp::cp_shard(n, c.block, partition, rank, world);
+            const auto ql = local_slice(qb, Hq, n, d, shard), kl = local_slice(kb, Hkv, n, d, shard),
+                       vl = local_slice(vb, Hkv, n, d, shard);
+            const int64_t lt = shard.local_tokens;
+            DeviceBuffer q(ql.size() * 2), k(kl.size() * 2), v(vl.size() * 2), o(ql.size() * 2),
+                l(static_cast<std::size_t>(Hq * lt) * 4);
+            if (!(q.ptr && k.ptr && v.ptr && o.ptr && l.ptr)) throw std::runtime_error("cudaMalloc");
+            cudaMemcpy(q.ptr, ql.data(), ql.size() * 2, cudaMemcpyHostToDevice);
+            cudaMemcpy(k.ptr, kl.data(), kl.size() * 2, cudaMemcpyHostToDevice);
+            cudaMemcpy(v.ptr, vl.data(), vl.size() * 2, cudaMemcpyHostToDevice);
+            // Poison the outputs so an unwritten element cannot pass.
+            cudaMemset(o.ptr, 0xff, ql.size() * 2);
+            cudaMemset(l.ptr, 0xff, static_cast<std::size_t>(Hq * lt) * 4);
+            cudaStream_t stream;
+            cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+            const auto dev = crisp::Device::cuda;
+            crisp::cuda::ContextParallelPrefill cp(Hq, Hkv, d, n, c.dtype, cfg, partition, rank, world, comms[rank]);
+            // Twice: the second run reuses every buffer and must give the same result.
+            for (int rep = 0; rep < 2; ++rep)
+              cp.run(crisp::TensorView::contiguous(q.ptr, c.dtype, Hq, lt, d, dev),
+                     crisp::TensorView::contiguous(k.ptr, c.dtype, Hkv, lt, d, dev),
+                     crisp::TensorView::contiguous(v.ptr, c.dtype, Hkv, lt, d, dev),
+                     crisp::TensorView::contiguous(o.ptr, c.dtype, Hq, lt, d, dev),
+                     crisp::TensorView::contiguous2d(l.ptr, crisp::DType::f32, Hq, lt, dev), stream);
+            if (cudaStreamSynchronize(stream) != cudaSuccess) throw std::runtime_error("stream");
+            res.plan = cp.plan().to_host(stream);
+            res.out.resize(ql.size());
+            res.lse.resize(static_cast<std::size_t>(Hq * lt));
+            cudaMemcpy(res.out.data(), o.ptr, res.out.size() * 2, cudaMemcpyDeviceToHost);
+            cudaMemcpy(res.lse.data(), l.ptr, res.lse.size() * 4, cudaMemcpyDeviceToHost);
+            cudaStreamDestroy(stream);
+          } catch (const std::exception& e) {
+            res.error = e.what();
+          }
+        });
+      for (auto& t : threads) t.join();
+
+      for (int rank = 0; rank < world; ++rank) {
+        SCOPED_TRACE("rank " + std::to_string(rank));
+        const RankOutput& res = results[rank];
+        ASSERT_TRUE(res.error.empty()) << res.error;
+        // The same plan as the single GPU (hence on every rank).
+        ASSERT_EQ(res.plan.sequences.size(), 1u);
+        for (std::size_t h = 0; h < plan_ref.sequences[0].heads.size(); ++h) {
+          EXPECT_EQ(res.plan.sequences[0].heads[h].route, plan_ref.sequences[0].heads[h].route) << "head " << h;
+          EXPECT_EQ(res.plan.sequences[0].heads[h].row_ptr, plan_ref.sequences[0].heads[h].row_ptr) << "head " << h;
+          EXPECT_EQ(res.plan.sequences[0].heads[h].col, plan_ref.sequences[0].heads[h].col) << "head " << h;
+        }
+        const crisp::CpShard shard = crisp::cp_shard(n, c.block, partition, rank, world);
+        const auto want_out = local_slice(out_ref, Hq, n, d, shard);
+        const auto want_lse = local_slice(lse_ref, Hq, n, 1, shard);
+        int64_t out_mismatch = 0, lse_mismatch = 0;
+        for (std::size_t i = 0; i < want_out.size(); ++i) out_mismatch += want_out[i] != res.out[i];
+        for (std::size_t i = 0; i < want_lse.size(); ++i)
+          lse_mismatch += std::memcmp(&want_lse[i], &res.lse[i], sizeof(float)) != 0;
+        EXPECT_EQ(out_mismatch, 0) << "of " << want_out.size() << " O elements differ from the single-GPU run";
+        EXPECT_EQ(lse_mismatch, 0) << "of " << want_lse.size() << " LSE elements differ from the single-GPU run";
+      }
+    }
+  for (ncclComm_t comm : comms) ncclCommDestroy(comm);
+}
+
+#endif  // CRISP_WITH_NCCL
+
+}  // namespace
