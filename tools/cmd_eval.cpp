@@ -1,0 +1,541 @@
+// tools/cmd_eval.cpp — `crisp eval`: evaluations of attention policies on a real model.
+//
+//   crisp eval niah      needle-in-a-haystack (RULER / InfiniteBench forms, src/eval/niah.h)
+//   crisp eval fidelity  per-layer attention fidelity on real maps (tools/cmd_fidelity.cpp)
+//
+// `eval niah` generates every sample from a seed, runs it once per policy with greedy decoding,
+// scores the generated text as the official suites do, and prints one row per (task, length,
+// policy): accuracy, dense's accuracy on the same samples, the share of dense's correct samples
+// the policy also gets right, mean prefill density and mean time to first token.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "eval/niah.h"
+#include "io_util.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "model/matmul.h"
+#include "model/model_path.h"
+#include "model/tokenizer.h"
+#include "progress.h"
+#include "validators.h"
+
+namespace {
+
+namespace ce = crisp::eval;
+namespace cm = crisp::model;
+using nlohmann::json;
+
+constexpr const char* kProseFile = "long_qa_prompts.json";
+
+struct NiahArgs {
+  std::string model_path;
+  std::vector<std::string> tasks;
+  std::vector<int64_t> lengths{2048, 4096, 8192};
+  std::vector<double> depths{0.1, 0.5, 0.9};
+  int64_t seeds = 1;
+  uint64_t seed = 0;
+  std::vector<std::string> policies{"dense", "crisp", "flexprefill", "minference"};
+  int64_t max_new_tokens = 0;  // 0: per task (eval::default_max_new_tokens)
+  bool no_answer_prefix = false;
+  std::string rope_scaling = "auto";
+  std::string prose_path;
+  std::string json_path;
+  int threads = 0;
+  bool dry_run = false;
+  bool quiet = false;
+};
+
+// The prose haystack: $CRISP_PROSE_PATH, else shared/data/long_qa_prompts.json in the working
+// directory or one of its parents (the repository root, or its parent where ../shared lives).
+std::string default_prose_path() {
+  if (const char* env = std::getenv("CRISP_PROSE_PATH"); env != nullptr && *env != '\0') return env;
+  std::error_code ec;
+  std::filesystem::path dir = std::filesystem::current_path(ec);
+  for (int level = 0; level < 4 && !ec; ++level) {
+    const std::filesystem::path candidate = dir / "shared" / "data" / kProseFile;
+    if (std::filesystem::exists(candidate, ec)) return candidate.string();
+    if (!dir.has_parent_path() || dir.parent_path() == dir) break;
+    dir = dir.parent_path();
+  }
+  return (std::filesystem::path("..") / "shared" / "data" / kProseFile).string();
+}
+
+std::vector<std::string> load_prose(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw crisp::Error("--prose", "cannot open '" + path + "'",
+                       "the long_qa_prompts.json file (or leave niah_prose out of --tasks)");
+  }
+  json data;
+  try {
+    in >> data;
+  } catch (const json::exception& e) {
+    throw crisp::Error("--prose", "'" + path + "' is not JSON (" + e.what() + ")", "a list of {prompt, answer}");
+  }
+  if (!data.is_array()) throw crisp::Error("--prose", "'" + path + "' is not a JSON list", "a list of {prompt, answer}");
+  std::vector<std::string> paragraphs;
+  std::set<std::string> seen;
+  for (const json& item : data) {
+    if (!item.is_object() || !item.contains("prompt") || !item["prompt"].is_string()) {
+      throw crisp::Error("--prose", "an entry of '" + path + "' has no string 'prompt'", "a list of {prompt, answer}");
+    }
+    // The prompts share documents: keep each paragraph once, in order of first appearance.
+    for (std::string& p : ce::qa_prompt_paragraphs(item["prompt"].get<std::string>())) {
+      if (seen.insert(p).second) paragraphs.push_back(std::move(p));
+    }
+  }
+  if (paragraphs.empty()) throw crisp::Error("--prose", "'" + path + "' holds no documents", "RULER qa prompts");
+  return paragraphs;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return text;
+}
+
+std::string cpu_name() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const std::size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+// One model answer to one sample under one policy.
+struct Outcome {
+  std::string output;
+  bool correct = false;
+  std::string stop;  // "end" (end-of-generation token), "decided" (score fixed), "max_new_tokens"
+  int64_t generated_tokens = 0;
+  double density = 1.0;
+  double ttft_s = 0.0;
+  double prefill_attention_s = 0.0;
+};
+
+struct Cell {  // one (task, length, policy) row
+  int64_t samples = 0, correct = 0, dense_correct = 0, both_correct = 0;
+  double density_sum = 0.0, ttft_sum = 0.0, prompt_tokens_sum = 0.0;
+};
+
+struct RopeChoice {
+  cm::RopeScaling scaling;
+  bool beyond_training = false;
+  std::string label;  // "none", "yarn x4", ...
+};
+
+RopeChoice choose_rope(const std::string& option, int64_t length, int64_t trained) {
+  RopeChoice choice;
+  const bool too_long = length > trained;
+  std::string method = option;
+  if (method == "auto") method = too_long ? "yarn" : "none";
+  choice.scaling.type = cm::parse_rope_scaling(method, "--rope-scaling");
+  if (choice.scaling.type != cm::RopeScalingType::none) {
+    // NOTE: the smallest integer factor that maps the length into the trained context.
+    choice.scaling.factor = std::max(1.0, std::ceil(static_cast<double>(length) / static_cast<double>(trained)));
+    char label[64];
+    std::snprintf(label, sizeof label, "%s x%g", cm::to_string(choice.scaling.type), choice.scaling.factor);
+    choice.label = label;
+  } else {
+    choice.label = "none";
+  }
+  choice.beyond_training = too_long || choice.scaling.type != cm::RopeScalingType::none;
+  return choice;
+}
+
+std::string format_ratio(double value, bool present) {
+  if (!present) return "-";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", value);
+  return text;
+}
+
+// Greedy generation (as model::generate) that stops as soon as the score is decided: the score
+// is that of the full output (see eval::niah_score_decided), and wrong answers still run to
+// max_new tokens. TTFT: prefill + choosing the first token.
+Outcome answer(const cm::LlamaModel& model, const cm::Tokenizer& tokenizer, const std::vector<int32_t>& prompt,
+               const ce::NiahSample& sample, const cm::RunOptions& run, int64_t max_new) {
+  const auto start = std::chrono::steady_clock::now();
+  cm::LlamaContext context(model, static_cast<int64_t>(prompt.size()) + max_new, run);
+  const cm::PrefillResult prefill = context.prefill(prompt);
+  const int64_t vocab = model.hparams().n_vocab;
+  int32_t next = cm::argmax(prefill.logits.data(), vocab);
+  Outcome o;
+  o.ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  o.density = prefill.density;
+  o.prefill_attention_s = prefill.attention_seconds;
+  std::vector<int32_t> generated;
+  o.stop = "max_new_tokens";
+  while (true) {
+    if (tokenizer.is_end_of_generation(next)) {
+      o.stop = "end";
+      break;
+    }
+    generated.push_back(next);
+    o.output = tokenizer.decode(generated);
+    if (ce::niah_score_decided(sample, o.output)) {
+      o.stop = "decided";
+      break;
+    }
+    if (static_cast<int64_t>(generated.size()) >= max_new) break;
+    const std::vector<float> logits = context.decode(next);
+    next = cm::argmax(logits.data(), vocab);
+  }
+  o.generated_tokens = static_cast<int64_t>(generated.size());
+  o.correct = ce::score_niah_output(sample, o.output);
+  return o;
+}
+
+void run_niah(const NiahArgs& args) {
+  // ---- arguments
+  std::vector<ce::NiahTask> tasks;
+  if (args.tasks.empty()) {
+    tasks = ce::all_niah_tasks();
+  } else {
+    for (const std::string& name : args.tasks) tasks.push_back(ce::parse_niah_task(name, "--tasks"));
+  }
+  for (double depth : args.depths) {
+    if (!(depth >= 0.0 && depth <= 1.0)) {
+      throw crisp::Error("--depths", "has " + std::to_string(depth), "fractions in [0, 1]");
+    }
+  }
+  std::vector<std::string> policies;
+  std::vector<crisp::Config> configs;
+  for (const std::string& name : args.policies) {
+    if (std::find(policies.begin(), policies.end(), name) != policies.end()) continue;
+    configs.push_back(crisp::Config::from_preset(name));  // throws naming "preset" if unknown
+    configs.back().validate();
+    policies.push_back(name);
+  }
+  // Dense first: every other policy's row is read against its answers.
+  for (std::size_t i = 0; i < policies.size(); ++i) {
+    if (policies[i] == "dense" && i != 0) {
+      std::rotate(policies.begin(), policies.begin() + static_cast<std::ptrdiff_t>(i),
+                  policies.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      std::rotate(configs.begin(), configs.begin() + static_cast<std::ptrdiff_t>(i),
+                  configs.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    }
+  }
+  const bool have_dense = !policies.empty() && policies.front() == "dense";
+  std::vector<std::string> prose;
+  if (std::find(tasks.begin(), tasks.end(), ce::NiahTask::prose) != tasks.end()) {
+    prose = load_prose(args.prose_path);
+  }
+
+  // ---- model
+  crisp_cli::Progress progress(!args.quiet);
+  progress.begin("loading " + args.model_path);
+  const cm::GgufFile file(args.model_path);
+  const cm::Tokenizer tokenizer(file);
+  const cm::LlamaModel model(file);
+  progress.done();
+  const int64_t trained = model.hparams().n_ctx_train;
+
+  auto chat_prompt = [&](const std::string& user, const std::string& prefix) {
+    return tokenizer.apply_chat_template({{"user", user}}, true) + prefix;
+  };
+  const ce::PromptTokenCounter counter = [&](const std::string& user, const std::string& prefix) {
+    return static_cast<int64_t>(tokenizer.encode(chat_prompt(user, prefix)).size());
+  };
+
+  // ---- output skeleton
+  json out;
+  out["suite"] = "niah";
+  out["date_utc"] = utc_now();
+  out["machine"] = {{"cpu", cpu_name()},
+                    {"hardware_threads", std::thread::hardware_concurrency()},
+                    {"matmul_kernel", cm::matmul_kernel_name()},
+                    {"backend", "cpu"}};
+  out["model"] = std::filesystem::path(args.model_path).filename().string();
+  out["settings"] = {{"tasks", json::array()},
+                     {"lengths", args.lengths},
+                     {"depths", args.depths},
+                     {"seeds", args.seeds},
+                     {"base_seed", args.seed},
+                     {"policies", policies},
+                     {"max_new_tokens", args.max_new_tokens},
+                     {"answer_prefix", !args.no_answer_prefix},
+                     {"rope_scaling", args.rope_scaling},
+                     {"threads", args.threads},
+                     {"chat_template", true},
+                     {"decoding", "greedy"}};
+  for (ce::NiahTask task : tasks) out["settings"]["tasks"].push_back(ce::to_string(task));
+  for (std::size_t p = 0; p < policies.size(); ++p) {
+    json kv = json::object();
+    for (const auto& [key, value] : configs[p].to_key_values()) kv[key] = value;
+    out["policy_configs"][policies[p]] = kv;
+  }
+  out["samples"] = json::array();
+
+  // (task, length, policy index) -> row
+  std::map<std::tuple<int, int64_t, std::size_t>, Cell> cells;
+  std::map<int64_t, RopeChoice> ropes;
+  const int64_t total = static_cast<int64_t>(tasks.size() * args.lengths.size() * args.depths.size()) * args.seeds;
+  int64_t done_samples = 0;
+  const auto start = std::chrono::steady_clock::now();
+
+  auto write_json = [&](bool complete) {
+    if (args.json_path.empty()) return;
+    json rows = json::array();
+    for (const auto& [key, cell] : cells) {
+      const auto& [task_index, length, p] = key;
+      const Cell& dense = cells[{task_index, length, 0}];
+      const bool dense_known = have_dense && dense.samples > 0;
+      const double dense_acc = dense_known ? static_cast<double>(dense.correct) / dense.samples : 0.0;
+      json row = {{"task", ce::to_string(static_cast<ce::NiahTask>(task_index))},
+                  {"length", length},
+                  {"policy", policies[p]},
+                  {"samples", cell.samples},
+                  {"correct", cell.correct},
+                  {"accuracy", cell.samples ? static_cast<double>(cell.correct) / cell.samples : 0.0},
+                  {"mean_density", cell.samples ? cell.density_sum / cell.samples : 0.0},
+                  {"mean_ttft_s", cell.samples ? cell.ttft_sum / cell.samples : 0.0},
+                  {"mean_prompt_tokens", cell.samples ? cell.prompt_tokens_sum / cell.samples : 0.0},
+                  {"rope", ropes.count(length) ? ropes[length].label : "none"},
+                  {"beyond_training", ropes.count(length) ? ropes[length].beyond_training : false}};
+      if (dense_known) {
+        row["dense_accuracy"] = dense_acc;
+        row["dense_fails"] = dense.correct == 0;
+        row["kept_of_dense"] = cell.dense_correct ? json(static_cast<double>(cell.both_correct) / cell.dense_correct)
+                                                  : json(nullptr);
+      }
+      rows.push_back(row);
+    }
+    out["rows"] = rows;
+    out["complete"] = complete;
+    crisp_cli::write_text_file("--json", args.json_path, out.dump(1) + "\n");
+  };
+
+  for (ce::NiahTask task : tasks) {
+    for (int64_t length : args.lengths) {
+      const RopeChoice rope = choose_rope(args.rope_scaling, length, trained);
+      ropes[length] = rope;
+      if (rope.beyond_training && !args.quiet) {
+        crisp_cli::finish_progress_line();
+        std::fprintf(stderr,
+                     "crisp: warning: %s at %lld tokens, RoPE %s — BEYOND THE MODEL'S TRAINING (trained context "
+                     "%lld)\n",
+                     ce::to_string(task), static_cast<long long>(length), rope.label.c_str(),
+                     static_cast<long long>(trained));
+      }
+      for (double depth : args.depths) {
+        for (int64_t replicate = 0; replicate < args.seeds; ++replicate) {
+          ce::NiahSpec spec;
+          spec.task = task;
+          spec.length = length;
+          spec.depth = depth;
+          spec.seed = args.seed + static_cast<uint64_t>(replicate);
+          const int64_t max_new = args.max_new_tokens > 0 ? args.max_new_tokens : ce::default_max_new_tokens(task);
+          spec.reserved_tokens = max_new;
+          ce::NiahSample sample = ce::make_niah_sample(spec, counter, prose);
+          if (args.no_answer_prefix) {
+            sample.answer_prefix.clear();
+            sample.prompt_tokens = counter(sample.user_message, "");
+          }
+          const std::vector<int32_t> prompt = tokenizer.encode(chat_prompt(sample.user_message, sample.answer_prefix));
+          ++done_samples;
+          json record = {{"task", ce::to_string(task)},
+                         {"length", length},
+                         {"depth", depth},
+                         {"needle_depth", sample.needle_depth},
+                         {"seed", spec.seed},
+                         {"prompt_tokens", prompt.size()},
+                         {"haystack_units", sample.haystack_units},
+                         {"expected", sample.expected},
+                         {"max_new_tokens", max_new},
+                         {"scoring", ce::to_string(sample.scoring)},
+                         {"answer_prefix", sample.answer_prefix},
+                         {"outcomes", json::object()}};
+          bool dense_correct = false;
+          for (std::size_t p = 0; p < policies.size() && !args.dry_run; ++p) {
+            cm::RunOptions run;
+            run.attention = configs[p];
+            run.threads = args.threads;
+            run.rope = rope.scaling;
+            const Outcome o = answer(model, tokenizer, prompt, sample, run, max_new);
+            if (p == 0 && have_dense) dense_correct = o.correct;
+
+            Cell& cell = cells[{static_cast<int>(task), length, p}];
+            ++cell.samples;
+            cell.correct += o.correct;
+            cell.dense_correct += dense_correct;
+            cell.both_correct += dense_correct && o.correct;
+            cell.density_sum += o.density;
+            cell.ttft_sum += o.ttft_s;
+            cell.prompt_tokens_sum += static_cast<double>(prompt.size());
+            record["outcomes"][policies[p]] = {{"output", o.output},
+                                               {"correct", o.correct},
+                                               {"density", o.density},
+                                               {"ttft_s", o.ttft_s},
+                                               {"prefill_attention_s", o.prefill_attention_s},
+                                               {"generated_tokens", o.generated_tokens},
+                                               {"stop", o.stop}};
+            if (!args.quiet) {
+              const double elapsed =
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+              std::string shown = o.output.substr(0, 48);
+              std::replace(shown.begin(), shown.end(), '\n', ' ');
+              std::fprintf(stderr,
+                           "crisp: [%lld/%lld] %s %lld d=%.2f seed=%llu %-11s %s density %.3f ttft %.2f s "
+                           "(%.0f s) expected %s got \"%s\"\n",
+                           static_cast<long long>(done_samples), static_cast<long long>(total), ce::to_string(task),
+                           static_cast<long long>(prompt.size()), depth,
+                           static_cast<unsigned long long>(spec.seed), policies[p].c_str(),
+                           o.correct ? "ok  " : "MISS", o.density, o.ttft_s, elapsed, sample.expected.c_str(),
+                           shown.c_str());
+            }
+          }
+          if (args.dry_run && !args.quiet) {
+            std::fprintf(stderr, "crisp: [%lld/%lld] %s length %lld: %zu prompt tokens, %lld units, needle at %.3f\n",
+                         static_cast<long long>(done_samples), static_cast<long long>(total), ce::to_string(task),
+                         static_cast<long long>(length), prompt.size(), static_cast<long long>(sample.haystack_units),
+                         sample.needle_depth);
+          }
+          out["samples"].push_back(record);
+          write_json(false);
+        }
+      }
+    }
+  }
+  write_json(true);
+  if (args.dry_run) {
+    std::printf("dry run: %lld samples generated, no model run\n", static_cast<long long>(done_samples));
+    return;
+  }
+
+  // ---- table
+  std::printf("NIAH on %s (CPU, %s matmuls), greedy, %s new tokens at most, %zu depth(s) x %lld seed(s) per cell\n",
+              out["model"].get<std::string>().c_str(), cm::matmul_kernel_name(),
+              args.max_new_tokens > 0 ? std::to_string(args.max_new_tokens).c_str() : "per-task (niah 32, passkey 16, kv 48)",
+              args.depths.size(), static_cast<long long>(args.seeds));
+  std::printf("%-17s %6s  %-11s %5s %6s %6s %8s %8s %4s  %s\n", "task", "length", "policy", "acc", "dense", "kept",
+              "density", "TTFT s", "n", "note");
+  for (const auto& [key, cell] : cells) {
+    const auto& [task_index, length, p] = key;
+    const Cell& dense = cells[{task_index, length, 0}];
+    const bool dense_known = have_dense && dense.samples > 0;
+    std::string note;
+    if (dense_known && dense.correct == 0) note = "DENSE FAILS: measures nothing";
+    else if (dense_known && dense.correct < dense.samples) note = "dense partial";
+    if (ropes[length].beyond_training) note += std::string(note.empty() ? "" : "; ") + "beyond training (" + ropes[length].label + ")";
+    std::printf("%-17s %6lld  %-11s %5s %6s %6s %8.3f %8.2f %4lld  %s\n",
+                ce::to_string(static_cast<ce::NiahTask>(task_index)), static_cast<long long>(length),
+                policies[p].c_str(), format_ratio(static_cast<double>(cell.correct) / cell.samples, true).c_str(),
+                format_ratio(dense_known ? static_cast<double>(dense.correct) / dense.samples : 0.0, dense_known).c_str(),
+                format_ratio(cell.dense_correct ? static_cast<double>(cell.both_correct) / cell.dense_correct : 0.0,
+                             dense_known && p != 0 && cell.dense_correct > 0)
+                    .c_str(),
+                cell.density_sum / cell.samples, cell.ttft_sum / cell.samples, static_cast<long long>(cell.samples),
+                note.c_str());
+  }
+  // Totals per (length, policy): all tasks pooled.
+  std::map<std::pair<int64_t, std::size_t>, Cell> totals;
+  for (const auto& [key, cell] : cells) {
+    Cell& t = totals[{std::get<1>(key), std::get<2>(key)}];
+    t.samples += cell.samples;
+    t.correct += cell.correct;
+    t.dense_correct += cell.dense_correct;
+    t.both_correct += cell.both_correct;
+    t.density_sum += cell.density_sum;
+    t.ttft_sum += cell.ttft_sum;
+  }
+  for (const auto& [key, t] : totals) {
+    const Cell& dense = totals[{key.first, 0}];
+    std::printf("%-17s %6lld  %-11s %5s %6s %6s %8.3f %8.2f %4lld\n", "all tasks", static_cast<long long>(key.first),
+                policies[key.second].c_str(), format_ratio(static_cast<double>(t.correct) / t.samples, true).c_str(),
+                format_ratio(have_dense ? static_cast<double>(dense.correct) / dense.samples : 0.0, have_dense).c_str(),
+                format_ratio(t.dense_correct ? static_cast<double>(t.both_correct) / t.dense_correct : 0.0,
+                             have_dense && key.second != 0 && t.dense_correct > 0)
+                    .c_str(),
+                t.density_sum / t.samples, t.ttft_sum / t.samples, static_cast<long long>(t.samples));
+  }
+  std::printf("acc: the policy's accuracy; dense: dense attention's accuracy on the same samples; kept: of the "
+              "samples dense answers, the share the policy answers too; density: mean prefill attention density "
+              "(kept causal blocks, mean over layers); TTFT: mean time to first token.\n");
+  if (!args.json_path.empty()) std::printf("json: %s\n", args.json_path.c_str());
+}
+
+void register_eval_niah(CLI::App& eval) {
+  auto args = std::make_shared<NiahArgs>();
+  args->model_path = cm::default_model_path();
+  args->prose_path = default_prose_path();
+  CLI::App* sub = eval.add_subcommand(
+      "niah",
+      "Needle-in-a-haystack accuracy per attention policy: RULER niah_single / niah_multikey / all-needles, "
+      "InfiniteBench passkey / kv_retrieval, and needles in real prose, generated from a seed at token-budgeted "
+      "lengths and depths; greedy decoding, official scoring (substring match, first integer, word match)");
+  sub->add_option("--model", args->model_path, "GGUF model file")->capture_default_str();
+  sub->add_option("--tasks", args->tasks,
+                  "Tasks (default all): niah_single, niah_multikey, niah_all_needles, passkey, kv_retrieval, "
+                  "niah_prose")
+      ->delimiter(',');
+  sub->add_option("--lengths", args->lengths,
+                  "Token budgets: prompt (chat template included) + --max-new-tokens <= length")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{64}, int64_t{1} << 22));
+  sub->add_option("--depths", args->depths, "Depths of the asked needle, fractions of the haystack in [0, 1]")
+      ->delimiter(',')
+      ->capture_default_str();
+  sub->add_option("--seeds", args->seeds, "Samples per (task, length, depth), seeds --seed, --seed+1, ...")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
+  sub->add_option("--seed", args->seed, "First seed")->capture_default_str();
+  sub->add_option("--policies", args->policies, "Attention policies (presets); dense is run first")
+      ->delimiter(',')
+      ->capture_default_str();
+  sub->add_option("--max-new-tokens", args->max_new_tokens,
+                  "Most greedy tokens per answer (default per task: niah 32, passkey 16, kv_retrieval 48); "
+                  "generation stops earlier once the score is decided")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  sub->add_flag("--no-answer-prefix", args->no_answer_prefix,
+                "Do not start the assistant turn with the task's answer prefix (RULER's \"The special magic number "
+                "for K ... is\")");
+  sub->add_option("--rope-scaling", args->rope_scaling,
+                  "RoPE scaling: auto (YaRN with the smallest integer factor for lengths past the trained context, "
+                  "none below), none, linear, ntk, yarn; any scaling is beyond the model's training and flagged")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none", "linear", "ntk", "yarn"}));
+  sub->add_option("--prose", args->prose_path, "long_qa_prompts.json, the real-prose haystack of niah_prose")
+      ->capture_default_str();
+  sub->add_option("--json", args->json_path, "Write settings, rows and every sample's outputs as JSON here "
+                                             "(rewritten after each sample)");
+  sub->add_option("--threads", args->threads, "CPU threads (0 = all)")
+      ->capture_default_str()
+      ->check(crisp_cli::kNonNegativeInteger);
+  sub->add_flag("--dry-run", args->dry_run, "Generate and tokenise the samples only (no model run)");
+  sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
+  sub->callback([args] { run_niah(*args); });
+}
+
+}  // namespace
+
+void register_eval_command(CLI::App& app) {
+  CLI::App* eval = app.add_subcommand("eval", "Evaluate attention policies on a real model: niah, fidelity");
+  eval->require_subcommand(1);
+  register_eval_niah(*eval);
+  register_eval_fidelity(*eval);
+}
