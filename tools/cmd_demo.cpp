@@ -23,9 +23,10 @@
 namespace {
 
 // NOTE: default --seq. Sized so the whole demo (workload, dense + three presets, comparisons)
-// ends within a minute on the 2-core CPU machine this project is developed on: at 16384 tokens
-// it used 32 s of CPU time in all (`time ./build/crisp demo`), so it fits the minute even on
-// one free core; 32768 would take about four times as long.
+// ends within a minute on a 2-core CPU: at 16384 tokens it took 15.8 s wall / 31 s CPU when
+// pinned to 2 idle Xeon cores (`taskset -c 0,1 crisp demo --backend cpu`), and 39 s CPU on the
+// shared 2-core development machine, so it fits the minute even on one free core; 32768 takes
+// about four times as long.
 constexpr int64_t kDefaultDemoSeq = 16384;
 
 struct DemoArgs {

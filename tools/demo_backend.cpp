@@ -4,8 +4,9 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <utility>
+
+#include <omp.h>
 
 #include "commands.h"
 #include "progress.h"
@@ -24,8 +25,9 @@ class CpuBackend final : public DemoBackend {
   explicit CpuBackend(int threads) { options_.num_threads = threads; }
 
   std::string description() const override {
-    const unsigned threads =
-        options_.num_threads > 0 ? static_cast<unsigned>(options_.num_threads) : std::thread::hardware_concurrency();
+    // OpenMP's default team size honours the CPU affinity mask (taskset, cgroups), unlike
+    // std::thread::hardware_concurrency().
+    const int threads = options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads();
     return "cpu (" + std::to_string(threads) + " threads, f32)";
   }
 
