@@ -128,9 +128,11 @@ class ContextParallelPrefill {
   ContextParallelPrefill& operator=(const ContextParallelPrefill&) = delete;
 
   // q_local [Hq, local_tokens, d], k_local / v_local [Hkv, local_tokens, d] (the dtype given to
-  // the constructor, on Device::cuda, rows packed: token stride = d, head stride any multiple of 16
-  // bytes); out_local [Hq, local_tokens, d] (same dtype, last dimension contiguous) and lse_local
-  // [Hq, local_tokens] f32. All enqueued on `stream`, no host synchronisation.
+  // the constructor, on Device::cuda, rows packed: token stride = d, head stride >= local_tokens *
+  // d); out_local [Hq, local_tokens, d] (same dtype, last dimension contiguous, 16-byte aligned
+  // rows as for attend_async) and lse_local [Hq, local_tokens] f32. The current CUDA device must be
+  // the one the object was made on. All enqueued on `stream`, no host synchronisation; throws
+  // crisp::Error naming the argument before enqueuing anything when a view does not fit.
   void run(const TensorView& q_local, const TensorView& k_local, const TensorView& v_local,
            const TensorView& out_local, const TensorView& lse_local, void* stream = nullptr);
 
