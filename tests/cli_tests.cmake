@@ -50,6 +50,9 @@ crisp_cli_test(help.plan ARGS "plan|--help" RC 0 STDOUT "--q.*--k.*--json.*--pol
 crisp_cli_test(help.attend ARGS "attend|--help" RC 0 STDOUT "--v.*--out.*--lse.*--policy")
 crisp_cli_test(help.gen ARGS "gen|--help" RC 0 STDOUT "--seq.*--out-dir")
 crisp_cli_test(help.bench ARGS "bench|--help" RC 0 STDOUT "bench")
+# Commands of the model runner and the evaluation (tools/cmd_run.cpp, cmd_eval.cpp).
+crisp_cli_test(help.run ARGS "run|--help" RC 0 STDOUT "Usage: crisp run")
+crisp_cli_test(help.eval ARGS "eval|--help" RC 0 STDOUT "Usage: crisp eval")
 
 # ---------------------------------------------------------------- command-line errors
 crisp_cli_test(no_command ARGS "" STDERR "${ERR}.*subcommand")
