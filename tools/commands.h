@@ -19,6 +19,8 @@ void register_demo_command(CLI::App& app);
 void register_plan_command(CLI::App& app);
 void register_attend_command(CLI::App& app);
 void register_gen_command(CLI::App& app);
+// `crisp capture` (tools/cmd_capture.cpp): a real model's post-RoPE Q/K/V as .npy.
+void register_capture_command(CLI::App& app);
 // `crisp eval` (tools/cmd_eval.cpp) and its `eval fidelity` subcommand (tools/cmd_fidelity.cpp).
 void register_eval_command(CLI::App& app);
 void register_eval_fidelity(CLI::App& eval);

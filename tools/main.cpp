@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   register_plan_command(app);
   register_attend_command(app);
   register_gen_command(app);
+  register_capture_command(app);
   register_eval_command(app);
   register_bench_command(app);
   register_run_command(app);
