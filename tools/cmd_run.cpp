@@ -1,6 +1,7 @@
 // tools/cmd_run.cpp — `crisp run`: a Llama-family GGUF model (SmolLM2-135M-Instruct by default)
 // answers a prompt, with the prefill attention going through a crisp policy; prints the answer,
 // the time to first token, the prefill attention time and the attention density.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -51,6 +52,16 @@ void run(const RunArgs& args) {
     throw crisp_cli::CommandFailure("--backend " + args.backend +
                                     ": the model runner has only the CPU backend so far (use --backend cpu)");
   }
+  // Every argument check that needs no model comes before the (seconds-long) model load.
+  const cm::RopeScalingType rope_type = cm::parse_rope_scaling(args.rope_scaling);
+  if (rope_type == cm::RopeScalingType::none && args.rope_factor > 0.0) {
+    throw crisp::Error("--rope-factor", "needs a --rope-scaling method", "--rope-scaling linear|ntk|yarn");
+  }
+  if (rope_type != cm::RopeScalingType::none && args.rope_factor > 0.0 && args.rope_factor < 1.0) {
+    throw crisp::Error("--rope-factor", "is " + std::to_string(args.rope_factor), "a factor >= 1");
+  }
+  if (!args.system.empty() && !args.chat) throw crisp::Error("--system", "needs --chat", "--chat with --system");
+  const crisp::Config attention = crisp_cli::make_config(args.policy);
   const std::string text = args.prompt_file.empty() ? args.prompt : read_prompt_file(args.prompt_file);
   if (text.empty()) throw crisp::Error("--prompt", "is empty", "some text to answer");
 
@@ -68,25 +79,21 @@ void run(const RunArgs& args) {
     if (!args.system.empty()) messages.push_back({"system", args.system});
     messages.push_back({"user", text});
     prompt_text = tokenizer.apply_chat_template(messages, true);
-  } else if (!args.system.empty()) {
-    throw crisp::Error("--system", "needs --chat", "--chat with --system");
   }
   const std::vector<int32_t> prompt = tokenizer.encode(prompt_text);
   if (prompt.empty()) throw crisp::Error("--prompt", "encodes to no tokens", "some text to answer");
 
   cm::GenerateOptions options;
   options.max_new_tokens = args.max_new_tokens;
-  options.run.attention = crisp_cli::make_config(args.policy);
+  options.run.attention = attention;
   options.run.attention_precision = crisp_cli::make_run_options(args.policy).precision;
   options.run.threads = args.policy.threads;
-  options.run.rope.type = cm::parse_rope_scaling(args.rope_scaling);
+  options.run.rope.type = rope_type;
   const int64_t positions = static_cast<int64_t>(prompt.size()) + args.max_new_tokens;
-  if (options.run.rope.type != cm::RopeScalingType::none) {
+  if (rope_type != cm::RopeScalingType::none) {
     options.run.rope.factor =
         args.rope_factor > 0.0 ? args.rope_factor
                                : std::max(1.0, std::ceil(static_cast<double>(positions) / hp.n_ctx_train));
-  } else if (args.rope_factor > 0.0) {
-    throw crisp::Error("--rope-factor", "needs a --rope-scaling method", "--rope-scaling linear|ntk|yarn");
   }
   const bool beyond_training = positions > hp.n_ctx_train || options.run.rope.type != cm::RopeScalingType::none;
   if (beyond_training) {
@@ -115,14 +122,16 @@ void run(const RunArgs& args) {
     std::fflush(stdout);
   });
   const cm::PrefillResult& pre = result.prefill;
+  const int threads = pre.threads;
   const double decode_rate = result.tokens.size() > 1 && result.decode_seconds > 0.0
                                  ? static_cast<double>(result.tokens.size() - 1) / result.decode_seconds
                                  : 0.0;
   std::printf("\n\n--- crisp run: %s, %lld prompt tokens, %lld generated (%s)\n", hp.architecture.c_str(),
               static_cast<long long>(prompt.size()), static_cast<long long>(result.tokens.size()),
               result.stopped_at_end ? "end of generation" : "--max-new-tokens reached");
-  std::printf("time to first token  %.3f s (prefill %.3f s, of which attention %.3f s)\n",
-              result.time_to_first_token, pre.seconds, pre.attention_seconds);
+  std::printf("time to first token  %.3f s (prefill %.3f s, of which attention %.3f s; prefill CPU time "
+              "%.3f s on %d threads)\n",
+              result.time_to_first_token, pre.seconds, pre.attention_seconds, pre.cpu_seconds, threads);
   std::printf("prefill attention    policy %s, density %.4f (mean of %lld layers), VS share %.3f\n",
               options.run.attention.preset.c_str(), pre.density, static_cast<long long>(hp.n_layer),
               pre.vs_share);
@@ -144,6 +153,8 @@ void run(const RunArgs& args) {
         {"time_to_first_token_s", result.time_to_first_token},
         {"prefill_s", pre.seconds},
         {"prefill_attention_s", pre.attention_seconds},
+        {"prefill_cpu_s", pre.cpu_seconds},
+        {"threads", threads},
         {"density", pre.density},
         {"vs_share", pre.vs_share},
         {"layer_density", pre.layer_density},

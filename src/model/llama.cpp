@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 
 #include "cpu/cpu_common.h"  // fast_exp, CRISP_CPU_CLONES
 #include "model/matmul.h"
@@ -239,6 +240,7 @@ void LlamaContext::logits_of(const float* hidden, int64_t rows, float* out) cons
 PrefillResult LlamaContext::prefill(const std::vector<int32_t>& tokens, bool all_logits,
                                     const QkvObserver& observer) {
   const Clock::time_point start = Clock::now();
+  const std::clock_t cpu_start = std::clock();
   const LlamaHparams& hp = model_.hparams();
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) throw Error("prompt", "is empty", "at least one token");
@@ -266,6 +268,7 @@ PrefillResult LlamaContext::prefill(const std::vector<int32_t>& tokens, bool all
 
   PrefillResult result;
   result.tokens = n;
+  result.threads = T;
   result.beyond_training = n > hp.n_ctx_train;
   result.layer_density.reserve(static_cast<size_t>(hp.n_layer));
   double vs_share_sum = 0.0;
@@ -324,6 +327,7 @@ PrefillResult LlamaContext::prefill(const std::vector<int32_t>& tokens, bool all
   result.vs_share = vs_share_sum / static_cast<double>(hp.n_layer);
   position_ = n;
   result.seconds = seconds_since(start);
+  result.cpu_seconds = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
   return result;
 }
 

@@ -90,7 +90,10 @@ using QkvObserver =
 struct PrefillResult {
   int64_t tokens = 0;
   std::vector<float> logits;   // [n_vocab] of the last position, or [tokens, n_vocab] if asked
-  double seconds = 0.0;        // whole prefill, logits included
+  double seconds = 0.0;        // whole prefill, logits included (wall clock)
+  double cpu_seconds = 0.0;    // process CPU time over the prefill, all threads (std::clock): on
+                               // a shared machine, wall time / cpu_seconds shows the contention
+  int threads = 1;             // OpenMP threads used
   double attention_seconds = 0.0;  // time inside crisp::prefill (plan + attend), all layers
   double density = 1.0;        // mean over layers of Plan::density()
   double vs_share = 0.0;       // mean over layers of Plan::vs_share()
