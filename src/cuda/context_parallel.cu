@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -119,6 +120,25 @@ struct ContextParallelPrefill::Impl {
       throw Error(name, "is not row-packed (strides " + std::to_string(t.stride[0]) + ", " +
                             std::to_string(t.stride[1]) + ", " + std::to_string(t.stride[2]) + ")",
                   "token stride = head dim and last-dimension stride 1");
+  }
+
+  void check_output(const TensorView& out, const TensorView& lse) const {
+    const int64_t lt = shard.local_tokens;
+    if (out.device != Device::cuda || out.data == nullptr || out.rank != 3 || out.dtype != dtype ||
+        out.shape[0] != num_q_heads || out.shape[1] != lt || out.shape[2] != head_dim || out.stride[2] != 1)
+      throw Error("out_local", "is not a " + std::string(to_string(dtype)) + " device view of shape [" +
+                                   std::to_string(num_q_heads) + ", " + std::to_string(lt) + ", " +
+                                   std::to_string(head_dim) + "] with a contiguous last dimension",
+                  "this rank's output slice");
+    const bool aligned = reinterpret_cast<std::uintptr_t>(out.data) % 16 == 0 &&
+                         (out.stride[0] * static_cast<int64_t>(elem)) % 16 == 0 &&
+                         (out.stride[1] * static_cast<int64_t>(elem)) % 16 == 0;
+    if (!aligned) throw Error("out_local", "rows are not 16-byte aligned", "16-byte aligned base and strides");
+    if (lse.device != Device::cuda || lse.data == nullptr || lse.rank != 2 || lse.dtype != DType::f32 ||
+        lse.shape[0] != num_q_heads || lse.shape[1] != lt)
+      throw Error("lse_local", "is not an f32 device view of shape [" + std::to_string(num_q_heads) + ", " +
+                                   std::to_string(lt) + "]",
+                  "this rank's LSE slice");
   }
 
   // Step 1: this rank's slice into its slot of the receive buffer.
@@ -226,14 +246,9 @@ void ContextParallelPrefill::run(const TensorView& q_local, const TensorView& k_
   m.check_local("q_local", q_local, m.num_q_heads);
   m.check_local("k_local", k_local, m.num_kv_heads);
   m.check_local("v_local", v_local, m.num_kv_heads);
-  // out_local / lse_local are checked by the attention launch (shape [Hq, local_tokens(, d)],
-  // dtype, alignment); check them before any work is enqueued.
-  if (out_local.rank != 3 || out_local.shape[1] != m.shard.local_tokens)
-    throw Error("out_local", "does not hold this rank's " + std::to_string(m.shard.local_tokens) + " local tokens",
-                "[Hq, local_tokens, d]");
-  if (lse_local.rank != 2 || lse_local.shape[1] != m.shard.local_tokens)
-    throw Error("lse_local", "does not hold this rank's " + std::to_string(m.shard.local_tokens) + " local tokens",
-                "[Hq, local_tokens]");
+  // The attention launch checks out_local / lse_local again, but only after the collectives are
+  // enqueued: check everything here first, so a bad view fails before any work is enqueued.
+  m.check_output(out_local, lse_local);
 
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   m.stage_local(m.q, q_local, stream);
