@@ -67,9 +67,9 @@ void check_options(const Options& options) {
 }
 
 // Rejects NaN/Inf in a CPU view, naming the first bad element.
-void check_finite(const TensorView& t, const std::string& name) {
+void check_finite(const TensorView& t, const std::string& name, const Options& options) {
   if (t.device != Device::cpu) return;  // device memory: the CUDA backend's responsibility
-  const int64_t bad = cpu_first_nonfinite(t);
+  const int64_t bad = cpu_first_nonfinite(t, options.num_threads);
   if (bad < 0) return;
   const int64_t dim = t.dim(), tokens = t.tokens();
   const int64_t h = bad / (tokens * dim), tt = (bad / dim) % tokens, x = bad % dim;
@@ -232,8 +232,8 @@ Plan plan(const TensorView& q, const TensorView& k, const Config& config, const 
   detail::validate_qkv(q, k, nullptr);
   config.validate();
   const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
-  detail::check_finite(q, "q");
-  detail::check_finite(k, "k");
+  detail::check_finite(q, "q", options);
+  detail::check_finite(k, "k", options);
   return detail::plan_validated(q, k, config, cu, options);
 }
 
@@ -243,9 +243,9 @@ void attend(const TensorView& q, const TensorView& k, const TensorView& v, const
   detail::validate_qkv(q, k, &v);
   detail::validate_outputs(q, out, lse);
   detail::validate_plan_for(q, k, plan);
-  detail::check_finite(q, "q");
-  detail::check_finite(k, "k");
-  detail::check_finite(v, "v");
+  detail::check_finite(q, "q", options);
+  detail::check_finite(k, "k", options);
+  detail::check_finite(v, "v", options);
   detail::attend_validated(q, k, v, plan, out, lse, options);
 }
 
@@ -257,9 +257,9 @@ Plan prefill(const TensorView& q, const TensorView& k, const TensorView& v, cons
   detail::validate_outputs(q, out, lse);
   config.validate();
   const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
-  detail::check_finite(q, "q");
-  detail::check_finite(k, "k");
-  detail::check_finite(v, "v");
+  detail::check_finite(q, "q", options);
+  detail::check_finite(k, "k", options);
+  detail::check_finite(v, "v", options);
   Plan result = detail::plan_validated(q, k, config, cu, options);
   detail::validate_plan_for(q, k, result);  // cheap; guards the backend's own output
   detail::attend_validated(q, k, v, result, out, lse, options);

@@ -48,7 +48,7 @@ void cpu_attend(const TensorView& q, const TensorView& k, const TensorView& v, c
                 const TensorView& out, const TensorView& lse, const Options& options);
 // Scans a CPU view for NaN/Inf; returns the flat (h, t, x) index of the first one or -1.
 // Used by the API to reject non-finite inputs.
-int64_t cpu_first_nonfinite(const TensorView& view);
+int64_t cpu_first_nonfinite(const TensorView& view, int num_threads = 0);
 
 // ---------------------------------------------------------------- CUDA backend (src/cuda/)
 // Built without CUDA, src/nocuda/cuda_unavailable.cpp provides these: cuda_backend_built()
