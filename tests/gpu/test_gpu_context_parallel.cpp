@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -19,6 +20,7 @@
 #include "crisp/context_parallel.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
+#include "cuda/attention_rows.h"
 
 namespace {
 
@@ -51,6 +53,87 @@ TEST(GpuContextParallel, WithoutNcclOrCommunicatorGivesAClearError) {
     else
       EXPECT_NE(std::string(e.what()).find("without NCCL"), std::string::npos) << e.what();
   }
+}
+
+struct Buffer {
+  void* ptr = nullptr;
+  explicit Buffer(std::size_t bytes) {
+    if (cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
+  }
+  ~Buffer() { cudaFree(ptr); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+};
+
+// The row-subset launch on one GPU (no NCCL): listed rows, written at chosen tokens of a smaller
+// output, equal the same rows of the full launch bit for bit; rows not listed stay untouched.
+TEST(GpuRowSubset, ListedRowsEqualTheFullLaunchBitForBit) {
+  if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t Hq = 8, Hkv = 2, d = 128, n = 128 * 23 + 77;
+  const int block = 128;
+  crisp::WorkloadSpec spec;
+  spec.num_q_heads = Hq;
+  spec.num_kv_heads = Hkv;
+  spec.head_dim = d;
+  spec.seq_lens = {n};
+  spec.seed = 3;
+  crisp::Workload w = crisp::make_workload(spec);
+  std::vector<uint16_t> qb(w.q.size()), kb(w.k.size()), vb(w.v.size());
+  for (std::size_t i = 0; i < qb.size(); ++i) qb[i] = crisp::half::float_to_bf16(w.q[i]);
+  for (std::size_t i = 0; i < kb.size(); ++i) kb[i] = crisp::half::float_to_bf16(w.k[i]);
+  for (std::size_t i = 0; i < vb.size(); ++i) vb[i] = crisp::half::float_to_bf16(w.v[i]);
+  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  cfg.block_size = block;
+  const int32_t N = static_cast<int32_t>((n + block - 1) / block);
+  // Blocks 0, 5, the partial last one and 9, written back to back from token 0 of the output.
+  const std::vector<int32_t> listed = {N - 1, 9, 5, 0};
+  std::vector<crisp::cuda_detail::attention::RowItem> items;
+  int64_t out_tokens = 0;
+  for (const int32_t r : listed) {
+    items.push_back({0, r, out_tokens});
+    out_tokens += std::min<int64_t>(n, int64_t{r + 1} * block) - int64_t{r} * block;
+  }
+  Buffer q(qb.size() * 2), k(kb.size() * 2), v(vb.size() * 2), o(qb.size() * 2), l(Hq * n * 4),
+      os(Hq * out_tokens * d * 2), ls(Hq * out_tokens * 4), it(items.size() * sizeof(items[0]));
+  ASSERT_TRUE(q.ptr && k.ptr && v.ptr && o.ptr && l.ptr && os.ptr && ls.ptr && it.ptr);
+  ASSERT_EQ(cudaMemcpy(q.ptr, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(k.ptr, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(v.ptr, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(it.ptr, items.data(), items.size() * sizeof(items[0]), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(os.ptr, 0xff, Hq * out_tokens * d * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(ls.ptr, 0xff, Hq * out_tokens * 4), cudaSuccess);
+  const auto dev = crisp::Device::cuda;
+  const auto qv = crisp::TensorView::contiguous(q.ptr, crisp::DType::bf16, Hq, n, d, dev);
+  const auto kv = crisp::TensorView::contiguous(k.ptr, crisp::DType::bf16, Hkv, n, d, dev);
+  const auto vv = crisp::TensorView::contiguous(v.ptr, crisp::DType::bf16, Hkv, n, d, dev);
+  crisp::cuda::DevicePlan plan(Hq, Hkv, d, {0, n}, cfg);
+  crisp::cuda::plan_async(qv, kv, cfg, plan);
+  crisp::cuda::attend_async(qv, kv, vv, plan, crisp::TensorView::contiguous(o.ptr, crisp::DType::bf16, Hq, n, d, dev),
+                            crisp::TensorView::contiguous2d(l.ptr, crisp::DType::f32, Hq, n, dev));
+  crisp::cuda_detail::attend_rows_async(
+      qv, kv, vv, plan, crisp::TensorView::contiguous(os.ptr, crisp::DType::bf16, Hq, out_tokens, d, dev),
+      crisp::TensorView::contiguous2d(ls.ptr, crisp::DType::f32, Hq, out_tokens, dev),
+      static_cast<const crisp::cuda_detail::attention::RowItem*>(it.ptr), static_cast<int64_t>(items.size()), nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> full(qb.size()), sub(static_cast<std::size_t>(Hq * out_tokens * d));
+  std::vector<float> full_lse(static_cast<std::size_t>(Hq * n)), sub_lse(static_cast<std::size_t>(Hq * out_tokens));
+  ASSERT_EQ(cudaMemcpy(full.data(), o.ptr, full.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(sub.data(), os.ptr, sub.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(full_lse.data(), l.ptr, full_lse.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(sub_lse.data(), ls.ptr, sub_lse.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  int64_t differing = 0;
+  for (int64_t h = 0; h < Hq; ++h)
+    for (const auto& item : items) {
+      const int64_t rows = std::min<int64_t>(n, int64_t{item.query_block + 1} * block) - int64_t{item.query_block} * block;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t t = int64_t{item.query_block} * block + i, u = item.out_token + i;
+        differing += std::memcmp(&full[static_cast<std::size_t>((h * n + t) * d)],
+                                 &sub[static_cast<std::size_t>((h * out_tokens + u) * d)], d * 2) != 0;
+        differing += std::memcmp(&full_lse[static_cast<std::size_t>(h * n + t)],
+                                 &sub_lse[static_cast<std::size_t>(h * out_tokens + u)], 4) != 0;
+      }
+    }
+  EXPECT_EQ(differing, 0) << "rows (of O or LSE) differ from the full launch";
 }
 
 #if defined(CRISP_WITH_NCCL)
