@@ -28,14 +28,23 @@ COLORS = {"dense": "black", "crisp": "tab:red", "flexprefill": "tab:blue", "minf
 MARKERS = {"dense": "s", "crisp": "o", "flexprefill": "^", "minference": "v"}
 
 
-def by_length(captures, policy, key):
-    """(tokens, mean value over captures of that length) of one summary field."""
+def common_layers(captures):
+    """Layers evaluated in every capture (lengths are compared on the same layers only)."""
+    sets = [{layer["layer"] for layer in c["layers"]} for c in captures]
+    return set.intersection(*sets) if sets else set()
+
+
+def by_length(captures, policy, key, layers):
+    """(tokens, mean over the heads of `layers` in every capture of that length) of one metric."""
     acc = {}
     for c in captures:
-        s = c["summary"].get(policy)
-        if s is None or s.get(key) is None:
-            continue
-        acc.setdefault(c["tokens"], []).append(s[key])
+        for layer in c["layers"]:
+            if layer["layer"] not in layers:
+                continue
+            for h in layer["heads"]:
+                m = h["policies"].get(policy)
+                if m is not None:
+                    acc.setdefault(c["tokens"], []).append(m[key])
     xs = sorted(acc)
     return xs, [float(np.mean(acc[x])) for x in xs]
 
@@ -43,21 +52,23 @@ def by_length(captures, policy, key):
 def plot_length(fid, demos, out):
     policies = [p["name"] for p in fid["policies"]]
     caps = fid["captures"]
+    layers = common_layers(caps)
+    nl = len(layers)
     ncols = 3
     nrows = 2 if demos else 1
     fig, axes = plt.subplots(nrows, ncols, figsize=(15, 4.3 * nrows), squeeze=False)
     ax_d, ax_r, ax_e = axes[0]
     for p in policies:
         kw = dict(color=COLORS.get(p), marker=MARKERS.get(p, "o"), label=p)
-        xs, ys = by_length(caps, p, "density_mean")
+        xs, ys = by_length(caps, p, "density", layers)
         ax_d.plot(xs, ys, **kw)
-        xs, ys = by_length(caps, p, "recall_mean")
+        xs, ys = by_length(caps, p, "recall_mean", layers)
         ax_r.plot(xs, ys, **kw)
-        xs, ys = by_length(caps, p, "rel_error_mean")
+        xs, ys = by_length(caps, p, "rel_error", layers)
         if p != "dense":
             ax_e.plot(xs, ys, **kw)
     lens = sorted({c["tokens"] for c in caps})
-    ax_d.set_title("real model (SmolLM2-135M): density (mean over layers x heads)")
+    ax_d.set_title(f"SmolLM2-135M: density (mean over {nl} common layers x heads)", fontsize=10)
     ax_r.set_title("real model: recall (share of the softmax mass kept)")
     ax_e.set_title("real model: relative output error")
     for ax in (ax_d, ax_r, ax_e):
