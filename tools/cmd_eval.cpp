@@ -226,7 +226,13 @@ void run_niah(const NiahArgs& args) {
   std::vector<crisp::Config> configs;
   for (const std::string& name : args.policies) {
     if (std::find(policies.begin(), policies.end(), name) != policies.end()) continue;
-    configs.push_back(crisp::Config::from_preset(name));  // throws naming "preset" if unknown
+    try {
+      configs.push_back(crisp::Config::from_preset(name));
+    } catch (const crisp::Error&) {
+      std::string names;
+      for (const std::string& preset : crisp::Config::preset_names()) names += (names.empty() ? "" : ", ") + preset;
+      throw crisp::Error("--policies", "unknown policy '" + name + "'", "presets among " + names);
+    }
     configs.back().validate();
     policies.push_back(name);
   }
