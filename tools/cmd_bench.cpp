@@ -30,6 +30,7 @@
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
 #include "bench_context_parallel.h"
+#include "gpu_timing.h"
 #include "progress.h"
 
 namespace {
@@ -54,47 +55,10 @@ struct BenchArgs {
 
 #if defined(CRISP_WITH_CUDA)
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw crisp_cli::CommandFailure(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(status));
-}
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) { check(cudaMalloc(&ptr, bytes), "cudaMalloc"); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
-
-// Median milliseconds of fn() on `stream` over `reps` runs after `warmup` runs.
-template <typename Fn>
-double time_ms(cudaStream_t stream, int warmup, int reps, Fn fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  check(cudaStreamSynchronize(stream), "warm-up");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    check(cudaEventRecord(start, stream), "cudaEventRecord");
-    fn();
-    check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float t = 0.f;
-    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return median(ms);
-}
+using crisp_cli::gpu::check;
+using crisp_cli::gpu::DeviceBuffer;
+using crisp_cli::gpu::median;
+using crisp_cli::gpu::time_ms;
 
 // Sum over heads of (nnz - N/2): the computed block pairs, diagonal blocks counted as half.
 double computed_block_pairs(const crisp::Plan& plan) {

@@ -1,0 +1,62 @@
+// tools/gpu_timing.h — what the GPU benchmarks of the `crisp` command share: CUDA error checks
+// that become command failures, an owning device buffer, and event timing (median of repeated
+// runs after warm-up). CUDA builds only.
+#pragma once
+#if defined(CRISP_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+
+namespace crisp_cli {
+namespace gpu {
+
+inline void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    throw CommandFailure(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(status));
+}
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) { check(cudaMalloc(&ptr, bytes), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// Median milliseconds of fn() on `stream` over `reps` runs after `warmup` runs (CUDA events).
+template <typename Fn>
+double time_ms(cudaStream_t stream, int warmup, int reps, Fn fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  check(cudaStreamSynchronize(stream), "warm-up");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    check(cudaEventRecord(start, stream), "cudaEventRecord");
+    fn();
+    check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float t = 0.f;
+    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return median(ms);
+}
+
+}  // namespace gpu
+}  // namespace crisp_cli
+#endif
