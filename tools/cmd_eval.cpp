@@ -34,6 +34,7 @@
 #include "model/matmul.h"
 #include "model/model_path.h"
 #include "model/tokenizer.h"
+#include "model_loading.h"
 #include "progress.h"
 #include "validators.h"
 
@@ -253,11 +254,9 @@ void run_niah(const NiahArgs& args) {
 
   // ---- model
   crisp_cli::Progress progress(!args.quiet);
-  progress.begin("loading " + args.model_path);
-  const cm::GgufFile file(args.model_path);
-  const cm::Tokenizer tokenizer(file);
-  const cm::LlamaModel model(file);
-  progress.done();
+  const crisp_cli::LoadedModel loaded = crisp_cli::load_model(args.model_path, progress);
+  const cm::Tokenizer& tokenizer = loaded.tokenizer;
+  const cm::LlamaModel& model = loaded.model;
   const int64_t trained = model.hparams().n_ctx_train;
 
   auto chat_prompt = [&](const std::string& user, const std::string& prefix) {

@@ -18,6 +18,7 @@
 #include "model/matmul.h"
 #include "model/model_path.h"
 #include "model/tokenizer.h"
+#include "model_loading.h"
 #include "progress.h"
 #include "validators.h"
 
@@ -66,11 +67,9 @@ void run(const RunArgs& args) {
   if (text.empty()) throw crisp::Error("--prompt", "is empty", "some text to answer");
 
   crisp_cli::Progress progress(!args.quiet);
-  progress.begin("loading " + args.model_path);
-  const cm::GgufFile file(args.model_path);
-  const cm::Tokenizer tokenizer(file);
-  const cm::LlamaModel model(file);
-  progress.done();
+  const crisp_cli::LoadedModel loaded = crisp_cli::load_model(args.model_path, progress);
+  const cm::Tokenizer& tokenizer = loaded.tokenizer;
+  const cm::LlamaModel& model = loaded.model;
   const cm::LlamaHparams& hp = model.hparams();
 
   std::string prompt_text = text;
