@@ -597,10 +597,10 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
     query_means_kernel<T><<<dim3(maxN, slots), 128, 0, stream>>>(qs, sp);
     CRISP_CUDA_CHECK_LAUNCH("query_means_kernel");
     timer.mark("pe_qmeans");
-    const std::size_t pe_smem = pe_prob_smem_floats(static_cast<int>(sh.d)) * sizeof(float);
-    set_smem(reinterpret_cast<const void*>(&pe_prob_kernel), pe_smem);
-    pe_prob_kernel<<<dim3(grid_for(maxN, kPeRows), slots), kPeRows * 32, pe_smem, stream>>>(sp);
-    CRISP_CUDA_CHECK_LAUNCH("pe_prob_kernel");
+    pe_logit_kernel<<<dim3(grid_for(maxN, kPeTile), slots), kPeThreads, 0, stream>>>(sp);
+    CRISP_CUDA_CHECK_LAUNCH("pe_logit_kernel");
+    pe_softmax_kernel<<<dim3(grid_for(maxN, kPeSoftmaxWarps), slots), kPeSoftmaxWarps * 32, 0, stream>>>(sp);
+    CRISP_CUDA_CHECK_LAUNCH("pe_softmax_kernel");
     timer.mark("pe_prob");
     SelectState* st = pw.states(2);
     init_pe_select_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(st, sp, slots);

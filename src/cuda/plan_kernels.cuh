@@ -295,73 +295,111 @@ struct TopkMark {
 };
 
 // ---------------------------------------------------------------- §4 PE path
-// P[r, c] for the PE slots: one block per (kPeRows rows, slot), one warp per row r. The key block
-// means are staged in shared memory in chunks of 32 (one per lane) and shared by the block's rows,
-// so each is read from L2 once per kPeRows rows instead of once per row. Two sweeps over c <= r:
-// the row maximum, then exp(logit - max) into pe_prob with the denominator; a last pass over the
-// row divides. Dynamic shared memory: pe_prob_smem_floats(d) floats.
-// NOTE: 16 rows per block: 16x fewer key-mean reads than one row per block, 512 threads.
-constexpr int kPeRows = 16;
-constexpr int kPeKeyChunk = 32;
-inline size_t pe_prob_smem_floats(int d) { return static_cast<size_t>(kPeRows) * d + kPeKeyChunk * (d + 1); }
+// P[r, c] for the PE slots, in two kernels. pe_logit_kernel: one block per (kPeTile rows, slot);
+// the logits s q̄_r·k̄_c are a register-tiled fp32 matmul: each thread owns a 4x4 output tile,
+// staged kPeDepth-deep slices of q̄ and k̄ come from shared memory as float4 (2 loads per 16
+// FMAs). Every dot product is one fmaf chain over x = 0 .. d-1 in order (zero padding adds an
+// exact +0), and the logit is rounded to float before it is stored in pe_prob (as a double,
+// exactly), like the CPU reference's logits. pe_softmax_kernel then turns each row into
+// probabilities with one warp per row (see there).
+// NOTE: 64x64 output tiles with 256 threads (4x4 per thread) and 32-deep slices: 17 KB of shared
+// memory, register-tiled FFMA; larger tiles leave SMs idle at N = 1024 (16 row tiles per head).
+constexpr int kPeTile = 64;
+constexpr int kPeDepth = 32;
+constexpr int kPeMicro = 4;                                         // outputs per thread per axis
+constexpr int kPeThreadsPerAxis = kPeTile / kPeMicro;               // 16
+constexpr int kPeThreads = kPeThreadsPerAxis * kPeThreadsPerAxis;  // 256
+// NOTE: +4 floats per slice row: the transposed staging stores hit 8 banks instead of 1, and the
+// rows stay 16-byte aligned for the float4 reads.
+constexpr int kPeTileStride = kPeTile + 4;
 
-__global__ void __launch_bounds__(kPeRows * 32) pe_prob_kernel(SlotParams P) {
-  extern __shared__ float pe_smem[];
+__global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
+  __shared__ __align__(16) float q_slice[kPeDepth][kPeTileStride];  // [x][row]
+  __shared__ __align__(16) float k_slice[kPeDepth][kPeTileStride];  // [x][column]
   const int64_t slot = blockIdx.y;
   const int H = P.view.num_heads;
   const int64_t s = slot / H, h = slot % H;
   if (P.view.route[slot] != rules::kRoutePe) return;
   const layout::SequenceBases sb = P.view.seqs[s];
   const int d = P.head_dim, N = sb.num_blocks;
-  const int r0 = blockIdx.x * kPeRows;
+  const int r0 = blockIdx.x * kPeTile;
   if (r0 >= N) return;
-  const int last_c = min(r0 + kPeRows - 1, N - 1);  // the largest c any row of the block needs
-  float* q_rows = pe_smem;                   // [kPeRows][d]
-  float* k_chunk = pe_smem + kPeRows * d;    // [kPeKeyChunk][d + 1] (+1: lanes hit distinct banks)
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float* qm = P.ws.query_means + layout::block_array_offset(sb, h, H) * d;
-  for (int idx = threadIdx.x; idx < kPeRows * d; idx += blockDim.x) {
-    const int row = idx / d;
-    q_rows[idx] = r0 + row < N ? qm[static_cast<int64_t>(r0) * d + idx] : 0.f;
-  }
+  const int last_row = min(r0 + kPeTile - 1, N - 1);  // also the largest c any row of the tile needs
+  const float* qm = P.ws.query_means + layout::block_array_offset(sb, h, H) * d;  // row r at qm + r d
   const int64_t kv = h / P.group;
   const float* km = P.ws.key_means + key_mean_index(sb, kv, 0, P.num_kv_heads) * d;  // block c at km + c d
-  const int r = r0 + warp;
-  const bool active = r < N;
-  // Causal entry of (r, c): r (r + 1) / 2 + c.
-  double* out = P.ws.pe_prob + layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2;
-  float row_max = -INFINITY;
-  double den = 0.0;
-  for (int sweep = 0; sweep < 2; ++sweep) {
-    for (int c0 = 0; c0 <= last_c; c0 += kPeKeyChunk) {
-      __syncthreads();  // the previous chunk is consumed (first time: q_rows are written)
-      for (int idx = threadIdx.x; idx < kPeKeyChunk * d; idx += blockDim.x) {
-        const int cc = idx / d, x = idx % d;
-        k_chunk[cc * (d + 1) + x] = c0 + cc <= last_c ? km[static_cast<int64_t>(c0) * d + idx] : 0.f;
+  double* head_out = P.ws.pe_prob + layout::col_offset(sb, h, H);  // (r, c) at r (r + 1) / 2 + c
+  const int tx = threadIdx.x % kPeThreadsPerAxis, ty = threadIdx.x / kPeThreadsPerAxis;
+
+  for (int c0 = 0; c0 <= last_row; c0 += kPeTile) {
+    float acc[kPeMicro][kPeMicro];
+#pragma unroll
+    for (int i = 0; i < kPeMicro; ++i)
+#pragma unroll
+      for (int j = 0; j < kPeMicro; ++j) acc[i][j] = 0.f;
+    for (int x0 = 0; x0 < d; x0 += kPeDepth) {
+      __syncthreads();  // the previous slice is consumed
+      // Coalesced along x in global memory, transposed into [x][row] in shared memory.
+      for (int idx = threadIdx.x; idx < kPeTile * kPeDepth; idx += kPeThreads) {
+        const int row = idx / kPeDepth, x = idx % kPeDepth;
+        const bool in_x = x0 + x < d;
+        q_slice[x][row] = in_x && r0 + row < N ? qm[static_cast<int64_t>(r0 + row) * d + x0 + x] : 0.f;
+        k_slice[x][row] = in_x && c0 + row <= last_row ? km[static_cast<int64_t>(c0 + row) * d + x0 + x] : 0.f;
       }
       __syncthreads();
-      if (!active || c0 > r) continue;  // warp-uniform
-      const int c = c0 + lane;
-      if (c > r) continue;
-      float dot = 0.f;
-      const float* qr = q_rows + warp * d;
-      const float* kc = k_chunk + lane * (d + 1);
-      for (int x = 0; x < d; ++x) dot = fmaf(qr[x], kc[x], dot);
-      const float logit = P.scale * dot;
-      if (sweep == 0) {
-        row_max = fmaxf(row_max, logit);
-      } else {
-        const double e = static_cast<double>(expf(logit - row_max));
-        den += e;
-        out[c] = e;
+#pragma unroll 8  // NOTE: keeps the float4 loads of later x in flight without bloating registers
+      for (int x = 0; x < kPeDepth; ++x) {
+        const float4 a = *reinterpret_cast<const float4*>(&q_slice[x][ty * kPeMicro]);
+        const float4 b = *reinterpret_cast<const float4*>(&k_slice[x][tx * kPeMicro]);
+        const float qa[kPeMicro] = {a.x, a.y, a.z, a.w};
+        const float kb[kPeMicro] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < kPeMicro; ++i)
+#pragma unroll
+          for (int j = 0; j < kPeMicro; ++j) acc[i][j] = fmaf(qa[i], kb[j], acc[i][j]);
       }
     }
-    if (sweep == 0 && active)
-      for (int off = 16; off > 0; off >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, off));
+#pragma unroll
+    for (int i = 0; i < kPeMicro; ++i) {
+      const int r = r0 + ty * kPeMicro + i;
+      if (r >= N) continue;
+      double* row_out = head_out + static_cast<int64_t>(r) * (r + 1) / 2;
+#pragma unroll
+      for (int j = 0; j < kPeMicro; ++j) {
+        const int c = c0 + tx * kPeMicro + j;
+        if (c <= r) row_out[c] = static_cast<double>(P.scale * acc[i][j]);
+      }
+    }
   }
-  if (!active) return;
+}
+
+// Row r of P from its logits in pe_prob: the row maximum, exp(logit - max) with a per-lane double
+// denominator over c = lane, lane + 32, ... and a butterfly sum, then the division. A separate
+// kernel with one warp per row so that enough rows are in flight to hide the L2 latency of the
+// three sweeps (inside pe_logit_kernel only 8 warps per 64-row tile would do them).
+constexpr int kPeSoftmaxWarps = 8;  // NOTE: 256-thread blocks, 8 rows each
+
+__global__ void __launch_bounds__(kPeSoftmaxWarps * 32) pe_softmax_kernel(SlotParams P) {
+  const int64_t slot = blockIdx.y;
+  const int H = P.view.num_heads;
+  const int64_t s = slot / H, h = slot % H;
+  if (P.view.route[slot] != rules::kRoutePe) return;
+  const layout::SequenceBases sb = P.view.seqs[s];
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.x * kPeSoftmaxWarps + (threadIdx.x >> 5);
+  if (r >= sb.num_blocks) return;  // warp-uniform
+  double* out = P.ws.pe_prob + layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2;
+  float row_max = -INFINITY;
+  for (int c = lane; c <= r; c += 32) row_max = fmaxf(row_max, static_cast<float>(out[c]));
+  for (int off = 16; off > 0; off >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, off));
+  double den = 0.0;
+  for (int c = lane; c <= r; c += 32) {
+    const double e = static_cast<double>(expf(static_cast<float>(out[c]) - row_max));
+    den += e;
+    out[c] = e;
+  }
   for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
-  for (int c = lane; c <= r; c += 32) out[c] /= den;  // entries this lane wrote
+  for (int c = lane; c <= r; c += 32) out[c] /= den;
 }
 
 __global__ void init_pe_select_kernel(SelectState* states, SlotParams P, int num_slots) {
