@@ -18,8 +18,11 @@
 #include "crisp/crisp.h"
 #include "crisp/workload.h"
 #include "plan/partition.h"
+#include "plan/shard_copy.h"
 #include "plan/rules.h"
 #include "test_util.h"
+
+using crisp::partition::copy_shard_tokens;
 
 namespace {
 
@@ -238,18 +241,6 @@ class InMemoryAllGather {
   uint64_t generation_ = 0;
 };
 
-// [H, n, d] tokens of the shard, in local order.
-std::vector<float> local_slice(const std::vector<float>& full, int64_t heads, int64_t n, int64_t d,
-                               const crisp::CpShard& shard) {
-  std::vector<float> out(static_cast<std::size_t>(heads * shard.local_tokens * d));
-  for (int64_t h = 0; h < heads; ++h)
-    for (const crisp::CpRange& r : shard.ranges)
-      std::memcpy(&out[static_cast<std::size_t>((h * shard.local_tokens + r.local_token) * d)],
-                  &full[static_cast<std::size_t>((h * n + r.token_begin) * d)],
-                  static_cast<std::size_t>((r.token_end - r.token_begin) * d) * sizeof(float));
-  return out;
-}
-
 // The padded slot layout of the all-gather, then the assembly through cp_assembly_segments: the
 // same two steps as src/cuda/context_parallel.cu (cudaMemcpy2DAsync there, memcpy here).
 std::vector<float> gather_full(InMemoryAllGather& comm, const std::vector<float>& local, int64_t heads, int64_t d,
@@ -314,9 +305,9 @@ TEST(Partition, ShardedPrefillWithAnInMemoryAllGatherEqualsTheSingleDeviceRunExa
           ranks.emplace_back([&, rank] {
             const crisp::CpShard shard = crisp::cp_shard(n, block, partition, rank, world);
             // What this rank holds: its slices only.
-            const std::vector<float> q_local = local_slice(w.q, Hq, n, d, shard);
-            const std::vector<float> k_local = local_slice(w.k, Hkv, n, d, shard);
-            const std::vector<float> v_local = local_slice(w.v, Hkv, n, d, shard);
+            const std::vector<float> q_local = copy_shard_tokens(w.q, Hq, n, d, shard);
+            const std::vector<float> k_local = copy_shard_tokens(w.k, Hkv, n, d, shard);
+            const std::vector<float> v_local = copy_shard_tokens(w.v, Hkv, n, d, shard);
             std::vector<float> q = gather_full(comm, q_local, Hq, d, shard, max_local);
             std::vector<float> k = gather_full(comm, k_local, Hkv, d, shard, max_local);
             std::vector<float> v = gather_full(comm, v_local, Hkv, d, shard, max_local);
@@ -331,8 +322,8 @@ TEST(Partition, ShardedPrefillWithAnInMemoryAllGatherEqualsTheSingleDeviceRunExa
             std::vector<float> lse_full(static_cast<std::size_t>(Hq * n));
             crisp::attend(qv, kv, vv, mine, out_full.view(),
                           crisp::TensorView::contiguous2d(lse_full.data(), crisp::DType::f32, Hq, n), serial_options());
-            res.out = local_slice(out_full.data, Hq, n, d, shard);
-            res.lse = local_slice(lse_full, Hq, n, 1, shard);
+            res.out = copy_shard_tokens(out_full.data, Hq, n, d, shard);
+            res.lse = copy_shard_tokens(lse_full, Hq, n, 1, shard);
           });
         for (auto& t : ranks) t.join();
 

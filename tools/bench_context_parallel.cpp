@@ -38,7 +38,10 @@
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
 #include "gpu_timing.h"
+#include "plan/shard_copy.h"
 #include "progress.h"
+
+using crisp::partition::copy_shard_tokens;
 
 #if defined(CRISP_WITH_NCCL)
 
@@ -53,18 +56,6 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
   std::vector<uint16_t> out(x.size());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < static_cast<int64_t>(x.size()); ++i) out[i] = crisp::half::float_to_bf16(x[i]);
-  return out;
-}
-
-// [H, n, d] -> the shard's tokens in local order.
-template <typename T>
-std::vector<T> local_slice(const std::vector<T>& full, int64_t heads, int64_t n, int64_t d, const crisp::CpShard& s) {
-  std::vector<T> out(static_cast<std::size_t>(heads * s.local_tokens * d));
-  for (int64_t h = 0; h < heads; ++h)
-    for (const crisp::CpRange& r : s.ranges)
-      std::memcpy(&out[static_cast<std::size_t>((h * s.local_tokens + r.local_token) * d)],
-                  &full[static_cast<std::size_t>((h * n + r.token_begin) * d)],
-                  static_cast<std::size_t>((r.token_end - r.token_begin) * d) * sizeof(T));
   return out;
 }
 
@@ -202,8 +193,8 @@ void run_context_parallel_bench(const ContextParallelBenchArgs& a) {
               check(cudaSetDevice(devices[static_cast<std::size_t>(rank)]), "cudaSetDevice");
               const crisp::CpShard shard = crisp::cp_shard(n, a.block, partition, rank, world);
               const int64_t lt = shard.local_tokens;
-              const auto ql = local_slice(qb, H, n, d, shard), kl = local_slice(kb, Hkv, n, d, shard),
-                         vl = local_slice(vb, Hkv, n, d, shard);
+              const auto ql = copy_shard_tokens(qb, H, n, d, shard), kl = copy_shard_tokens(kb, Hkv, n, d, shard),
+                         vl = copy_shard_tokens(vb, Hkv, n, d, shard);
               DeviceBuffer q(ql.size() * 2), k(kl.size() * 2), v(vl.size() * 2), o(ql.size() * 2),
                   l(static_cast<std::size_t>(H * lt) * 4);
               check(cudaMemcpy(q.ptr, ql.data(), ql.size() * 2, cudaMemcpyHostToDevice), "copy q");
@@ -243,8 +234,8 @@ void run_context_parallel_bench(const ContextParallelBenchArgs& a) {
           cp_ms = std::max(cp_ms, run.layer_ms);
           rank_ms.push_back(run.layer_ms);
           const crisp::CpShard shard = crisp::cp_shard(n, a.block, partition, rank, world);
-          const auto want_out = local_slice(out_ref, H, n, d, shard);
-          const auto want_lse = local_slice(lse_ref, H, n, 1, shard);
+          const auto want_out = copy_shard_tokens(out_ref, H, n, d, shard);
+          const auto want_lse = copy_shard_tokens(lse_ref, H, n, 1, shard);
           for (std::size_t i = 0; i < want_out.size(); ++i) {
             if (want_out[i] == run.out[i]) continue;
             ++differing;

@@ -20,7 +20,10 @@
 #include "crisp/context_parallel.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
+#include "plan/shard_copy.h"
 #include "cuda/attention_rows.h"
+
+using crisp::partition::copy_shard_tokens;
 
 namespace {
 
@@ -155,18 +158,6 @@ std::vector<uint16_t> to_half_bits(const std::vector<float>& x, crisp::DType dt)
   return out;
 }
 
-// [H, n, d] -> the shard's tokens in local order.
-template <typename T>
-std::vector<T> local_slice(const std::vector<T>& full, int64_t heads, int64_t n, int64_t d, const crisp::CpShard& s) {
-  std::vector<T> out(static_cast<std::size_t>(heads * s.local_tokens * d));
-  for (int64_t h = 0; h < heads; ++h)
-    for (const crisp::CpRange& r : s.ranges)
-      std::memcpy(&out[static_cast<std::size_t>((h * s.local_tokens + r.local_token) * d)],
-                  &full[static_cast<std::size_t>((h * n + r.token_begin) * d)],
-                  static_cast<std::size_t>((r.token_end - r.token_begin) * d) * sizeof(T));
-  return out;
-}
-
 struct Case {
   const char* preset;
   crisp::DType dtype;
@@ -245,8 +236,8 @@ TEST(GpuContextParallel, ShardedOutputEqualsSingleGpuOutputBitForBit) {
           try {
             if (cudaSetDevice(devices[rank]) != cudaSuccess) throw std::runtime_error("cudaSetDevice");
             const crisp::CpShard shard = crisp::cp_shard(n, c.block, partition, rank, world);
-            const auto ql = local_slice(qb, Hq, n, d, shard), kl = local_slice(kb, Hkv, n, d, shard),
-                       vl = local_slice(vb, Hkv, n, d, shard);
+            const auto ql = copy_shard_tokens(qb, Hq, n, d, shard), kl = copy_shard_tokens(kb, Hkv, n, d, shard),
+                       vl = copy_shard_tokens(vb, Hkv, n, d, shard);
             const int64_t lt = shard.local_tokens;
             DeviceBuffer q(ql.size() * 2), k(kl.size() * 2), v(vl.size() * 2), o(ql.size() * 2),
                 l(static_cast<std::size_t>(Hq * lt) * 4);
@@ -293,8 +284,8 @@ TEST(GpuContextParallel, ShardedOutputEqualsSingleGpuOutputBitForBit) {
           EXPECT_EQ(res.plan.sequences[0].heads[h].col, plan_ref.sequences[0].heads[h].col) << "head " << h;
         }
         const crisp::CpShard shard = crisp::cp_shard(n, c.block, partition, rank, world);
-        const auto want_out = local_slice(out_ref, Hq, n, d, shard);
-        const auto want_lse = local_slice(lse_ref, Hq, n, 1, shard);
+        const auto want_out = copy_shard_tokens(out_ref, Hq, n, d, shard);
+        const auto want_lse = copy_shard_tokens(lse_ref, Hq, n, 1, shard);
         int64_t out_mismatch = 0, lse_mismatch = 0;
         for (std::size_t i = 0; i < want_out.size(); ++i) out_mismatch += want_out[i] != res.out[i];
         for (std::size_t i = 0; i < want_lse.size(); ++i)
