@@ -14,6 +14,7 @@
 #include "cuda/attention_rows.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_plan_internal.h"
+#include "cuda/hopper/hopper_attention.h"
 
 namespace crisp {
 namespace cuda {
@@ -143,6 +144,9 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
       items != nullptr ? Hq * num_items : Hq * plan.num_sequences() * static_cast<int64_t>(max_blocks);
   if (num_ctas == 0) return;
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  // The sm_90a kernel (TMA + wgmma) when the device, the shape and CRISP_KERNEL allow it
+  // (src/cuda/hopper/hopper_attention.h); otherwise the portable kernel below.
+  if (cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, Hkv, num_ctas, stream)) return;
   if (q.dtype == DType::bf16)
     dispatch_dim_block<__nv_bfloat16>(params, d, block, num_ctas, stream);
   else

@@ -1,0 +1,142 @@
+// src/cuda/hopper/hopper_attention.cu — host side of the Hopper attention kernel: kernel choice
+// (CRISP_KERNEL), TMA tensor maps through the driver entry point (no libcuda link), launch.
+#include "cuda/hopper/hopper_attention.h"
+
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "crisp/error.h"
+#include "cuda/attention_kernel.cuh"
+#include "cuda/cuda_check.h"
+#include "cuda/hopper/hopper_attention_kernel.cuh"
+
+namespace crisp {
+namespace cuda_detail {
+namespace hopper {
+
+KernelChoice kernel_choice() {
+  const char* value = std::getenv("CRISP_KERNEL");
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0) return KernelChoice::automatic;
+  if (std::strcmp(value, "portable") == 0) return KernelChoice::portable;
+  if (std::strcmp(value, "hopper") == 0) return KernelChoice::hopper;
+  throw Error("CRISP_KERNEL", std::string("is \"") + value + "\"", "auto, portable or hopper");
+}
+
+bool shape_supported(DType dtype, int64_t head_dim, int block_size) {
+  return (dtype == DType::bf16 || dtype == DType::f16) && head_dim == kHeadDim && block_size == kTileRows;
+}
+
+namespace {
+
+// Per device: 0 not looked up yet, 1 available, -1 not available.
+constexpr int kMaxDevices = 64;
+int g_available[kMaxDevices];
+std::mutex g_available_mutex;
+
+bool look_up_available(int device) {
+  int major = 0, minor = 0;
+  CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9 || minor != 0) return false;
+  // The binary the runtime picked for this device must be sm_90a machine code compiled from
+  // sm_90a PTX: a build without 90a has only the sm_80 stub (or PTX of it, JIT-compiled).
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, hopper_attention_kernel<__nv_bfloat16>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attributes.binaryVersion >= 90 && attributes.ptxVersion >= 90;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    CRISP_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
+    if (status != cudaDriverEntryPointSuccess || ptr == nullptr)
+      throw Error("CRISP_KERNEL", "the driver has no cuTensorMapEncodeTiled", "a CUDA 12+ driver for the Hopper kernel");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+template <typename T>
+void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_heads, int64_t num_ctas,
+            DType dtype, cudaStream_t stream) {
+  const CUtensorMap map_q =
+      make_tensor_map(params.q, dtype, params.num_q_heads, tokens, params.q_stride_head, params.q_stride_token);
+  const CUtensorMap map_k =
+      make_tensor_map(params.k, dtype, num_kv_heads, tokens, params.k_stride_head, params.k_stride_token);
+  const CUtensorMap map_v =
+      make_tensor_map(params.v, dtype, num_kv_heads, tokens, params.v_stride_head, params.v_stride_token);
+  auto kernel = hopper_attention_kernel<T>;
+  CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  if (num_ctas > 0x7fffffffLL)
+    throw Error("q", "needs " + std::to_string(num_ctas) + " thread blocks", "fewer than 2^31");
+  kernel<<<static_cast<unsigned>(num_ctas), kThreads, kSmemBytes, stream>>>(map_q, map_k, map_v, params);
+  CRISP_CUDA_CHECK_LAUNCH("hopper_attention_kernel");
+}
+
+}  // namespace
+
+bool kernel_available() {
+  int device = 0;
+  CRISP_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= kMaxDevices) return look_up_available(device);
+  std::lock_guard<std::mutex> lock(g_available_mutex);
+  if (g_available[device] == 0) g_available[device] = look_up_available(device) ? 1 : -1;
+  return g_available[device] == 1;
+}
+
+CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t heads, int64_t tokens, int64_t stride_head,
+                            int64_t stride_token) {
+  CUtensorMap map;
+  std::memset(&map, 0, sizeof map);
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kHeadDim), static_cast<cuuint64_t>(tokens),
+                              static_cast<cuuint64_t>(heads)};
+  // Byte strides of dimensions 1 and 2 (multiples of 16: checked by the caller, as for cp.async).
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride_token) * 2, static_cast<cuuint64_t>(stride_head) * 2};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kHalfCols), static_cast<cuuint32_t>(kTileRows), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult result = encode_function()(
+      &map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS)
+    throw Error("q", "cannot be described as a TMA tensor map (cuTensorMapEncodeTiled error " +
+                         std::to_string(static_cast<int>(result)) + ")",
+                "16-byte aligned rows with head/token strides below 2^40 bytes");
+  return map;
+}
+
+bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
+                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, cudaStream_t stream) {
+  const KernelChoice choice = kernel_choice();
+  if (choice == KernelChoice::portable) return false;
+  const bool shape_ok = shape_supported(dtype, head_dim, block_size);
+  const bool device_ok = kernel_available();
+  if (!shape_ok || !device_ok) {
+    if (choice == KernelChoice::automatic) return false;
+    throw Error("CRISP_KERNEL",
+                !device_ok ? std::string("is hopper but the device is not sm_90 or the build has no sm_90a code")
+                           : "is hopper but the call has dtype " +
+                                 std::string(dtype == DType::bf16 ? "bf16" : dtype == DType::f16 ? "f16" : "other") +
+                                 ", head dim " +
+                                 std::to_string(head_dim) + ", block size " + std::to_string(block_size),
+                "bf16/f16, head dim 128, block size 128 on an sm_90 device (or CRISP_KERNEL=auto)");
+  }
+  if (num_ctas == 0) return true;
+  if (dtype == DType::bf16)
+    launch<__nv_bfloat16>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+  else
+    launch<__half>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+  return true;
+}
+
+}  // namespace hopper
+}  // namespace cuda_detail
+}  // namespace crisp

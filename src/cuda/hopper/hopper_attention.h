@@ -1,0 +1,50 @@
+// src/cuda/hopper/hopper_attention.h — host side of the Hopper (sm_90a) attention kernel: which
+// kernel attend_async runs, the TMA tensor maps, the launch.
+//
+// Kernel choice (environment variable CRISP_KERNEL, read at every attention launch):
+//   auto (default, or unset): the Hopper kernel when the device is sm_90, the library carries its
+//        sm_90a code, and the call is bf16/fp16 with head dim 128 and block size 128; otherwise the
+//        portable kernel;
+//   portable: always the portable (sm_80-class) kernel;
+//   hopper:   the Hopper kernel, and a crisp::Error naming CRISP_KERNEL when it cannot run this call.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "crisp/tensor.h"
+
+namespace crisp {
+namespace cuda_detail {
+namespace attention {
+struct Params;
+}
+namespace hopper {
+
+enum class KernelChoice { automatic, portable, hopper };
+
+// CRISP_KERNEL parsed; throws crisp::Error("CRISP_KERNEL", ...) for any other value.
+KernelChoice kernel_choice();
+
+// True when the current device is sm_90 and the loaded binary of the Hopper kernel is sm_90a code
+// (a build without the 90a architecture carries only a stub).
+bool kernel_available();
+
+// The shapes the Hopper kernel is compiled for.
+bool shape_supported(DType dtype, int64_t head_dim, int block_size);
+
+// Runs the Hopper kernel for `params` (the portable kernel's parameters, already checked) when the
+// kernel choice and the call allow it; returns false, launching nothing, when the portable kernel
+// should run. `tokens` is the token extent of q/k/v, `num_kv_heads` the kv head count.
+bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
+                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, cudaStream_t stream);
+
+// A 3-D TMA map (dims, tokens, heads) over a [heads, tokens, 128] bf16/fp16 tensor with the given
+// element strides, boxes of 64 dims x 128 tokens x 1 head, 128-byte swizzle, zero fill out of bounds.
+CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t heads, int64_t tokens, int64_t stride_head,
+                            int64_t stride_token);
+
+}  // namespace hopper
+}  // namespace cuda_detail
+}  // namespace crisp
