@@ -326,6 +326,7 @@ def prefill(q, k, v, policy: str = "crisp", cu_seqlens=None, **params):
     policy = _policy_name(policy)
     settings = settings_from_params(params)
     if _is_torch(q):
+        _check_inputs(q, k, v, cu_seqlens)  # Python errors before the dispatcher's own
         if cu_seqlens is not None and not _is_torch(cu_seqlens):
             cu_seqlens = torch.tensor(_seqlens_list(cu_seqlens, q.shape[0]), dtype=torch.int64)
         return torch.ops.crisp.prefill(q, k, v, cu_seqlens, policy, ";".join(settings))
