@@ -60,9 +60,21 @@ struct NiahArgs {
   std::string prose_path;
   std::string json_path;
   int threads = 0;
+  std::string backend = "cpu";
+  std::string cuda_attention = "f16";
+  std::string dump_samples;  // JSONL: one line per sample (prompt ids, text, expected, scoring)
+  std::string score_path;    // JSONL of outputs to score (no model run)
   bool dry_run = false;
   bool quiet = false;
 };
+
+// The stable id of a sample in dumps, scores and the JSON: "passkey-4096-d0.50-s1".
+std::string sample_id(ce::NiahTask task, int64_t length, double depth, uint64_t seed) {
+  char text[128];
+  std::snprintf(text, sizeof text, "%s-%lld-d%.2f-s%llu", ce::to_string(task), static_cast<long long>(length), depth,
+                static_cast<unsigned long long>(seed));
+  return text;
+}
 
 // The prose haystack: $CRISP_PROSE_PATH, else shared/data/long_qa_prompts.json in the working
 // directory or one of its parents (the repository root, or its parent where ../shared lives).
@@ -210,8 +222,17 @@ Outcome answer(const cm::LlamaModel& model, const cm::Tokenizer& tokenizer, cons
   return o;
 }
 
+void score_outputs(const NiahArgs& args);
+
 void run_niah(const NiahArgs& args) {
+  if (!args.score_path.empty()) {
+    score_outputs(args);
+    return;
+  }
   // ---- arguments
+  const cm::ModelBackend backend = cm::parse_model_backend(args.backend, "--backend");
+  if (!args.dry_run) cm::require_model_backend(backend, "--backend");
+  const cm::CudaPrefillAttention cuda_attention = cm::parse_cuda_prefill_attention(args.cuda_attention);
   std::vector<ce::NiahTask> tasks;
   if (args.tasks.empty()) {
     tasks = ce::all_niah_tasks();
@@ -272,8 +293,10 @@ void run_niah(const NiahArgs& args) {
   out["date_utc"] = utc_now();
   out["machine"] = {{"cpu", cpu_name()},
                     {"hardware_threads", std::thread::hardware_concurrency()},
-                    {"matmul_kernel", cm::matmul_kernel_name()},
-                    {"backend", "cpu"}};
+                    {"matmul_kernel", backend == cm::ModelBackend::cuda ? "cublas_sgemm_fp32"
+                                                                        : cm::matmul_kernel_name()},
+                    {"backend", cm::to_string(backend)},
+                    {"cuda_attention", backend == cm::ModelBackend::cuda ? args.cuda_attention : ""}};
   out["model"] = std::filesystem::path(args.model_path).filename().string();
   out["settings"] = {{"tasks", json::array()},
                      {"lengths", args.lengths},
@@ -294,6 +317,11 @@ void run_niah(const NiahArgs& args) {
     out["policy_configs"][policies[p]] = kv;
   }
   out["samples"] = json::array();
+  std::ofstream dump;
+  if (!args.dump_samples.empty()) {
+    dump.open(args.dump_samples, std::ios::binary | std::ios::trunc);
+    if (!dump) throw crisp::Error("--dump-samples", "cannot write '" + args.dump_samples + "'", "a writable path");
+  }
 
   // (task, length, policy index) -> row
   std::map<std::tuple<int, int64_t, std::size_t>, Cell> cells;
@@ -360,9 +388,32 @@ void run_niah(const NiahArgs& args) {
             sample.answer_prefix.clear();
             sample.prompt_tokens = counter(sample.user_message, "");
           }
-          const std::vector<int32_t> prompt = tokenizer.encode(chat_prompt(sample.user_message, sample.answer_prefix));
+          const std::string prompt_text = chat_prompt(sample.user_message, sample.answer_prefix);
+          const std::vector<int32_t> prompt = tokenizer.encode(prompt_text);
           ++done_samples;
-          json record = {{"task", ce::to_string(task)},
+          const std::string id = sample_id(task, length, depth, spec.seed);
+          if (dump.is_open()) {
+            const json line = {{"id", id},
+                               {"task", ce::to_string(task)},
+                               {"length", length},
+                               {"depth", depth},
+                               {"seed", spec.seed},
+                               {"needle_depth", sample.needle_depth},
+                               {"prompt_ids", prompt},
+                               {"prompt_text", sample.user_message},
+                               {"answer_prefix", sample.answer_prefix},
+                               {"chat_prompt", prompt_text},
+                               {"expected", sample.expected},
+                               {"scoring", ce::to_string(sample.scoring)},
+                               {"max_new_tokens", max_new},
+                               {"rope_scaling", cm::to_string(rope.scaling.type)},
+                               {"rope_factor", rope.scaling.type == cm::RopeScalingType::none ? 1.0 : rope.scaling.factor},
+                               {"beyond_training", rope.beyond_training}};
+            dump << line.dump() << '\n';
+            if (!dump) throw crisp::Error("--dump-samples", "writing '" + args.dump_samples + "' failed", "a writable path");
+          }
+          json record = {{"id", id},
+                         {"task", ce::to_string(task)},
                          {"length", length},
                          {"depth", depth},
                          {"needle_depth", sample.needle_depth},
@@ -380,6 +431,8 @@ void run_niah(const NiahArgs& args) {
             run.attention = configs[p];
             run.threads = args.threads;
             run.rope = rope.scaling;
+            run.backend = backend;
+            run.cuda_attention = cuda_attention;
             const Outcome o = answer(model, tokenizer, prompt, sample, run, max_new);
             if (p == 0 && have_dense) dense_correct = o.correct;
 
@@ -432,8 +485,11 @@ void run_niah(const NiahArgs& args) {
   }
 
   // ---- table
-  std::printf("NIAH on %s (CPU, %s matmuls), greedy, %s new tokens at most, %zu depth(s) x %lld seed(s) per cell\n",
-              out["model"].get<std::string>().c_str(), cm::matmul_kernel_name(),
+  const std::string backend_label = backend == cm::ModelBackend::cuda
+                                        ? "CUDA, cuBLAS fp32 matmuls, " + args.cuda_attention + " attention"
+                                        : std::string("CPU, ") + cm::matmul_kernel_name() + " matmuls";
+  std::printf("NIAH on %s (%s), greedy, %s new tokens at most, %zu depth(s) x %lld seed(s) per cell\n",
+              out["model"].get<std::string>().c_str(), backend_label.c_str(),
               args.max_new_tokens > 0 ? std::to_string(args.max_new_tokens).c_str() : "per-task (niah 32, passkey 16, kv 48)",
               args.depths.size(), static_cast<long long>(args.seeds));
   std::printf("%-17s %6s  %-11s %5s %6s %6s %8s %8s %4s  %s\n", "task", "length", "policy", "acc", "dense", "kept",
@@ -481,6 +537,149 @@ void run_niah(const NiahArgs& args) {
               "samples dense answers, the share the policy answers too; density: mean prefill attention density "
               "(kept causal blocks, mean over layers); TTFT: mean time to first token.\n");
   if (!args.json_path.empty()) std::printf("json: %s\n", args.json_path.c_str());
+}
+
+// `--score FILE`: outputs produced elsewhere (e.g. the transformers run of scripts/hf_niah.py on
+// samples from --dump-samples), scored with the official rules of src/eval/niah.h. One JSON object
+// per line: id, policy, output, task, expected (scoring, length, depth, density, ttft_s optional).
+void score_outputs(const NiahArgs& args) {
+  std::ifstream in(args.score_path, std::ios::binary);
+  if (!in) throw crisp::Error("--score", "cannot open '" + args.score_path + "'", "a JSONL file of outputs");
+  struct Scored {
+    std::string id, task, policy, output;
+    int64_t length = 0;
+    bool correct = false;
+    bool has_density = false, has_ttft = false;
+    double density = 0.0, ttft = 0.0;
+  };
+  std::vector<Scored> scored;
+  std::vector<std::string> policies;  // dense first, then in order of appearance
+  std::set<std::pair<std::string, std::string>> seen;
+  std::map<std::pair<std::string, std::string>, bool> correct_of;  // (id, policy)
+  std::string line;
+  int64_t line_number = 0;
+  while (std::getline(in, line)) {
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = args.score_path + ":" + std::to_string(line_number);
+    json item;
+    try {
+      item = json::parse(line);
+    } catch (const json::exception& e) {
+      throw crisp::Error("--score", where + " is not JSON (" + e.what() + ")", "one JSON object per line");
+    }
+    for (const char* key : {"id", "policy", "output", "task", "expected"}) {
+      if (!item.contains(key) || !item[key].is_string()) {
+        throw crisp::Error("--score", where + " has no string '" + key + "'",
+                           "id, policy, output, task, expected (strings) on every line");
+      }
+    }
+    Scored r;
+    r.id = item["id"].get<std::string>();
+    r.policy = item["policy"].get<std::string>();
+    r.output = item["output"].get<std::string>();
+    r.task = item["task"].get<std::string>();
+    ce::NiahSample sample;
+    sample.spec.task = ce::parse_niah_task(r.task, "--score (" + where + ")");
+    sample.expected = item["expected"].get<std::string>();
+    sample.scoring = item.contains("scoring") ? ce::parse_niah_scoring(item["scoring"].get<std::string>(), "--score (" + where + ")")
+                                              : ce::niah_task_scoring(sample.spec.task);
+    if (item.contains("length") && item["length"].is_number_integer()) r.length = item["length"].get<int64_t>();
+    if (item.contains("density") && item["density"].is_number()) {
+      r.has_density = true;
+      r.density = item["density"].get<double>();
+    }
+    if (item.contains("ttft_s") && item["ttft_s"].is_number()) {
+      r.has_ttft = true;
+      r.ttft = item["ttft_s"].get<double>();
+    }
+    if (!seen.insert({r.id, r.policy}).second) {
+      throw crisp::Error("--score", where + " repeats sample '" + r.id + "' for policy '" + r.policy + "'",
+                         "one line per (id, policy)");
+    }
+    r.correct = ce::score_niah_output(sample, r.output);
+    correct_of[{r.id, r.policy}] = r.correct;
+    if (std::find(policies.begin(), policies.end(), r.policy) == policies.end()) policies.push_back(r.policy);
+    scored.push_back(std::move(r));
+  }
+  if (scored.empty()) throw crisp::Error("--score", "'" + args.score_path + "' holds no outputs", "at least one line");
+  const auto dense_it = std::find(policies.begin(), policies.end(), "dense");
+  const bool have_dense = dense_it != policies.end();
+  if (have_dense) std::rotate(policies.begin(), dense_it, dense_it + 1);
+
+  struct Row {
+    int64_t samples = 0, correct = 0, dense_known = 0, dense_correct = 0, both_correct = 0;
+    int64_t with_density = 0, with_ttft = 0;
+    double density_sum = 0.0, ttft_sum = 0.0;
+  };
+  std::map<std::tuple<std::string, int64_t, std::size_t>, Row> rows;
+  for (const Scored& r : scored) {
+    const std::size_t p = static_cast<std::size_t>(std::find(policies.begin(), policies.end(), r.policy) - policies.begin());
+    Row& row = rows[{r.task, r.length, p}];
+    ++row.samples;
+    row.correct += r.correct;
+    const auto dense = correct_of.find({r.id, "dense"});
+    if (dense != correct_of.end()) {
+      ++row.dense_known;
+      row.dense_correct += dense->second;
+      row.both_correct += dense->second && r.correct;
+    }
+    if (r.has_density) {
+      ++row.with_density;
+      row.density_sum += r.density;
+    }
+    if (r.has_ttft) {
+      ++row.with_ttft;
+      row.ttft_sum += r.ttft;
+    }
+  }
+
+  std::printf("NIAH scores of %s (%zu outputs; official scoring of src/eval/niah.h)\n", args.score_path.c_str(),
+              scored.size());
+  std::printf("%-17s %6s  %-14s %5s %6s %6s %8s %8s %4s  %s\n", "task", "length", "policy", "acc", "dense", "kept",
+              "density", "TTFT s", "n", "note");
+  json out_rows = json::array();
+  for (const auto& [key, row] : rows) {
+    const auto& [task, length, p] = key;
+    const double acc = static_cast<double>(row.correct) / static_cast<double>(row.samples);
+    const bool dense_known = row.dense_known > 0;
+    const double dense_acc = dense_known ? static_cast<double>(row.dense_correct) / row.dense_known : 0.0;
+    const bool kept_known = dense_known && policies[p] != "dense" && row.dense_correct > 0;
+    const double kept = kept_known ? static_cast<double>(row.both_correct) / row.dense_correct : 0.0;
+    std::string note;
+    if (dense_known && row.dense_correct == 0) note = "DENSE FAILS: measures nothing";
+    else if (dense_known && row.dense_correct < row.dense_known) note = "dense partial";
+    char density_text[32] = "-", ttft_text[32] = "-";
+    if (row.with_density) std::snprintf(density_text, sizeof density_text, "%.3f", row.density_sum / row.with_density);
+    if (row.with_ttft) std::snprintf(ttft_text, sizeof ttft_text, "%.2f", row.ttft_sum / row.with_ttft);
+    std::printf("%-17s %6lld  %-14s %5s %6s %6s %8s %8s %4lld  %s\n", task.c_str(), static_cast<long long>(length),
+                policies[p].c_str(), format_ratio(acc, true).c_str(), format_ratio(dense_acc, dense_known).c_str(),
+                format_ratio(kept, kept_known).c_str(), density_text, ttft_text, static_cast<long long>(row.samples),
+                note.c_str());
+    json jr = {{"task", task}, {"length", length}, {"policy", policies[p]}, {"samples", row.samples},
+               {"correct", row.correct}, {"accuracy", acc}};
+    if (dense_known) {
+      jr["dense_accuracy"] = dense_acc;
+      jr["dense_fails"] = row.dense_correct == 0;
+      jr["kept_of_dense"] = kept_known ? json(kept) : json(nullptr);
+    }
+    if (row.with_density) jr["mean_density"] = row.density_sum / row.with_density;
+    if (row.with_ttft) jr["mean_ttft_s"] = row.ttft_sum / row.with_ttft;
+    out_rows.push_back(jr);
+  }
+  std::printf("acc: accuracy; dense: dense's accuracy on the same sample ids; kept: of the samples dense answers, "
+              "the share the policy answers too; density / TTFT: means of the values the file gives.\n");
+  if (!args.json_path.empty()) {
+    json samples = json::array();
+    for (const Scored& r : scored) {
+      samples.push_back({{"id", r.id}, {"policy", r.policy}, {"task", r.task}, {"length", r.length},
+                         {"correct", r.correct}, {"output", r.output}});
+    }
+    const json out = {{"suite", "niah_score"}, {"date_utc", utc_now()}, {"source", args.score_path},
+                      {"policies", policies},  {"rows", out_rows},      {"samples", samples}};
+    crisp_cli::write_text_file("--json", args.json_path, out.dump(1) + "\n");
+    std::printf("json: %s\n", args.json_path.c_str());
+  }
 }
 
 void register_eval_niah(CLI::App& eval) {
@@ -531,6 +730,20 @@ void register_eval_niah(CLI::App& eval) {
   sub->add_option("--threads", args->threads, "CPU threads (0 = all)")
       ->capture_default_str()
       ->check(crisp_cli::kNonNegativeInteger);
+  sub->add_option("--backend", args->backend, "Model backend: cpu, or cuda (a CUDA build on a GPU machine)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--cuda-attention", args->cuda_attention,
+                  "CUDA prefill attention: f16 (crisp's kernel) or f32-reference (exact, slow)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f16", "f32-reference"}));
+  sub->add_option("--dump-samples", args->dump_samples,
+                  "Also write every sample as one JSON line here (id, task, length, depth, seed, prompt_ids, "
+                  "prompt_text, answer_prefix, chat_prompt, expected, scoring, max_new_tokens, rope); with "
+                  "--dry-run no model runs");
+  sub->add_option("--score", args->score_path,
+                  "Score outputs made elsewhere instead of running the model: a JSONL file, one "
+                  "{id, policy, output, task, expected, ...} per line; prints the table, --json writes it");
   sub->add_flag("--dry-run", args->dry_run, "Generate and tokenise the samples only (no model run)");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
   sub->callback([args] { run_niah(*args); });

@@ -317,6 +317,21 @@ const char* to_string(NiahScoring scoring) {
   return "?";
 }
 
+NiahScoring parse_niah_scoring(const std::string& name, const std::string& argument) {
+  for (NiahScoring scoring : {NiahScoring::substring, NiahScoring::first_integer, NiahScoring::word_match}) {
+    if (name == to_string(scoring)) return scoring;
+  }
+  throw Error(argument, "unknown scoring '" + name + "'", "substring, first_integer or word_match");
+}
+
+NiahScoring niah_task_scoring(NiahTask task) {
+  switch (task) {
+    case NiahTask::passkey: return NiahScoring::first_integer;
+    case NiahTask::kv_retrieval: return NiahScoring::word_match;
+    default: return NiahScoring::substring;
+  }
+}
+
 uint64_t NiahRng::next() {
   // splitmix64 (Steele, Lea, Flood 2014): a full-period 64-bit generator, identical everywhere.
   uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);

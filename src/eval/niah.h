@@ -48,6 +48,11 @@ enum class NiahScoring {
                   // the answer is one of the whitespace-separated words of the output
 };
 const char* to_string(NiahScoring scoring);
+// "substring", "first_integer", "word_match"; throws crisp::Error naming `argument` otherwise.
+NiahScoring parse_niah_scoring(const std::string& name, const std::string& argument = "scoring");
+// The scoring rule a task's samples use (passkey: first_integer, kv_retrieval: word_match, the
+// RULER tasks: substring).
+NiahScoring niah_task_scoring(NiahTask task);
 
 // Token count of the whole prompt the model will read for a given user message (the chat template
 // and the answer prefix included). Must be monotone in practice: more text, not fewer tokens.

@@ -11,6 +11,10 @@
 #include "model/matmul.h"
 #include "model/tokenizer.h"
 
+#if defined(CRISP_WITH_CUDA)
+#include "model/cuda/llama_cuda.h"
+#endif
+
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -116,6 +120,48 @@ int32_t argmax(const float* values, int64_t count) {
   return static_cast<int32_t>(best);
 }
 
+// ---------------------------------------------------------------- backends
+
+const char* to_string(ModelBackend backend) {
+  switch (backend) {
+    case ModelBackend::cpu: return "cpu";
+    case ModelBackend::cuda: return "cuda";
+  }
+  return "?";
+}
+
+ModelBackend parse_model_backend(const std::string& name, const std::string& argument) {
+  if (name == "cpu") return ModelBackend::cpu;
+  if (name == "cuda") return ModelBackend::cuda;
+  throw Error(argument, "unknown backend '" + name + "'", "cpu or cuda");
+}
+
+const char* to_string(CudaPrefillAttention attention) {
+  switch (attention) {
+    case CudaPrefillAttention::crisp_f16: return "f16";
+    case CudaPrefillAttention::reference_f32: return "f32-reference";
+  }
+  return "?";
+}
+
+CudaPrefillAttention parse_cuda_prefill_attention(const std::string& name, const std::string& argument) {
+  if (name == "f16") return CudaPrefillAttention::crisp_f16;
+  if (name == "f32-reference") return CudaPrefillAttention::reference_f32;
+  throw Error(argument, "is '" + name + "'", "f16 or f32-reference");
+}
+
+void require_model_backend(ModelBackend backend, const std::string& argument) {
+  if (backend == ModelBackend::cpu) return;
+#if defined(CRISP_WITH_CUDA)
+  if (!cuda_runner::cuda_device_visible()) {
+    throw Error(argument, "is cuda but no CUDA device is visible", "--backend cpu, or a machine with a GPU");
+  }
+#else
+  throw Error(argument, "is cuda but this build has no CUDA backend",
+              "--backend cpu, or a build configured with -DCRISP_CUDA=ON");
+#endif
+}
+
 // ---------------------------------------------------------------- LlamaModel
 
 LlamaModel::LlamaModel(const GgufFile& file) {
@@ -214,6 +260,13 @@ LlamaContext::LlamaContext(const LlamaModel& model, int64_t capacity, const RunO
   options_.attention.validate();
   const LlamaHparams& hp = model.hparams();
   rope_.reserve(capacity);
+  if (options_.backend != ModelBackend::cpu) {
+    require_model_backend(options_.backend, "--backend");
+#if defined(CRISP_WITH_CUDA)
+    device_ = cuda_runner::make_cuda_context(model_, capacity_, options_, rope_);
+#endif
+    return;
+  }
   const size_t cache = static_cast<size_t>(hp.n_head_kv * capacity * hp.head_dim);
   k_cache_.assign(static_cast<size_t>(hp.n_layer), std::vector<float>(cache));
   v_cache_.assign(static_cast<size_t>(hp.n_layer), std::vector<float>(cache));
@@ -250,6 +303,14 @@ PrefillResult LlamaContext::prefill(const std::vector<int32_t>& tokens, bool all
                 "at most the context capacity " + std::to_string(capacity_));
   }
   check_tokens(tokens);
+  if (device_) {
+    PrefillResult result = device_->prefill(tokens, all_logits, observer);
+    result.beyond_training = n > hp.n_ctx_train;
+    position_ = n;
+    result.seconds = seconds_since(start);
+    result.cpu_seconds = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
+    return result;
+  }
 
   const int64_t E = hp.n_embd, hd = hp.head_dim, F = hp.n_ff;
   const int64_t Hq = hp.n_head, Hkv = hp.n_head_kv;
@@ -337,6 +398,11 @@ std::vector<float> LlamaContext::decode(int32_t token) {
   if (position_ >= capacity_) {
     throw Error("decode", "the context is full (" + std::to_string(capacity_) + " positions)",
                 "a context created with room for every generated token");
+  }
+  if (device_) {
+    std::vector<float> logits = device_->decode(token, position_);
+    ++position_;
+    return logits;
   }
   const int64_t E = hp.n_embd, hd = hp.head_dim, F = hp.n_ff;
   const int64_t Hq = hp.n_head, Hkv = hp.n_head_kv, group = Hq / Hkv;

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -65,21 +66,56 @@ class LlamaModel {
   const float* output_weight() const;                   // [n_vocab, n_embd]
   std::size_t weight_bytes() const;
 
+  // Storage for a backend's own copy of the weights (the CUDA runner uploads them on first use
+  // and keeps them here, so every context of this model shares one upload). Opaque here.
+  std::shared_ptr<void>& backend_cache() const { return backend_cache_; }
+
  private:
   LlamaHparams hp_;
+  mutable std::shared_ptr<void> backend_cache_;
   std::vector<float> token_embd_;  // [n_vocab, n_embd]
   std::vector<float> output_;      // [n_vocab, n_embd], empty when tied
   std::vector<float> output_norm_;
   std::vector<LayerWeights> layers_;
 };
 
+// Where the model runs.
+enum class ModelBackend {
+  cpu,   // float32 matmuls (src/model/matmul.h), crisp::prefill on CPU views
+  cuda,  // float32 cuBLAS matmuls, crisp::cuda::plan_async + attend_async (src/model/cuda/)
+};
+const char* to_string(ModelBackend backend);
+// "cpu" or "cuda"; throws crisp::Error naming `argument` otherwise.
+ModelBackend parse_model_backend(const std::string& name, const std::string& argument = "--backend");
+// Throws crisp::Error naming `argument` when `backend` cannot run here: a CPU-only build ("this
+// build has no CUDA backend") or no visible CUDA device. Cheap: call it before loading a model.
+void require_model_backend(ModelBackend backend, const std::string& argument = "--backend");
+
+// Prefill attention arithmetic of the CUDA backend.
+enum class CudaPrefillAttention {
+  // crisp's CUDA kernel (attend_async) on float16 copies of the post-RoPE Q/K/V, output rounded
+  // to float16: the fast path, what `crisp run` and `crisp eval niah` measure.
+  crisp_f16,
+  // A plain float32 kernel that follows the same device plan (one warp per query row): as exact
+  // as the CPU backend, for logit checks; O(n^2) without tensor cores, slow past a few thousand
+  // tokens.
+  reference_f32,
+};
+
+// "f16" (crisp_f16) or "f32-reference" (reference_f32), the names of the command line.
+const char* to_string(CudaPrefillAttention attention);
+CudaPrefillAttention parse_cuda_prefill_attention(const std::string& name,
+                                                  const std::string& argument = "--cuda-attention");
+
 // How one sequence is run.
 struct RunOptions {
   // Prefill attention: any crisp preset/config (the dense preset is the exact model).
   crisp::Config attention = crisp::Config::from_preset("dense");
-  crisp::Precision attention_precision = crisp::Precision::f32;
+  crisp::Precision attention_precision = crisp::Precision::f32;  // CPU backend only
   RopeScaling rope;
   int threads = 0;  // OpenMP threads for matmuls and attention (0 = all)
+  ModelBackend backend = ModelBackend::cpu;
+  CudaPrefillAttention cuda_attention = CudaPrefillAttention::crisp_f16;  // CUDA backend only
 };
 
 // Post-RoPE projections of one layer during prefill (views into the runner's buffers, valid only
@@ -94,14 +130,30 @@ struct PrefillResult {
   double cpu_seconds = 0.0;    // process CPU time over the prefill, all threads (std::clock): on
                                // a shared machine, wall time / cpu_seconds shows the contention
   int threads = 1;             // OpenMP threads used
-  double attention_seconds = 0.0;  // time inside crisp::prefill (plan + attend), all layers
+  double attention_seconds = 0.0;  // time inside crisp::prefill (plan + attend), all layers;
+                                   // CUDA: CUDA-event time of plan_async + attend_async (the
+                                   // float16 conversion of Q/K/V included), summed over layers
   double density = 1.0;        // mean over layers of Plan::density()
   double vs_share = 0.0;       // mean over layers of Plan::vs_share()
   std::vector<double> layer_density;
   bool beyond_training = false;  // some position >= the trained context
 };
 
-// The KV cache and RoPE table of one sequence.
+namespace detail {
+// A non-CPU implementation of one LlamaContext (src/model/cuda/). LlamaContext checks the
+// arguments (token ids, capacity, position) before calling it.
+class ContextBackend {
+ public:
+  virtual ~ContextBackend() = default;
+  // Tokens at positions [0, n); fills every PrefillResult field but `seconds`/`cpu_seconds`.
+  virtual PrefillResult prefill(const std::vector<int32_t>& tokens, bool all_logits,
+                                const QkvObserver& observer) = 0;
+  // One token at `position`; returns the next token's logits.
+  virtual std::vector<float> decode(int32_t token, int64_t position) = 0;
+};
+}  // namespace detail
+
+// The KV cache and RoPE table of one sequence (on the backend of options.backend).
 class LlamaContext {
  public:
   // capacity: the most positions the sequence will hold (prompt + generated tokens).
@@ -128,8 +180,9 @@ class LlamaContext {
   int64_t capacity_;
   int64_t position_ = 0;
   Rope rope_;
-  // Per layer: [n_head_kv, capacity, head_dim], post-RoPE keys and values.
+  // Per layer: [n_head_kv, capacity, head_dim], post-RoPE keys and values (CPU backend).
   std::vector<std::vector<float>> k_cache_, v_cache_;
+  std::unique_ptr<detail::ContextBackend> device_;  // set for a non-CPU backend
 };
 
 // The last position's logits of a prompt ([n_vocab]).

@@ -50,6 +50,11 @@ class Rope {
   double attention_factor() const { return attention_factor_; }
   const std::vector<double>& inverse_frequencies() const { return inv_freq_; }
   const RopeScaling& scaling() const { return scaling_; }
+  // The tables apply() uses, [reserved positions][rotary_dim / 2], the attention factor included
+  // (the CUDA runner uploads these, so both backends rotate with the same float values).
+  int64_t reserved_positions() const { return positions_; }
+  const float* cos_table() const { return cos_.data(); }
+  const float* sin_table() const { return sin_.data(); }
 
  private:
   int64_t rotary_dim_;
