@@ -162,3 +162,18 @@ def test_gpu_unsupported_dtype_is_an_error():
     q, k, v = random_batched(1, 4, 2, 64, 64, torch.float32, "cuda")
     with pytest.raises(crisp.Error, match="q"):
         crisp.prefill(q, k, v)
+
+
+def test_flex_block_mask_reproduces_crisp_layout_cpu():
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    import crisp.flex
+    q, k, v, _ = workload_varlen(8, 2, 64, [1500], seed=1)
+    q, k, v = (torch.from_numpy(x).transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v))
+    p = crisp.plan(q, k, policy="crisp")
+    assert p.density < 1.0
+    mask = crisp.flex.block_mask(p.sequences[0], p.block_size, "cpu")
+    flex_out = torch.compile(flex.flex_attention)(q, k, v, block_mask=mask, enable_gqa=True)
+    crisp_out, _ = crisp.attend(q, k, v, p)
+    dense_out, _ = crisp.prefill(q, k, v, policy="dense")
+    assert (dense_out - crisp_out).abs().max() > 1e-2  # the layout matters for this input
+    torch.testing.assert_close(flex_out, crisp_out, atol=1e-4, rtol=1e-4)
