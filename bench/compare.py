@@ -242,16 +242,15 @@ def main() -> int:
 
     t0 = time.time()
     rows: list = []
-    for n, hq, hkv in cases:
-        bench_length(args, n, hq, hkv, flex_compiled, rows)
-        log(f"n={n} done ({time.time() - t0:.0f} s so far)")
-
     meta = {"date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "device": device_name,
             "torch": torch.__version__, "command": " ".join(sys.argv), "policy": args.policy,
             "inputs": args.inputs, "reps": args.reps, "warmup": args.warmup, "block_size": args.block_size}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    for n, hq, hkv in cases:
+        bench_length(args, n, hq, hkv, flex_compiled, rows)
+        log(f"n={n} done ({time.time() - t0:.0f} s so far)")
+        if args.json:  # rewritten after every length, so a run stopped early keeps its rows
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print_table(rows, device_name)
     print(f"({meta['date']}, torch {torch.__version__}, {time.time() - t0:.0f} s)")
     return 0
