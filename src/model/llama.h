@@ -116,6 +116,9 @@ struct RunOptions {
   int threads = 0;  // OpenMP threads for matmuls and attention (0 = all)
   ModelBackend backend = ModelBackend::cpu;
   CudaPrefillAttention cuda_attention = CudaPrefillAttention::crisp_f16;  // CUDA backend only
+  // CUDA backend, for tests: fill every device buffer with NaN bytes (0xFF) when it is allocated,
+  // so a value a kernel should have written but did not shows up as NaN in the logits.
+  bool cuda_poison_buffers = false;
 };
 
 // Post-RoPE projections of one layer during prefill (views into the runner's buffers, valid only

@@ -364,6 +364,12 @@ int grid_for(int64_t count, int threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(4096, (count + threads - 1) / threads)));
 }
 
+// NaN bytes over a buffer (RunOptions::cuda_poison_buffers): 0xFFFF.. is a NaN in f32 and f16.
+template <typename T>
+void poison(DeviceArray<T>& a, cudaStream_t s) {
+  MODEL_CUDA_CHECK(cudaMemsetAsync(a.get(), 0xFF, a.size() * sizeof(T), s));
+}
+
 // ---------------------------------------------------------------- the weights on the device
 
 struct DeviceLayer {
@@ -480,6 +486,10 @@ class CudaContext final : public detail::ContextBackend {
     const std::size_t cache = static_cast<std::size_t>(hp.n_layer * hp.n_head_kv * capacity * hp.head_dim);
     k_cache_.resize(cache);
     v_cache_.resize(cache);
+    if (options.cuda_poison_buffers) {
+      poison(k_cache_, dm_->stream);
+      poison(v_cache_, dm_->stream);
+    }
     scale_ = static_cast<float>(options.attention.softmax_scale > 0.0 ? options.attention.softmax_scale
                                                                       : 1.0 / std::sqrt(static_cast<double>(hp.head_dim)));
   }
@@ -502,6 +512,13 @@ class CudaContext final : public detail::ContextBackend {
     if (use_crisp_kernel) {
       qkv16.resize(n * qkv_dim);
       out16.resize(n * q_dim);
+    }
+    if (options_.cuda_poison_buffers) {
+      for (DeviceArray<float>* a : {&x, &xn, &qkv, &attn, &gate_up, &act, &lse}) poison(*a, s);
+      if (use_crisp_kernel) {
+        poison(qkv16, s);
+        poison(out16, s);
+      }
     }
     cuda::DevicePlan plan(Hq, Hkv, hd, {0, n}, options_.attention);
     EventTimer timer;
@@ -596,14 +613,20 @@ class CudaContext final : public detail::ContextBackend {
     const int64_t keys = pos + 1;
     const int64_t splits = (keys + kDecodeChunk - 1) / kDecodeChunk;
 
-    dec_token_.resize(1);
-    dec_x_.resize(E);
-    dec_xn_.resize(E);
-    dec_qkv_.resize(qkv_dim);
-    dec_attn_.resize(q_dim);
-    dec_gate_up_.resize(2 * F);
-    dec_act_.resize(F);
-    dec_partial_.resize(static_cast<std::size_t>(Hq * ((capacity_ + kDecodeChunk - 1) / kDecodeChunk) * (hd + 2)));
+    if (dec_x_.size() == 0) {  // first decode of this context: its scratch, kept for the next ones
+      dec_token_.resize(1);
+      dec_x_.resize(E);
+      dec_xn_.resize(E);
+      dec_qkv_.resize(qkv_dim);
+      dec_attn_.resize(q_dim);
+      dec_gate_up_.resize(2 * F);
+      dec_act_.resize(F);
+      dec_partial_.resize(static_cast<std::size_t>(Hq * ((capacity_ + kDecodeChunk - 1) / kDecodeChunk) * (hd + 2)));
+      if (options_.cuda_poison_buffers) {
+        for (DeviceArray<float>* a : {&dec_x_, &dec_xn_, &dec_qkv_, &dec_attn_, &dec_gate_up_, &dec_act_, &dec_partial_})
+          poison(*a, s);
+      }
+    }
     MODEL_CUDA_CHECK(cudaMemcpyAsync(dec_token_.get(), &token, sizeof(int32_t), cudaMemcpyHostToDevice, s));
     embed_kernel<<<1, kRowThreads, 0, s>>>(dec_token_.get(), dm.token_embd.get(), dec_x_.get(), E);
     MODEL_CUDA_LAUNCH("embed_kernel");
@@ -642,7 +665,10 @@ class CudaContext final : public detail::ContextBackend {
     rms_norm_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(hidden, dm.output_norm.get(), scratch,
                                                                          hp.n_embd, hp.rms_eps);
     MODEL_CUDA_LAUNCH("rms_norm_kernel");
-    logits_.resize(static_cast<std::size_t>(rows * hp.n_vocab));
+    if (logits_.size() < static_cast<std::size_t>(rows * hp.n_vocab)) {
+      logits_.resize(static_cast<std::size_t>(rows * hp.n_vocab));
+      if (options_.cuda_poison_buffers) poison(logits_, s);
+    }
     dm.gemm_xwt(scratch, hp.n_embd, dm.output_weight, hp.n_embd, logits_.get(), hp.n_vocab, rows, hp.n_vocab,
                 hp.n_embd, false);
     std::vector<float> out(static_cast<std::size_t>(rows * hp.n_vocab));

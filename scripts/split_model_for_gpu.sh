@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# scripts/split_model_for_gpu.sh — prepares the real model (SmolLM2-135M-Instruct Q4_1 GGUF, 98 MB)
+# for the GPU machine, which takes at most 64 MiB of working tree per `run` call.
+#
+# The file goes over in two consecutive `run` calls (a warm machine keeps its disk for 30 s after a
+# call, so the second call must follow the first at once):
+#
+#   here:   scripts/split_model_for_gpu.sh          # -> .modelcarry/part_a/, .modelcarry/part_b/
+#   call 1: run(carry=[".modelcarry/part_a"], command=
+#             "mkdir -p .modelstore && cp .modelcarry/part_a/* .modelstore/ && ls -la .modelstore")
+#   call 2 (at once): run(carry=[".modelcarry/part_b", ".a4bin", ".whl"], command=
+#             "cp .modelcarry/part_b/* .modelstore/ && scripts/split_model_for_gpu.sh --join .modelstore &&
+#              CRISP_MODEL_PATH=$PWD/.modelstore/SmolLM2-135M-Instruct.Q4_1.gguf scripts/gpu_model_eval.sh")
+#
+# --join DIR concatenates DIR/model.part_a + DIR/model.part_b into DIR/<model file name> and checks
+# its sha256 against DIR/model.sha256; it exits 1 (and removes the joined file) on a mismatch, so a
+# half-copied or stale part is never run.
+#
+# .modelcarry/ and .modelstore/ must be ignored (.git/info/exclude): .modelcarry travels only when
+# carried, and .modelstore, an ignored output on the machine, is kept there between the two calls
+# of a warm machine. This script adds both to .git/info/exclude if missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--join" ]; then
+  DIR=${2:?usage: $0 --join DIR}
+  NAME=$(cat "$DIR/model.name")
+  cat "$DIR/model.part_a" "$DIR/model.part_b" >"$DIR/$NAME"
+  if ! (cd "$DIR" && sha256sum -c model.sha256); then
+    echo "sha256 mismatch: $DIR/$NAME is not the model file (a part is missing or stale)" >&2
+    rm -f "$DIR/$NAME"
+    exit 1
+  fi
+  echo "model: $DIR/$NAME ($(stat -c %s "$DIR/$NAME") bytes, sha256 ok)"
+  exit 0
+fi
+
+MODEL=${CRISP_MODEL_PATH:-.cache/model/SmolLM2-135M-Instruct.Q4_1.gguf}
+[ -f "$MODEL" ] || { echo "no model at $MODEL (run scripts/fetch_model.sh)" >&2; exit 1; }
+NAME=$(basename "$MODEL")
+SIZE=$(stat -c %s "$MODEL")
+HALF=$(( (SIZE + 1) / 2 ))
+for ignored in /.modelcarry/ /.modelstore/; do
+  grep -qx "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >>.git/info/exclude
+done
+rm -rf .modelcarry
+mkdir -p .modelcarry/part_a .modelcarry/part_b
+head -c "$HALF" "$MODEL" >.modelcarry/part_a/model.part_a
+tail -c +"$((HALF + 1))" "$MODEL" >.modelcarry/part_b/model.part_b
+(cd "$(dirname "$MODEL")" && sha256sum "$NAME") >.modelcarry/part_b/model.sha256
+echo "$NAME" >.modelcarry/part_b/model.name
+cp .modelcarry/part_b/model.sha256 .modelcarry/part_b/model.name .modelcarry/part_a/
+# Check the split here before anything travels.
+cat .modelcarry/part_a/model.part_a .modelcarry/part_b/model.part_b | cmp - "$MODEL"
+du -b .modelcarry/part_a/model.part_a .modelcarry/part_b/model.part_b
+echo "ok: carry .modelcarry/part_a in one call and .modelcarry/part_b in the next (see the header)"
