@@ -32,6 +32,26 @@ ASAN_OPTIONS=halt_on_error=1:abort_on_error=0:detect_leaks=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -LE gpu -j "$jobs" || failed+=("cpu tests (build-asan/)")
 
+echo "== Python package (pip install . into a venv, CPU backend; pytest tests/python)"
+# Skipped, not failed, when the machine cannot make a venv or reach the package index for the
+# build tools (scikit-build-core, nanobind); CRISP_PYTHON_TESTS=0 skips it. torch is not installed:
+# its tests skip themselves, the numpy tests of the native module run.
+if [ "${CRISP_PYTHON_TESTS:-1}" = 1 ]; then
+  pyvenv=build-python/venv
+  if python3 -m venv "$pyvenv" >/dev/null 2>&1 &&
+     "$pyvenv/bin/python" -m pip install -q scikit-build-core nanobind numpy pytest >/dev/null 2>&1; then
+    if CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$pyvenv/bin/python" -m pip install -q --no-build-isolation \
+         -C cmake.define.CRISP_CUDA=OFF -C build-dir=build-python/cmake . &&
+       "$pyvenv/bin/python" -m pytest -q -p no:cacheprovider tests/python; then
+      :
+    else
+      failed+=("python package (build-python/)")
+    fi
+  else
+    echo "test.sh: python package step skipped (no venv or no package index for scikit-build-core/nanobind)"
+  fi
+fi
+
 if [ ${#failed[@]} -ne 0 ]; then
   printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2
   exit 1
