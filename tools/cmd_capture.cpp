@@ -191,7 +191,9 @@ void run_capture(const CaptureArgs& args) {
       {"files", files},
       {"token_ids", tokens},
   };
-  crisp_cli::write_text_file("--out", (fs::path(args.out_dir) / "meta.json").string(), meta.dump(1) + "\n");
+  // Generated text may hold invalid UTF-8 (a token that ends inside a character): U+FFFD in the JSON.
+  crisp_cli::write_text_file("--out", (fs::path(args.out_dir) / "meta.json").string(),
+                             meta.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   std::printf("capture: %lld tokens (of %lld), %zu layers of Q [%lld, %lld, %lld] and K/V [%lld, %lld, %lld] -> %s\n",
               static_cast<long long>(n), static_cast<long long>(prompt_tokens), layers.size(),
               static_cast<long long>(hp.n_head), static_cast<long long>(n), static_cast<long long>(hp.head_dim),

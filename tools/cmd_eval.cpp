@@ -359,7 +359,9 @@ void run_niah(const NiahArgs& args) {
     }
     out["rows"] = rows;
     out["complete"] = complete;
-    crisp_cli::write_text_file("--json", args.json_path, out.dump(1) + "\n");
+    // Generated text may hold invalid UTF-8 (a token that ends inside a character): U+FFFD in the JSON.
+    crisp_cli::write_text_file("--json", args.json_path,
+                               out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   };
 
   for (ce::NiahTask task : tasks) {
@@ -409,7 +411,7 @@ void run_niah(const NiahArgs& args) {
                                {"rope_scaling", cm::to_string(rope.scaling.type)},
                                {"rope_factor", rope.scaling.type == cm::RopeScalingType::none ? 1.0 : rope.scaling.factor},
                                {"beyond_training", rope.beyond_training}};
-            dump << line.dump() << '\n';
+            dump << line.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
             if (!dump) throw crisp::Error("--dump-samples", "writing '" + args.dump_samples + "' failed", "a writable path");
           }
           json record = {{"id", id},
@@ -677,7 +679,9 @@ void score_outputs(const NiahArgs& args) {
     }
     const json out = {{"suite", "niah_score"}, {"date_utc", utc_now()}, {"source", args.score_path},
                       {"policies", policies},  {"rows", out_rows},      {"samples", samples}};
-    crisp_cli::write_text_file("--json", args.json_path, out.dump(1) + "\n");
+    // Generated text may hold invalid UTF-8 (a token that ends inside a character): U+FFFD in the JSON.
+    crisp_cli::write_text_file("--json", args.json_path,
+                               out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     std::printf("json: %s\n", args.json_path.c_str());
   }
 }

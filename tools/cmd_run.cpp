@@ -125,7 +125,9 @@ void check_logits(const RunArgs& args, const crisp::model::RunOptions& run_optio
                       {"prefill_attention_s", result.attention_seconds},
                       {"density", result.density},
                       {"pass", pass}};
-    crisp_cli::write_text_file("--json", args.json_path, out.dump(1) + "\n");
+    // Generated text may hold invalid UTF-8 (a token that ends inside a character): U+FFFD in the JSON.
+    crisp_cli::write_text_file("--json", args.json_path,
+                               out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
   if (!pass) {
     throw crisp_cli::CommandFailure("logits check failed: " + std::to_string(rel) + " relative, agreement " +
@@ -280,7 +282,9 @@ void run(const RunArgs& args, bool cuda_attention_given) {
         {"rope_factor", options.run.rope.type == cm::RopeScalingType::none ? 1.0 : options.run.rope.factor},
         {"beyond_training", beyond_training},
     };
-    crisp_cli::write_text_file("--json", args.json_path, out.dump(1) + "\n");
+    // Generated text may hold invalid UTF-8 (a token that ends inside a character): U+FFFD in the JSON.
+    crisp_cli::write_text_file("--json", args.json_path,
+                               out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
 }
 
