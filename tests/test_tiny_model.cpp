@@ -5,8 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "model/gguf.h"
 #include "model/llama.h"
@@ -118,6 +123,72 @@ TEST(TinyLlama, CudaBackendWithoutCudaIsRejectedNamingTheArgument) {
   EXPECT_NO_THROW(cm::require_model_backend(cm::ModelBackend::cpu));
   EXPECT_THROW(cm::parse_model_backend("metal"), crisp::Error);
   EXPECT_EQ(cm::parse_model_backend("cuda"), cm::ModelBackend::cuda);
+#endif
+}
+
+// The command line on the tiny model: `crisp run --json` and `crisp eval niah` write valid JSON
+// even though a random model's text is not valid UTF-8, and the sample dump / outside scoring
+// round trip (--dump-samples, --score) scores outputs with the official rules.
+TEST(TinyLlama, CliRunAndNiahDumpScoreRoundTrip) {
+#ifndef CRISP_CLI_PATH
+  GTEST_SKIP() << "no CLI path";
+#else
+  if (!std::filesystem::exists(CRISP_CLI_PATH)) GTEST_SKIP() << "crisp CLI not built";
+  const std::filesystem::path dir = crisp_test::temp_dir();
+  const std::string model = (dir / "tiny_llama.gguf").string();
+  crisp_test::write_tiny_llama(model);
+  const std::string cli = std::string(CRISP_CLI_PATH);
+  const std::string run_json = (dir / "run.json").string();
+  std::string cmd = cli + " run --model " + model + " --prompt 'the rain' --max-new-tokens 12 --threads 2 --quiet --json " +
+                    run_json + " > " + (dir / "run.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream run_in(run_json);
+  const nlohmann::json run = nlohmann::json::parse(run_in);
+  EXPECT_EQ(run.at("backend"), "cpu");
+  EXPECT_GT(run.at("generated_tokens").get<int>(), 0);
+
+  const std::string samples = (dir / "samples.jsonl").string();
+  cmd = cli + " eval niah --model " + model + " --tasks passkey,kv_retrieval --lengths 600 --depths 0.5 " +
+        "--policies dense --threads 2 --quiet --dump-samples " + samples + " --json " + (dir / "niah.json").string() +
+        " > " + (dir / "niah.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream niah_in(dir / "niah.json");
+  const nlohmann::json niah = nlohmann::json::parse(niah_in);
+  ASSERT_EQ(niah.at("samples").size(), 2u);
+
+  // Outputs made "elsewhere": dense right, crisp wrong, read back by --score.
+  std::ifstream dump(samples);
+  std::ofstream outputs(dir / "outputs.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(dump, line)) {
+    const nlohmann::json s = nlohmann::json::parse(line);
+    ASSERT_EQ(s.at("prompt_ids").size(), niah.at("samples")[lines].at("prompt_tokens").get<std::size_t>());
+    EXPECT_EQ(s.at("id"), niah.at("samples")[lines].at("id"));
+    ++lines;
+    const std::string expected = s.at("expected");
+    outputs << nlohmann::json{{"id", s.at("id")}, {"policy", "dense"}, {"task", s.at("task")}, {"length", s.at("length")},
+                              {"expected", expected}, {"output", " " + expected + "."}}.dump()
+            << "\n";
+    outputs << nlohmann::json{{"id", s.at("id")}, {"policy", "crisp"}, {"task", s.at("task")}, {"length", s.at("length")},
+                              {"expected", expected}, {"output", "I do not know."}}.dump()
+            << "\n";
+  }
+  outputs.close();
+  ASSERT_EQ(lines, 2);
+  const std::string scores = (dir / "scores.json").string();
+  cmd = cli + " eval niah --score " + (dir / "outputs.jsonl").string() + " --json " + scores + " > " +
+        (dir / "score.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream score_in(scores);
+  const nlohmann::json scored = nlohmann::json::parse(score_in);
+  int rows = 0;
+  for (const nlohmann::json& row : scored.at("rows")) {
+    ++rows;
+    EXPECT_EQ(row.at("accuracy").get<double>(), row.at("policy") == "dense" ? 1.0 : 0.0) << row.dump();
+    EXPECT_EQ(row.at("dense_accuracy").get<double>(), 1.0);
+  }
+  EXPECT_EQ(rows, 4);  // 2 tasks x 2 policies
 #endif
 }
 
