@@ -12,6 +12,7 @@
 #   CUDA_ARCHS=90a            CMAKE_CUDA_ARCHITECTURES of the build
 #   JOBS=16                   build parallelism
 #   SKIP_TESTS=1              no pytest;  PYTEST_TIMEOUT=150 (seconds, whole run)
+#   PYTEST_K="gpu or cuda"    a pytest -k expression (e.g. only the GPU tests)
 #   COMPARE_ARGS="--seq 8192,32768,131072"   arguments of bench/compare.py ("skip" skips it)
 #   COMPARE_TIMEOUT=240       wall-clock cap of bench/compare.py (seconds)
 #   .whl/*.whl                wheels carried along (e.g. gguf for eval/hf_niah.py) are installed
@@ -62,7 +63,7 @@ SUMMARY+=("install: ok in $(( $(date +%s) - T0 )) s")
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   note "pytest tests/python"
   T0=$(date +%s)
-  timeout "${PYTEST_TIMEOUT:-150}" $PY -m pytest -q -rs -p no:cacheprovider tests/python >"$OUT/pytest.log" 2>&1
+  timeout "${PYTEST_TIMEOUT:-150}" $PY -m pytest -q -rs -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} tests/python >"$OUT/pytest.log" 2>&1
   RC=$?
   grep -E "passed|failed|FAILED|ERROR|SKIPPED" "$OUT/pytest.log" | tail -25
   SUMMARY+=("pytest tests/python: rc=$RC, $(tail -1 "$OUT/pytest.log") ($(( $(date +%s) - T0 )) s)")
