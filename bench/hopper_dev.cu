@@ -1,6 +1,6 @@
 // bench/hopper_dev.cu — development harness of the Hopper attention kernel (not part of the build):
 // builds block CSR plans (dense causal, random density, varlen) straight into the device plan
-// layout, runs the Hopper kernel and the portable kernel,
+// layout, runs the portable kernel and the Hopper kernel (the library's stage count and 2 stages),
 // checks both against a naive fp32 GPU reference, and times them at long lengths.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Iinclude -Isrc \
 //        bench/hopper_dev.cu src/cuda/hopper/hopper_attention.cu -o hopper_dev
@@ -215,14 +215,17 @@ void launch(int kernel, const att::Params& p, const Problem& pr, const HostPlan&
     const auto mq = hop::make_tensor_map(pr.q, crisp::DType::bf16, pr.H, pr.tokens, p.q_stride_head, p.q_stride_token);
     const auto mk = hop::make_tensor_map(pr.k, crisp::DType::bf16, pr.Hkv, pr.tokens, p.k_stride_head, p.k_stride_token);
     const auto mv = hop::make_tensor_map(pr.v, crisp::DType::bf16, pr.Hkv, pr.tokens, p.v_stride_head, p.v_stride_token);
-    auto kfn = hop::hopper_attention_kernel<__nv_bfloat16>;
-    CK(cudaFuncSetAttribute(kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, hop::kSmemBytes));
-    kfn<<<ctas, hop::kThreads, hop::kSmemBytes>>>(mq, mk, mv, p);
+    // kernel 1: the library's stage count; kernel 2: 2 stages
+    auto kfn = kernel == 1 ? hop::hopper_attention_kernel<__nv_bfloat16, hop::kDefaultStages>
+                           : hop::hopper_attention_kernel<__nv_bfloat16, 2>;
+    const int smem = kernel == 1 ? hop::smem_bytes<hop::kDefaultStages>() : hop::smem_bytes<2>();
+    CK(cudaFuncSetAttribute(kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kfn<<<ctas, hop::kThreads, smem>>>(mq, mk, mv, p);
   }
   CK(cudaGetLastError());
 }
 
-const char* kNames[] = {"portable", "hopper"};
+const char* kNames[] = {"portable", "hopper", "hopper_2st"};
 
 int check_case(const char* name, std::vector<int64_t> lens, int H, int Hkv, double density, uint64_t seed) {
   int64_t tokens = 0;
@@ -243,7 +246,7 @@ int check_case(const char* name, std::vector<int64_t> lens, int H, int Hkv, doub
   CK(cudaMemcpy(ro.data(), ref_o, ro.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(rl.data(), ref_l, rl.size() * 4, cudaMemcpyDeviceToHost));
   int failures = 0;
-  for (int kernel = 0; kernel < 2; ++kernel) {
+  for (int kernel = 0; kernel < 3; ++kernel) {
     CK(cudaMemset(pr.o, 0xff, o.size() * 2));
     CK(cudaMemset(pr.lse, 0xff, l.size() * 4));
     launch(kernel, p, pr, hp);
@@ -293,7 +296,7 @@ void time_case(int64_t n, int H, int Hkv, double density, int kernel_mask) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  for (int kernel = 0; kernel < 2; ++kernel) {
+  for (int kernel = 0; kernel < 3; ++kernel) {
     if (!(kernel_mask >> kernel & 1)) continue;
     launch(kernel, p, pr, hp);
     CK(cudaDeviceSynchronize());
@@ -328,11 +331,17 @@ int main(int argc, char** argv) {
   failures += check_case("random30_n3000_gqa2", {3000}, 4, 2, 0.3, 3);
   failures += check_case("varlen_dense_50_700_129_1024", {50, 700, 129, 1024}, 4, 1, -1, 4);
   failures += check_case("varlen_random10", {300, 1200, 65, 901}, 4, 4, 0.1, 5);
+  // More items than SMs per CTA in the persistent grid: several items per CTA, ring phases carried over.
+  failures += check_case("random20_n9000_h32_gqa4", {9000}, 32, 8, 0.2, 6);
+  failures += check_case("varlen_random30_h16", {5000, 300, 7000, 129}, 16, 4, 0.3, 7);
   std::printf("correctness failures (portable/hopper): %d\n", failures);
   if (timing) {
-    time_case(32768, 32, 8, -1, 3);
-    time_case(131072, 32, 8, -1, 3);
-    time_case(131072, 32, 8, 0.10, 3);
+    time_case(32768, 32, 8, -1, 6);
+    time_case(131072, 32, 8, -1, 6);
+    time_case(131072, 32, 8, 0.10, 6);
+    time_case(131072, 32, 8, 0.20, 6);
+    time_case(32768, 32, 8, 0.10, 6);
+    time_case(32768, 32, 8, 0.05, 6);
   }
   return failures;
 }

@@ -9,6 +9,9 @@
 // diagonal blocks is not counted; a partial last block is counted as full).
 // Recall per query: exp(LSE_sparse - LSE_dense) against the dense path of the same run (LSE read
 // back from the GPU), mean and minimum over all queries and heads.
+// Kernels (--kernels): every layout is timed with each listed attention kernel (CRISP_KERNEL set
+// per run: portable, hopper or auto; default portable and, on an sm_90 device, hopper); the layout
+// column then reads "<layout>/<kernel>" and speedups are against the dense path of the same kernel.
 #include "commands.h"
 
 #if defined(CRISP_WITH_CUDA)
@@ -18,7 +21,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -29,6 +34,9 @@
 #include "cpu/half.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
+#if defined(CRISP_WITH_CUDA)
+#include "cuda/hopper/hopper_attention.h"
+#endif
 #include "bench_context_parallel.h"
 #include "gpu_timing.h"
 #include "progress.h"
@@ -51,6 +59,7 @@ struct BenchArgs {
   // --gpus N > 1: context-parallel prefill over N GPUs against one (tools/bench_context_parallel.cpp).
   int gpus = 1;
   std::vector<std::string> partitions = {"zigzag"};
+  std::vector<std::string> kernels;  // empty: portable, plus hopper where it can run
 };
 
 #if defined(CRISP_WITH_CUDA)
@@ -113,6 +122,14 @@ void run_bench(const BenchArgs& a) {
   check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::vector<std::string> kernels = a.kernels;
+  if (kernels.empty()) {
+    kernels = {"portable"};
+    if (crisp::cuda_detail::hopper::kernel_available()) kernels.push_back("hopper");
+  }
+  const char* env_kernel = std::getenv("CRISP_KERNEL");
+  const std::string saved_kernel = env_kernel != nullptr ? env_kernel : "";
+  const auto use_kernel = [&](const std::string& kernel) { setenv("CRISP_KERNEL", kernel.c_str(), 1); };
 
   nlohmann::json out;
   out["device"] = prop.name;
@@ -173,10 +190,12 @@ void run_bench(const BenchArgs& a) {
     const auto ls = crisp::TensorView::contiguous2d(lse_sparse.ptr, crisp::DType::f32, H, n, dev);
     std::vector<float> lse_dense_host(static_cast<std::size_t>(H * n)), lse_host(lse_dense_host.size());
 
-    double dense_attn_ms = 0.0;
-    bool have_dense = false;
-    const auto report = [&](const std::string& layout, double plan_ms, double attn_ms, const crisp::Plan& plan,
-                            bool with_recall) {
+    std::map<std::string, double> dense_ms_by_kernel;
+    const auto report = [&](const std::string& layout_name, const std::string& kernel, double plan_ms, double attn_ms,
+                            const crisp::Plan& plan, bool with_recall) {
+      const std::string layout = kernels.size() > 1 ? layout_name + "/" + kernel : layout_name;
+      const bool have_dense = dense_ms_by_kernel.count(kernel) > 0;
+      const double dense_attn_ms = have_dense ? dense_ms_by_kernel.at(kernel) : 0.0;
       const int32_t N = plan.sequences[0].num_blocks;
       const double pairs = computed_block_pairs(plan);
       const double tflops = 4.0 * a.block * a.block * a.dim * pairs / (attn_ms * 1e-3) / 1e12;
@@ -184,7 +203,8 @@ void run_bench(const BenchArgs& a) {
       r["n"] = n;
       r["q_heads"] = H;
       r["kv_heads"] = Hkv;
-      r["layout"] = layout;
+      r["layout"] = layout_name;
+      r["kernel"] = kernel;
       r["num_blocks"] = N;
       r["plan_ms"] = plan_ms;
       r["attention_ms"] = attn_ms;
@@ -237,17 +257,19 @@ void run_bench(const BenchArgs& a) {
           time_ms(stream, a.warmup, a.reps, [&] { crisp::cuda::plan_async(q, k, cfg, dplan, stream); });
       const bool is_dense = preset == "dense";
       const auto& lse = is_dense ? ld : ls;
-      const double attn_ms =
-          time_ms(stream, a.warmup, a.reps, [&] { crisp::cuda::attend_async(q, k, v, dplan, o, lse, stream); });
       const crisp::Plan host = dplan.to_host(stream);
       progress.done();
-      if (is_dense) {
-        dense_attn_ms = attn_ms;
-        have_dense = true;
-        check(cudaMemcpy(lse_dense_host.data(), ld.data, lse_dense_host.size() * 4, cudaMemcpyDeviceToHost),
-              "copy dense lse");
+      for (const std::string& kernel : kernels) {
+        use_kernel(kernel);
+        const double attn_ms =
+            time_ms(stream, a.warmup, a.reps, [&] { crisp::cuda::attend_async(q, k, v, dplan, o, lse, stream); });
+        if (is_dense) {
+          dense_ms_by_kernel[kernel] = attn_ms;
+          check(cudaMemcpy(lse_dense_host.data(), ld.data, lse_dense_host.size() * 4, cudaMemcpyDeviceToHost),
+                "copy dense lse");
+        }
+        report(preset, kernel, plan_ms, attn_ms, host, !is_dense);
       }
-      report(preset, plan_ms, attn_ms, host, !is_dense);
     }
     for (const double density : a.densities) {
       char name[64];
@@ -255,12 +277,17 @@ void run_bench(const BenchArgs& a) {
       progress.begin(std::string("n=") + std::to_string(n) + " " + name);
       crisp::Plan layout = random_plan(H, Hkv, a.dim, n, a.block, density, a.seed + 17);
       crisp::cuda::DevicePlan dplan(layout, stream);
-      const double attn_ms =
-          time_ms(stream, a.warmup, a.reps, [&] { crisp::cuda::attend_async(q, k, v, dplan, o, ls, stream); });
       progress.done();
-      report(name, 0.0, attn_ms, layout, false);
+      for (const std::string& kernel : kernels) {
+        use_kernel(kernel);
+        const double attn_ms =
+            time_ms(stream, a.warmup, a.reps, [&] { crisp::cuda::attend_async(q, k, v, dplan, o, ls, stream); });
+        report(name, kernel, 0.0, attn_ms, layout, false);
+      }
     }
   }
+  if (env_kernel != nullptr) setenv("CRISP_KERNEL", saved_kernel.c_str(), 1);
+  else unsetenv("CRISP_KERNEL");
   cudaStreamDestroy(stream);
   write_json();
 }
@@ -291,6 +318,11 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--seed", args->seed, "Workload seed");
   sub->add_option("--json", args->json_path, "Write every measurement as JSON to this file");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
+  sub->add_option("--kernels", args->kernels,
+                  "Attention kernels to time each layout with (comma separated: portable, hopper, auto; "
+                  "default portable plus hopper on sm_90)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"portable", "hopper", "auto"}));
   sub->add_option("--gpus", args->gpus,
                   "GPUs: above 1, context-parallel prefill over that many GPUs (NCCL) against one GPU, "
                   "for --presets (random layouts are not run)")

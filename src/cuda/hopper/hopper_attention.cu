@@ -74,10 +74,15 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
   const CUtensorMap map_v =
       make_tensor_map(params.v, dtype, num_kv_heads, tokens, params.v_stride_head, params.v_stride_token);
   auto kernel = hopper_attention_kernel<T>;
-  CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kDefaultStages>()));
+  // NOTE: one CTA per work item (the hardware hands the next item to whichever SM frees up), not a
+  // persistent grid: the kernel can walk several items per CTA (stride = grid), but a grid of one
+  // CTA per SM with that static round-robin measured slower on the H200 (dense causal 575 vs 670
+  // TFLOP/s at 32k, 528 vs 595 at 128k; random 10% within noise; bench/RESULTS.md).
   if (num_ctas > 0x7fffffffLL)
     throw Error("q", "needs " + std::to_string(num_ctas) + " thread blocks", "fewer than 2^31");
-  kernel<<<static_cast<unsigned>(num_ctas), kThreads, kSmemBytes, stream>>>(map_q, map_k, map_v, params);
+  const int64_t grid = num_ctas;
+  kernel<<<static_cast<unsigned>(grid), kThreads, smem_bytes<kDefaultStages>(), stream>>>(map_q, map_k, map_v, params);
   CRISP_CUDA_CHECK_LAUNCH("hopper_attention_kernel");
 }
 

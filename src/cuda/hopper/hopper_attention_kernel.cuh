@@ -6,7 +6,7 @@
 //
 // Roles (384 threads, three warpgroups):
 //  - warpgroup 0, the producer: one thread loads the query block once and then, for each listed
-//    key block, the K and the V tile (128 keys x 128 dims each) into a 2-stage shared-memory ring
+//    key block, the K and the V tile (128 keys x 128 dims each) into a 3-stage shared-memory ring
 //    with TMA (cp.async.bulk.tensor, 128-byte swizzle), completing on "full" mbarriers; it waits
 //    on the ring slot's "empty" mbarrier before reusing it. The walk over the CSR column list is the
 //    only place the sparsity appears: every load is a whole tile at a gathered block address.
@@ -28,7 +28,14 @@
 // LSE is the natural log (row max * scale + ln(row sum)), as in the portable kernel.
 // Varlen batches: TMA addresses tokens of the whole batch; rows of a tile past the sequence end
 // read the next sequence's tokens (or zeros past the tensor end) and are masked (keys) or not
-// written (queries).
+// written (queries). Unlike the portable kernel, which zero-fills those rows, a non-finite value in
+// the next sequence's V rows would reach O as 0 * inf = NaN (finite inputs give exact zeros).
+//
+// Grid: one CTA per work item, in the portable kernel's heaviest-first order. The kernel also runs
+// with a smaller (persistent) grid, each CTA walking items b, b + grid, ...; the ring position and
+// barrier phases carry over between items, and the producer loads the next item's query block as
+// soon as both consumers are past their last S = QK^T. The host does not use that (slower with
+// this static round-robin, see src/cuda/hopper/hopper_attention.cu).
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; nothing is linked from the driver library)
 #include <cuda_bf16.h>
@@ -53,19 +60,28 @@ constexpr int kHeadDim = 128;
 constexpr int kHalfCols = 64;
 constexpr int kHalfBytes = kTileRows * kHalfCols * 2;
 constexpr int kTileBytes = 2 * kHalfBytes;  // 32 KB
-// NOTE: 2 ring stages of K and V (2 x 64 KB) plus the query block (32 KB): 160 KB of shared memory,
-// one CTA per SM. A third stage would need 224 KB, at the limit with the barriers.
-constexpr int kStages = 2;
+// NOTE: ring stages of K and V (each stage 64 KB) plus the query block (32 KB): 2 stages = 160 KB,
+// 3 stages = 224 KB (the most a CTA may take on Hopper is 227 KB); one CTA per SM either way.
+// Three stages let the producer run two tiles ahead, which matters when gathered sparse blocks
+// come from HBM; on the H200 the two measured within run-to-run noise of each other (dense 32k
+// 648 vs 595, 128k 591 vs 594, random 10% at 128k 500 vs 493 TFLOP/s; bench/RESULTS.md).
+constexpr int kDefaultStages = 3;
 constexpr int kConsumers = 2;  // consumer warpgroups, 64 query rows each
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr int kQOffset = 0;
 constexpr int kKOffset = kTileBytes;
-constexpr int kVOffset = kKOffset + kStages * kTileBytes;
-constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
-constexpr int kNumBarriers = 1 + 4 * kStages;
+template <int kStages>
+constexpr int v_offset() { return kKOffset + kStages * kTileBytes; }
+template <int kStages>
+constexpr int barrier_offset() { return v_offset<kStages>() + kStages * kTileBytes; }
+// Barriers: q full, K full [kStages], V full [kStages], K empty [kStages], V empty [kStages], q empty.
+template <int kStages>
+constexpr int num_barriers() { return 2 + 4 * kStages; }
 // + 1024 bytes so the base can be aligned to 1024 (the 128-byte swizzle pattern repeats every
 // 8 rows of 128 bytes and TMA and wgmma both derive it from the shared-memory address).
-constexpr int kSmemBytes = kBarrierOffset + 8 * kNumBarriers + 1024;
+template <int kStages>
+constexpr int smem_bytes() { return barrier_offset<kStages>() + 8 * num_barriers<kStages>() + 1024; }
+static_assert(smem_bytes<kDefaultStages>() <= 227 * 1024, "shared memory of one CTA on Hopper");
 // NOTE: register split of the 64K-register file of one 384-thread CTA: 24 for the producer
 // warpgroup, 240 for each consumer (128 x 24 + 256 x 240 = 64512 <= 65536).
 constexpr int kProducerRegisters = 24;
@@ -136,7 +152,7 @@ struct Ops<__half> {
 
 // q/k/v arrive as TMA tensor maps (3-D: dims, tokens, heads); out/lse and the plan through the
 // portable kernel's parameters (the same work items, row subsets included).
-template <typename T>
+template <typename T, int kStages = kDefaultStages>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_attention_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                             const __grid_constant__ CUtensorMap map_v, const attention::Params p) {
@@ -145,47 +161,56 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t q_smem = smem + kQOffset;
-  const uint32_t bar_q = smem + kBarrierOffset;
+  const uint32_t bar_q = smem + barrier_offset<kStages>();
   auto k_smem = [&](int stage) { return smem + kKOffset + stage * kTileBytes; };
-  auto v_smem = [&](int stage) { return smem + kVOffset + stage * kTileBytes; };
+  auto v_smem = [&](int stage) { return smem + v_offset<kStages>() + stage * kTileBytes; };
   auto bar_k_full = [&](int stage) { return bar_q + 8u * (1 + stage); };
   auto bar_v_full = [&](int stage) { return bar_q + 8u * (1 + kStages + stage); };
   auto bar_k_empty = [&](int stage) { return bar_q + 8u * (1 + 2 * kStages + stage); };
   auto bar_v_empty = [&](int stage) { return bar_q + 8u * (1 + 3 * kStages + stage); };
 
-  // ---- work item: as the portable kernel (heads fastest, then sequences, then query blocks
-  // from the last, heaviest one; or the listed row items)
   const int32_t H = p.num_q_heads;
   const int32_t S = p.plan.num_sequences;
-  const int64_t item = blockIdx.x;
-  const int32_t h = static_cast<int32_t>(item % H);
-  int32_t s, r;
-  if (p.row_items == nullptr) {
-    s = static_cast<int32_t>((item / H) % S);
-    const int32_t from_end = static_cast<int32_t>(item / (static_cast<int64_t>(H) * S));
-    r = p.plan.seqs[s].num_blocks - 1 - from_end;
-  } else {
-    const attention::RowItem listed = p.row_items[item / H];
-    s = listed.sequence;
-    r = listed.query_block;
-  }
-  const layout::SequenceBases bases = p.plan.seqs[s];
-  if (r < 0) return;  // a shorter sequence of a varlen batch (before any barrier exists)
-
-  const int32_t kv_head = h / p.q_per_kv;
-  const int32_t* row_ptr = p.plan.row_ptr + layout::row_ptr_offset(bases, h, H);
-  const int32_t col_begin = row_ptr[r];
-  const int32_t num_tiles = row_ptr[r + 1] - col_begin;  // >= 1: every row lists its diagonal block
-  const int32_t* row_cols = p.plan.col + layout::col_offset(bases, h, H) + col_begin;
-  const int32_t token0 = static_cast<int32_t>(bases.token_offset);  // TMA coordinates are int32
+  const int64_t num_items = p.row_items != nullptr ? static_cast<int64_t>(H) * p.num_row_items
+                                                   : static_cast<int64_t>(H) * S * p.max_num_blocks;
+  // ---- work items: as the portable kernel's CTAs (heads fastest, then sequences, then query
+  // blocks from the last, heaviest one; or, for a row-subset launch, the listed items in order).
+  // The grid may be smaller than the item count (persistent CTAs): CTA b takes items b, b + grid,
+  // b + 2 grid, ..., so every CTA starts with one of the heaviest rows and the light rows come last.
+  struct Item {
+    int32_t h, s, r;  // r < 0: a shorter sequence of a varlen batch, nothing to do
+  };
+  auto decode = [&](int64_t item) {
+    Item it;
+    it.h = static_cast<int32_t>(item % H);
+    if (p.row_items == nullptr) {
+      it.s = static_cast<int32_t>((item / H) % S);
+      const int32_t from_end = static_cast<int32_t>(item / (static_cast<int64_t>(H) * S));
+      it.r = p.plan.seqs[it.s].num_blocks - 1 - from_end;
+    } else {
+      const attention::RowItem listed = p.row_items[item / H];
+      it.s = listed.sequence;
+      it.r = listed.query_block;
+    }
+    return it;
+  };
+  // The CSR row of an item: its column list and length (>= 1: every row lists its diagonal block).
+  auto row_of = [&](const Item& it, const layout::SequenceBases& bases, int32_t& num_tiles) {
+    const int32_t* row_ptr = p.plan.row_ptr + layout::row_ptr_offset(bases, it.h, H);
+    const int32_t col_begin = row_ptr[it.r];
+    num_tiles = row_ptr[it.r + 1] - col_begin;
+    return p.plan.col + layout::col_offset(bases, it.h, H) + col_begin;
+  };
+  const uint32_t bar_q_empty = bar_q + 8u * (1 + 4 * kStages);
 
   if (threadIdx.x == 0) {
     mbar_init(bar_q, 1);
+    // NOTE: one arrival per consumer warp (each warp releases a buffer after its own wgmma wait).
+    mbar_init(bar_q_empty, kConsumers * 4);
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
       mbar_init(bar_k_full(st), 1);
       mbar_init(bar_v_full(st), 1);
-      // NOTE: one arrival per consumer warp (each warp releases a slot after its own wgmma wait).
       mbar_init(bar_k_empty(st), kConsumers * 4);
       mbar_init(bar_v_empty(st), kConsumers * 4);
     }
@@ -193,28 +218,44 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
+  // Ring position: the producer and the consumers walk the same items in the same order, so the
+  // running tile count t gives both the slot (t % kStages) and the barrier phase ((t / kStages) & 1).
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     // ================================================================ producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    if (threadIdx.x == 0) {
-      const int q_token = token0 + r * kTileRows;
+    if (threadIdx.x != 0) return;
+    uint32_t tiles_done = 0, items_done = 0;
+    for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
+      const Item it = decode(item);
+      if (it.r < 0) continue;
+      const layout::SequenceBases bases = p.plan.seqs[it.s];
+      int32_t num_tiles;
+      const int32_t* row_cols = row_of(it, bases, num_tiles);
+      const int32_t token0 = static_cast<int32_t>(bases.token_offset);  // TMA coordinates are int32
+      const int32_t kv_head = it.h / p.q_per_kv;
+      // The consumers release the query buffer once the last S = QK^T of the previous item is done.
+      if (items_done > 0) mbar_wait(bar_q_empty, (items_done - 1) & 1);
+      const int q_token = token0 + it.r * kTileRows;
       mbar_expect_tx(bar_q, kTileBytes);
-      tma_load(q_smem, &map_q, 0, q_token, h, bar_q);
-      tma_load(q_smem + kHalfBytes, &map_q, kHalfCols, q_token, h, bar_q);
+      tma_load(q_smem, &map_q, 0, q_token, it.h, bar_q);
+      tma_load(q_smem + kHalfBytes, &map_q, kHalfCols, q_token, it.h, bar_q);
       for (int j = 0; j < num_tiles; ++j) {
-        const int stage = j % kStages;
-        const uint32_t reuse_parity = ((j / kStages) - 1) & 1;
+        const uint32_t t = tiles_done + j;
+        const int stage = t % kStages;
+        const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
         const int key_token = token0 + row_cols[j] * kTileRows;
-        if (j >= kStages) mbar_wait(bar_k_empty(stage), reuse_parity);
+        if (t >= kStages) mbar_wait(bar_k_empty(stage), reuse_parity);
         mbar_expect_tx(bar_k_full(stage), kTileBytes);
         tma_load(k_smem(stage), &map_k, 0, key_token, kv_head, bar_k_full(stage));
         tma_load(k_smem(stage) + kHalfBytes, &map_k, kHalfCols, key_token, kv_head, bar_k_full(stage));
-        if (j >= kStages) mbar_wait(bar_v_empty(stage), reuse_parity);
+        if (t >= kStages) mbar_wait(bar_v_empty(stage), reuse_parity);
         mbar_expect_tx(bar_v_full(stage), kTileBytes);
         tma_load(v_smem(stage), &map_v, 0, key_token, kv_head, bar_v_full(stage));
         tma_load(v_smem(stage) + kHalfBytes, &map_v, kHalfCols, key_token, kv_head, bar_v_full(stage));
       }
+      tiles_done += num_tiles;
+      ++items_done;
     }
     return;
   }
@@ -226,10 +267,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = threadIdx.x % 32;
   const int group = lane / 4;      // accumulator row within an 8-row half
   const int quad_lane = lane % 4;  // accumulator column pair
-  const int32_t n = static_cast<int32_t>(bases.n);
-  const int wg_row0 = r * kTileRows + consumer * 64;  // first query of this warpgroup (sequence-relative)
-  const int thread_row0 = wg_row0 + warp * 16 + group;  // rows thread_row0 and thread_row0 + 8
-
   // Descriptors. Q and K are K-major (dims contiguous): the 128-byte swizzle atom is 8 rows x 128
   // bytes, so the stride between 8-row groups is 1024 bytes and the leading offset is unused; a
   // 16-dim k-step advances 32 bytes inside the atom, the second 64 dims are the next half.
@@ -245,17 +282,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto dim_step = [](int kk) { return static_cast<uint64_t>(((kk / 4) * kHalfBytes + (kk % 4) * 32) >> 4); };
 
   float o_acc[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};  // this thread's columns only; the quad is summed at the end
   float s_acc[64];
   uint32_t p_frag[8][4];
+  float row_max[2], row_sum[2];  // row_sum: this thread's columns only; the quad is summed at the end
 
-  // S = Q K^T of tile j into s_acc (issued, not waited for).
-  auto issue_qk = [&](int j) {
-    const int stage = j % kStages;
-    mbar_wait(bar_k_full(stage), (j / kStages) & 1);
+  // S = Q K^T of ring tile t into s_acc (issued, not waited for).
+  auto issue_qk = [&](uint32_t t) {
+    const int stage = t % kStages;
+    mbar_wait(bar_k_full(stage), (t / kStages) & 1);
     fence_registers(s_acc);
     wgmma_fence();
     const uint64_t kd = k_desc(stage);
@@ -263,10 +297,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < kHeadDim / 16; ++kk) Ops<T>::qk(s_acc, q_desc + dim_step(kk), kd + dim_step(kk), kk > 0);
     wgmma_commit();
   };
-  // O += P V of tile j (issued, not waited for).
-  auto issue_pv = [&](int j) {
-    const int stage = j % kStages;
-    mbar_wait(bar_v_full(stage), (j / kStages) & 1);
+  // O += P V of ring tile t (issued, not waited for).
+  auto issue_pv = [&](uint32_t t) {
+    const int stage = t % kStages;
+    mbar_wait(bar_v_full(stage), (t / kStages) & 1);
     fence_registers(o_acc);
     wgmma_fence();
     const uint64_t vd = v_desc(stage);
@@ -277,43 +311,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto release = [&](uint32_t bar) {
     __syncwarp();
     if (lane == 0) mbar_arrive(bar);
-  };
-  // Masks S of tile j (if it needs it) and turns it into exp2 values against the new row max;
-  // returns through `correction` the factor for O and the row sums of earlier tiles.
-  auto softmax = [&](int j, float (&correction)[2]) {
-    const int key0 = row_cols[j] * kTileRows;
-    if (key0 + kTileRows - 1 > wg_row0 || key0 + kTileRows > n) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const int key = key0 + (i / 4) * 8 + quad_lane * 2 + (i & 1);
-        const int query = thread_row0 + ((i & 2) ? 8 : 0);
-        if (key > query || key >= n) s_acc[i] = -INFINITY;
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float m = row_max[half];
-#pragma unroll
-      for (int g = 0; g < 16; ++g) m = fmaxf(m, fmaxf(s_acc[g * 4 + 2 * half], s_acc[g * 4 + 2 * half + 1]));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      // From -inf (no allowed key yet) the correction is exp2(-inf) = 0; an unchanged max keeps 1.
-      correction[half] = m > row_max[half] ? attention::fast_exp2((row_max[half] - m) * p.scale_log2) : 1.f;
-      row_max[half] = m;
-      // A row with no allowed key yet keeps max -inf; subtracting 0 instead gives exp2(-inf) = 0.
-      const float neg_max_scaled = m == -INFINITY ? 0.f : -m * p.scale_log2;
-      float sum = 0.f;
-#pragma unroll
-      for (int g = 0; g < 16; ++g) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s_acc[g * 4 + 2 * half + e];
-          x = attention::fast_exp2(fmaf(x, p.scale_log2, neg_max_scaled));
-          sum += x;
-        }
-      }
-      row_sum[half] = row_sum[half] * correction[half] + sum;
-    }
   };
   // P (the exp2 values in s_acc) into the A-fragment layout of PV: k-step kc covers keys
   // 16 kc .. 16 kc + 15, i.e. accumulator column groups 2 kc and 2 kc + 1.
@@ -331,60 +328,121 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 64; ++i) o_acc[i] *= correction[(i & 2) ? 1 : 0];
   };
 
-  mbar_wait(bar_q, 0);
-  // ---- tile 0
-  issue_qk(0);
-  wgmma_wait<0>();
-  fence_registers(s_acc);
-  release(bar_k_empty(0));
-  {
-    float correction[2];
-    softmax(0, correction);  // O is zero: no rescale
-    convert_p();
-  }
-  // ---- tiles 1 .. num_tiles-1: S(j) is issued before PV(j-1); the softmax of tile j runs while
-  // PV(j-1) is on the tensor cores.
-  for (int j = 1; j < num_tiles; ++j) {
-    issue_qk(j);
-    issue_pv(j - 1);
-    wgmma_wait<1>();  // S(j) done (groups complete in order)
-    fence_registers(s_acc);
-    release(bar_k_empty(j % kStages));
-    float correction[2];
-    softmax(j, correction);
-    wgmma_wait<0>();  // PV(j-1) done: O and the P registers are free again
-    fence_registers(o_acc);
-    release(bar_v_empty((j - 1) % kStages));
-    rescale_o(correction);
-    convert_p();
-  }
-  issue_pv(num_tiles - 1);
-  wgmma_wait<0>();
-  fence_registers(o_acc);
-  // (the last V slot needs no release: nothing more is loaded)
+  uint32_t tiles_done = 0, items_done = 0;
+  for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
+    const Item it = decode(item);
+    if (it.r < 0) continue;
+    const layout::SequenceBases bases = p.plan.seqs[it.s];
+    int32_t num_tiles;
+    const int32_t* row_cols = row_of(it, bases, num_tiles);
+    const int32_t n = static_cast<int32_t>(bases.n);
+    const int wg_row0 = it.r * kTileRows + consumer * 64;  // first query of this warpgroup (sequence-relative)
+    const int thread_row0 = wg_row0 + warp * 16 + group;     // rows thread_row0 and thread_row0 + 8
 
-  // ---- epilogue: full row sums, normalise, write O (input dtype) and LSE (natural log)
-  const int64_t out_shift = p.row_items == nullptr
-                                ? bases.token_offset
-                                : p.row_items[item / H].out_token - static_cast<int64_t>(r) * kTileRows;
-  T* out_base = static_cast<T*>(p.out) + h * p.o_stride_head;
-  float* lse_base = p.lse + h * p.lse_stride_head;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float sum = row_sum[half];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int query = thread_row0 + half * 8;
-    if (query >= n) continue;
-    // Every row lists its diagonal block, whose first key precedes every query of the block, so sum > 0.
-    const float inv = 1.f / sum;
-    T* out_row = out_base + (out_shift + query) * p.o_stride_token;
+    for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+
+    // Masks S of tile j (if it needs it) and turns it into exp2 values against the new row max;
+    // returns through `correction` the factor for O and the row sums of earlier tiles.
+    auto softmax = [&](int j, float (&correction)[2]) {
+      const int key0 = row_cols[j] * kTileRows;
+      if (key0 + kTileRows - 1 > wg_row0 || key0 + kTileRows > n) {
 #pragma unroll
-    for (int g = 0; g < 16; ++g) {
-      const uint32_t packed = Mma<T>::pack(o_acc[g * 4 + 2 * half] * inv, o_acc[g * 4 + 2 * half + 1] * inv);
-      *reinterpret_cast<uint32_t*>(out_row + g * 8 + quad_lane * 2) = packed;
+        for (int i = 0; i < 64; ++i) {
+          const int key = key0 + (i / 4) * 8 + quad_lane * 2 + (i & 1);
+          const int query = thread_row0 + ((i & 2) ? 8 : 0);
+          if (key > query || key >= n) s_acc[i] = -INFINITY;
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float m = row_max[half];
+#pragma unroll
+        for (int g = 0; g < 16; ++g) m = fmaxf(m, fmaxf(s_acc[g * 4 + 2 * half], s_acc[g * 4 + 2 * half + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        // From -inf (no allowed key yet) the correction is exp2(-inf) = 0; an unchanged max keeps 1.
+        correction[half] = m > row_max[half] ? attention::fast_exp2((row_max[half] - m) * p.scale_log2) : 1.f;
+        row_max[half] = m;
+        // A row with no allowed key yet keeps max -inf; subtracting 0 instead gives exp2(-inf) = 0.
+        const float neg_max_scaled = m == -INFINITY ? 0.f : -m * p.scale_log2;
+        float sum = 0.f;
+#pragma unroll
+        for (int g = 0; g < 16; ++g) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s_acc[g * 4 + 2 * half + e];
+            x = attention::fast_exp2(fmaf(x, p.scale_log2, neg_max_scaled));
+            sum += x;
+          }
+        }
+        row_sum[half] = row_sum[half] * correction[half] + sum;
+      }
+    };
+
+    mbar_wait(bar_q, items_done & 1);
+    // ---- tile 0
+    issue_qk(tiles_done);
+    wgmma_wait<0>();
+    fence_registers(s_acc);
+    release(bar_k_empty(tiles_done % kStages));
+    {
+      float correction[2];
+      softmax(0, correction);  // O is zero: no rescale
+      convert_p();
     }
-    if (quad_lane == 0) lse_base[(out_shift + query) * p.lse_stride_token] = row_max[half] * p.scale + logf(sum);
+    // ---- tiles 1 .. num_tiles-1: S(j) is issued before PV(j-1); the softmax of tile j runs while
+    // PV(j-1) is on the tensor cores.
+    for (int j = 1; j < num_tiles; ++j) {
+      const uint32_t t = tiles_done + j;
+      issue_qk(t);
+      issue_pv(t - 1);
+      wgmma_wait<1>();  // S(j) done (groups complete in order)
+      fence_registers(s_acc);
+      release(bar_k_empty(t % kStages));
+      float correction[2];
+      softmax(j, correction);
+      wgmma_wait<0>();  // PV(j-1) done: O and the P registers are free again
+      fence_registers(o_acc);
+      release(bar_v_empty((t - 1) % kStages));
+      rescale_o(correction);
+      convert_p();
+    }
+    // Every S = QK^T of the item is done: the producer may load the next item's query block.
+    release(bar_q_empty);
+    const uint32_t last = tiles_done + num_tiles - 1;
+    issue_pv(last);
+    wgmma_wait<0>();
+    fence_registers(o_acc);
+    release(bar_v_empty(last % kStages));
+
+    // ---- epilogue: full row sums, normalise, write O (input dtype) and LSE (natural log)
+    const int64_t out_shift = p.row_items == nullptr
+                                  ? bases.token_offset
+                                  : p.row_items[item / H].out_token - static_cast<int64_t>(it.r) * kTileRows;
+    T* out_base = static_cast<T*>(p.out) + it.h * p.o_stride_head;
+    float* lse_base = p.lse + it.h * p.lse_stride_head;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float sum = row_sum[half];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int query = thread_row0 + half * 8;
+      if (query >= n) continue;
+      // Every row lists its diagonal block, whose first key precedes every query of the block, so sum > 0.
+      const float inv = 1.f / sum;
+      T* out_row = out_base + (out_shift + query) * p.o_stride_token;
+#pragma unroll
+      for (int g = 0; g < 16; ++g) {
+        const uint32_t packed = Mma<T>::pack(o_acc[g * 4 + 2 * half] * inv, o_acc[g * 4 + 2 * half + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out_row + g * 8 + quad_lane * 2) = packed;
+      }
+      if (quad_lane == 0) lse_base[(out_shift + query) * p.lse_stride_token] = row_max[half] * p.scale + logf(sum);
+    }
+    tiles_done += num_tiles;
+    ++items_done;
   }
 #elif defined(__CUDA_ARCH__)
   // Compiled for an architecture without wgmma/setmaxnreg (the sm_80 pass): the host never

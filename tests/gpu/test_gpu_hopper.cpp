@@ -1,0 +1,337 @@
+// tests/gpu/test_gpu_hopper.cpp — the Hopper (sm_90a, TMA + wgmma) attention kernel, forced with
+// CRISP_KERNEL=hopper, against the CPU float64 reference on the same plan and the same rounded
+// inputs (the tolerances of test_gpu_attention.cpp: relative Frobenius error of O <= 1e-2 per
+// (sequence, head), |LSE - ref| <= 1e-3), with NaN-poisoned outputs; the Hopper kernel against the
+// portable kernel on the same inputs; and the CRISP_KERNEL dispatch. Every test skips itself
+// without an sm_90 device whose binary carries the sm_90a code.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/half.h"
+#include "crisp/crisp.h"
+#include "crisp/cuda.h"
+#include "crisp/workload.h"
+#include "cuda/hopper/hopper_attention.h"
+
+namespace {
+
+#define SKIP_WITHOUT_HOPPER()                                                              \
+  if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device";                         \
+  if (!crisp::cuda_detail::hopper::kernel_available())                                     \
+  GTEST_SKIP() << "the device is not sm_90 or the build has no sm_90a code"
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) {
+    if (cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+// Sets CRISP_KERNEL for the lifetime of the object and restores the previous value.
+class KernelChoice {
+ public:
+  explicit KernelChoice(const char* value) {
+    const char* old = std::getenv("CRISP_KERNEL");
+    had_old_ = old != nullptr;
+    if (had_old_) old_ = old;
+    if (value == nullptr) unsetenv("CRISP_KERNEL");
+    else setenv("CRISP_KERNEL", value, 1);
+  }
+  ~KernelChoice() {
+    if (had_old_) setenv("CRISP_KERNEL", old_.c_str(), 1);
+    else unsetenv("CRISP_KERNEL");
+  }
+
+ private:
+  bool had_old_ = false;
+  std::string old_;
+};
+
+uint16_t to_bits(float x, crisp::DType dt) {
+  return dt == crisp::DType::bf16 ? crisp::half::float_to_bf16(x) : crisp::half::float_to_f16(x);
+}
+float from_bits(uint16_t b, crisp::DType dt) {
+  return dt == crisp::DType::bf16 ? crisp::half::bf16_to_float(b) : crisp::half::f16_to_float(b);
+}
+
+enum class Layout { dense, crisp_plan, random };
+
+struct Case {
+  std::string name;
+  crisp::DType dtype;
+  int64_t num_q_heads, num_kv_heads;
+  std::vector<int64_t> seq_lens;
+  Layout layout;
+  double random_density;
+  uint64_t seed;
+};
+std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
+
+// Random layout: per row block 0, blocks r-1 and r, and each other block with probability `keep`.
+crisp::Plan random_plan(const crisp::Plan& dense, double keep, uint64_t seed) {
+  crisp::Plan plan = dense;
+  std::mt19937_64 rng(seed);
+  std::bernoulli_distribution take(keep);
+  for (auto& sp : plan.sequences) {
+    for (auto& hp : sp.heads) {
+      hp.route = crisp::Route::pe;
+      hp.vertical = {0};
+      hp.slash = {0};
+      hp.row_ptr.assign(1, 0);
+      hp.col.clear();
+      for (int32_t r = 0; r < sp.num_blocks; ++r) {
+        for (int32_t c = 0; c <= r; ++c)
+          if (c == 0 || c >= r - 1 || take(rng)) hp.col.push_back(c);
+        hp.row_ptr.push_back(static_cast<int32_t>(hp.col.size()));
+      }
+      hp.density = static_cast<double>(hp.col.size()) / (static_cast<double>(sp.num_blocks) * (sp.num_blocks + 1) / 2.0);
+    }
+  }
+  return plan;
+}
+
+// Inputs of one case: the workload rounded to the dtype (bits for the device, floats for the
+// reference), the plan, and the float64 reference outputs.
+struct Prepared {
+  int64_t tokens = 0;
+  crisp::SeqLens cu_seqlens;
+  std::vector<uint16_t> q_bits, k_bits, v_bits;
+  std::vector<float> q, k, v;
+  crisp::Plan plan;
+};
+
+Prepared prepare(const Case& c) {
+  constexpr int64_t d = 128;
+  crisp::WorkloadSpec spec;
+  spec.num_q_heads = c.num_q_heads;
+  spec.num_kv_heads = c.num_kv_heads;
+  spec.head_dim = d;
+  spec.seq_lens = c.seq_lens;
+  spec.seed = c.seed;
+  const int64_t shortest = *std::min_element(c.seq_lens.begin(), c.seq_lens.end());
+  spec.needles = std::min<int64_t>(spec.needles, shortest - 1);
+  const crisp::Workload w = crisp::make_workload(spec);
+  Prepared p;
+  p.tokens = w.total_tokens;
+  p.cu_seqlens = w.cu_seqlens;
+  auto round = [&](const std::vector<float>& x, std::vector<uint16_t>& bits, std::vector<float>& r) {
+    bits.resize(x.size());
+    r.resize(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      bits[i] = to_bits(x[i], c.dtype);
+      r[i] = from_bits(bits[i], c.dtype);
+    }
+  };
+  round(w.q, p.q_bits, p.q);
+  round(w.k, p.k_bits, p.k);
+  round(w.v, p.v_bits, p.v);
+  const crisp::Plan dense = crisp::dense_plan(c.num_q_heads, c.num_kv_heads, d, w.cu_seqlens, 128);
+  if (c.layout == Layout::dense) {
+    p.plan = dense;
+  } else if (c.layout == Layout::crisp_plan) {
+    crisp::Config cfg = crisp::Config::from_preset("crisp");
+    cfg.block_size = 128;
+    p.plan = crisp::plan(crisp::TensorView::contiguous(p.q.data(), crisp::DType::f32, c.num_q_heads, p.tokens, d),
+                         crisp::TensorView::contiguous(p.k.data(), crisp::DType::f32, c.num_kv_heads, p.tokens, d), cfg,
+                         w.cu_seqlens);
+  } else {
+    p.plan = random_plan(dense, c.random_density, c.seed * 7919 + 1);
+  }
+  return p;
+}
+
+// Runs attend_async with CRISP_KERNEL = `kernel` on NaN-poisoned outputs; returns O bits and LSE.
+void run_device(const Case& c, const Prepared& p, const char* kernel, std::vector<uint16_t>& out_bits,
+                std::vector<float>& lse) {
+  constexpr int64_t d = 128;
+  const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, T = p.tokens;
+  const std::size_t q_bytes = p.q_bits.size() * 2, kv_bytes = p.k_bits.size() * 2;
+  DeviceBuffer dq(q_bytes), dk(kv_bytes), dv(kv_bytes), dout(q_bytes), dlse(Hq * T * sizeof(float));
+  ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr);
+  CUDA_OK(cudaMemcpy(dq.ptr, p.q_bits.data(), q_bytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dk.ptr, p.k_bits.data(), kv_bytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dv.ptr, p.v_bits.data(), kv_bytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(dout.ptr, 0xff, q_bytes));                     // NaN in f16 and bf16
+  CUDA_OK(cudaMemset(dlse.ptr, 0xff, Hq * T * sizeof(float)));      // NaN
+  const auto dev = crisp::Device::cuda;
+  crisp::cuda::DevicePlan dplan(p.plan);
+  {
+    KernelChoice choice(kernel);
+    crisp::cuda::attend_async(crisp::TensorView::contiguous(dq.ptr, c.dtype, Hq, T, d, dev),
+                              crisp::TensorView::contiguous(dk.ptr, c.dtype, Hkv, T, d, dev),
+                              crisp::TensorView::contiguous(dv.ptr, c.dtype, Hkv, T, d, dev), dplan,
+                              crisp::TensorView::contiguous(dout.ptr, c.dtype, Hq, T, d, dev),
+                              crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, Hq, T, dev));
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  out_bits.resize(p.q_bits.size());
+  lse.resize(static_cast<std::size_t>(Hq * T));
+  CUDA_OK(cudaMemcpy(out_bits.data(), dout.ptr, q_bytes, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(lse.data(), dlse.ptr, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+class GpuHopper : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuHopper, MatchesFloat64ReferenceAndWritesEveryElement) {
+  SKIP_WITHOUT_HOPPER();
+  const Case& c = GetParam();
+  constexpr int64_t d = 128;
+  Prepared p = prepare(c);  // not const: the CPU views take mutable pointers
+  const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, T = p.tokens;
+
+  std::vector<double> ref_out(static_cast<std::size_t>(Hq * T * d)), ref_lse(static_cast<std::size_t>(Hq * T));
+  crisp::Options f64;
+  f64.precision = crisp::Precision::f64;
+  crisp::attend(crisp::TensorView::contiguous(p.q.data(), crisp::DType::f32, Hq, T, d),
+                crisp::TensorView::contiguous(p.k.data(), crisp::DType::f32, Hkv, T, d),
+                crisp::TensorView::contiguous(p.v.data(), crisp::DType::f32, Hkv, T, d), p.plan,
+                crisp::TensorView::contiguous(ref_out.data(), crisp::DType::f64, Hq, T, d),
+                crisp::TensorView::contiguous2d(ref_lse.data(), crisp::DType::f64, Hq, T), f64);
+
+  std::vector<uint16_t> out_bits;
+  std::vector<float> lse;
+  run_device(c, p, "hopper", out_bits, lse);
+  if (HasFatalFailure()) return;
+
+  double worst_rel = 0.0, worst_lse = 0.0;
+  for (std::size_t s = 0; s + 1 < p.cu_seqlens.size(); ++s) {
+    for (int64_t h = 0; h < Hq; ++h) {
+      double err2 = 0.0, ref2 = 0.0;
+      for (int64_t t = p.cu_seqlens[s]; t < p.cu_seqlens[s + 1]; ++t) {
+        const float l = lse[h * T + t];
+        ASSERT_TRUE(std::isfinite(l)) << "lse unwritten or non-finite at head " << h << ", token " << t;
+        worst_lse = std::max(worst_lse, std::fabs(l - ref_lse[h * T + t]));
+        for (int64_t x = 0; x < d; ++x) {
+          const std::size_t i = static_cast<std::size_t>((h * T + t) * d + x);
+          const float o = from_bits(out_bits[i], c.dtype);
+          ASSERT_TRUE(std::isfinite(o)) << "out unwritten or non-finite at head " << h << ", token " << t << ", dim " << x;
+          err2 += (o - ref_out[i]) * (o - ref_out[i]);
+          ref2 += ref_out[i] * ref_out[i];
+        }
+      }
+      const double rel = std::sqrt(err2 / ref2);
+      worst_rel = std::max(worst_rel, rel);
+      EXPECT_LE(rel, 1e-2) << "sequence " << s << ", head " << h;
+    }
+  }
+  EXPECT_LE(worst_lse, 1e-3);
+  std::printf("[ %s ] density %.3f, worst rel. error of O %.2e, worst |LSE - ref| %.2e\n", c.name.c_str(),
+              p.plan.density(), worst_rel, worst_lse);
+}
+
+// The Hopper and the portable kernel on the same inputs: both accumulate in fp32 and round O once
+// to the dtype, so they differ by about one rounding of the output (relative Frobenius difference
+// per (sequence, head) <= 5e-3, half the reference tolerance) and LSE by fp32 summation order
+// (<= 1e-4). Auto dispatch on sm_90 runs the Hopper kernel: bit-identical to CRISP_KERNEL=hopper.
+TEST_P(GpuHopper, AgreesWithPortableKernelAndAutoDispatchPicksIt) {
+  SKIP_WITHOUT_HOPPER();
+  const Case& c = GetParam();
+  constexpr int64_t d = 128;
+  const Prepared p = prepare(c);
+  const int64_t Hq = c.num_q_heads, T = p.tokens;
+  std::vector<uint16_t> hopper_out, portable_out, auto_out;
+  std::vector<float> hopper_lse, portable_lse, auto_lse;
+  run_device(c, p, "hopper", hopper_out, hopper_lse);
+  if (HasFatalFailure()) return;
+  run_device(c, p, "portable", portable_out, portable_lse);
+  if (HasFatalFailure()) return;
+  run_device(c, p, nullptr, auto_out, auto_lse);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(auto_out, hopper_out);
+  EXPECT_EQ(auto_lse, hopper_lse);
+
+  double worst_rel = 0.0, worst_lse = 0.0;
+  for (std::size_t s = 0; s + 1 < p.cu_seqlens.size(); ++s) {
+    for (int64_t h = 0; h < Hq; ++h) {
+      double diff2 = 0.0, ref2 = 0.0;
+      for (int64_t t = p.cu_seqlens[s]; t < p.cu_seqlens[s + 1]; ++t) {
+        worst_lse = std::max(worst_lse, static_cast<double>(std::fabs(hopper_lse[h * T + t] - portable_lse[h * T + t])));
+        for (int64_t x = 0; x < d; ++x) {
+          const std::size_t i = static_cast<std::size_t>((h * T + t) * d + x);
+          const double a = from_bits(hopper_out[i], c.dtype), b = from_bits(portable_out[i], c.dtype);
+          diff2 += (a - b) * (a - b);
+          ref2 += b * b;
+        }
+      }
+      const double rel = std::sqrt(diff2 / ref2);
+      worst_rel = std::max(worst_rel, rel);
+      EXPECT_LE(rel, 5e-3) << "sequence " << s << ", head " << h;
+    }
+  }
+  EXPECT_LE(worst_lse, 1e-4);
+  std::printf("[ %s ] hopper vs portable: worst rel. difference of O %.2e, worst |dLSE| %.2e\n", c.name.c_str(),
+              worst_rel, worst_lse);
+}
+
+constexpr auto bf16 = crisp::DType::bf16;
+constexpr auto f16 = crisp::DType::f16;
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuHopper,
+    ::testing::Values(
+        // name, dtype, Hq, Hkv, seq_lens, layout, random density, seed
+        Case{"bf16_dense_gqa4_unaligned", bf16, 8, 2, {1000}, Layout::dense, 0, 101},
+        Case{"bf16_dense_gqa1_aligned", bf16, 4, 4, {2048}, Layout::dense, 0, 102},
+        Case{"bf16_crisp_gqa4", bf16, 8, 2, {3000}, Layout::crisp_plan, 0, 103},
+        Case{"fp16_crisp_gqa8", f16, 8, 1, {2600}, Layout::crisp_plan, 0, 104},
+        Case{"bf16_random30_gqa2", bf16, 4, 2, {2100}, Layout::random, 0.3, 105},
+        Case{"fp16_random10_gqa4", f16, 8, 2, {3300}, Layout::random, 0.1, 106},
+        Case{"bf16_n_below_block", bf16, 4, 1, {37}, Layout::dense, 0, 107},
+        Case{"bf16_varlen_dense", bf16, 8, 2, {50, 700, 129, 1024}, Layout::dense, 0, 108},
+        Case{"bf16_varlen_random10_gqa8", bf16, 8, 1, {300, 1200, 65, 901}, Layout::random, 0.1, 109},
+        Case{"fp16_varlen_crisp", f16, 4, 2, {1500, 77, 2200}, Layout::crisp_plan, 0, 110}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// CRISP_KERNEL: an unknown value and a forced Hopper kernel on a shape it does not cover (head dim
+// 64) are errors naming CRISP_KERNEL; "portable" and "auto" run that shape on the portable kernel.
+TEST(GpuHopperDispatch, KernelChoiceErrorsNameTheVariable) {
+  SKIP_WITHOUT_HOPPER();
+  const int64_t H = 2, T = 256, d = 64;
+  const crisp::Plan plan = crisp::dense_plan(H, H, d, {0, T}, 128);
+  crisp::cuda::DevicePlan dplan(plan);
+  DeviceBuffer q(H * T * d * 2), k(H * T * d * 2), v(H * T * d * 2), o(H * T * d * 2), l(H * T * 4);
+  ASSERT_TRUE(q.ptr && k.ptr && v.ptr && o.ptr && l.ptr);
+  CUDA_OK(cudaMemset(q.ptr, 0, H * T * d * 2));
+  CUDA_OK(cudaMemset(k.ptr, 0, H * T * d * 2));
+  CUDA_OK(cudaMemset(v.ptr, 0, H * T * d * 2));
+  const auto dev = crisp::Device::cuda;
+  auto view = [&](void* ptr) { return crisp::TensorView::contiguous(ptr, bf16, H, T, d, dev); };
+  const auto lse = crisp::TensorView::contiguous2d(l.ptr, crisp::DType::f32, H, T, dev);
+  auto call = [&] { crisp::cuda::attend_async(view(q.ptr), view(k.ptr), view(v.ptr), dplan, view(o.ptr), lse); };
+  auto expect_error = [&](const char* value) {
+    KernelChoice choice(value);
+    try {
+      call();
+      ADD_FAILURE() << "no error for CRISP_KERNEL=" << value;
+    } catch (const crisp::Error& e) {
+      EXPECT_EQ(e.argument(), "CRISP_KERNEL") << e.what();
+    }
+  };
+  expect_error("fastest");
+  expect_error("hopper");
+  {
+    KernelChoice choice("portable");
+    EXPECT_NO_THROW(call());
+  }
+  {
+    KernelChoice choice("auto");
+    EXPECT_NO_THROW(call());
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
+}  // namespace
