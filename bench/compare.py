@@ -246,7 +246,14 @@ def main() -> int:
             "torch": torch.__version__, "command": " ".join(sys.argv), "policy": args.policy,
             "inputs": args.inputs, "reps": args.reps, "warmup": args.warmup, "block_size": args.block_size}
     for n, hq, hkv in cases:
-        bench_length(args, n, hq, hkv, flex_compiled, rows)
+        try:
+            bench_length(args, n, hq, hkv, flex_compiled, rows)
+        except Exception as e:  # noqa: BLE001 - a failed length is a row, the table still prints
+            rows.append({"n": n, "Hq": hq, "Hkv": hkv, "d": args.dim, "method": "(length failed)", "ms": None,
+                         "tflops": None, "density": float("nan"), "gqa": "",
+                         "note": f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"})
+            log(f"n={n} failed: {type(e).__name__}: {e}")
+            torch.cuda.empty_cache()
         log(f"n={n} done ({time.time() - t0:.0f} s so far)")
         if args.json:  # rewritten after every length, so a run stopped early keeps its rows
             with open(args.json, "w") as f:

@@ -13,7 +13,7 @@
 #   JOBS=16                   build parallelism
 #   SKIP_TESTS=1              no pytest;  PYTEST_TIMEOUT=150 (seconds, whole run)
 #   PYTEST_K="gpu or cuda"    a pytest -k expression (e.g. only the GPU tests)
-#   COMPARE_ARGS="--seq 8192,32768,131072"   arguments of bench/compare.py ("skip" skips it)
+#   COMPARE_ARGS="--seq 8192,32768,131072 --long"   arguments of bench/compare.py ("skip" skips it)
 #   COMPARE_TIMEOUT=240       wall-clock cap of bench/compare.py (seconds)
 #   .whl/*.whl                wheels carried along (e.g. gguf for eval/hf_niah.py) are installed
 #                             into /tmp/crisp-site first
@@ -24,7 +24,7 @@ OUT=${OUT:-$PWD/out/py_gpu_run}
 mkdir -p "$OUT"
 JOBS=${JOBS:-16}
 CUDA_ARCHS=${CUDA_ARCHS:-90a}
-COMPARE_ARGS=${COMPARE_ARGS:---seq 8192,32768,131072}
+COMPARE_ARGS=${COMPARE_ARGS:---seq 8192,32768,131072 --long}
 PY=${PYTHON:-python3}
 SUMMARY=()
 note() { echo "== $*"; }
