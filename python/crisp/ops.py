@@ -339,7 +339,11 @@ def plan(q, k, policy: str = "crisp", cu_seqlens=None, **params) -> Plan:
     current stream, which is synchronised), CPU tensors / numpy arrays on the CPU."""
     config = _C.Config(_policy_name(policy), settings_from_params(params))
     layout, (q, k, _), (qv, kv, _), cu = _prepare(q, k, k, cu_seqlens)
-    native = _C.plan(qv, kv, config, cu, _num_threads(q), _precision(q), _stream(q))
+    if _is_torch(q) and q.device.type == "cuda":
+        with torch.cuda.device(q.device):
+            native = _C.plan(qv, kv, config, cu, 0, "f32", _stream(q))
+    else:
+        native = _C.plan(qv, kv, config, cu, _num_threads(q), _precision(q), 0)
     return Plan.from_native(native)
 
 
@@ -348,13 +352,14 @@ def attend(q, k, v, plan: Plan):
     Same layouts and outputs as prefill; the plan must match the shapes."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: got {type(plan).__name__}; expected a crisp.Plan (from crisp.plan)")
-    layout, (q, k, v), (qv, kv, vv), cu = _prepare(q, k, v, None if plan is None else _plan_cu(q, plan))
+    # Batched inputs carry their sequence offsets in the shape; varlen ones take the plan's.
+    cu_seqlens = None if getattr(q, "ndim", 0) == 4 else plan.cu_seqlens
+    layout, (q, k, v), (qv, kv, vv), cu = _prepare(q, k, v, cu_seqlens)
     out, lse = _allocate_outputs(q, layout)
     ov, lv = _output_views(out, lse, layout)
-    _C.attend(qv, kv, vv, plan.native, ov, lv, _num_threads(q), _precision(q), _stream(q))
+    if _is_torch(q) and q.device.type == "cuda":
+        with torch.cuda.device(q.device):  # synchronous: uploads the plan, runs, syncs the stream
+            _C.attend(qv, kv, vv, plan.native, ov, lv, 0, "f32", _stream(q))
+    else:
+        _C.attend(qv, kv, vv, plan.native, ov, lv, _num_threads(q), _precision(q), 0)
     return out, lse
-
-
-def _plan_cu(q, p: Plan):
-    # Batched inputs carry their offsets in the shape; varlen ones take the plan's.
-    return None if q.ndim == 4 else p.cu_seqlens
