@@ -296,7 +296,15 @@ void run_niah(const NiahArgs& args) {
                     {"matmul_kernel", backend == cm::ModelBackend::cuda ? "cublas_sgemm_fp32"
                                                                         : cm::matmul_kernel_name()},
                     {"backend", cm::to_string(backend)},
+                    {"device", args.dry_run ? "" : cm::model_backend_device(backend)},
                     {"cuda_attention", backend == cm::ModelBackend::cuda ? args.cuda_attention : ""}};
+  if (!args.dry_run && backend != cm::ModelBackend::cpu) {
+    // Weights upload and first launches before any sample, so the first TTFT is not inflated.
+    cm::RunOptions warm;
+    warm.backend = backend;
+    warm.cuda_attention = cuda_attention;
+    out["machine"]["warm_up_s"] = cm::warm_up_backend(model, warm);
+  }
   out["model"] = std::filesystem::path(args.model_path).filename().string();
   out["settings"] = {{"tasks", json::array()},
                      {"lengths", args.lengths},

@@ -83,6 +83,7 @@ void check_logits(const RunArgs& args, const crisp::model::RunOptions& run_optio
     throw crisp::Error("--check-logits", "has " + std::to_string(ref_last.size()) + " last_logits",
                        std::to_string(vocab) + " (the model's vocabulary)");
   }
+  cm::warm_up_backend(model, run_options);  // the weight upload stays out of the prefill time
   cm::LlamaContext context(model, static_cast<int64_t>(ids.size()), run_options);
   const cm::PrefillResult result = context.prefill(ids, /*all_logits=*/true);
   const float* last = result.logits.data() + (ids.size() - 1) * vocab;
@@ -112,6 +113,7 @@ void check_logits(const RunArgs& args, const crisp::model::RunOptions& run_optio
                       {"reference_file", args.check_logits},
                       {"reference", ref.value("reference", std::string())},
                       {"backend", cm::to_string(run_options.backend)},
+                      {"device", cm::model_backend_device(run_options.backend)},
                       {"cuda_attention", run_options.backend == cm::ModelBackend::cuda ? args.cuda_attention : ""},
                       {"policy", run_options.attention.preset},
                       {"tokens", ids.size()},
@@ -228,6 +230,13 @@ void run(const RunArgs& args, bool cuda_attention_given) {
                                                    : (std::string(cm::matmul_kernel_name()) + " matmul kernel").c_str());
   }
 
+  // CUDA: weights upload and first kernel launches before the clock of time-to-first-token starts,
+  // as the CPU's weights are ready in memory once loaded.
+  const double warm_up_s = cm::warm_up_backend(model, options.run);
+  if (backend == cm::ModelBackend::cuda && !args.quiet) {
+    std::fprintf(stderr, "crisp: %s ready in %.2f s (weights uploaded, kernels warmed up)\n",
+                 cm::model_backend_device(backend).c_str(), warm_up_s);
+  }
   const cm::GenerateResult result = cm::generate(model, tokenizer, prompt, options, [](const std::string& piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
@@ -273,6 +282,8 @@ void run(const RunArgs& args, bool cuda_attention_given) {
         {"prefill_cpu_s", pre.cpu_seconds},
         {"threads", threads},
         {"backend", cm::to_string(backend)},
+        {"device", cm::model_backend_device(backend)},
+        {"warm_up_s", warm_up_s},
         {"cuda_attention", backend == cm::ModelBackend::cuda ? args.cuda_attention : ""},
         {"density", pre.density},
         {"vs_share", pre.vs_share},

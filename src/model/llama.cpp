@@ -162,6 +162,14 @@ void require_model_backend(ModelBackend backend, const std::string& argument) {
 #endif
 }
 
+std::string model_backend_device(ModelBackend backend) {
+#if defined(CRISP_WITH_CUDA)
+  if (backend == ModelBackend::cuda) return cuda_runner::device_name();
+#endif
+  (void)backend;
+  return "";
+}
+
 // ---------------------------------------------------------------- LlamaModel
 
 LlamaModel::LlamaModel(const GgufFile& file) {
@@ -472,6 +480,21 @@ std::vector<float> LlamaContext::decode(int32_t token) {
 }
 
 // ---------------------------------------------------------------- free functions
+
+double warm_up_backend(const LlamaModel& model, const RunOptions& options) {
+  if (options.backend == ModelBackend::cpu) return 0.0;
+  const Clock::time_point start = Clock::now();
+  RunOptions dense = options;
+  dense.attention = crisp::Config::from_preset("dense");
+  dense.rope = {};
+  // NOTE: 16 tokens: enough to launch every kernel of a prefill and a decode step once.
+  constexpr int64_t kWarmUpTokens = 16;
+  LlamaContext context(model, kWarmUpTokens + 1, dense);
+  const int32_t token = static_cast<int32_t>(std::min<int64_t>(1, model.hparams().n_vocab - 1));
+  context.prefill(std::vector<int32_t>(kWarmUpTokens, token));
+  context.decode(token);
+  return seconds_since(start);
+}
 
 std::vector<float> prefill_logits(const LlamaModel& model, const std::vector<int32_t>& tokens,
                                   const RunOptions& options, PrefillResult* stats) {

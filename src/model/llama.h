@@ -91,6 +91,9 @@ ModelBackend parse_model_backend(const std::string& name, const std::string& arg
 // build has no CUDA backend") or no visible CUDA device. Cheap: call it before loading a model.
 void require_model_backend(ModelBackend backend, const std::string& argument = "--backend");
 
+// The device a backend runs on, for reports: "" for the CPU, the GPU's name for CUDA.
+std::string model_backend_device(ModelBackend backend);
+
 // Prefill attention arithmetic of the CUDA backend.
 enum class CudaPrefillAttention {
   // crisp's CUDA kernel (attend_async) on float16 copies of the post-RoPE Q/K/V, output rounded
@@ -120,6 +123,11 @@ struct RunOptions {
   // so a value a kernel should have written but did not shows up as NaN in the logits.
   bool cuda_poison_buffers = false;
 };
+
+// Makes the backend ready for `model` outside any timed region: the CUDA backend uploads the
+// weights (once per model) and initialises cuBLAS and the kernels by running a 16-token dense
+// prefill. Returns the seconds it took (0 for the CPU, which needs nothing).
+double warm_up_backend(const LlamaModel& model, const RunOptions& options);
 
 // Post-RoPE projections of one layer during prefill (views into the runner's buffers, valid only
 // during the callback): q [n_head, n, head_dim], k and v [n_head_kv, n, head_dim].

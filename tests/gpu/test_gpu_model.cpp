@@ -257,6 +257,32 @@ TEST(GpuModel, BadInputIsRejected) {
   EXPECT_NO_THROW(cm::require_model_backend(cm::ModelBackend::cuda));
 }
 
+// The warm-up (weights upload, first launches) and the shortest prompts: 1 token (one partial
+// block), a few tokens, exactly one block and one more; CUDA logits against the CPU's.
+TEST(GpuModel, WarmUpAndShortPromptsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const TinyModel& t = tiny();
+  EXPECT_GE(cm::warm_up_backend(*t.model, options("crisp", cm::ModelBackend::cuda)), 0.0);
+  EXPECT_EQ(cm::warm_up_backend(*t.model, options("crisp", cm::ModelBackend::cpu)), 0.0);
+  EXPECT_FALSE(cm::model_backend_device(cm::ModelBackend::cuda).empty());
+  for (int64_t n : {1, 5, kBlock, kBlock + 1}) {
+    for (cm::CudaPrefillAttention attention :
+         {cm::CudaPrefillAttention::reference_f32, cm::CudaPrefillAttention::crisp_f16}) {
+      const std::vector<int32_t> ids = crisp_test::tiny_prompt(n, t.vocab, 17);
+      cm::LlamaContext cpu(*t.model, n, options("crisp", cm::ModelBackend::cpu));
+      cm::LlamaContext gpu(*t.model, n, options("crisp", cm::ModelBackend::cuda, attention));
+      const cm::PrefillResult ref = cpu.prefill(ids, true);
+      const cm::PrefillResult got = gpu.prefill(ids, true);
+      const LogitDiff d = compare_logits(got.logits, ref.logits, t.vocab);
+      const double tolerance =
+          attention == cm::CudaPrefillAttention::crisp_f16 ? kF16Tolerance : kF32Tolerance;
+      EXPECT_TRUE(d.finite) << "n " << n;
+      EXPECT_LE(d.rel, tolerance) << "n " << n << " " << cm::to_string(attention);
+      EXPECT_DOUBLE_EQ(got.density, 1.0) << "a short prompt runs dense";
+    }
+  }
+}
+
 // Timings at SmolLM2-135M's shape (30 layers, 576 wide, 9/3 heads of 64, feed-forward 1536) with
 // random weights: what one NIAH sample costs per length on this GPU, for the budget of
 // scripts/gpu_model_eval.sh. Runs only with CRISP_MODEL_TIMING=1 (it writes a ~430 MB float32 file to the temp directory).

@@ -718,6 +718,16 @@ class CudaContext final : public detail::ContextBackend {
 
 bool cuda_device_visible() { return crisp::cuda::available(); }
 
+std::string device_name() {
+  int device = 0;
+  cudaDeviceProp prop;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  return prop.name;
+}
+
 std::unique_ptr<detail::ContextBackend> make_cuda_context(const LlamaModel& model, int64_t capacity,
                                                           const RunOptions& options, const Rope& rope) {
   return std::make_unique<CudaContext>(model, capacity, options, rope);

@@ -20,6 +20,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "model/llama.h"
 
@@ -29,6 +30,8 @@ namespace cuda_runner {
 
 // True when a CUDA device is visible. Never throws.
 bool cuda_device_visible();
+// The current device's name ("" when none). Never throws.
+std::string device_name();
 
 // The CUDA implementation of one LlamaContext of `capacity` positions. `rope` must have reserved
 // at least `capacity` positions. Uploads the model's weights on first use.
