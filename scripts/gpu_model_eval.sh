@@ -14,7 +14,12 @@
 #   CRISP_MODEL_PATH   the GGUF file (see scripts/split_model_for_gpu.sh for carrying it over)
 #   BIN                folder with a CUDA build's `crisp` (default: .a4bin if it holds one, else
 #                      build-gpu is configured and built here like scripts/gpu_run.sh, .deps used
-#                      for missing CLI11 / nlohmann-json)
+#                      for missing CLI11 / nlohmann-json). .a4bin (ignored) is made on the dev
+#                      machine from the final tree:
+#                        cmake -S . -B build-a4 -DCRISP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a
+#                        cmake --build build-a4 -j2 --target crisp_cli
+#                        mkdir -p .a4bin && cp build-a4/crisp ../shared/data/long_qa_prompts.json .a4bin/
+#                      (~13 MB: with the second model part it fits one call's 64 MiB)
 #   .whl/gguf-*.whl    for (b)'s fresh reference; made on the dev machine with
 #                        python3 -m pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
 #                      (without it the fresh reference is skipped and said so)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/split_model_for_gpu.sh — prepares the real model (SmolLM2-135M-Instruct Q4_1 GGUF, 98 MB)
-# for the GPU machine, which takes at most 64 MiB of working tree per `run` call.
+# for the GPU machine, which takes at most 64 MiB of working tree per `run` call (the tree itself
+# included), split unevenly so that the second call also has room for the binaries.
 #
 # The file goes over in two consecutive `run` calls (a warm machine keeps its disk for 30 s after a
 # call, so the second call must follow the first at once):
@@ -39,7 +40,15 @@ MODEL=${CRISP_MODEL_PATH:-.cache/model/SmolLM2-135M-Instruct.Q4_1.gguf}
 [ -f "$MODEL" ] || { echo "no model at $MODEL (run scripts/fetch_model.sh)" >&2; exit 1; }
 NAME=$(basename "$MODEL")
 SIZE=$(stat -c %s "$MODEL")
-HALF=$(( (SIZE + 1) / 2 ))
+# The first part takes what call 1 can carry: 64 MiB less the working tree that travels with every
+# call (tracked + untracked-not-ignored files) and a 2 MiB margin; the second part the rest, which
+# leaves call 2 room for the binaries (.a4bin: crisp + long_qa_prompts.json, ~13 MB) and .whl.
+LIMIT=$(( 64 * 1024 * 1024 ))
+TREE=$(git ls-files -co --exclude-standard -z | xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+MARGIN=$(( 2 * 1024 * 1024 ))
+HALF=${PART_A_BYTES:-$(( LIMIT - TREE - MARGIN ))}
+[ "$HALF" -ge "$SIZE" ] && HALF=$(( (SIZE + 1) / 2 ))
+[ "$HALF" -le 0 ] && { echo "the working tree ($TREE bytes) leaves no room for a model part" >&2; exit 1; }
 for ignored in /.modelcarry/ /.modelstore/; do
   grep -qx "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >>.git/info/exclude
 done
@@ -52,5 +61,12 @@ echo "$NAME" >.modelcarry/part_b/model.name
 cp .modelcarry/part_b/model.sha256 .modelcarry/part_b/model.name .modelcarry/part_a/
 # Check the split here before anything travels.
 cat .modelcarry/part_a/model.part_a .modelcarry/part_b/model.part_b | cmp - "$MODEL"
-du -b .modelcarry/part_a/model.part_a .modelcarry/part_b/model.part_b
+B=$(( SIZE - HALF ))
+BIN_BYTES=$(du -cb .a4bin .whl 2>/dev/null | tail -1 | cut -f1)
+echo "working tree $TREE bytes; call 1 carries $HALF + tree = $(( HALF + TREE )) bytes; call 2 carries $B + tree +" \
+     "binaries/wheels $BIN_BYTES = $(( B + TREE + BIN_BYTES )) bytes (limit $LIMIT each)"
+if [ $(( HALF + TREE )) -gt "$LIMIT" ] || [ $(( B + TREE + BIN_BYTES )) -gt "$LIMIT" ]; then
+  echo "a call would exceed the 64 MiB limit: carry less (e.g. only crisp in .a4bin) or set PART_A_BYTES" >&2
+  exit 1
+fi
 echo "ok: carry .modelcarry/part_a in one call and .modelcarry/part_b in the next (see the header)"
