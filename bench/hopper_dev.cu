@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda/attention_kernel.cuh"
@@ -31,9 +32,11 @@ using crisp::layout::SequenceBases;
     }                                                                                    \
   } while (0)
 
-constexpr int B = 128, D = 128;
+constexpr int B = 128;
+int D = 128;  // head dim of the current cases (64 or 128)
 
 // Naive reference: one thread per (head, token); fp32; keys from the plan's row.
+template <int D>
 __global__ void reference_kernel(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* out,
                                  float* lse, int64_t tokens, int H, int q_per_kv, crisp::cuda_detail::DevicePlanView plan,
                                  float scale) {
@@ -207,18 +210,22 @@ att::Params make_params(const Problem& pr, const DevPlan& dp, const HostPlan& hp
 void launch(int kernel, const att::Params& p, const Problem& pr, const HostPlan& hp) {
   const int64_t ctas = (int64_t)pr.H * hp.seqs.size() * hp.max_blocks;
   if (kernel == 0) {
-    auto kfn = att::block_sparse_attention_kernel<__nv_bfloat16, D, B>;
-    constexpr int smem = att::smem_bytes<__nv_bfloat16, D, B>();
+    auto kfn = D == 128 ? att::block_sparse_attention_kernel<__nv_bfloat16, 128, B>
+                        : att::block_sparse_attention_kernel<__nv_bfloat16, 64, B>;
+    const int smem = D == 128 ? att::smem_bytes<__nv_bfloat16, 128, B>() : att::smem_bytes<__nv_bfloat16, 64, B>();
     CK(cudaFuncSetAttribute(kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kfn<<<ctas, att::threads_per_cta<B>(), smem>>>(p);
   } else {
-    const auto mq = hop::make_tensor_map(pr.q, crisp::DType::bf16, pr.H, pr.tokens, p.q_stride_head, p.q_stride_token);
-    const auto mk = hop::make_tensor_map(pr.k, crisp::DType::bf16, pr.Hkv, pr.tokens, p.k_stride_head, p.k_stride_token);
-    const auto mv = hop::make_tensor_map(pr.v, crisp::DType::bf16, pr.Hkv, pr.tokens, p.v_stride_head, p.v_stride_token);
+    const auto mq = hop::make_tensor_map(pr.q, crisp::DType::bf16, D, pr.H, pr.tokens, p.q_stride_head, p.q_stride_token);
+    const auto mk = hop::make_tensor_map(pr.k, crisp::DType::bf16, D, pr.Hkv, pr.tokens, p.k_stride_head, p.k_stride_token);
+    const auto mv = hop::make_tensor_map(pr.v, crisp::DType::bf16, D, pr.Hkv, pr.tokens, p.v_stride_head, p.v_stride_token);
     // kernel 1: the library's stage count; kernel 2: 2 stages
-    auto kfn = kernel == 1 ? hop::hopper_attention_kernel<__nv_bfloat16, hop::kDefaultStages>
-                           : hop::hopper_attention_kernel<__nv_bfloat16, 2>;
-    const int smem = kernel == 1 ? hop::smem_bytes<hop::kDefaultStages>() : hop::smem_bytes<2>();
+    auto kfn = D == 128 ? (kernel == 1 ? hop::hopper_attention_kernel<__nv_bfloat16, 128, hop::kDefaultStages>
+                                       : hop::hopper_attention_kernel<__nv_bfloat16, 128, 2>)
+                        : (kernel == 1 ? hop::hopper_attention_kernel<__nv_bfloat16, 64, hop::kDefaultStages>
+                                       : hop::hopper_attention_kernel<__nv_bfloat16, 64, 2>);
+    const int smem = D == 128 ? (kernel == 1 ? hop::smem_bytes<128, hop::kDefaultStages>() : hop::smem_bytes<128, 2>())
+                              : (kernel == 1 ? hop::smem_bytes<64, hop::kDefaultStages>() : hop::smem_bytes<64, 2>());
     CK(cudaFuncSetAttribute(kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kfn<<<ctas, hop::kThreads, smem>>>(mq, mk, mv, p);
   }
@@ -237,8 +244,12 @@ int check_case(const char* name, std::vector<int64_t> lens, int H, int Hkv, doub
   float *ref_o, *ref_l;
   CK(cudaMalloc(&ref_o, (int64_t)H * tokens * D * 4));
   CK(cudaMalloc(&ref_l, (int64_t)H * tokens * 4));
-  reference_kernel<<<(H * tokens + 127) / 128, 128>>>(pr.q, pr.k, pr.v, ref_o, ref_l, tokens, H, H / Hkv, dp.view,
-                                                      p.scale);
+  if (D == 128)
+    reference_kernel<128><<<(H * tokens + 127) / 128, 128>>>(pr.q, pr.k, pr.v, ref_o, ref_l, tokens, H, H / Hkv,
+                                                            dp.view, p.scale);
+  else
+    reference_kernel<64><<<(H * tokens + 127) / 128, 128>>>(pr.q, pr.k, pr.v, ref_o, ref_l, tokens, H, H / Hkv,
+                                                           dp.view, p.scale);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   std::vector<float> ro(H * tokens * D), rl(H * tokens), l(H * tokens);
@@ -312,7 +323,7 @@ void time_case(int64_t n, int H, int Hkv, double density, int kernel_mask) {
     }
     std::sort(ms.begin(), ms.end());
     const double tflops = 4.0 * B * B * D * hp.pairs / (ms[1] * 1e-3) / 1e12;
-    std::printf("n=%-7lld H=%d Hkv=%d density=%s%-5.2f %-9s %9.3f ms  %6.1f TFLOP/s\n", (long long)n, H, Hkv,
+    std::printf("d=%d n=%-7lld H=%d Hkv=%d density=%s%-5.2f %-9s %9.3f ms  %6.1f TFLOP/s\n", D, (long long)n, H, Hkv,
                 density < 0 ? "dense " : "", density < 0 ? 1.0 : density, kNames[kernel], ms[1], tflops);
   }
   cudaFree(pr.q);
@@ -323,25 +334,30 @@ void time_case(int64_t n, int H, int Hkv, double density, int kernel_mask) {
 }
 
 int main(int argc, char** argv) {
-  // hopper_dev [timing 0|1]
+  // hopper_dev [timing 0|1] [64 | both]: head dim 128 (default), 64, or both
   const bool timing = argc < 2 || std::atoi(argv[1]) != 0;
+  std::vector<int> dims = {128};
+  if (argc > 2) dims = std::string(argv[2]) == "64" ? std::vector<int>{64} : std::vector<int>{64, 128};
   int failures = 0;
-  failures += check_case("dense_1seq_n1000_gqa2", {1000}, 4, 2, -1, 1);
-  failures += check_case("dense_1seq_n2048_gqa4", {2048}, 8, 2, -1, 2);
-  failures += check_case("random30_n3000_gqa2", {3000}, 4, 2, 0.3, 3);
-  failures += check_case("varlen_dense_50_700_129_1024", {50, 700, 129, 1024}, 4, 1, -1, 4);
-  failures += check_case("varlen_random10", {300, 1200, 65, 901}, 4, 4, 0.1, 5);
-  // More items than SMs per CTA in the persistent grid: several items per CTA, ring phases carried over.
-  failures += check_case("random20_n9000_h32_gqa4", {9000}, 32, 8, 0.2, 6);
-  failures += check_case("varlen_random30_h16", {5000, 300, 7000, 129}, 16, 4, 0.3, 7);
+  for (int dim : dims) {
+    D = dim;
+    std::printf("---- head dim %d\n", D);
+    failures += check_case("dense_1seq_n1000_gqa2", {1000}, 4, 2, -1, 1);
+    failures += check_case("dense_1seq_n2048_gqa4", {2048}, 8, 2, -1, 2);
+    failures += check_case("random30_n3000_gqa2", {3000}, 4, 2, 0.3, 3);
+    failures += check_case("varlen_dense_50_700_129_1024", {50, 700, 129, 1024}, 4, 1, -1, 4);
+    failures += check_case("varlen_random10", {300, 1200, 65, 901}, 4, 4, 0.1, 5);
+    failures += check_case("random20_n9000_h32_gqa4", {9000}, 32, 8, 0.2, 6);
+    failures += check_case("varlen_random30_h16", {5000, 300, 7000, 129}, 16, 4, 0.3, 7);
+  }
   std::printf("correctness failures (portable/hopper): %d\n", failures);
   if (timing) {
-    time_case(32768, 32, 8, -1, 6);
-    time_case(131072, 32, 8, -1, 6);
-    time_case(131072, 32, 8, 0.10, 6);
-    time_case(131072, 32, 8, 0.20, 6);
-    time_case(32768, 32, 8, 0.10, 6);
-    time_case(32768, 32, 8, 0.05, 6);
+    for (int dim : dims) {
+      D = dim;
+      time_case(32768, 32, 8, -1, 7);
+      time_case(131072, 32, 8, -1, 7);
+      time_case(131072, 32, 8, 0.10, 7);
+    }
   }
   return failures;
 }

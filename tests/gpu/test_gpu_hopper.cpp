@@ -1,9 +1,9 @@
-// tests/gpu/test_gpu_hopper.cpp — the Hopper (sm_90a, TMA + wgmma) attention kernel, forced with
-// CRISP_KERNEL=hopper, against the CPU float64 reference on the same plan and the same rounded
-// inputs (the tolerances of test_gpu_attention.cpp: relative Frobenius error of O <= 1e-2 per
-// (sequence, head), |LSE - ref| <= 1e-3), with NaN-poisoned outputs; the Hopper kernel against the
-// portable kernel on the same inputs; and the CRISP_KERNEL dispatch. Every test skips itself
-// without an sm_90 device whose binary carries the sm_90a code.
+// tests/gpu/test_gpu_hopper.cpp — the Hopper (sm_90a, TMA + wgmma) attention kernel (head dim 64
+// and 128, block size 128), forced with CRISP_KERNEL=hopper, against the CPU float64 reference on
+// the same plan and the same rounded inputs (the tolerances of test_gpu_attention.cpp: relative
+// Frobenius error of O <= 1e-2 per (sequence, head), |LSE - ref| <= 1e-3), with NaN-poisoned
+// outputs; the Hopper kernel against the portable kernel on the same inputs; and the CRISP_KERNEL
+// dispatch. Every test skips itself without an sm_90 device whose binary carries the sm_90a code.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -73,6 +73,7 @@ enum class Layout { dense, crisp_plan, random };
 struct Case {
   std::string name;
   crisp::DType dtype;
+  int64_t head_dim;
   int64_t num_q_heads, num_kv_heads;
   std::vector<int64_t> seq_lens;
   Layout layout;
@@ -115,7 +116,7 @@ struct Prepared {
 };
 
 Prepared prepare(const Case& c) {
-  constexpr int64_t d = 128;
+  const int64_t d = c.head_dim;
   crisp::WorkloadSpec spec;
   spec.num_q_heads = c.num_q_heads;
   spec.num_kv_heads = c.num_kv_heads;
@@ -157,7 +158,7 @@ Prepared prepare(const Case& c) {
 // Runs attend_async with CRISP_KERNEL = `kernel` on NaN-poisoned outputs; returns O bits and LSE.
 void run_device(const Case& c, const Prepared& p, const char* kernel, std::vector<uint16_t>& out_bits,
                 std::vector<float>& lse) {
-  constexpr int64_t d = 128;
+  const int64_t d = c.head_dim;
   const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, T = p.tokens;
   const std::size_t q_bytes = p.q_bits.size() * 2, kv_bytes = p.k_bits.size() * 2;
   DeviceBuffer dq(q_bytes), dk(kv_bytes), dv(kv_bytes), dout(q_bytes), dlse(Hq * T * sizeof(float));
@@ -189,7 +190,7 @@ class GpuHopper : public ::testing::TestWithParam<Case> {};
 TEST_P(GpuHopper, MatchesFloat64ReferenceAndWritesEveryElement) {
   SKIP_WITHOUT_HOPPER();
   const Case& c = GetParam();
-  constexpr int64_t d = 128;
+  const int64_t d = c.head_dim;
   Prepared p = prepare(c);  // not const: the CPU views take mutable pointers
   const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, T = p.tokens;
 
@@ -240,7 +241,7 @@ TEST_P(GpuHopper, MatchesFloat64ReferenceAndWritesEveryElement) {
 TEST_P(GpuHopper, AgreesWithPortableKernelAndAutoDispatchPicksIt) {
   SKIP_WITHOUT_HOPPER();
   const Case& c = GetParam();
-  constexpr int64_t d = 128;
+  const int64_t d = c.head_dim;
   const Prepared p = prepare(c);
   const int64_t Hq = c.num_q_heads, T = p.tokens;
   std::vector<uint16_t> hopper_out, portable_out, auto_out;
@@ -283,25 +284,30 @@ constexpr auto f16 = crisp::DType::f16;
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuHopper,
     ::testing::Values(
-        // name, dtype, Hq, Hkv, seq_lens, layout, random density, seed
-        Case{"bf16_dense_gqa4_unaligned", bf16, 8, 2, {1000}, Layout::dense, 0, 101},
-        Case{"bf16_dense_gqa1_aligned", bf16, 4, 4, {2048}, Layout::dense, 0, 102},
-        Case{"bf16_crisp_gqa4", bf16, 8, 2, {3000}, Layout::crisp_plan, 0, 103},
-        Case{"fp16_crisp_gqa8", f16, 8, 1, {2600}, Layout::crisp_plan, 0, 104},
-        Case{"bf16_random30_gqa2", bf16, 4, 2, {2100}, Layout::random, 0.3, 105},
-        Case{"fp16_random10_gqa4", f16, 8, 2, {3300}, Layout::random, 0.1, 106},
-        Case{"bf16_n_below_block", bf16, 4, 1, {37}, Layout::dense, 0, 107},
-        Case{"bf16_varlen_dense", bf16, 8, 2, {50, 700, 129, 1024}, Layout::dense, 0, 108},
-        Case{"bf16_varlen_random10_gqa8", bf16, 8, 1, {300, 1200, 65, 901}, Layout::random, 0.1, 109},
-        Case{"fp16_varlen_crisp", f16, 4, 2, {1500, 77, 2200}, Layout::crisp_plan, 0, 110}),
+        // name, dtype, d, Hq, Hkv, seq_lens, layout, random density, seed
+        Case{"bf16_d128_dense_gqa4_unaligned", bf16, 128, 8, 2, {1000}, Layout::dense, 0, 101},
+        Case{"bf16_d128_dense_gqa1_aligned", bf16, 128, 4, 4, {2048}, Layout::dense, 0, 102},
+        Case{"bf16_d128_crisp_gqa4", bf16, 128, 8, 2, {3000}, Layout::crisp_plan, 0, 103},
+        Case{"fp16_d128_crisp_gqa8", f16, 128, 8, 1, {2600}, Layout::crisp_plan, 0, 104},
+        Case{"bf16_d128_random30_gqa2", bf16, 128, 4, 2, {2100}, Layout::random, 0.3, 105},
+        Case{"fp16_d128_random10_gqa4", f16, 128, 8, 2, {3300}, Layout::random, 0.1, 106},
+        Case{"bf16_d128_n_below_block", bf16, 128, 4, 1, {37}, Layout::dense, 0, 107},
+        Case{"bf16_d128_varlen_dense", bf16, 128, 8, 2, {50, 700, 129, 1024}, Layout::dense, 0, 108},
+        Case{"bf16_d128_varlen_random10_gqa8", bf16, 128, 8, 1, {300, 1200, 65, 901}, Layout::random, 0.1, 109},
+        Case{"fp16_d128_varlen_crisp", f16, 128, 4, 2, {1500, 77, 2200}, Layout::crisp_plan, 0, 110},
+        Case{"bf16_d64_dense_gqa4_unaligned", bf16, 64, 8, 2, {1000}, Layout::dense, 0, 111},
+        Case{"fp16_d64_crisp_gqa4", f16, 64, 8, 2, {2600}, Layout::crisp_plan, 0, 112},
+        Case{"bf16_d64_random20_gqa8", bf16, 64, 8, 1, {2100}, Layout::random, 0.2, 113},
+        Case{"bf16_d64_varlen_crisp", bf16, 64, 4, 2, {1500, 77, 2200}, Layout::crisp_plan, 0, 114},
+        Case{"fp16_d64_varlen_random10", f16, 64, 4, 1, {300, 1200, 65, 901}, Layout::random, 0.1, 115}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
-// CRISP_KERNEL: an unknown value and a forced Hopper kernel on a shape it does not cover (head dim
-// 64) are errors naming CRISP_KERNEL; "portable" and "auto" run that shape on the portable kernel.
+// CRISP_KERNEL: an unknown value and a forced Hopper kernel on a shape it does not cover (block
+// size 64) are errors naming CRISP_KERNEL; "portable" and "auto" run that shape on the portable kernel.
 TEST(GpuHopperDispatch, KernelChoiceErrorsNameTheVariable) {
   SKIP_WITHOUT_HOPPER();
-  const int64_t H = 2, T = 256, d = 64;
-  const crisp::Plan plan = crisp::dense_plan(H, H, d, {0, T}, 128);
+  const int64_t H = 2, T = 256, d = 128;
+  const crisp::Plan plan = crisp::dense_plan(H, H, d, {0, T}, 64);
   crisp::cuda::DevicePlan dplan(plan);
   DeviceBuffer q(H * T * d * 2), k(H * T * d * 2), v(H * T * d * 2), o(H * T * d * 2), l(H * T * 4);
   ASSERT_TRUE(q.ptr && k.ptr && v.ptr && o.ptr && l.ptr);

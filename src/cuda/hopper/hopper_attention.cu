@@ -27,7 +27,8 @@ KernelChoice kernel_choice() {
 }
 
 bool shape_supported(DType dtype, int64_t head_dim, int block_size) {
-  return (dtype == DType::bf16 || dtype == DType::f16) && head_dim == kHeadDim && block_size == kTileRows;
+  return (dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 64 || head_dim == 128) &&
+         block_size == kTileRows;
 }
 
 namespace {
@@ -45,7 +46,7 @@ bool look_up_available(int device) {
   // The binary the runtime picked for this device must be sm_90a machine code compiled from
   // sm_90a PTX: a build without 90a has only the sm_80 stub (or PTX of it, JIT-compiled).
   cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, hopper_attention_kernel<__nv_bfloat16>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attributes, hopper_attention_kernel<__nv_bfloat16, 128>) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
@@ -64,17 +65,18 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
   return fn;
 }
 
-template <typename T>
+template <typename T, int kDim>
 void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_heads, int64_t num_ctas,
             DType dtype, cudaStream_t stream) {
-  const CUtensorMap map_q =
-      make_tensor_map(params.q, dtype, params.num_q_heads, tokens, params.q_stride_head, params.q_stride_token);
+  const CUtensorMap map_q = make_tensor_map(params.q, dtype, kDim, params.num_q_heads, tokens, params.q_stride_head,
+                                            params.q_stride_token);
   const CUtensorMap map_k =
-      make_tensor_map(params.k, dtype, num_kv_heads, tokens, params.k_stride_head, params.k_stride_token);
+      make_tensor_map(params.k, dtype, kDim, num_kv_heads, tokens, params.k_stride_head, params.k_stride_token);
   const CUtensorMap map_v =
-      make_tensor_map(params.v, dtype, num_kv_heads, tokens, params.v_stride_head, params.v_stride_token);
-  auto kernel = hopper_attention_kernel<T>;
-  CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kDefaultStages>()));
+      make_tensor_map(params.v, dtype, kDim, num_kv_heads, tokens, params.v_stride_head, params.v_stride_token);
+  constexpr int kSmemBytes = smem_bytes<kDim, kDefaultStages>();
+  auto kernel = hopper_attention_kernel<T, kDim>;
+  CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   // NOTE: one CTA per work item (the hardware hands the next item to whichever SM frees up), not a
   // persistent grid: the kernel can walk several items per CTA (stride = grid), but a grid of one
   // CTA per SM with that static round-robin measured slower on the H200 (dense causal 575 vs 670
@@ -82,7 +84,7 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
   if (num_ctas > 0x7fffffffLL)
     throw Error("q", "needs " + std::to_string(num_ctas) + " thread blocks", "fewer than 2^31");
   const int64_t grid = num_ctas;
-  kernel<<<static_cast<unsigned>(grid), kThreads, smem_bytes<kDefaultStages>(), stream>>>(map_q, map_k, map_v, params);
+  kernel<<<static_cast<unsigned>(grid), kThreads, kSmemBytes, stream>>>(map_q, map_k, map_v, params);
   CRISP_CUDA_CHECK_LAUNCH("hopper_attention_kernel");
 }
 
@@ -97,11 +99,11 @@ bool kernel_available() {
   return g_available[device] == 1;
 }
 
-CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t heads, int64_t tokens, int64_t stride_head,
-                            int64_t stride_token) {
+CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t head_dim, int64_t heads, int64_t tokens,
+                            int64_t stride_head, int64_t stride_token) {
   CUtensorMap map;
   std::memset(&map, 0, sizeof map);
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kHeadDim), static_cast<cuuint64_t>(tokens),
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(tokens),
                               static_cast<cuuint64_t>(heads)};
   // Byte strides of dimensions 1 and 2 (multiples of 16: checked by the caller, as for cp.async).
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride_token) * 2, static_cast<cuuint64_t>(stride_head) * 2};
@@ -132,13 +134,16 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
                                  std::string(dtype == DType::bf16 ? "bf16" : dtype == DType::f16 ? "f16" : "other") +
                                  ", head dim " +
                                  std::to_string(head_dim) + ", block size " + std::to_string(block_size),
-                "bf16/f16, head dim 128, block size 128 on an sm_90 device (or CRISP_KERNEL=auto)");
+                "bf16/f16, head dim 64 or 128, block size 128 on an sm_90 device (or CRISP_KERNEL=auto)");
   }
   if (num_ctas == 0) return true;
-  if (dtype == DType::bf16)
-    launch<__nv_bfloat16>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
-  else
-    launch<__half>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+  if (dtype == DType::bf16) {
+    if (head_dim == 128) launch<__nv_bfloat16, 128>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+    else launch<__nv_bfloat16, 64>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+  } else {
+    if (head_dim == 128) launch<__half, 128>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+    else launch<__half, 64>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+  }
   return true;
 }
 

@@ -3,8 +3,8 @@
 //
 // Kernel choice (environment variable CRISP_KERNEL, read at every attention launch):
 //   auto (default, or unset): the Hopper kernel when the device is sm_90, the library carries its
-//        sm_90a code, and the call is bf16/fp16 with head dim 128 and block size 128; otherwise the
-//        portable kernel;
+//        sm_90a code, and the call is bf16/fp16 with head dim 64 or 128 and block size 128;
+//        otherwise the portable kernel;
 //   portable: always the portable (sm_80-class) kernel;
 //   hopper:   the Hopper kernel, and a crisp::Error naming CRISP_KERNEL when it cannot run this call.
 #pragma once
@@ -40,10 +40,11 @@ bool shape_supported(DType dtype, int64_t head_dim, int block_size);
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
                         int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, cudaStream_t stream);
 
-// A 3-D TMA map (dims, tokens, heads) over a [heads, tokens, 128] bf16/fp16 tensor with the given
-// element strides, boxes of 64 dims x 128 tokens x 1 head, 128-byte swizzle, zero fill out of bounds.
-CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t heads, int64_t tokens, int64_t stride_head,
-                            int64_t stride_token);
+// A 3-D TMA map (dims, tokens, heads) over a [heads, tokens, head_dim] bf16/fp16 tensor with the
+// given element strides, boxes of 64 dims x 128 tokens x 1 head, 128-byte swizzle, zero fill out of
+// bounds.
+CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t head_dim, int64_t heads, int64_t tokens,
+                            int64_t stride_head, int64_t stride_token);
 
 }  // namespace hopper
 }  // namespace cuda_detail

@@ -6,7 +6,7 @@
 //
 // Roles (384 threads, three warpgroups):
 //  - warpgroup 0, the producer: one thread loads the query block once and then, for each listed
-//    key block, the K and the V tile (128 keys x 128 dims each) into a 3-stage shared-memory ring
+//    key block, the K and the V tile (128 keys x d dims each) into a 3-stage shared-memory ring
 //    with TMA (cp.async.bulk.tensor, 128-byte swizzle), completing on "full" mbarriers; it waits
 //    on the ring slot's "empty" mbarrier before reusing it. The walk over the CSR column list is the
 //    only place the sparsity appears: every load is a whole tile at a gathered block address.
@@ -17,7 +17,7 @@
 //    registers, V from shared memory). 240 registers each.
 // NOTE (why 2 x 64 rows rather than ping-pong of 64-row tiles): with B = 128 a plan row is 128
 // queries, so two consumer warpgroups share one K/V tile stream (each tile is loaded once for 128
-// rows, the FA3 forward shape 128 x 128 at d = 128). Inside each consumer the next tile's S = QK^T
+// rows, the FA3 forward shape 128 x 128). Inside each consumer the next tile's S = QK^T
 // is issued before the current tile's PV and the softmax of the next tile runs while PV is on the
 // tensor cores (intra-warpgroup overlap); the two consumers are not synchronised with each other,
 // so one's softmax also overlaps the other's matmuls. Explicit ping-pong ordering with named
@@ -51,17 +51,19 @@ namespace crisp {
 namespace cuda_detail {
 namespace hopper {
 
-// NOTE: tiles are the plan's 128-token blocks (query and key); d = 128. Other shapes use the
-// portable kernel.
+// NOTE: tiles are the plan's 128-token blocks (query and key); head dim 64 or 128. Other shapes
+// use the portable kernel.
 constexpr int kTileRows = 128;
-constexpr int kHeadDim = 128;
 // NOTE: 64 columns (128 bytes) per TMA box: the 128-byte swizzle mode takes boxes of at most 128
-// bytes in the inner dimension, so a 128-dim tile is two 16 KB halves (dims 0-63, 64-127).
+// bytes in the inner dimension, so a 128-dim tile is two 16 KB halves (dims 0-63, 64-127) and a
+// 64-dim tile one.
 constexpr int kHalfCols = 64;
 constexpr int kHalfBytes = kTileRows * kHalfCols * 2;
-constexpr int kTileBytes = 2 * kHalfBytes;  // 32 KB
-// NOTE: ring stages of K and V (each stage 64 KB) plus the query block (32 KB): 2 stages = 160 KB,
-// 3 stages = 224 KB (the most a CTA may take on Hopper is 227 KB); one CTA per SM either way.
+template <int kDim>
+constexpr int tile_bytes() { return kDim / kHalfCols * kHalfBytes; }  // 32 KB at d = 128
+// NOTE: ring stages of K and V (each stage 64 KB at d = 128) plus the query block (32 KB): 2 stages
+// = 160 KB, 3 stages = 224 KB (the most a CTA may take on Hopper is 227 KB); at d = 64 half of
+// that. One CTA per SM either way (the 384 threads need 168 registers each at launch).
 // Three stages let the producer run two tiles ahead, which matters when gathered sparse blocks
 // come from HBM; on the H200 the two measured within run-to-run noise of each other (dense 32k
 // 648 vs 595, 128k 591 vs 594, random 10% at 128k 500 vs 493 TFLOP/s; bench/RESULTS.md).
@@ -69,19 +71,20 @@ constexpr int kDefaultStages = 3;
 constexpr int kConsumers = 2;  // consumer warpgroups, 64 query rows each
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr int kQOffset = 0;
-constexpr int kKOffset = kTileBytes;
-template <int kStages>
-constexpr int v_offset() { return kKOffset + kStages * kTileBytes; }
-template <int kStages>
-constexpr int barrier_offset() { return v_offset<kStages>() + kStages * kTileBytes; }
+template <int kDim>
+constexpr int k_offset() { return tile_bytes<kDim>(); }
+template <int kDim, int kStages>
+constexpr int v_offset() { return k_offset<kDim>() + kStages * tile_bytes<kDim>(); }
+template <int kDim, int kStages>
+constexpr int barrier_offset() { return v_offset<kDim, kStages>() + kStages * tile_bytes<kDim>(); }
 // Barriers: q full, K full [kStages], V full [kStages], K empty [kStages], V empty [kStages], q empty.
 template <int kStages>
 constexpr int num_barriers() { return 2 + 4 * kStages; }
 // + 1024 bytes so the base can be aligned to 1024 (the 128-byte swizzle pattern repeats every
 // 8 rows of 128 bytes and TMA and wgmma both derive it from the shared-memory address).
-template <int kStages>
-constexpr int smem_bytes() { return barrier_offset<kStages>() + 8 * num_barriers<kStages>() + 1024; }
-static_assert(smem_bytes<kDefaultStages>() <= 227 * 1024, "shared memory of one CTA on Hopper");
+template <int kDim, int kStages>
+constexpr int smem_bytes() { return barrier_offset<kDim, kStages>() + 8 * num_barriers<kStages>() + 1024; }
+static_assert(smem_bytes<128, kDefaultStages>() <= 227 * 1024, "shared memory of one CTA on Hopper");
 // NOTE: register split of the 64K-register file of one 384-thread CTA: 24 for the producer
 // warpgroup, 240 for each consumer (128 x 24 + 256 x 240 = 64512 <= 65536).
 constexpr int kProducerRegisters = 24;
@@ -137,6 +140,9 @@ struct Ops<__nv_bfloat16> {
   static __device__ __forceinline__ void pv(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
     wgmma_m64n128k16_rs_bf16(d, a, b);
   }
+  static __device__ __forceinline__ void pv(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    wgmma_m64n64k16_rs_bf16(d, a, b);
+  }
 };
 template <>
 struct Ops<__half> {
@@ -146,13 +152,16 @@ struct Ops<__half> {
   static __device__ __forceinline__ void pv(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
     wgmma_m64n128k16_rs_f16(d, a, b);
   }
+  static __device__ __forceinline__ void pv(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    wgmma_m64n64k16_rs_f16(d, a, b);
+  }
 };
 
 #endif  // CRISP_HOPPER_DEVICE_CODE
 
 // q/k/v arrive as TMA tensor maps (3-D: dims, tokens, heads); out/lse and the plan through the
 // portable kernel's parameters (the same work items, row subsets included).
-template <typename T, int kStages = kDefaultStages>
+template <typename T, int kDim, int kStages = kDefaultStages>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_attention_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                             const __grid_constant__ CUtensorMap map_v, const attention::Params p) {
@@ -161,9 +170,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t q_smem = smem + kQOffset;
-  const uint32_t bar_q = smem + barrier_offset<kStages>();
-  auto k_smem = [&](int stage) { return smem + kKOffset + stage * kTileBytes; };
-  auto v_smem = [&](int stage) { return smem + v_offset<kStages>() + stage * kTileBytes; };
+  static_assert(kDim == 64 || kDim == 128, "head dim 64 or 128");
+  constexpr int kTileBytes = tile_bytes<kDim>();
+  constexpr int kHalves = kDim / kHalfCols;  // TMA boxes per tile
+  const uint32_t bar_q = smem + barrier_offset<kDim, kStages>();
+  auto k_smem = [&](int stage) { return smem + k_offset<kDim>() + stage * kTileBytes; };
+  auto v_smem = [&](int stage) { return smem + v_offset<kDim, kStages>() + stage * kTileBytes; };
   auto bar_k_full = [&](int stage) { return bar_q + 8u * (1 + stage); };
   auto bar_v_full = [&](int stage) { return bar_q + 8u * (1 + kStages + stage); };
   auto bar_k_empty = [&](int stage) { return bar_q + 8u * (1 + 2 * kStages + stage); };
@@ -238,8 +250,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (items_done > 0) mbar_wait(bar_q_empty, (items_done - 1) & 1);
       const int q_token = token0 + it.r * kTileRows;
       mbar_expect_tx(bar_q, kTileBytes);
-      tma_load(q_smem, &map_q, 0, q_token, it.h, bar_q);
-      tma_load(q_smem + kHalfBytes, &map_q, kHalfCols, q_token, it.h, bar_q);
+#pragma unroll
+      for (int x = 0; x < kHalves; ++x) tma_load(q_smem + x * kHalfBytes, &map_q, x * kHalfCols, q_token, it.h, bar_q);
       for (int j = 0; j < num_tiles; ++j) {
         const uint32_t t = tiles_done + j;
         const int stage = t % kStages;
@@ -247,12 +259,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int key_token = token0 + row_cols[j] * kTileRows;
         if (t >= kStages) mbar_wait(bar_k_empty(stage), reuse_parity);
         mbar_expect_tx(bar_k_full(stage), kTileBytes);
-        tma_load(k_smem(stage), &map_k, 0, key_token, kv_head, bar_k_full(stage));
-        tma_load(k_smem(stage) + kHalfBytes, &map_k, kHalfCols, key_token, kv_head, bar_k_full(stage));
+#pragma unroll
+        for (int x = 0; x < kHalves; ++x)
+          tma_load(k_smem(stage) + x * kHalfBytes, &map_k, x * kHalfCols, key_token, kv_head, bar_k_full(stage));
         if (t >= kStages) mbar_wait(bar_v_empty(stage), reuse_parity);
         mbar_expect_tx(bar_v_full(stage), kTileBytes);
-        tma_load(v_smem(stage), &map_v, 0, key_token, kv_head, bar_v_full(stage));
-        tma_load(v_smem(stage) + kHalfBytes, &map_v, kHalfCols, key_token, kv_head, bar_v_full(stage));
+#pragma unroll
+        for (int x = 0; x < kHalves; ++x)
+          tma_load(v_smem(stage) + x * kHalfBytes, &map_v, x * kHalfCols, key_token, kv_head, bar_v_full(stage));
       }
       tiles_done += num_tiles;
       ++items_done;
@@ -271,7 +285,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // bytes, so the stride between 8-row groups is 1024 bytes and the leading offset is unused; a
   // 16-dim k-step advances 32 bytes inside the atom, the second 64 dims are the next half.
   // V is MN-major for PV (dims contiguous, keys the reduction dimension): a 16-key k-step is two
-  // 8-key atoms (1024 bytes apart) and the 128 dims are two 64-dim halves (kHalfBytes apart).
+  // 8-key atoms (1024 bytes apart) and 128 dims are two 64-dim halves (kHalfBytes apart; at d = 64
+  // the single half leaves the leading offset unused).
   const uint64_t q_desc = smem_descriptor(q_smem + consumer * 64 * 128, 16, 1024);
   auto k_desc = [&](int stage) { return smem_descriptor(k_smem(stage), 16, 1024); };
   // For MN-major operands the leading offset is the stride between 64-element atoms along N (the
@@ -281,7 +296,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Offsets are added to the start-address field (bytes >> 4).
   auto dim_step = [](int kk) { return static_cast<uint64_t>(((kk / 4) * kHalfBytes + (kk % 4) * 32) >> 4); };
 
-  float o_acc[64];
+  constexpr int kOutRegs = kDim / 2;  // O accumulators per thread (64 rows x kDim per warpgroup)
+  float o_acc[kOutRegs];
   float s_acc[64];
   uint32_t p_frag[8][4];
   float row_max[2], row_sum[2];  // row_sum: this thread's columns only; the quad is summed at the end
@@ -294,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     const uint64_t kd = k_desc(stage);
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) Ops<T>::qk(s_acc, q_desc + dim_step(kk), kd + dim_step(kk), kk > 0);
+    for (int kk = 0; kk < kDim / 16; ++kk) Ops<T>::qk(s_acc, q_desc + dim_step(kk), kd + dim_step(kk), kk > 0);
     wgmma_commit();
   };
   // O += P V of ring tile t (issued, not waited for).
@@ -325,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   auto rescale_o = [&](const float (&correction)[2]) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o_acc[i] *= correction[(i & 2) ? 1 : 0];
+    for (int i = 0; i < kOutRegs; ++i) o_acc[i] *= correction[(i & 2) ? 1 : 0];
   };
 
   uint32_t tiles_done = 0, items_done = 0;
@@ -340,7 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int thread_row0 = wg_row0 + warp * 16 + group;     // rows thread_row0 and thread_row0 + 8
 
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
+    for (int i = 0; i < kOutRegs; ++i) o_acc[i] = 0.f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
 
@@ -435,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float inv = 1.f / sum;
       T* out_row = out_base + (out_shift + query) * p.o_stride_token;
 #pragma unroll
-      for (int g = 0; g < 16; ++g) {
+      for (int g = 0; g < kDim / 8; ++g) {
         const uint32_t packed = Mma<T>::pack(o_acc[g * 4 + 2 * half] * inv, o_acc[g * 4 + 2 * half + 1] * inv);
         *reinterpret_cast<uint32_t*>(out_row + g * 8 + quad_lane * 2) = packed;
       }
