@@ -11,6 +11,17 @@ loader, which needs the `gguf` package):
     python3 eval/hf_niah.py --samples samples.jsonl --out outputs.jsonl              # this script
     crisp eval niah --score outputs.jsonl --json eval/results/niah_hf.json          # the table
 
+On the GPU machine, through scripts/py_gpu_run.sh (dump the samples here first: --dry-run needs
+only the tokenizer; carry the gguf wheel in .whl/ and the model; bf16 on CUDA):
+
+    build/crisp eval niah --dry-run --dump-samples out/niah_samples.jsonl --lengths 2048,4096,8192
+    HF_NIAH_SAMPLES=out/niah_samples.jsonl HF_NIAH_MODEL=<the .gguf there> COMPARE_ARGS=skip \
+        SKIP_TESTS=1 scripts/py_gpu_run.sh      # -> $OUT/hf_niah_outputs.jsonl
+    build/crisp eval niah --score <fetched>/hf_niah_outputs.jsonl   # here
+
+Cost: every sample runs once per policy plus once for sdpa, with Python-level greedy decoding
+(about 30 layers x max_new_tokens small launches); use --limit or fewer lengths when time is short.
+
 Each output line: id, policy ("sdpa" or the crisp preset), output (decoded text), task, expected,
 scoring, length, depth, ttft_s (prefill wall time), new_tokens, stop ("end" or "max_new_tokens"),
 and for crisp policies prefill_calls: the layers that really ran crisp (crisp.hf.stats; the script

@@ -17,6 +17,11 @@
 #   COMPARE_TIMEOUT=240       wall-clock cap of bench/compare.py (seconds)
 #   .whl/*.whl                wheels carried along (e.g. gguf for eval/hf_niah.py) are installed
 #                             into /tmp/crisp-site first
+#   HF_NIAH_SAMPLES=file.jsonl  also run eval/hf_niah.py on these samples (from `crisp eval niah
+#                             --dry-run --dump-samples`), outputs in $OUT/hf_niah_outputs.jsonl for
+#                             `crisp eval niah --score`; needs the gguf wheel in .whl/ and the model:
+#   HF_NIAH_MODEL=.cache/model/SmolLM2-135M-Instruct.Q4_1.gguf   HF_NIAH_ARGS="--policies crisp,dense"
+#   HF_NIAH_TIMEOUT=300
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -78,6 +83,18 @@ if [ "$COMPARE_ARGS" != skip ]; then
   RC=$?
   if [ $RC -eq 0 ]; then tail -4 "$OUT/compare_progress.log"; else cat "$OUT/compare_progress.log"; fi
   SUMMARY+=("bench/compare.py: rc=$RC in $(( $(date +%s) - T0 )) s (124 = stopped by COMPARE_TIMEOUT; progress in compare_progress.log)")
+fi
+
+# ---------------------------------------------------------------- NIAH through transformers
+if [ -n "${HF_NIAH_SAMPLES:-}" ]; then
+  note "eval/hf_niah.py --samples $HF_NIAH_SAMPLES ${HF_NIAH_ARGS:-}"
+  T0=$(date +%s)
+  timeout "${HF_NIAH_TIMEOUT:-300}" $PY eval/hf_niah.py --samples "$HF_NIAH_SAMPLES" \
+    --model "${HF_NIAH_MODEL:-.cache/model/SmolLM2-135M-Instruct.Q4_1.gguf}" --out "$OUT/hf_niah_outputs.jsonl" \
+    ${HF_NIAH_ARGS:-} >"$OUT/hf_niah.log" 2>&1
+  RC=$?
+  tail -6 "$OUT/hf_niah.log"
+  SUMMARY+=("eval/hf_niah.py: rc=$RC, $(wc -l <"$OUT/hf_niah_outputs.jsonl" 2>/dev/null || echo 0) outputs ($(( $(date +%s) - T0 )) s); score here: crisp eval niah --score hf_niah_outputs.jsonl")
 fi
 
 echo
