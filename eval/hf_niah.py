@@ -12,7 +12,7 @@ loader, which needs the `gguf` package):
     crisp eval niah --score outputs.jsonl --json eval/results/niah_hf.json          # the table
 
 On the GPU machine, through scripts/py_gpu_run.sh (dump the samples here first: --dry-run needs
-only the tokenizer; carry the gguf wheel in .whl/ and the model; bf16 on CUDA):
+only the tokenizer; carry the samples file, the gguf wheel in .whl/ and the model; bf16 on CUDA):
 
     build/crisp eval niah --dry-run --dump-samples out/niah_samples.jsonl --lengths 2048,4096,8192
     HF_NIAH_SAMPLES=out/niah_samples.jsonl HF_NIAH_MODEL=<the .gguf there> COMPARE_ARGS=skip \
