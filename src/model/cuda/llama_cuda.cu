@@ -35,7 +35,12 @@ namespace {
     const cudaError_t model_status_ = (expr);                 \
     if (model_status_ != cudaSuccess) throw_cuda(model_status_, #expr); \
   } while (0)
-#define MODEL_CUDA_LAUNCH(name) MODEL_CUDA_CHECK(cudaGetLastError())
+// After a kernel launch: a launch-configuration error, named after the kernel.
+#define MODEL_CUDA_LAUNCH(name)                                            \
+  do {                                                                     \
+    const cudaError_t model_status_ = cudaGetLastError();                  \
+    if (model_status_ != cudaSuccess) throw_cuda(model_status_, "launch of " name); \
+  } while (0)
 #define MODEL_CUBLAS_CHECK(expr)                                                                       \
   do {                                                                                                 \
     const cublasStatus_t model_blas_status_ = (expr);                                                  \
