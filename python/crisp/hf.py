@@ -101,7 +101,8 @@ def register(name: str = "crisp", policy: str = "crisp", **params) -> str:
 
     # Checked now rather than at the first forward.
     from . import _C
-    _C.Config(policy, [f"{k}={v}" for k, v in params.items()])
+    from .ops import settings_from_params
+    _C.Config(policy, settings_from_params(params))
 
     AttentionInterface.register(name, _make_forward(policy, params))
     AttentionMaskInterface.register(name, sdpa_mask)

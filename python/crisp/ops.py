@@ -39,10 +39,12 @@ def settings_from_params(params: Dict[str, Any]) -> List[str]:
     for key, value in params.items():
         if isinstance(value, bool):
             raise TypeError(f"{key}: got a bool ({value!r}); expected a number or a name")
-        if isinstance(value, float):
-            text = repr(value)
-        elif isinstance(value, (int, str)) or (isinstance(value, np.generic)):
-            text = str(value)
+        if isinstance(value, (float, np.floating)):
+            text = repr(float(value))  # shortest round-trip form (np.float64's repr is not a number)
+        elif isinstance(value, (int, np.integer)):
+            text = str(int(value))
+        elif isinstance(value, str):
+            text = value
         else:
             raise TypeError(f"{key}: got {type(value).__name__}; expected an int, a float or a str")
         if ";" in text or "=" in text:
@@ -320,6 +322,8 @@ def prefill(q, k, v, policy: str = "crisp", cu_seqlens=None, **params):
     ``block_size=64``, ``softmax_scale=0.125``, ...). Torch tensors run through the custom op
     ``torch.ops.crisp.prefill`` (CUDA tensors on ``torch.cuda.current_stream()``; works under
     ``torch.compile(fullgraph=True)``); numpy arrays run on the CPU backend.
+    ``cu_seqlens`` (varlen only) is read on the host: a CUDA tensor is copied back, which
+    synchronises; pass a CPU tensor or a list to avoid that.
     Bad input raises TypeError / ValueError (``crisp.Error``, a ValueError, for what the library
     rejects) naming the argument and what was expected.
     """

@@ -130,3 +130,11 @@ def test_bad_varlen_offsets_and_nonfinite_values():
 
 def test_crisp_error_is_a_value_error():
     assert issubclass(crisp.Error, ValueError)
+
+
+def test_numpy_scalar_params():
+    q, k, _, _ = workload_varlen(4, 2, 64, [600], seed=8)
+    p = crisp.plan(q, k, alpha=np.float64(2.5), min_budget=np.int64(256))
+    assert p.config["alpha"] == "2.5" and p.config["min_budget"] == "256"
+    with pytest.raises(TypeError, match="alpha"):
+        crisp.plan(q, k, alpha=True)
