@@ -33,12 +33,14 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -LE gpu -j "$jobs" || failed+=("cpu tests (build-asan/)")
 
 echo "== Python package (pip install . into a venv, CPU backend; pytest tests/python)"
-# Skipped, not failed, when the machine cannot make a venv or reach the package index for the
-# build tools (scikit-build-core, nanobind); CRISP_PYTHON_TESTS=0 skips it. torch is not installed:
-# its tests skip themselves, the numpy tests of the native module run.
+# Skipped, not failed, when the machine has no Python headers (python3-dev), cannot make a venv
+# (python3-venv) or cannot reach the package index for the build tools (scikit-build-core,
+# nanobind); CRISP_PYTHON_TESTS=0 skips it. torch is not installed: its tests skip themselves, the
+# numpy tests of the native module run.
 if [ "${CRISP_PYTHON_TESTS:-1}" = 1 ]; then
   pyvenv=build-python/venv
-  if python3 -m venv "$pyvenv" >/dev/null 2>&1 &&
+  if python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null &&
+     python3 -m venv "$pyvenv" >/dev/null 2>&1 &&
      "$pyvenv/bin/python" -m pip install -q scikit-build-core nanobind numpy pytest >/dev/null 2>&1; then
     if CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$pyvenv/bin/python" -m pip install -q --no-build-isolation \
          -C cmake.define.CRISP_CUDA=OFF -C build-dir=build-python/cmake . &&
@@ -48,7 +50,7 @@ if [ "${CRISP_PYTHON_TESTS:-1}" = 1 ]; then
       failed+=("python package (build-python/)")
     fi
   else
-    echo "test.sh: python package step skipped (no venv or no package index for scikit-build-core/nanobind)"
+    echo "test.sh: python package step skipped (no Python.h, no venv, or no package index for scikit-build-core/nanobind)"
   fi
 fi
 
