@@ -43,6 +43,8 @@ struct CaptureArgs {
   std::string layers = "all";
   std::string out_dir;
   int threads = 0;
+  std::string backend = "cpu";
+  std::string cuda_attention = "f16";
   bool quiet = false;
 };
 
@@ -90,6 +92,9 @@ std::string layer_file(int64_t layer, const char* which) {
 
 void run_capture(const CaptureArgs& args) {
   namespace cm = crisp::model;
+  const cm::ModelBackend backend = cm::parse_model_backend(args.backend, "--backend");
+  cm::require_model_backend(backend, "--backend");
+  const cm::CudaPrefillAttention cuda_attention = cm::parse_cuda_prefill_attention(args.cuda_attention);
   std::string text;
   nlohmann::json source;
   if (!args.prompt_file.empty()) {
@@ -163,6 +168,8 @@ void run_capture(const CaptureArgs& args) {
 
   cm::RunOptions options;  // dense attention: the model's own maps
   options.threads = args.threads;
+  options.backend = backend;
+  options.cuda_attention = cuda_attention;
   progress.begin("prefill of " + std::to_string(n) + " tokens, capturing " + std::to_string(layers.size()) +
                  " layers");
   cm::LlamaContext context(model, n, options);
@@ -187,11 +194,13 @@ void run_capture(const CaptureArgs& args) {
       {"n_ctx_train", hp.n_ctx_train},
       {"beyond_training", result.beyond_training},
       {"attention", "dense"},
+      {"backend", cm::to_string(backend)},
+      {"cuda_attention", backend == cm::ModelBackend::cuda ? args.cuda_attention : ""},
       {"layers", layers},
       {"files", files},
       {"token_ids", tokens},
   };
-  // Generated text may hold invalid UTF-8 (a token that ends inside a character): U+FFFD in the JSON.
+  // Paths given on the command line need not be UTF-8: U+FFFD in the JSON rather than an abort.
   crisp_cli::write_text_file("--out", (fs::path(args.out_dir) / "meta.json").string(),
                              meta.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   std::printf("capture: %lld tokens (of %lld), %zu layers of Q [%lld, %lld, %lld] and K/V [%lld, %lld, %lld] -> %s\n",
@@ -228,6 +237,15 @@ void register_capture_command(CLI::App& app) {
   sub->add_option("--threads", args->threads, "CPU threads (0 = all hardware threads)")
       ->capture_default_str()
       ->check(crisp_cli::kNonNegativeInteger);
+  sub->add_option("--backend", args->backend,
+                  "Model backend: cpu, or cuda (a CUDA build on a GPU machine; the layers before a captured one "
+                  "then run with --cuda-attention)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--cuda-attention", args->cuda_attention,
+                  "CUDA prefill attention: f16 (crisp's kernel) or f32-reference (exact, slow)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f16", "f32-reference"}));
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
   sub->callback([args, prompt_file, qa_index] {
     if (prompt_file->count() == 0 && qa_index->count() == 0)

@@ -283,6 +283,33 @@ TEST(GpuModel, WarmUpAndShortPromptsMatchCpu) {
   }
 }
 
+// capture_qkv on the CUDA backend (the observer sees the device's post-RoPE Q/K/V, copied back)
+// gives the CPU's captures: float32 attention, so float32 rounding apart.
+TEST(GpuModel, CaptureQkvMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const TinyModel& t = tiny();
+  const std::vector<int32_t> ids = crisp_test::tiny_prompt(200, t.vocab, 23);
+  const std::vector<cm::LayerQkv> cpu =
+      cm::capture_qkv(*t.model, ids, {0, 1}, options("dense", cm::ModelBackend::cpu));
+  const std::vector<cm::LayerQkv> gpu = cm::capture_qkv(
+      *t.model, ids, {0, 1}, options("dense", cm::ModelBackend::cuda, cm::CudaPrefillAttention::reference_f32));
+  ASSERT_EQ(gpu.size(), 2u);
+  ASSERT_EQ(cpu.size(), 2u);
+  for (std::size_t l = 0; l < 2; ++l) {
+    EXPECT_EQ(gpu[l].layer, cpu[l].layer);
+    for (const auto& [a, b] : {std::make_pair(&gpu[l].q, &cpu[l].q), std::make_pair(&gpu[l].k, &cpu[l].k),
+                               std::make_pair(&gpu[l].v, &cpu[l].v)}) {
+      ASSERT_EQ(a->size(), b->size());
+      double max_abs = 0.0, max_ref = 0.0;
+      for (std::size_t i = 0; i < a->size(); ++i) {
+        max_abs = std::max(max_abs, std::fabs(static_cast<double>((*a)[i]) - (*b)[i]));
+        max_ref = std::max(max_ref, std::fabs(static_cast<double>((*b)[i])));
+      }
+      EXPECT_LE(max_abs, 1e-4 * max_ref) << "layer " << l;  // NOTE: float32 rounding, as the logits
+    }
+  }
+}
+
 // Timings at SmolLM2-135M's shape (30 layers, 576 wide, 9/3 heads of 64, feed-forward 1536) with
 // random weights: what one NIAH sample costs per length on this GPU, for the budget of
 // scripts/gpu_model_eval.sh. Runs only with CRISP_MODEL_TIMING=1 (it writes a ~430 MB float32 file to the temp directory).
