@@ -143,8 +143,9 @@ struct DevicePlan::Impl {
   bool owns = false;
   DevicePlanView view;
 
-  ~Impl() {
-    if (owns && memory != nullptr) cudaFree(memory);  // no throw from a destructor
+  ~Impl() {  // no throw from a destructor
+    cuda_detail::release_planner_workspace(view.seqs);
+    if (owns && memory != nullptr) cudaFree(memory);
   }
 };
 

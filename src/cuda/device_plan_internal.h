@@ -17,6 +17,11 @@ inline const DevicePlanView& view_of(const cuda::DevicePlan& plan) {
   return *static_cast<const DevicePlanView*>(plan.raw_view());
 }
 
+// Frees the planning workspace plan_async keeps for the DevicePlan whose view starts at `key`
+// (view.seqs); called when that DevicePlan's buffers are released, so no workspace outlives its
+// plan or is handed to another plan made later at the same address. Never throws.
+void release_planner_workspace(const void* key) noexcept;
+
 // Host-side per-sequence bases of a batch shape (also copied to view.seqs on the device).
 std::vector<layout::SequenceBases> sequence_bases(const SeqLens& cu_seqlens, int block_size);
 

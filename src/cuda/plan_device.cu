@@ -688,9 +688,8 @@ void plan_on_device(const TensorView& q, const TensorView& k, const Config& conf
 namespace cuda {
 
 namespace {
-// One planning workspace per DevicePlan (keyed by its view, which lives as long as the plan).
-// A DevicePlan destroyed and another made at the same address reuse the entry (reallocated
-// when the shape differs).
+// One planning workspace per live DevicePlan, keyed by its view's buffer address; the entry is
+// erased when that DevicePlan is destroyed (cuda_detail::release_planner_workspace).
 std::mutex& workspace_mutex() {
   static std::mutex m;
   return m;
@@ -714,6 +713,21 @@ void plan_async(const TensorView& q, const TensorView& k, const Config& config, 
 }
 
 }  // namespace cuda
+
+void cuda_detail::release_planner_workspace(const void* key) noexcept {
+  if (key == nullptr) return;
+  std::unique_ptr<cuda_detail::planner::PlanWorkspace> dying;
+  try {
+    std::lock_guard<std::mutex> lock(cuda::workspace_mutex());
+    auto it = cuda::workspaces().find(key);
+    if (it == cuda::workspaces().end()) return;
+    dying = std::move(it->second);
+    cuda::workspaces().erase(it);
+  } catch (...) {  // a failed lock: leave the entry rather than throw from a destructor
+    return;
+  }
+  // `dying` frees its device memory here, outside the lock.
+}
 
 namespace detail {
 
