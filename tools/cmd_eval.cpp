@@ -613,7 +613,14 @@ void score_outputs(const NiahArgs& args) {
     scored.push_back(std::move(r));
   }
   if (scored.empty()) throw crisp::Error("--score", "'" + args.score_path + "' holds no outputs", "at least one line");
-  const auto dense_it = std::find(policies.begin(), policies.end(), "dense");
+  // The baseline the other rows are read against: dense attention, named "dense" by crisp and
+  // "sdpa" by the transformers script (eval/hf_niah.py); the first of the two present.
+  std::string baseline = "dense";
+  if (std::find(policies.begin(), policies.end(), baseline) == policies.end() &&
+      std::find(policies.begin(), policies.end(), "sdpa") != policies.end()) {
+    baseline = "sdpa";
+  }
+  const auto dense_it = std::find(policies.begin(), policies.end(), baseline);
   const bool have_dense = dense_it != policies.end();
   if (have_dense) std::rotate(policies.begin(), dense_it, dense_it + 1);
 
@@ -628,7 +635,7 @@ void score_outputs(const NiahArgs& args) {
     Row& row = rows[{r.task, r.length, p}];
     ++row.samples;
     row.correct += r.correct;
-    const auto dense = correct_of.find({r.id, "dense"});
+    const auto dense = correct_of.find({r.id, baseline});
     if (dense != correct_of.end()) {
       ++row.dense_known;
       row.dense_correct += dense->second;
@@ -646,7 +653,8 @@ void score_outputs(const NiahArgs& args) {
 
   std::printf("NIAH scores of %s (%zu outputs; official scoring of src/eval/niah.h)\n", args.score_path.c_str(),
               scored.size());
-  std::printf("%-17s %6s  %-14s %5s %6s %6s %8s %8s %4s  %s\n", "task", "length", "policy", "acc", "dense", "kept",
+  std::printf("%-17s %6s  %-14s %5s %6s %6s %8s %8s %4s  %s\n", "task", "length", "policy", "acc",
+              baseline.c_str(), "kept",
               "density", "TTFT s", "n", "note");
   json out_rows = json::array();
   for (const auto& [key, row] : rows) {
@@ -654,10 +662,10 @@ void score_outputs(const NiahArgs& args) {
     const double acc = static_cast<double>(row.correct) / static_cast<double>(row.samples);
     const bool dense_known = row.dense_known > 0;
     const double dense_acc = dense_known ? static_cast<double>(row.dense_correct) / row.dense_known : 0.0;
-    const bool kept_known = dense_known && policies[p] != "dense" && row.dense_correct > 0;
+    const bool kept_known = dense_known && policies[p] != baseline && row.dense_correct > 0;
     const double kept = kept_known ? static_cast<double>(row.both_correct) / row.dense_correct : 0.0;
     std::string note;
-    if (dense_known && row.dense_correct == 0) note = "DENSE FAILS: measures nothing";
+    if (dense_known && row.dense_correct == 0) note = "BASELINE FAILS: measures nothing";
     else if (dense_known && row.dense_correct < row.dense_known) note = "dense partial";
     char density_text[32] = "-", ttft_text[32] = "-";
     if (row.with_density) std::snprintf(density_text, sizeof density_text, "%.3f", row.density_sum / row.with_density);
@@ -677,8 +685,10 @@ void score_outputs(const NiahArgs& args) {
     if (row.with_ttft) jr["mean_ttft_s"] = row.ttft_sum / row.with_ttft;
     out_rows.push_back(jr);
   }
-  std::printf("acc: accuracy; dense: dense's accuracy on the same sample ids; kept: of the samples dense answers, "
-              "the share the policy answers too; density / TTFT: means of the values the file gives.\n");
+  std::printf("acc: accuracy; %s: the baseline's (dense attention's) accuracy on the same sample ids; kept: of the "
+              "samples the baseline answers, the share the policy answers too; density / TTFT: means of the values "
+              "the file gives.\n",
+              baseline.c_str());
   if (!args.json_path.empty()) {
     json samples = json::array();
     for (const Scored& r : scored) {
@@ -686,6 +696,7 @@ void score_outputs(const NiahArgs& args) {
                          {"correct", r.correct}, {"output", r.output}});
     }
     const json out = {{"suite", "niah_score"}, {"date_utc", utc_now()}, {"source", args.score_path},
+                      {"baseline", have_dense ? json(baseline) : json(nullptr)},
                       {"policies", policies},  {"rows", out_rows},      {"samples", samples}};
     // Generated text may hold invalid UTF-8 (a token that ends inside a character): U+FFFD in the JSON.
     crisp_cli::write_text_file("--json", args.json_path,
