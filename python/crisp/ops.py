@@ -16,6 +16,7 @@ their strides, so nothing is copied unless a batched input cannot be expressed a
 """
 from __future__ import annotations
 
+import atexit
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -261,6 +262,9 @@ def _policy_name(policy) -> str:
 # a torch uint8 tensor (the caching allocator, stream-ordered). Up to this many shapes are kept.
 _DEVICE_PLAN_CACHE_SIZE = 4
 _device_plans: "OrderedDict[tuple, tuple]" = OrderedDict()
+# Released before the interpreter tears the native module down: a DevicePlan still alive then is
+# reported by nanobind as a leaked instance, and its device memory would outlive the CUDA runtime.
+atexit.register(_device_plans.clear)
 
 
 def _device_plan(q, hq: int, hkv: int, d: int, cu: List[int], config: "_C.Config", stream: int) -> "_C.DevicePlan":
