@@ -116,6 +116,14 @@ crisp_cli_test(bad_enum_value ARGS "plan|${QK_A}|--set|routing=sometimes|--json|
 crisp_cli_test(bad_block ARGS "plan|${QK_A}|--block|96|--json|${CLI_DIR}/x.json"
   STDERR "${ERR}.*block_size" REQUIRES cli_gen_a)
 
+# Policy specs of `crisp eval niah --policies` (PRESET[:key=value...]): checked before the model loads.
+crisp_cli_test(niah_unknown_policy ARGS "eval|niah|--dry-run|--model|${CLI_DIR}/no_model.gguf|--policies|bogus"
+  STDERR "${ERR}--policies: unknown policy 'bogus'")
+crisp_cli_test(niah_policy_bad_override ARGS "eval|niah|--dry-run|--model|${CLI_DIR}/no_model.gguf|--policies|crisp:gamma=2"
+  STDERR "${ERR}--policies: 'crisp:gamma=2': gamma")
+crisp_cli_test(niah_policy_empty_override ARGS "eval|niah|--dry-run|--model|${CLI_DIR}/no_model.gguf|--policies|crisp:"
+  STDERR "${ERR}--policies: 'crisp:' has an empty override")
+
 # ---------------------------------------------------------------- inputs that do not fit together
 crisp_cli_test(length_mismatch ARGS "plan|--q|${GEN_A}/q.npy|--k|${GEN_B}/k.npy|--json|${CLI_DIR}/x.json"
   STDERR "${ERR}" REQUIRES "cli_gen_a;cli_gen_b")

@@ -149,12 +149,17 @@ TEST(TinyLlama, CliRunAndNiahDumpScoreRoundTrip) {
 
   const std::string samples = (dir / "samples.jsonl").string();
   cmd = cli + " eval niah --model " + model + " --tasks passkey,kv_retrieval --lengths 600 --depths 0.5 " +
-        "--policies dense --threads 2 --quiet --dump-samples " + samples + " --json " + (dir / "niah.json").string() +
+        "--policies dense,crisp:routing=cstruct_rel:rho=2.2 --threads 2 --quiet --dump-samples " + samples + " --json " + (dir / "niah.json").string() +
         " > " + (dir / "niah.log").string() + " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream niah_in(dir / "niah.json");
   const nlohmann::json niah = nlohmann::json::parse(niah_in);
   ASSERT_EQ(niah.at("samples").size(), 2u);
+  // A policy given with overrides runs under its full spec and records the configuration it used.
+  ASSERT_TRUE(niah.at("samples")[0].at("outcomes").contains("crisp:routing=cstruct_rel:rho=2.2")) << niah.dump();
+  const auto& variant = niah.at("policy_configs").at("crisp:routing=cstruct_rel:rho=2.2");
+  EXPECT_EQ(variant.at("routing"), "cstruct_rel") << variant.dump();
+  EXPECT_DOUBLE_EQ(std::stod(variant.at("rho").get<std::string>()), 2.2) << variant.dump();
 
   // Outputs made "elsewhere": dense right, crisp wrong, read back by --score.
   std::ifstream dump(samples);

@@ -248,14 +248,7 @@ void run_niah(const NiahArgs& args) {
   std::vector<crisp::Config> configs;
   for (const std::string& name : args.policies) {
     if (std::find(policies.begin(), policies.end(), name) != policies.end()) continue;
-    try {
-      configs.push_back(crisp::Config::from_preset(name));
-    } catch (const crisp::Error&) {
-      std::string names;
-      for (const std::string& preset : crisp::Config::preset_names()) names += (names.empty() ? "" : ", ") + preset;
-      throw crisp::Error("--policies", "unknown policy '" + name + "'", "presets among " + names);
-    }
-    configs.back().validate();
+    configs.push_back(crisp_cli::config_of_policy_spec(name, "--policies"));
     policies.push_back(name);
   }
   // Dense first: every other policy's row is read against its answers.
@@ -731,7 +724,8 @@ void register_eval_niah(CLI::App& eval) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   sub->add_option("--seed", args->seed, "First seed")->capture_default_str();
-  sub->add_option("--policies", args->policies, "Attention policies (presets); dense is run first")
+  sub->add_option("--policies", args->policies, "Attention policies, comma-separated: presets, or a preset with overrides as "
+                  "PRESET:key=value[:key=value...] (e.g. crisp:routing=cstruct_rel:rho=2.2); dense is run first")
       ->delimiter(',')
       ->capture_default_str();
   sub->add_option("--max-new-tokens", args->max_new_tokens,

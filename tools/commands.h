@@ -62,6 +62,11 @@ void add_policy_options(CLI::App& sub, PolicyOptions& options);
 // The Config of --policy with every --set applied and --block set; validated. Throws crisp::Error.
 crisp::Config make_config(const PolicyOptions& options);
 
+// The Config of a policy named on the command line as "PRESET" or "PRESET:KEY=VALUE[:KEY=VALUE...]"
+// (e.g. "crisp:routing=cstruct_rel:rho=2.2"): the preset with each assignment applied in order,
+// validated. Errors name `argument` (e.g. "--policies") and the offending part. Throws crisp::Error.
+crisp::Config config_of_policy_spec(const std::string& spec, const std::string& argument);
+
 // Options of the CPU backend from --precision and --threads.
 crisp::Options make_run_options(const PolicyOptions& options);
 

@@ -1,6 +1,7 @@
 // tools/policy_options.cpp — --policy / --set / --block / --precision / --threads, shared by
 // `crisp plan` and `crisp attend`.
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "validators.h"
@@ -35,6 +36,41 @@ crisp::Config make_config(const PolicyOptions& options) {
   // --block is a shorthand of --set block_size=...; it is applied last so it wins.
   if (!options.block_size.empty()) config.set("block_size", options.block_size);
   config.validate();
+  return config;
+}
+
+crisp::Config config_of_policy_spec(const std::string& spec, const std::string& argument) {
+  // ':' separates the overrides (not ','): list options such as --policies split on commas.
+  const std::string form = "PRESET or PRESET:key=value[:key=value...]";
+  std::vector<std::string> parts;
+  for (std::size_t begin = 0;;) {
+    const std::size_t colon = spec.find(':', begin);
+    parts.push_back(spec.substr(begin, colon == std::string::npos ? std::string::npos : colon - begin));
+    if (colon == std::string::npos) break;
+    begin = colon + 1;
+  }
+  crisp::Config config;
+  try {
+    config = crisp::Config::from_preset(parts.front());
+  } catch (const crisp::Error&) {
+    std::string names;
+    for (const std::string& name : crisp::Config::preset_names()) names += (names.empty() ? "" : ", ") + name;
+    throw crisp::Error(argument, "unknown policy '" + parts.front() + "' in '" + spec + "'",
+                       form + ", the preset among " + names);
+  }
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    if (parts[i].empty()) throw crisp::Error(argument, "'" + spec + "' has an empty override", form);
+    try {
+      config.set(parts[i]);
+    } catch (const crisp::Error& e) {
+      throw crisp::Error(argument, "'" + spec + "': " + e.what(), form);
+    }
+  }
+  try {
+    config.validate();
+  } catch (const crisp::Error& e) {
+    throw crisp::Error(argument, "'" + spec + "': " + e.what(), form);
+  }
   return config;
 }
 
