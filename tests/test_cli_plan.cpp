@@ -85,9 +85,9 @@ std::vector<CliCase> cli_cases() {
       {"dense", {}, 0},
       {"crisp", {"routing=jsd", "vs_budget=cumulative", "slash_cover=single"}, 64},
       {"crisp", {"routing=cstruct_rel", "rho=2", "alpha=2"}, 0},
-      {"crisp", {"tau_proxy=0.9", "pe_gamma=0.7", "min_budget=200"}, 64},
+      {"crisp", {"routing=cstruct", "tau_proxy=0.9", "pe_gamma=0.7", "min_budget=200"}, 64},
       {"crisp", {"routing=none", "alpha=0.5", "max_budget=300"}, 128},
-      {"crisp", {"w_sink=64", "w_local=32", "tau_proxy=0.1", "softmax_scale=0.15"}, 64},
+      {"crisp", {"routing=cstruct", "w_sink=64", "w_local=32", "tau_proxy=0.1", "softmax_scale=0.15"}, 64},
       {"flexprefill", {"tau=0.3", "gamma=0.8", "min_budget=0", "slash_cover=exact"}, 128},
   };
 }

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "eval/fidelity.h"
+#include "plan/rules.h"
 
 namespace ev = crisp::eval;
 using crisp::Route;
@@ -194,8 +195,11 @@ TEST(FidelityLayer, DenseIsExactAndRoutingMatchesTheRule) {
     ASSERT_TRUE(std::isfinite(s.jsd));
     EXPECT_EQ(s.route_cstruct, s.c_struct >= routing.tau_proxy ? Route::vs : Route::pe);
     EXPECT_EQ(s.route_jsd, s.jsd < routing.tau ? Route::pe : Route::vs);
-    // The crisp policy plans with the same routing config: same decisions as the cstruct plan.
-    EXPECT_EQ(f.metrics[1][h].route, s.route_cstruct);
+    // The crisp policy plans with the preset's routing (the calibrated relative form): its
+    // decision follows from the same C_struct.
+    ASSERT_EQ(routing.routing, crisp::Routing::cstruct_rel);
+    const double c_rel = crisp::rules::cstruct_relative(s.c_struct, s.n, routing.w_sink, routing.w_local);
+    EXPECT_EQ(f.metrics[1][h].route, c_rel >= routing.rho ? Route::vs : Route::pe) << "C_rel " << c_rel;
     // The sweep at the config's threshold reproduces the cstruct plan's decisions.
     EXPECT_EQ(ev::agreement_at({s}, ev::RoutingForm::absolute, routing.tau_proxy, 128, 128),
               s.route_cstruct == s.route_jsd ? 1.0 : 0.0);

@@ -166,10 +166,10 @@ std::vector<std::pair<std::string, std::vector<std::string>>> config_grid() {
     grid.push_back({"crisp", {"routing=none", "vs_budget=cumulative", std::string("gamma=") + gamma}});
   // PE coverage (routing forced towards PE by a high tau_proxy).
   for (const char* pg : {"0.3", "0.7", "0.9", "1"})
-    grid.push_back({"crisp", {"tau_proxy=0.99", std::string("pe_gamma=") + pg}});
+    grid.push_back({"crisp", {"routing=cstruct", "tau_proxy=0.99", std::string("pe_gamma=") + pg}});
   for (const char* pg : {"0.5", "0.9"}) grid.push_back({"flexprefill", {"tau=0.5", std::string("pe_gamma=") + pg}});
   // routing thresholds.
-  for (const char* t : {"0.05", "0.1", "0.4", "0.7"}) grid.push_back({"crisp", {std::string("tau_proxy=") + t}});
+  for (const char* t : {"0.05", "0.1", "0.4", "0.7"}) grid.push_back({"crisp", {"routing=cstruct", std::string("tau_proxy=") + t}});
   for (const char* r : {"1", "2", "4", "16"}) grid.push_back({"crisp", {"routing=cstruct_rel", std::string("rho=") + r}});
   for (const char* t : {"0.02", "0.1", "0.3"}) grid.push_back({"crisp", {"routing=jsd", std::string("tau=") + t}});
   // sink / local windows.
@@ -181,7 +181,7 @@ std::vector<std::pair<std::string, std::vector<std::string>>> config_grid() {
   // budgets (min <= max where both are set).
   for (const char* mb : {"100", "256", "700"}) {
     grid.push_back({"crisp", {"routing=none", std::string("min_budget=") + mb}});
-    grid.push_back({"crisp", {"tau_proxy=0.99", std::string("min_budget=") + mb}});
+    grid.push_back({"crisp", {"routing=cstruct", "tau_proxy=0.99", std::string("min_budget=") + mb}});
     grid.push_back({"flexprefill", {std::string("min_budget=") + mb}});
   }
   for (const char* mb : {"64", "200", "1000"}) {

@@ -224,7 +224,7 @@ TEST(Properties, EveryLayoutIsWellFormedWithAnchors) {
       Inputs in = trial == 0 ? workload_inputs(seed + trial, {1000, 129, 640})
                              : random_inputs(seed + trial, 2, 1, 400 + 311 * trial, 16, 1.0 + trial);
       for (const char* preset : {"crisp", "flexprefill", "minference", "dense"}) {
-        for (const char* extra : {"", "tau_proxy=0.9", "slash_cover=single", "routing=jsd"}) {
+        for (const char* extra : {"", "rho=50", "slash_cover=single", "routing=jsd"}) {
           crisp::Config cfg = crisp::Config::from_preset(preset);
           cfg.set("block_size=" + std::to_string(block));
           if (*extra) cfg.set(extra);

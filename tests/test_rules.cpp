@@ -260,6 +260,7 @@ TEST(RulesCrafted, CStructRoutingBoundaryIsInclusive) {
   crisp::Config cfg = crisp::Config::from_preset("crisp");
   cfg.set("w_sink=64");
   cfg.set("w_local=64");
+  cfg.set("routing=cstruct");
   cfg.set("tau_proxy=0.25");  // C_struct = 0.25 exactly: VS (">=")
   EXPECT_EQ(c.plan(cfg).sequences[0].heads[0].route, crisp::Route::vs);
   cfg.set("tau_proxy=0.2500001");
