@@ -8,18 +8,18 @@
 #
 #   here:   scripts/split_model_for_gpu.sh          # -> .modelcarry/part_a/, .modelcarry/part_b/
 #   call 1: run(carry=[".modelcarry/part_a"], command=
-#             "mkdir -p .modelstore && cp .modelcarry/part_a/* .modelstore/ && ls -la .modelstore")
+#             "mkdir -p /tmp/modelstore && cp .modelcarry/part_a/* /tmp/modelstore/")
 #   call 2 (at once): run(carry=[".modelcarry/part_b", ".a4bin", ".whl"], command=
-#             "cp .modelcarry/part_b/* .modelstore/ && scripts/split_model_for_gpu.sh --join .modelstore &&
-#              CRISP_MODEL_PATH=$PWD/.modelstore/SmolLM2-135M-Instruct.Q4_1.gguf scripts/gpu_model_eval.sh")
+#             "cp .modelcarry/part_b/* /tmp/modelstore/ && scripts/split_model_for_gpu.sh --join /tmp/modelstore &&
+#              CRISP_MODEL_PATH=/tmp/modelstore/SmolLM2-135M-Instruct.Q4_1.gguf scripts/gpu_model_eval.sh")
 #
 # --join DIR concatenates DIR/model.part_a + DIR/model.part_b into DIR/<model file name> and checks
 # its sha256 against DIR/model.sha256; it exits 1 (and removes the joined file) on a mismatch, so a
 # half-copied or stale part is never run.
 #
-# .modelcarry/ and .modelstore/ must be ignored (.git/info/exclude): .modelcarry travels only when
-# carried, and .modelstore, an ignored output on the machine, is kept there between the two calls
-# of a warm machine. This script adds both to .git/info/exclude if missing.
+# The first part waits in /tmp on the machine: a folder inside the working tree that a call did not
+# carry is not kept for the next call (seen 2026-11-29), /tmp of a warm machine is. .modelcarry/
+# must be ignored (.git/info/exclude) so that it travels only when carried; this script adds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,7 +49,7 @@ MARGIN=$(( 2 * 1024 * 1024 ))
 HALF=${PART_A_BYTES:-$(( LIMIT - TREE - MARGIN ))}
 [ "$HALF" -ge "$SIZE" ] && HALF=$(( (SIZE + 1) / 2 ))
 [ "$HALF" -le 0 ] && { echo "the working tree ($TREE bytes) leaves no room for a model part" >&2; exit 1; }
-for ignored in /.modelcarry/ /.modelstore/; do
+for ignored in /.modelcarry/; do
   grep -qx "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >>.git/info/exclude
 done
 rm -rf .modelcarry
