@@ -123,4 +123,25 @@ inline void write_file(const std::string& path, const std::vector<uint8_t>& byte
   std::fclose(f);
 }
 
+// GPT-2's byte spelling, the form of byte tokens in a byte-level BPE vocabulary
+// (tokenizer.ggml.tokens), written from its definition: the printable bytes '!'..'~', 0xA1..0xAC
+// and 0xAE..0xFF stand for themselves; the others, in increasing order, become U+0100, U+0101, ...
+inline std::string gpt2_spell_byte(unsigned char b) {
+  auto printable = [](int x) { return (x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE; };
+  uint32_t cp = b;
+  if (!printable(b)) {
+    cp = 256;
+    for (int x = 0; x < b; ++x)
+      if (!printable(x)) ++cp;
+  }
+  std::string out;
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
 }  // namespace crisp_test

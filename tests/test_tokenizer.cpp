@@ -21,29 +21,9 @@ using namespace crisp_test;
 
 namespace {
 
-// GPT-2's byte spelling, written from its definition: the printable bytes '!'..'~', 0xA1..0xAC
-// and 0xAE..0xFF stand for themselves; the others, in increasing order, become U+0100, U+0101, ...
-std::string spell_byte(unsigned char b) {
-  auto printable = [](int x) { return (x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE; };
-  uint32_t cp = b;
-  if (!printable(b)) {
-    cp = 256;
-    for (int x = 0; x < b; ++x)
-      if (!printable(x)) ++cp;
-  }
-  std::string out;
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return out;
-}
-
 std::string spell(const std::string& bytes) {
   std::string out;
-  for (unsigned char b : bytes) out += spell_byte(b);
+  for (unsigned char b : bytes) out += gpt2_spell_byte(b);
   return out;
 }
 
@@ -71,7 +51,7 @@ struct Vocab {
     tokens.push_back("<|im");  // user-defined: a prefix of <|im_start|>, to test longest match
     types.push_back(4);
     for (int b = 0; b < 256; ++b) {
-      tokens.push_back(spell_byte(static_cast<unsigned char>(b)));
+      tokens.push_back(gpt2_spell_byte(static_cast<unsigned char>(b)));
       types.push_back(1);
     }
     for (const std::string& m : merge_list) {

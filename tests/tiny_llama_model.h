@@ -32,25 +32,6 @@ struct TinyLlamaSpec {
 
 namespace tiny_detail {
 
-// GPT-2's byte spelling (printable bytes stand for themselves, the others map to U+0100...).
-inline std::string spell_byte(unsigned char b) {
-  auto printable = [](int x) { return (x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE; };
-  uint32_t cp = b;
-  if (!printable(b)) {
-    cp = 256;
-    for (int x = 0; x < b; ++x)
-      if (!printable(x)) ++cp;
-  }
-  std::string out;
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return out;
-}
-
 inline std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
   std::vector<uint8_t> out(v.size() * sizeof(float));
   std::memcpy(out.data(), v.data(), out.size());
@@ -62,11 +43,10 @@ inline std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
 // Writes the model to `path`; returns its vocabulary size.
 inline uint32_t write_tiny_llama(const std::string& path, const TinyLlamaSpec& spec = {}) {
   using tiny_detail::f32_bytes;
-  using tiny_detail::spell_byte;
   std::vector<std::string> tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
   std::vector<int32_t> types = {3, 3, 3};
   for (int b = 0; b < 256; ++b) {
-    tokens.push_back(spell_byte(static_cast<unsigned char>(b)));
+    tokens.push_back(gpt2_spell_byte(static_cast<unsigned char>(b)));
     types.push_back(1);
   }
   const std::vector<std::string> merges = {"t h", "th e", "Ġ the", "i n", "a n", "e r", "o n", "r e", "Ġ a"};

@@ -237,15 +237,9 @@ void register_capture_command(CLI::App& app) {
   sub->add_option("--threads", args->threads, "CPU threads (0 = all hardware threads)")
       ->capture_default_str()
       ->check(crisp_cli::kNonNegativeInteger);
-  sub->add_option("--backend", args->backend,
-                  "Model backend: cpu, or cuda (a CUDA build on a GPU machine; the layers before a captured one "
-                  "then run with --cuda-attention)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  sub->add_option("--cuda-attention", args->cuda_attention,
-                  "CUDA prefill attention: f16 (crisp's kernel) or f32-reference (exact, slow)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f16", "f32-reference"}));
+  crisp_cli::add_model_backend_options(sub, &args->backend, &args->cuda_attention,
+                                       "Model backend: cpu, or cuda (a CUDA build on a GPU machine; the layers "
+                                       "before a captured one then run with --cuda-attention)");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
   sub->callback([args, prompt_file, qa_index] {
     if (prompt_file->count() == 0 && qa_index->count() == 0)

@@ -747,13 +747,8 @@ void register_eval_niah(CLI::App& eval) {
   sub->add_option("--threads", args->threads, "CPU threads (0 = all)")
       ->capture_default_str()
       ->check(crisp_cli::kNonNegativeInteger);
-  sub->add_option("--backend", args->backend, "Model backend: cpu, or cuda (a CUDA build on a GPU machine)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  sub->add_option("--cuda-attention", args->cuda_attention,
-                  "CUDA prefill attention: f16 (crisp's kernel) or f32-reference (exact, slow)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f16", "f32-reference"}));
+  crisp_cli::add_model_backend_options(sub, &args->backend, &args->cuda_attention,
+                                       "Model backend: cpu, or cuda (a CUDA build on a GPU machine)");
   sub->add_option("--dump-samples", args->dump_samples,
                   "Also write every sample as one JSON line here (id, task, length, depth, seed, prompt_ids, "
                   "prompt_text, answer_prefix, chat_prompt, expected, scoring, max_new_tokens, rope); with "

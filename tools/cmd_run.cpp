@@ -329,14 +329,8 @@ void register_run_command(CLI::App& app) {
                   "RoPE scaling factor (default: the smallest that fits prompt + new tokens in the "
                   "trained context)")
       ->check(CLI::PositiveNumber);
-  sub->add_option("--backend", args->backend, "Compute backend: cpu, or cuda (a CUDA build on a GPU machine)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  auto* cuda_attention = sub->add_option(
-      "--cuda-attention", args->cuda_attention,
-      "CUDA prefill attention: f16 (crisp's kernel on float16 Q/K/V) or f32-reference (a float32 kernel following "
-      "the same plan: exact, slow past a few thousand tokens)");
-  cuda_attention->capture_default_str()->check(CLI::IsMember({"f16", "f32-reference"}));
+  auto* cuda_attention = crisp_cli::add_model_backend_options(
+      sub, &args->backend, &args->cuda_attention, "Compute backend: cpu, or cuda (a CUDA build on a GPU machine)");
   auto* check = sub->add_option("--check-logits", args->check_logits,
                                 "Instead of answering: run the reference prompt of this JSON (scripts/ref_logits.py) "
                                 "and compare every position's logits with it; exit 1 outside the tolerance");

@@ -17,25 +17,18 @@
 #include "cpu/half.h"
 #include "crisp/crisp.h"
 #include "crisp/cuda.h"
+#include "gpu/gpu_test_util.h"
 #include "crisp/workload.h"
 
 namespace {
+
+using crisp_gpu_test::DeviceBuffer;
+using crisp_gpu_test::random_plan;
 
 #define SKIP_WITHOUT_GPU() \
   if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device"
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-// Device memory owned by a test.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) {
-    if (cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 uint16_t to_bits(float x, crisp::DType dt) {
   return dt == crisp::DType::bf16 ? crisp::half::float_to_bf16(x) : crisp::half::float_to_f16(x);
@@ -70,32 +63,6 @@ struct Case {
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
-
-// A random layout of the plan's shape: per (sequence, head, row) the anchors (block 0, and blocks
-// r and r-1 that the local slash anchor reaches under the exact cover) plus each other block c
-// with probability `keep`. Routed PE (its entries are free-form).
-crisp::Plan random_plan(const crisp::Plan& dense, double keep, uint64_t seed) {
-  crisp::Plan plan = dense;
-  std::mt19937_64 rng(seed);
-  std::bernoulli_distribution take(keep);
-  for (auto& sp : plan.sequences) {
-    for (auto& hp : sp.heads) {
-      hp.route = crisp::Route::pe;
-      hp.vertical = {0};
-      hp.slash = {0};
-      hp.row_ptr.assign(1, 0);
-      hp.col.clear();
-      for (int32_t r = 0; r < sp.num_blocks; ++r) {
-        for (int32_t c = 0; c <= r; ++c)
-          if (c == 0 || c >= r - 1 || take(rng)) hp.col.push_back(c);
-        hp.row_ptr.push_back(static_cast<int32_t>(hp.col.size()));
-      }
-      hp.density = static_cast<double>(hp.col.size()) /
-                   (static_cast<double>(sp.num_blocks) * (sp.num_blocks + 1) / 2.0);
-    }
-  }
-  return plan;
-}
 
 class GpuAttention : public ::testing::TestWithParam<Case> {};
 

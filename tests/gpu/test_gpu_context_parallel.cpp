@@ -19,6 +19,7 @@
 #include "cpu/half.h"
 #include "crisp/context_parallel.h"
 #include "crisp/cuda.h"
+#include "gpu/gpu_test_util.h"
 #include "crisp/workload.h"
 #include "plan/shard_copy.h"
 #include "cuda/attention_rows.h"
@@ -26,6 +27,8 @@
 using crisp::partition::copy_shard_tokens;
 
 namespace {
+
+using crisp_gpu_test::DeviceBuffer;
 
 int device_count() {
   int count = 0;
@@ -58,16 +61,6 @@ TEST(GpuContextParallel, WithoutNcclOrCommunicatorGivesAClearError) {
   }
 }
 
-struct Buffer {
-  void* ptr = nullptr;
-  explicit Buffer(std::size_t bytes) {
-    if (cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
-  }
-  ~Buffer() { cudaFree(ptr); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-};
-
 // The row-subset launch on one GPU (no NCCL): listed rows, written at chosen tokens of a smaller
 // output, equal the same rows of the full launch bit for bit; rows not listed stay untouched.
 TEST(GpuRowSubset, ListedRowsEqualTheFullLaunchBitForBit) {
@@ -96,7 +89,7 @@ TEST(GpuRowSubset, ListedRowsEqualTheFullLaunchBitForBit) {
     items.push_back({0, r, out_tokens});
     out_tokens += std::min<int64_t>(n, int64_t{r + 1} * block) - int64_t{r} * block;
   }
-  Buffer q(qb.size() * 2), k(kb.size() * 2), v(vb.size() * 2), o(qb.size() * 2), l(Hq * n * 4),
+  DeviceBuffer q(qb.size() * 2), k(kb.size() * 2), v(vb.size() * 2), o(qb.size() * 2), l(Hq * n * 4),
       os(Hq * out_tokens * d * 2), ls(Hq * out_tokens * 4), it(items.size() * sizeof(items[0]));
   ASSERT_TRUE(q.ptr && k.ptr && v.ptr && o.ptr && l.ptr && os.ptr && ls.ptr && it.ptr);
   ASSERT_EQ(cudaMemcpy(q.ptr, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
@@ -140,16 +133,6 @@ TEST(GpuRowSubset, ListedRowsEqualTheFullLaunchBitForBit) {
 }
 
 #if defined(CRISP_WITH_NCCL)
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) {
-    if (cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 std::vector<uint16_t> to_half_bits(const std::vector<float>& x, crisp::DType dt) {
   std::vector<uint16_t> out(x.size());

@@ -19,10 +19,14 @@
 #include "cpu/half.h"
 #include "crisp/crisp.h"
 #include "crisp/cuda.h"
+#include "gpu/gpu_test_util.h"
 #include "crisp/workload.h"
 #include "cuda/hopper/hopper_attention.h"
 
 namespace {
+
+using crisp_gpu_test::DeviceBuffer;
+using crisp_gpu_test::random_plan;
 
 #define SKIP_WITHOUT_HOPPER()                                                              \
   if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device";                         \
@@ -30,16 +34,6 @@ namespace {
   GTEST_SKIP() << "the device is not sm_90 or the build has no sm_90a code"
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) {
-    if (cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 // Sets CRISP_KERNEL for the lifetime of the object and restores the previous value.
 class KernelChoice {
@@ -81,29 +75,6 @@ struct Case {
   uint64_t seed;
 };
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
-
-// Random layout: per row block 0, blocks r-1 and r, and each other block with probability `keep`.
-crisp::Plan random_plan(const crisp::Plan& dense, double keep, uint64_t seed) {
-  crisp::Plan plan = dense;
-  std::mt19937_64 rng(seed);
-  std::bernoulli_distribution take(keep);
-  for (auto& sp : plan.sequences) {
-    for (auto& hp : sp.heads) {
-      hp.route = crisp::Route::pe;
-      hp.vertical = {0};
-      hp.slash = {0};
-      hp.row_ptr.assign(1, 0);
-      hp.col.clear();
-      for (int32_t r = 0; r < sp.num_blocks; ++r) {
-        for (int32_t c = 0; c <= r; ++c)
-          if (c == 0 || c >= r - 1 || take(rng)) hp.col.push_back(c);
-        hp.row_ptr.push_back(static_cast<int32_t>(hp.col.size()));
-      }
-      hp.density = static_cast<double>(hp.col.size()) / (static_cast<double>(sp.num_blocks) * (sp.num_blocks + 1) / 2.0);
-    }
-  }
-  return plan;
-}
 
 // Inputs of one case: the workload rounded to the dtype (bits for the device, floats for the
 // reference), the plan, and the float64 reference outputs.
