@@ -2,12 +2,18 @@
 // the random block layout the attention tests run the kernels on.
 #pragma once
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <vector>
 
+#include "cpu/half.h"
 #include "crisp/plan.h"
+#include "crisp/tensor.h"
 
 namespace crisp_gpu_test {
 
@@ -46,6 +52,54 @@ inline crisp::Plan random_plan(const crisp::Plan& dense, double keep, uint64_t s
     }
   }
   return plan;
+}
+
+// bf16 / f16 bit patterns of a float (round to nearest even) and back.
+inline uint16_t to_bits(float x, crisp::DType dt) {
+  return dt == crisp::DType::bf16 ? crisp::half::float_to_bf16(x) : crisp::half::float_to_f16(x);
+}
+inline float from_bits(uint16_t b, crisp::DType dt) {
+  return dt == crisp::DType::bf16 ? crisp::half::bf16_to_float(b) : crisp::half::f16_to_float(b);
+}
+
+// The parity check of an attention kernel against the float64 CPU reference on the same plan and
+// the same rounded inputs, per (sequence, head) of an [Hq, tokens, d] output (dtype bits) and its
+// [Hq, tokens] LSE: relative Frobenius error of O <= 1e-2, |LSE - ref| <= 1e-3 (absolute: it is a
+// log), and no element left unwritten (the tests NaN-poison the outputs before the launch).
+struct ReferenceErrors {
+  double worst_rel = 0.0;
+  double worst_lse = 0.0;
+};
+inline ReferenceErrors expect_matches_reference(const crisp::SeqLens& cu_seqlens, int64_t num_q_heads, int64_t tokens,
+                                                int64_t d, crisp::DType dtype, const std::vector<uint16_t>& out_bits,
+                                                const std::vector<float>& lse, const std::vector<double>& ref_out,
+                                                const std::vector<double>& ref_lse) {
+  ReferenceErrors worst;
+  for (std::size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+    for (int64_t h = 0; h < num_q_heads; ++h) {
+      double err2 = 0.0, ref2 = 0.0;
+      for (int64_t t = cu_seqlens[s]; t < cu_seqlens[s + 1]; ++t) {
+        const float l = lse[h * tokens + t];
+        EXPECT_TRUE(std::isfinite(l)) << "lse unwritten or non-finite at head " << h << ", token " << t;
+        if (!std::isfinite(l)) return worst;
+        worst.worst_lse = std::max(worst.worst_lse, std::fabs(l - ref_lse[h * tokens + t]));
+        for (int64_t x = 0; x < d; ++x) {
+          const std::size_t i = static_cast<std::size_t>((h * tokens + t) * d + x);
+          const float o = from_bits(out_bits[i], dtype);
+          EXPECT_TRUE(std::isfinite(o)) << "out unwritten or non-finite at head " << h << ", token " << t << ", dim "
+                                        << x;
+          if (!std::isfinite(o)) return worst;
+          err2 += (o - ref_out[i]) * (o - ref_out[i]);
+          ref2 += ref_out[i] * ref_out[i];
+        }
+      }
+      const double rel = std::sqrt(err2 / ref2);
+      worst.worst_rel = std::max(worst.worst_rel, rel);
+      EXPECT_LE(rel, 1e-2) << "sequence " << s << ", head " << h;
+    }
+  }
+  EXPECT_LE(worst.worst_lse, 1e-3);
+  return worst;
 }
 
 }  // namespace crisp_gpu_test

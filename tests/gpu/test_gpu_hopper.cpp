@@ -26,6 +26,8 @@
 namespace {
 
 using crisp_gpu_test::DeviceBuffer;
+using crisp_gpu_test::from_bits;
+using crisp_gpu_test::to_bits;
 using crisp_gpu_test::random_plan;
 
 #define SKIP_WITHOUT_HOPPER()                                                              \
@@ -54,13 +56,6 @@ class KernelChoice {
   bool had_old_ = false;
   std::string old_;
 };
-
-uint16_t to_bits(float x, crisp::DType dt) {
-  return dt == crisp::DType::bf16 ? crisp::half::float_to_bf16(x) : crisp::half::float_to_f16(x);
-}
-float from_bits(uint16_t b, crisp::DType dt) {
-  return dt == crisp::DType::bf16 ? crisp::half::bf16_to_float(b) : crisp::half::f16_to_float(b);
-}
 
 enum class Layout { dense, crisp_plan, random };
 
@@ -179,30 +174,10 @@ TEST_P(GpuHopper, MatchesFloat64ReferenceAndWritesEveryElement) {
   run_device(c, p, "hopper", out_bits, lse);
   if (HasFatalFailure()) return;
 
-  double worst_rel = 0.0, worst_lse = 0.0;
-  for (std::size_t s = 0; s + 1 < p.cu_seqlens.size(); ++s) {
-    for (int64_t h = 0; h < Hq; ++h) {
-      double err2 = 0.0, ref2 = 0.0;
-      for (int64_t t = p.cu_seqlens[s]; t < p.cu_seqlens[s + 1]; ++t) {
-        const float l = lse[h * T + t];
-        ASSERT_TRUE(std::isfinite(l)) << "lse unwritten or non-finite at head " << h << ", token " << t;
-        worst_lse = std::max(worst_lse, std::fabs(l - ref_lse[h * T + t]));
-        for (int64_t x = 0; x < d; ++x) {
-          const std::size_t i = static_cast<std::size_t>((h * T + t) * d + x);
-          const float o = from_bits(out_bits[i], c.dtype);
-          ASSERT_TRUE(std::isfinite(o)) << "out unwritten or non-finite at head " << h << ", token " << t << ", dim " << x;
-          err2 += (o - ref_out[i]) * (o - ref_out[i]);
-          ref2 += ref_out[i] * ref_out[i];
-        }
-      }
-      const double rel = std::sqrt(err2 / ref2);
-      worst_rel = std::max(worst_rel, rel);
-      EXPECT_LE(rel, 1e-2) << "sequence " << s << ", head " << h;
-    }
-  }
-  EXPECT_LE(worst_lse, 1e-3);
+  const crisp_gpu_test::ReferenceErrors worst = crisp_gpu_test::expect_matches_reference(
+      p.cu_seqlens, Hq, T, d, c.dtype, out_bits, lse, ref_out, ref_lse);
   std::printf("[ %s ] density %.3f, worst rel. error of O %.2e, worst |LSE - ref| %.2e\n", c.name.c_str(),
-              p.plan.density(), worst_rel, worst_lse);
+              p.plan.density(), worst.worst_rel, worst.worst_lse);
 }
 
 // The Hopper and the portable kernel on the same inputs: both accumulate in fp32 and round O once
