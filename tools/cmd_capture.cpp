@@ -6,7 +6,6 @@
 // `crisp eval fidelity` reads such directories.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -47,14 +46,6 @@ struct CaptureArgs {
   std::string cuda_attention = "f16";
   bool quiet = false;
 };
-
-std::string read_file(const std::string& argument, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw crisp::Error(argument, "cannot open '" + path + "'", "a readable file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // "all" or a comma-separated list of layer indices in [0, n_layer).
 std::vector<int64_t> parse_layers(const std::string& text, int64_t n_layer) {
@@ -98,12 +89,12 @@ void run_capture(const CaptureArgs& args) {
   std::string text;
   nlohmann::json source;
   if (!args.prompt_file.empty()) {
-    text = read_file("--prompt-file", args.prompt_file);
+    text = crisp_cli::read_text_file("--prompt-file", args.prompt_file);
     source = {{"kind", "prompt_file"}, {"path", args.prompt_file}};
   } else {
     nlohmann::json prompts;
     try {
-      prompts = nlohmann::json::parse(read_file("--qa-file", args.qa_file));
+      prompts = nlohmann::json::parse(crisp_cli::read_text_file("--qa-file", args.qa_file));
     } catch (const nlohmann::json::exception& e) {
       throw crisp::Error("--qa-file", std::string("is not valid JSON: ") + e.what(), "a JSON list of {prompt, answer}");
     }

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -138,14 +137,6 @@ void check_logits(const RunArgs& args, const crisp::model::RunOptions& run_optio
   }
 }
 
-std::string read_prompt_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw crisp::Error("--prompt-file", "cannot open '" + path + "'", "a readable text file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 void run(const RunArgs& args, bool cuda_attention_given) {
   namespace cm = crisp::model;
   // Every argument check that needs no model comes before the (seconds-long) model load.
@@ -174,7 +165,7 @@ void run(const RunArgs& args, bool cuda_attention_given) {
   }
   if (!args.system.empty() && !args.chat) throw crisp::Error("--system", "needs --chat", "--chat with --system");
   const crisp::Config attention = crisp_cli::make_config(args.policy);
-  const std::string text = args.prompt_file.empty() ? args.prompt : read_prompt_file(args.prompt_file);
+  const std::string text = args.prompt_file.empty() ? args.prompt : crisp_cli::read_text_file("--prompt-file", args.prompt_file);
   if (text.empty()) throw crisp::Error("--prompt", "is empty", "some text to answer");
 
   crisp_cli::Progress progress(!args.quiet);

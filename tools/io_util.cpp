@@ -2,10 +2,19 @@
 #include "io_util.h"
 
 #include <fstream>
+#include <sstream>
 
 #include "crisp/error.h"
 
 namespace crisp_cli {
+
+std::string read_text_file(const std::string& argument, const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw crisp::Error(argument, "cannot open '" + path + "'", "a readable file");
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
 
 void write_text_file(const std::string& argument, const std::string& path, const std::string& text) {
   std::ofstream file(path, std::ios::binary | std::ios::trunc);

@@ -4,6 +4,10 @@
 
 namespace crisp_cli {
 
+// The whole content of `path`; throws crisp::Error naming `argument` (e.g. "--prompt-file") if the
+// file cannot be opened.
+std::string read_text_file(const std::string& argument, const std::string& path);
+
 // Writes `text` to `path`; throws crisp::Error naming `argument` (e.g. "--json") if the file
 // cannot be written completely.
 void write_text_file(const std::string& argument, const std::string& path, const std::string& text);
