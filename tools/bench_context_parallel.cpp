@@ -26,7 +26,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +37,7 @@
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
 #include "gpu_timing.h"
+#include "io_util.h"
 #include "plan/shard_copy.h"
 #include "progress.h"
 
@@ -103,10 +103,7 @@ void run_context_parallel_bench(const ContextParallelBenchArgs& a) {
   out["dtype"] = "bf16";
   out["runs"] = nlohmann::json::array();
   const auto write_json = [&] {
-    if (a.json_path.empty()) return;
-    std::ofstream f(a.json_path);
-    if (!f) throw crisp::Error("--json", "cannot open " + a.json_path + " for writing", "a writable path");
-    f << out.dump(2) << "\n";
+    if (!a.json_path.empty()) crisp_cli::write_text_file("--json", a.json_path, out.dump(2) + "\n");
   };
 
   std::printf("context-parallel prefill: %d x %s, bf16, d=%lld, B=%d, median of %d runs after %d warm-up\n", world,

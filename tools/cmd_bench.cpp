@@ -22,7 +22,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <random>
 #include <sstream>
@@ -39,6 +38,7 @@
 #endif
 #include "bench_context_parallel.h"
 #include "gpu_timing.h"
+#include "io_util.h"
 #include "progress.h"
 
 namespace {
@@ -142,10 +142,7 @@ void run_bench(const BenchArgs& a) {
   out["flop_formula"] = "4*B*B*d*sum_heads(nnz - N/2)";
   out["runs"] = nlohmann::json::array();
   const auto write_json = [&] {
-    if (a.json_path.empty()) return;
-    std::ofstream f(a.json_path);
-    if (!f) throw crisp::Error("--json", "cannot open " + a.json_path + " for writing", "a writable path");
-    f << out.dump(2) << "\n";
+    if (!a.json_path.empty()) crisp_cli::write_text_file("--json", a.json_path, out.dump(2) + "\n");
   };
 
   std::printf("device: %s, bf16, d=%lld, B=%d, median of %d runs after %d warm-up\n", prop.name,
