@@ -219,20 +219,19 @@ void launch(int kernel, const att::Params& p, const Problem& pr, const HostPlan&
     const auto mq = hop::make_tensor_map(pr.q, crisp::DType::bf16, D, pr.H, pr.tokens, p.q_stride_head, p.q_stride_token);
     const auto mk = hop::make_tensor_map(pr.k, crisp::DType::bf16, D, pr.Hkv, pr.tokens, p.k_stride_head, p.k_stride_token);
     const auto mv = hop::make_tensor_map(pr.v, crisp::DType::bf16, D, pr.Hkv, pr.tokens, p.v_stride_head, p.v_stride_token);
-    // kernel 1: the library's stage count; kernel 2: 2 stages
-    auto kfn = D == 128 ? (kernel == 1 ? hop::hopper_attention_kernel<__nv_bfloat16, 128, hop::kDefaultStages>
-                                       : hop::hopper_attention_kernel<__nv_bfloat16, 128, 2>)
-                        : (kernel == 1 ? hop::hopper_attention_kernel<__nv_bfloat16, 64, hop::kDefaultStages>
-                                       : hop::hopper_attention_kernel<__nv_bfloat16, 64, 2>);
-    const int smem = D == 128 ? (kernel == 1 ? hop::smem_bytes<128, hop::kDefaultStages>() : hop::smem_bytes<128, 2>())
-                              : (kernel == 1 ? hop::smem_bytes<64, hop::kDefaultStages>() : hop::smem_bytes<64, 2>());
+    // kernel 1: ping-pong consumers; kernel 2: unsynchronised consumers (one CTA per item, no work order)
+    auto kfn = D == 128 ? (kernel == 1 ? hop::hopper_attention_kernel<__nv_bfloat16, 128, true>
+                                       : hop::hopper_attention_kernel<__nv_bfloat16, 128, false>)
+                        : (kernel == 1 ? hop::hopper_attention_kernel<__nv_bfloat16, 64, true>
+                                       : hop::hopper_attention_kernel<__nv_bfloat16, 64, false>);
+    const int smem = D == 128 ? hop::smem_bytes<128, hop::kDefaultStages>() : hop::smem_bytes<64, hop::kDefaultStages>();
     CK(cudaFuncSetAttribute(kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kfn<<<ctas, hop::kThreads, smem>>>(mq, mk, mv, p);
   }
   CK(cudaGetLastError());
 }
 
-const char* kNames[] = {"portable", "hopper", "hopper_2st"};
+const char* kNames[] = {"portable", "hopper_pingpong", "hopper_unsync"};
 
 int check_case(const char* name, std::vector<int64_t> lens, int H, int Hkv, double density, uint64_t seed) {
   int64_t tokens = 0;

@@ -139,6 +139,8 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   params.plan = view;
   params.row_items = items;
   params.num_row_items = static_cast<int32_t>(num_items);
+  params.work_order = items == nullptr && view.work_order_ready ? view.work_order : nullptr;
+  params.work_counter = nullptr;  // set by the Hopper launch when it runs persistent CTAs
 
   const int64_t num_ctas =
       items != nullptr ? Hq * num_items : Hq * plan.num_sequences() * static_cast<int64_t>(max_blocks);

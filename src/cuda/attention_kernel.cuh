@@ -18,8 +18,10 @@
 //    (the diagonal block and a partial last block);
 //  - GQA reads kv head h / (Hq/Hkv) in place; variable-length batches through the per-sequence
 //    bases of the plan.
-// The grid is 1-D and ordered heaviest-first: causal rows near the end of a sequence have the
-// most key blocks, so those CTAs start first and the short rows fill the tail.
+// The grid is 1-D and ordered heaviest-first: CTA j computes the j-th item of the plan's work
+// order (rows sorted by their key-block count, src/cuda/work_order.h), so the longest rows start
+// first and the short rows fill the tail (without a work order: causal rows from the last query
+// block, the heaviest of a causal plan).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -81,6 +83,12 @@ struct Params {
   // sequence is computed and written at its own token (the default).
   const RowItem* row_items;
   int32_t num_row_items;
+  // Optional work order (every-row launches only): when non-null, the j-th work item taken is
+  // item work_order[j] (DevicePlanView::work_order: heaviest rows first) instead of item j.
+  const int32_t* work_order;
+  // Hopper kernel's persistent scheduler only: a device counter, zero at launch, from which CTAs
+  // take their next work item (after their first, blockIdx.x). Null: one work item per CTA.
+  int32_t* work_counter;
 };
 
 // ------------------------------------------------------------------ small device helpers
@@ -227,10 +235,12 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   auto slot_address = [&](int slot) { return ring + static_cast<uint32_t>(slot * kTileBytes); };
 
   // ---- work item: heads fastest, then sequences, then query blocks from the last (heaviest) one
+  // (or, for a row-subset launch, heads fastest, then the listed items in their order); taken in
+  // the plan's work order (heaviest rows first) when it has one.
   const int32_t H = p.num_q_heads;
   const int32_t S = p.plan.num_sequences;
-  // (or, for a row-subset launch, heads fastest, then the listed items in their order).
-  const int64_t item = blockIdx.x;
+  const int64_t item = p.row_items == nullptr && p.work_order != nullptr ? p.work_order[blockIdx.x]
+                                                                         : static_cast<int64_t>(blockIdx.x);
   const int32_t h = static_cast<int32_t>(item % H);
   int32_t s, r;
   if (p.row_items == nullptr) {

@@ -3,6 +3,7 @@
 // to and from the host crisp::Plan.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -13,6 +14,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_plan.h"
 #include "cuda/device_plan_internal.h"
+#include "cuda/work_order.h"
 #include "plan/plan_layout.h"
 #include "plan/rules.h"
 
@@ -59,7 +61,11 @@ std::size_t align_up(std::size_t x) { return (x + kBufferAlignment - 1) / kBuffe
 
 // Byte offsets of every buffer inside the one allocation.
 struct BufferOffsets {
-  std::size_t seqs, route, c_struct, jsd, nnz, vertical_flags, slash_flags, row_ptr, col, total;
+  std::size_t seqs, route, c_struct, jsd, nnz, vertical_flags, slash_flags, row_ptr, col;
+  std::size_t work_order, sort_keys_in, sort_keys_out, sort_items_in, sort_temp, sort_temp_bytes;
+  int64_t num_work_items;
+  int32_t max_num_blocks;
+  std::size_t total;
 };
 
 BufferOffsets buffer_offsets(int64_t num_heads, const std::vector<layout::SequenceBases>& bases) {
@@ -85,6 +91,17 @@ BufferOffsets buffer_offsets(int64_t num_heads, const std::vector<layout::Sequen
   o.slash_flags = take(block_entries * sizeof(int8_t));
   o.row_ptr = take(row_ptr_entries * sizeof(int32_t));
   o.col = take(col_entries * sizeof(int32_t));
+  // The attention work order and the scratch of the sort that builds it (src/cuda/work_order.h).
+  o.max_num_blocks = 0;
+  for (const auto& b : bases) o.max_num_blocks = std::max(o.max_num_blocks, b.num_blocks);
+  o.num_work_items = num_work_items(num_heads, static_cast<int64_t>(bases.size()), o.max_num_blocks);
+  o.sort_temp_bytes = work_order_temp_bytes(o.num_work_items);
+  const std::size_t items = o.sort_temp_bytes > 0 ? static_cast<std::size_t>(o.num_work_items) : 0;
+  o.work_order = take(items * sizeof(int32_t));
+  o.sort_keys_in = take(items * sizeof(uint32_t));
+  o.sort_keys_out = take(items * sizeof(uint32_t));
+  o.sort_items_in = take(items * sizeof(int32_t));
+  o.sort_temp = take(o.sort_temp_bytes);
   o.total = at;
   return o;
 }
@@ -192,6 +209,16 @@ void bind(DevicePlan::Impl& impl, void* memory) {
   v.slash_flags = reinterpret_cast<int8_t*>(base + o.slash_flags);
   v.row_ptr = reinterpret_cast<int32_t*>(base + o.row_ptr);
   v.col = reinterpret_cast<int32_t*>(base + o.col);
+  if (o.sort_temp_bytes > 0) {
+    v.work_order = reinterpret_cast<int32_t*>(base + o.work_order);
+    v.num_work_items = o.num_work_items;
+    v.sort_keys_in = reinterpret_cast<uint32_t*>(base + o.sort_keys_in);
+    v.sort_keys_out = reinterpret_cast<uint32_t*>(base + o.sort_keys_out);
+    v.sort_items_in = reinterpret_cast<int32_t*>(base + o.sort_items_in);
+    v.sort_temp = base + o.sort_temp;
+    v.sort_temp_bytes = o.sort_temp_bytes;
+  }
+  v.work_order_ready = false;
   // The bases are part of the batch shape: copied once, synchronously, here.
   CRISP_CUDA_CHECK(cudaMemcpy(base + o.seqs, impl.bases.data(),
                               impl.bases.size() * sizeof(layout::SequenceBases), cudaMemcpyHostToDevice));
@@ -377,6 +404,7 @@ void DevicePlan::upload(const Plan& plan, void* stream_ptr) {
   put(o.row_ptr, row_ptr.data(), row_ptr.size() * sizeof(int32_t));
   // Pageable copies may return before the DMA finishes only after staging; synchronising here
   // keeps the contract "host staging released before return" independent of driver details.
+  cuda_detail::build_work_order(m.view, m.offsets.max_num_blocks, stream);
   CRISP_CUDA_CHECK(cudaStreamSynchronize(stream));
 
   Config c = plan.config;

@@ -17,6 +17,12 @@ inline const DevicePlanView& view_of(const cuda::DevicePlan& plan) {
   return *static_cast<const DevicePlanView*>(plan.raw_view());
 }
 
+// The same view, writable: for the code that fills the plan (plan_async, which also rebuilds the
+// attention work order in it).
+inline DevicePlanView& mutable_view_of(cuda::DevicePlan& plan) {
+  return const_cast<DevicePlanView&>(view_of(plan));
+}
+
 // Frees the planning workspace plan_async keeps for the DevicePlan whose view starts at `key`
 // (view.seqs); called when that DevicePlan's buffers are released, so no workspace outlives its
 // plan or is handed to another plan made later at the same address. Never throws.

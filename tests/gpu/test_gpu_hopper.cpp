@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/half.h"
@@ -37,25 +38,37 @@ using crisp_gpu_test::random_plan;
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
-// Sets CRISP_KERNEL for the lifetime of the object and restores the previous value.
-class KernelChoice {
+// Sets (value != nullptr) or unsets an environment variable for the lifetime of the object and
+// restores the previous value (CRISP_KERNEL, CRISP_HOPPER_SCHEDULE, CRISP_HOPPER_PINGPONG).
+class ScopedEnv {
  public:
-  explicit KernelChoice(const char* value) {
-    const char* old = std::getenv("CRISP_KERNEL");
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
     had_old_ = old != nullptr;
     if (had_old_) old_ = old;
-    if (value == nullptr) unsetenv("CRISP_KERNEL");
-    else setenv("CRISP_KERNEL", value, 1);
+    if (value == nullptr) unsetenv(name);
+    else setenv(name, value, 1);
   }
-  ~KernelChoice() {
-    if (had_old_) setenv("CRISP_KERNEL", old_.c_str(), 1);
-    else unsetenv("CRISP_KERNEL");
+  ~ScopedEnv() {
+    if (had_old_) setenv(name_.c_str(), old_.c_str(), 1);
+    else unsetenv(name_.c_str());
   }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
+  std::string name_;
   bool had_old_ = false;
   std::string old_;
 };
+
+// The Hopper kernel's schedule and ping-pong settings (nullptr = the library default).
+struct Variant {
+  const char* schedule;
+  const char* ping_pong;
+};
+constexpr Variant kDefaultVariant{nullptr, nullptr};
+constexpr Variant kAllVariants[] = {{"persistent", "1"}, {"persistent", "0"}, {"grid", "1"}, {"grid", "0"}};
 
 enum class Layout { dense, crisp_plan, random };
 
@@ -121,9 +134,10 @@ Prepared prepare(const Case& c) {
   return p;
 }
 
-// Runs attend_async with CRISP_KERNEL = `kernel` on NaN-poisoned outputs; returns O bits and LSE.
+// Runs attend_async with CRISP_KERNEL = `kernel` (and the Hopper variant) on NaN-poisoned
+// outputs; returns O bits and LSE.
 void run_device(const Case& c, const Prepared& p, const char* kernel, std::vector<uint16_t>& out_bits,
-                std::vector<float>& lse) {
+                std::vector<float>& lse, Variant variant = kDefaultVariant) {
   const int64_t d = c.head_dim;
   const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, T = p.tokens;
   const std::size_t q_bytes = p.q_bits.size() * 2, kv_bytes = p.k_bits.size() * 2;
@@ -137,7 +151,9 @@ void run_device(const Case& c, const Prepared& p, const char* kernel, std::vecto
   const auto dev = crisp::Device::cuda;
   crisp::cuda::DevicePlan dplan(p.plan);
   {
-    KernelChoice choice(kernel);
+    ScopedEnv choice("CRISP_KERNEL", kernel);
+    ScopedEnv schedule("CRISP_HOPPER_SCHEDULE", variant.schedule);
+    ScopedEnv ping_pong("CRISP_HOPPER_PINGPONG", variant.ping_pong);
     crisp::cuda::attend_async(crisp::TensorView::contiguous(dq.ptr, c.dtype, Hq, T, d, dev),
                               crisp::TensorView::contiguous(dk.ptr, c.dtype, Hkv, T, d, dev),
                               crisp::TensorView::contiguous(dv.ptr, c.dtype, Hkv, T, d, dev), dplan,
@@ -224,6 +240,32 @@ TEST_P(GpuHopper, AgreesWithPortableKernelAndAutoDispatchPicksIt) {
               worst_rel, worst_lse);
 }
 
+// Scheduling (persistent CTAs with a work counter, or one CTA per item) and ping-pong change only
+// which SM computes a row and when: every variant must write bit-identical outputs, all of them.
+TEST_P(GpuHopper, EverySchedulingVariantWritesIdenticalOutputs) {
+  SKIP_WITHOUT_HOPPER();
+  const Case& c = GetParam();
+  const Prepared p = prepare(c);
+  std::vector<uint16_t> first_out;
+  std::vector<float> first_lse;
+  for (const Variant& variant : kAllVariants) {
+    std::vector<uint16_t> out;
+    std::vector<float> lse;
+    run_device(c, p, "hopper", out, lse, variant);
+    if (HasFatalFailure()) return;
+    const std::string label = std::string("schedule ") + variant.schedule + ", ping-pong " + variant.ping_pong;
+    for (std::size_t i = 0; i < lse.size(); ++i)
+      ASSERT_FALSE(std::isnan(lse[i])) << label << ": LSE element " << i << " not written";
+    if (first_out.empty()) {
+      first_out = out;
+      first_lse = lse;
+      continue;
+    }
+    EXPECT_EQ(out, first_out) << label;
+    EXPECT_EQ(lse, first_lse) << label;
+  }
+}
+
 constexpr auto bf16 = crisp::DType::bf16;
 constexpr auto f16 = crisp::DType::f16;
 
@@ -245,11 +287,16 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"fp16_d64_crisp_gqa4", f16, 64, 8, 2, {2600}, Layout::crisp_plan, 0, 112},
         Case{"bf16_d64_random20_gqa8", bf16, 64, 8, 1, {2100}, Layout::random, 0.2, 113},
         Case{"bf16_d64_varlen_crisp", bf16, 64, 4, 2, {1500, 77, 2200}, Layout::crisp_plan, 0, 114},
-        Case{"fp16_d64_varlen_random10", f16, 64, 4, 1, {300, 1200, 65, 901}, Layout::random, 0.1, 115}),
+        Case{"fp16_d64_varlen_random10", f16, 64, 4, 1, {300, 1200, 65, 901}, Layout::random, 0.1, 115},
+        // More work items (16 heads x 47 blocks) than the H200 has SMs: the persistent CTAs take
+        // most rows from the work counter.
+        Case{"bf16_d128_crisp_many_items", bf16, 128, 16, 4, {6000}, Layout::crisp_plan, 0, 116},
+        Case{"fp16_d128_varlen_random20_many_items", f16, 128, 16, 2, {2500, 130, 3900}, Layout::random, 0.2, 117}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // CRISP_KERNEL: an unknown value and a forced Hopper kernel on a shape it does not cover (block
-// size 64) are errors naming CRISP_KERNEL; "portable" and "auto" run that shape on the portable kernel.
+// size 64) are errors naming CRISP_KERNEL; "portable" and "auto" run that shape on the portable
+// kernel. Unknown CRISP_HOPPER_SCHEDULE / CRISP_HOPPER_PINGPONG values are errors naming them.
 TEST(GpuHopperDispatch, KernelChoiceErrorsNameTheVariable) {
   SKIP_WITHOUT_HOPPER();
   const int64_t H = 2, T = 256, d = 128;
@@ -265,7 +312,7 @@ TEST(GpuHopperDispatch, KernelChoiceErrorsNameTheVariable) {
   const auto lse = crisp::TensorView::contiguous2d(l.ptr, crisp::DType::f32, H, T, dev);
   auto call = [&] { crisp::cuda::attend_async(view(q.ptr), view(k.ptr), view(v.ptr), dplan, view(o.ptr), lse); };
   auto expect_error = [&](const char* value) {
-    KernelChoice choice(value);
+    ScopedEnv choice("CRISP_KERNEL", value);
     try {
       call();
       ADD_FAILURE() << "no error for CRISP_KERNEL=" << value;
@@ -276,11 +323,27 @@ TEST(GpuHopperDispatch, KernelChoiceErrorsNameTheVariable) {
   expect_error("fastest");
   expect_error("hopper");
   {
-    KernelChoice choice("portable");
+    ScopedEnv hopper("CRISP_KERNEL", "auto");
+    for (const auto& [name, value] : {std::pair<const char*, const char*>{"CRISP_HOPPER_SCHEDULE", "fastest"},
+                                      {"CRISP_HOPPER_PINGPONG", "yes"}}) {
+      ScopedEnv bad(name, value);
+      // A dense 128-block plan of the same shape: the Hopper kernel applies, so its settings are read.
+      const crisp::Plan plan128 = crisp::dense_plan(H, H, d, {0, T}, 128);
+      crisp::cuda::DevicePlan dplan128(plan128);
+      try {
+        crisp::cuda::attend_async(view(q.ptr), view(k.ptr), view(v.ptr), dplan128, view(o.ptr), lse);
+        ADD_FAILURE() << "no error for " << name << "=" << value;
+      } catch (const crisp::Error& e) {
+        EXPECT_EQ(e.argument(), name) << e.what();
+      }
+    }
+  }
+  {
+    ScopedEnv choice("CRISP_KERNEL", "portable");
     EXPECT_NO_THROW(call());
   }
   {
-    KernelChoice choice("auto");
+    ScopedEnv choice("CRISP_KERNEL", "auto");
     EXPECT_NO_THROW(call());
   }
   CUDA_OK(cudaDeviceSynchronize());

@@ -26,6 +26,22 @@ KernelChoice kernel_choice() {
   throw Error("CRISP_KERNEL", std::string("is \"") + value + "\"", "auto, portable or hopper");
 }
 
+Schedule schedule_choice() {
+  const char* value = std::getenv("CRISP_HOPPER_SCHEDULE");
+  if (value == nullptr || value[0] == '\0') return kDefaultSchedule;
+  if (std::strcmp(value, "persistent") == 0) return Schedule::persistent;
+  if (std::strcmp(value, "grid") == 0) return Schedule::grid;
+  throw Error("CRISP_HOPPER_SCHEDULE", std::string("is \"") + value + "\"", "persistent or grid");
+}
+
+bool ping_pong_choice() {
+  const char* value = std::getenv("CRISP_HOPPER_PINGPONG");
+  if (value == nullptr || value[0] == '\0') return kDefaultPingPong;
+  if (std::strcmp(value, "1") == 0) return true;
+  if (std::strcmp(value, "0") == 0) return false;
+  throw Error("CRISP_HOPPER_PINGPONG", std::string("is \"") + value + "\"", "1 (on) or 0 (off)");
+}
+
 bool shape_supported(DType dtype, int64_t head_dim, int block_size) {
   return (dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 64 || head_dim == 128) &&
          block_size == kTileRows;
@@ -46,7 +62,7 @@ bool look_up_available(int device) {
   // The binary the runtime picked for this device must be sm_90a machine code compiled from
   // sm_90a PTX: a build without 90a has only the sm_80 stub (or PTX of it, JIT-compiled).
   cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, hopper_attention_kernel<__nv_bfloat16, 128>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attributes, hopper_attention_kernel<__nv_bfloat16, 128, kDefaultPingPong>) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
@@ -65,6 +81,23 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
   return fn;
 }
 
+int multiprocessor_count() {
+  int device = 0, count = 0;
+  CRISP_CUDA_CHECK(cudaGetDevice(&device));
+  CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+template <typename T, int kDim, bool kPingPong>
+void launch_kernel(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
+                   const attention::Params& params, int64_t grid, cudaStream_t stream) {
+  constexpr int kSmemBytes = smem_bytes<kDim, kDefaultStages>();
+  auto kernel = hopper_attention_kernel<T, kDim, kPingPong>;
+  CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  kernel<<<static_cast<unsigned>(grid), kThreads, kSmemBytes, stream>>>(map_q, map_k, map_v, params);
+  CRISP_CUDA_CHECK_LAUNCH("hopper_attention_kernel");
+}
+
 template <typename T, int kDim>
 void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_heads, int64_t num_ctas,
             DType dtype, cudaStream_t stream) {
@@ -74,18 +107,27 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
       make_tensor_map(params.k, dtype, kDim, num_kv_heads, tokens, params.k_stride_head, params.k_stride_token);
   const CUtensorMap map_v =
       make_tensor_map(params.v, dtype, kDim, num_kv_heads, tokens, params.v_stride_head, params.v_stride_token);
-  constexpr int kSmemBytes = smem_bytes<kDim, kDefaultStages>();
-  auto kernel = hopper_attention_kernel<T, kDim>;
-  CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  // NOTE: one CTA per work item (the hardware hands the next item to whichever SM frees up), not a
-  // persistent grid: the kernel can walk several items per CTA (stride = grid), but a grid of one
-  // CTA per SM with that static round-robin measured slower on the H200 (dense causal 575 vs 670
-  // TFLOP/s at 32k, 528 vs 595 at 128k; random 10% within noise; bench/RESULTS.md).
   if (num_ctas > 0x7fffffffLL)
-    throw Error("q", "needs " + std::to_string(num_ctas) + " thread blocks", "fewer than 2^31");
-  const int64_t grid = num_ctas;
-  kernel<<<static_cast<unsigned>(grid), kThreads, kSmemBytes, stream>>>(map_q, map_k, map_v, params);
-  CRISP_CUDA_CHECK_LAUNCH("hopper_attention_kernel");
+    throw Error("q", "needs " + std::to_string(num_ctas) + " work items", "fewer than 2^31");
+  const Schedule schedule = schedule_choice();
+  const bool ping_pong = ping_pong_choice();
+  attention::Params run = params;
+  run.work_counter = nullptr;
+  int64_t grid = num_ctas;
+  // Persistent CTAs: one per SM (the kernel's shared memory allows one per SM); the counter hands
+  // out the items past the first wave. Fewer items than SMs need no counter.
+  const int64_t sms = multiprocessor_count();
+  const bool persistent = schedule == Schedule::persistent && num_ctas > sms;
+  if (persistent) {
+    grid = sms;
+    // Stream-ordered allocation (pooled, capturable in a CUDA graph): every launch has its own
+    // counter, so launches on different streams sharing one plan never share one.
+    CRISP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&run.work_counter), sizeof(int32_t), stream));
+    CRISP_CUDA_CHECK(cudaMemsetAsync(run.work_counter, 0, sizeof(int32_t), stream));
+  }
+  if (ping_pong) launch_kernel<T, kDim, true>(map_q, map_k, map_v, run, grid, stream);
+  else launch_kernel<T, kDim, false>(map_q, map_k, map_v, run, grid, stream);
+  if (persistent) CRISP_CUDA_CHECK(cudaFreeAsync(run.work_counter, stream));
 }
 
 }  // namespace

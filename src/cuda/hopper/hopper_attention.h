@@ -7,6 +7,13 @@
 //        otherwise the portable kernel;
 //   portable: always the portable (sm_80-class) kernel;
 //   hopper:   the Hopper kernel, and a crisp::Error naming CRISP_KERNEL when it cannot run this call.
+//
+// Tuning (environment variables, read at every launch of the Hopper kernel; for measurements —
+// the defaults are the measured best on the H200, bench/RESULTS.md):
+//   CRISP_HOPPER_SCHEDULE = persistent | grid: persistent CTAs (one per SM) taking work items
+//        from a device counter, heaviest rows first, or one CTA per work item in that order;
+//   CRISP_HOPPER_PINGPONG = 1 | 0: the two consumer warpgroups take turns on the tensor cores
+//        (named barriers), or run unsynchronised.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -23,6 +30,15 @@ struct Params;
 namespace hopper {
 
 enum class KernelChoice { automatic, portable, hopper };
+enum class Schedule { persistent, grid };
+// NOTE: provisional defaults, to be replaced by the measured best (bench/RESULTS.md).
+constexpr Schedule kDefaultSchedule = Schedule::persistent;
+constexpr bool kDefaultPingPong = true;
+
+// CRISP_HOPPER_SCHEDULE / CRISP_HOPPER_PINGPONG parsed (the defaults when unset); throw
+// crisp::Error naming the variable for any other value.
+Schedule schedule_choice();
+bool ping_pong_choice();
 
 // CRISP_KERNEL parsed; throws crisp::Error("CRISP_KERNEL", ...) for any other value.
 KernelChoice kernel_choice();

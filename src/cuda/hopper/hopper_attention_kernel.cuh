@@ -10,18 +10,18 @@
 //    with TMA (cp.async.bulk.tensor, 128-byte swizzle), completing on "full" mbarriers; it waits
 //    on the ring slot's "empty" mbarrier before reusing it. The walk over the CSR column list is the
 //    only place the sparsity appears: every load is a whole tile at a gathered block address.
-//    It keeps 24 registers (setmaxnreg) and gives the rest to the consumers.
+//    It keeps 32 registers (setmaxnreg) and gives the rest to the consumers.
 //  - warpgroups 1 and 2, the consumers: each owns 64 query rows of the block (wgmma's M = 64) and
 //    runs S = Q K^T (wgmma, Q and K from shared memory), the online softmax in registers (base 2,
 //    scale folded into one FFMA), P converted to bf16/fp16 in registers and O += P V (wgmma, P from
-//    registers, V from shared memory). 240 registers each.
-// NOTE (why 2 x 64 rows rather than ping-pong of 64-row tiles): with B = 128 a plan row is 128
-// queries, so two consumer warpgroups share one K/V tile stream (each tile is loaded once for 128
-// rows, the FA3 forward shape 128 x 128). Inside each consumer the next tile's S = QK^T
-// is issued before the current tile's PV and the softmax of the next tile runs while PV is on the
-// tensor cores (intra-warpgroup overlap); the two consumers are not synchronised with each other,
-// so one's softmax also overlaps the other's matmuls. Explicit ping-pong ordering with named
-// barriers is not done.
+//    registers, V from shared memory). 232 registers each.
+// NOTE (why 2 x 64 rows): with B = 128 a plan row is 128 queries, so two consumer warpgroups
+// share one K/V tile stream (each tile is loaded once for 128 rows, the FA3 forward shape
+// 128 x 128). Inside each consumer the next tile's S = QK^T is issued before the current tile's
+// PV, and the softmax of the next tile runs while PV is on the tensor cores (intra-warpgroup
+// overlap). With kPingPong the two consumers also take turns issuing their matmuls (named
+// barriers), so one's softmax runs while the other's matmuls use the tensor cores; without it they
+// run unsynchronised. The host picks one (CRISP_HOPPER_PINGPONG, hopper_attention.h).
 //
 // Masking: only a tile with keys past a row's query (the diagonal block) or past the end of the
 // sequence (partial last block) is masked; every other listed block is entirely allowed.
@@ -31,11 +31,13 @@
 // written (queries). Unlike the portable kernel, which zero-fills those rows, a non-finite value in
 // the next sequence's V rows would reach O as 0 * inf = NaN (finite inputs give exact zeros).
 //
-// Grid: one CTA per work item, in the portable kernel's heaviest-first order. The kernel also runs
-// with a smaller (persistent) grid, each CTA walking items b, b + grid, ...; the ring position and
-// barrier phases carry over between items, and the producer loads the next item's query block as
-// soon as both consumers are past their last S = QK^T. The host does not use that (slower with
-// this static round-robin, see src/cuda/hopper/hopper_attention.cu).
+// Scheduling: the producer takes work items (query block, head, sequence) from the plan's work
+// order, heaviest rows first (src/cuda/work_order.h), and hands each to the consumers through a
+// shared-memory slot published with the query block's barrier. Either one CTA per work item (the
+// hardware starts CTAs in list order), or persistent CTAs (one per SM) that take the next item
+// from a device counter as soon as their producer has issued the loads of the current one: the
+// next query block and its first K/V tiles then load while the consumers finish the current row
+// and write its output. The host picks one (CRISP_HOPPER_SCHEDULE, hopper_attention.h).
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; nothing is linked from the driver library)
 #include <cuda_bf16.h>
@@ -82,13 +84,27 @@ template <int kStages>
 constexpr int num_barriers() { return 2 + 4 * kStages; }
 // + 1024 bytes so the base can be aligned to 1024 (the 128-byte swizzle pattern repeats every
 // 8 rows of 128 bytes and TMA and wgmma both derive it from the shared-memory address).
+// After the barriers: the work item the producer hands to the consumers (int32; the host launches
+// fewer than 2^31 items).
 template <int kDim, int kStages>
-constexpr int smem_bytes() { return barrier_offset<kDim, kStages>() + 8 * num_barriers<kStages>() + 1024; }
+constexpr int item_slot_offset() { return barrier_offset<kDim, kStages>() + 8 * num_barriers<kStages>(); }
+template <int kDim, int kStages>
+constexpr int smem_bytes() { return item_slot_offset<kDim, kStages>() + 8 + 1024; }
 static_assert(smem_bytes<128, kDefaultStages>() <= 227 * 1024, "shared memory of one CTA on Hopper");
-// NOTE: register split of the 64K-register file of one 384-thread CTA: 24 for the producer
-// warpgroup, 240 for each consumer (128 x 24 + 256 x 240 = 64512 <= 65536).
-constexpr int kProducerRegisters = 24;
-constexpr int kConsumerRegisters = 240;
+// NOTE: register split of one 384-thread CTA: the launch gives every thread 168 registers
+// (65536 / 384, rounded down to a multiple of 8), and setmaxnreg only moves registers inside that
+// allocation: setmaxnreg.inc waits until other warpgroups of the CTA have released enough, so a
+// split above the launch total would wait forever. 32 for the producer warpgroup (its scheduling
+// loop spills at 24) and 232 for each consumer: 128 x 32 + 256 x 232 = 63488 <= 384 x 168 = 64512.
+constexpr int kProducerRegisters = 32;
+constexpr int kConsumerRegisters = 232;
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+static_assert(128 * kProducerRegisters + kConsumers * 128 * kConsumerRegisters <= kThreads * kLaunchRegisters,
+              "setmaxnreg.inc would wait forever for registers the CTA was not launched with");
+// Named hardware barriers of the ping-pong schedule (barrier 0 is __syncthreads): consumer c waits
+// on kPingPongBarrier + c before issuing its matmuls, and the other consumer arrives on it after
+// issuing its own; each involves the 256 consumer threads.
+constexpr int kPingPongBarrier = 1;
 
 #if defined(CRISP_HOPPER_DEVICE_CODE)
 
@@ -103,6 +119,12 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
@@ -161,7 +183,11 @@ struct Ops<__half> {
 
 // q/k/v arrive as TMA tensor maps (3-D: dims, tokens, heads); out/lse and the plan through the
 // portable kernel's parameters (the same work items, row subsets included).
-template <typename T, int kDim, int kStages = kDefaultStages>
+//
+// kPingPong: the two consumer warpgroups take turns on the tensor cores (named barriers): one
+// issues its S = QK^T and PV while the other runs its softmax, as FlashAttention-3 schedules them.
+// Without it the two run unsynchronised (each still overlaps its own softmax with its PV).
+template <typename T, int kDim, bool kPingPong, int kStages = kDefaultStages>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_attention_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                             const __grid_constant__ CUtensorMap map_v, const attention::Params p) {
@@ -186,21 +212,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t num_items = p.row_items != nullptr ? static_cast<int64_t>(H) * p.num_row_items
                                                    : static_cast<int64_t>(H) * S * p.max_num_blocks;
   // ---- work items: as the portable kernel's CTAs (heads fastest, then sequences, then query
-  // blocks from the last, heaviest one; or, for a row-subset launch, the listed items in order).
-  // The grid may be smaller than the item count (persistent CTAs): CTA b takes items b, b + grid,
-  // b + 2 grid, ..., so every CTA starts with one of the heaviest rows and the light rows come last.
+  // blocks from the last, heaviest one; or, for a row-subset launch, the listed items in order),
+  // taken in the plan's work order (heaviest rows first) when it has one. CTA b first takes
+  // position b of that list; with a work counter (persistent CTAs, grid < item count) it then takes
+  // position grid + atomicAdd(counter, 1) each time its consumers are past the last S = QK^T of
+  // the current item, so an SM that finishes early takes the next heaviest row (dynamic
+  // longest-processing-time-first scheduling).
   struct Item {
     int32_t h, s, r;  // r < 0: a shorter sequence of a varlen batch, nothing to do
   };
-  auto decode = [&](int64_t item) {
+  // 32-bit arithmetic: the host launches fewer than 2^31 items, and the producer runs in 24
+  // registers (64-bit divisions spill there).
+  auto decode = [&](int32_t item_code) {
+    const uint32_t item = static_cast<uint32_t>(item_code);
     Item it;
-    it.h = static_cast<int32_t>(item % H);
+    it.h = static_cast<int32_t>(item % static_cast<uint32_t>(H));
     if (p.row_items == nullptr) {
-      it.s = static_cast<int32_t>((item / H) % S);
-      const int32_t from_end = static_cast<int32_t>(item / (static_cast<int64_t>(H) * S));
+      const uint32_t rest = item / static_cast<uint32_t>(H);
+      it.s = static_cast<int32_t>(rest % static_cast<uint32_t>(S));
+      const int32_t from_end = static_cast<int32_t>(rest / static_cast<uint32_t>(S));
       it.r = p.plan.seqs[it.s].num_blocks - 1 - from_end;
     } else {
-      const attention::RowItem listed = p.row_items[item / H];
+      const attention::RowItem listed = p.row_items[item / static_cast<uint32_t>(H)];
       it.s = listed.sequence;
       it.r = listed.query_block;
     }
@@ -214,6 +247,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     return p.plan.col + layout::col_offset(bases, it.h, H) + col_begin;
   };
   const uint32_t bar_q_empty = bar_q + 8u * (1 + 4 * kStages);
+  // The item the producer hands over: written before the query block's barrier completes, read by
+  // the consumers after they waited on it (mbarrier arrive/wait order the accesses), -1 = no more.
+  volatile int32_t* item_slot =
+      reinterpret_cast<volatile int32_t*>(smem_raw + (smem - smem_u32(smem_raw)) + item_slot_offset<kDim, kStages>());
 
   if (threadIdx.x == 0) {
     mbar_init(bar_q, 1);
@@ -238,16 +275,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (threadIdx.x != 0) return;
     uint32_t tiles_done = 0, items_done = 0;
-    for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-      const Item it = decode(item);
-      if (it.r < 0) continue;
+    const uint32_t item_count = static_cast<uint32_t>(num_items);
+    bool first = true;
+    while (true) {
+      // The consumers release the query buffer (and the item slot) once the last S = QK^T of the
+      // previous item is done; only then is the next item taken, so an item is committed to this
+      // CTA as late as possible.
+      if (items_done > 0) mbar_wait(bar_q_empty, (items_done - 1) & 1);
+      int32_t code = -1;  // the next item, -1 = no more
+      Item it{};
+      while (true) {
+        // 32-bit: fewer than 2^31 items (checked by the host), and the producer has few registers.
+        uint32_t position = item_count;  // in the work list; item_count = nothing left
+        if (first) position = blockIdx.x;
+        else if (p.work_counter != nullptr) position = gridDim.x + static_cast<uint32_t>(atomicAdd(p.work_counter, 1));
+        first = false;
+        if (position >= item_count) break;
+        code = p.work_order != nullptr ? p.work_order[position] : static_cast<int32_t>(position);
+        it = decode(code);
+        if (it.r >= 0) break;
+        code = -1;  // a shorter sequence of a varlen batch: nothing to do, take another
+      }
+      *item_slot = code;
+      if (code < 0) {
+        mbar_arrive(bar_q);  // completes the phase without data: the consumers read -1 and stop
+        break;
+      }
       const layout::SequenceBases bases = p.plan.seqs[it.s];
       int32_t num_tiles;
       const int32_t* row_cols = row_of(it, bases, num_tiles);
       const int32_t token0 = static_cast<int32_t>(bases.token_offset);  // TMA coordinates are int32
       const int32_t kv_head = it.h / p.q_per_kv;
-      // The consumers release the query buffer once the last S = QK^T of the previous item is done.
-      if (items_done > 0) mbar_wait(bar_q_empty, (items_done - 1) & 1);
       const int q_token = token0 + it.r * kTileRows;
       mbar_expect_tx(bar_q, kTileBytes);
 #pragma unroll
@@ -344,10 +402,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kOutRegs; ++i) o_acc[i] *= correction[(i & 2) ? 1 : 0];
   };
 
+  // Ping-pong turns: consumer c waits for its turn before issuing a round of matmuls and hands the
+  // turn to the other after issuing; consumer 0 goes first. Both consumers walk the same items and
+  // tiles, so they issue the same number of rounds and the turns strictly alternate.
+  auto begin_turn = [&] {
+    if constexpr (kPingPong) named_barrier_sync(kPingPongBarrier + consumer, 2 * 128);
+  };
+  auto end_turn = [&] {
+    if constexpr (kPingPong) named_barrier_arrive(kPingPongBarrier + (1 - consumer), 2 * 128);
+  };
+  if (consumer == 1) end_turn();  // consumer 0's first turn
+
   uint32_t tiles_done = 0, items_done = 0;
-  for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-    const Item it = decode(item);
-    if (it.r < 0) continue;
+  while (true) {
+    mbar_wait(bar_q, items_done & 1);
+    const int32_t code = *item_slot;
+    if (code < 0) break;
+    const Item it = decode(code);
     const layout::SequenceBases bases = p.plan.seqs[it.s];
     int32_t num_tiles;
     const int32_t* row_cols = row_of(it, bases, num_tiles);
@@ -398,9 +469,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
 
-    mbar_wait(bar_q, items_done & 1);
     // ---- tile 0
+    begin_turn();
     issue_qk(tiles_done);
+    end_turn();
     wgmma_wait<0>();
     fence_registers(s_acc);
     release(bar_k_empty(tiles_done % kStages));
@@ -413,8 +485,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // PV(j-1) is on the tensor cores.
     for (int j = 1; j < num_tiles; ++j) {
       const uint32_t t = tiles_done + j;
+      begin_turn();
       issue_qk(t);
       issue_pv(t - 1);
+      end_turn();
       wgmma_wait<1>();  // S(j) done (groups complete in order)
       fence_registers(s_acc);
       release(bar_k_empty(t % kStages));
@@ -429,7 +503,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Every S = QK^T of the item is done: the producer may load the next item's query block.
     release(bar_q_empty);
     const uint32_t last = tiles_done + num_tiles - 1;
+    begin_turn();
     issue_pv(last);
+    end_turn();
     wgmma_wait<0>();
     fence_registers(o_acc);
     release(bar_v_empty(last % kStages));
@@ -437,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- epilogue: full row sums, normalise, write O (input dtype) and LSE (natural log)
     const int64_t out_shift = p.row_items == nullptr
                                   ? bases.token_offset
-                                  : p.row_items[item / H].out_token - static_cast<int64_t>(it.r) * kTileRows;
+                                  : p.row_items[code / H].out_token - static_cast<int64_t>(it.r) * kTileRows;
     T* out_base = static_cast<T*>(p.out) + it.h * p.o_stride_head;
     float* lse_base = p.lse + it.h * p.lse_stride_head;
 #pragma unroll
@@ -460,6 +536,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     tiles_done += num_tiles;
     ++items_done;
   }
+  // Consumer 1 handed consumer 0 one more turn than consumer 0 took (its first arrival came before
+  // any round): take it, so the named barrier ends the kernel balanced.
+  if (consumer == 0) begin_turn();
 #elif defined(__CUDA_ARCH__)
   // Compiled for an architecture without wgmma/setmaxnreg (the sm_80 pass): the host never
   // launches this (hopper::kernel_available checks the loaded binary); trap rather than return

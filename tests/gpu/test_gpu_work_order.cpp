@@ -1,0 +1,113 @@
+// tests/gpu/test_gpu_work_order.cpp — the attention work order a DevicePlan builds on the device
+// with every fill (src/cuda/work_order.h): a permutation of the work items, heaviest CSR row first,
+// ties in item order; rebuilt when the plan changes. Checked after plan_async and after upload,
+// against the costs recomputed here from the host copy of the same plan. Every test skips itself
+// when no CUDA device is present.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "crisp/crisp.h"
+#include "crisp/cuda.h"
+#include "crisp/workload.h"
+#include "cpu/half.h"
+#include "cuda/device_plan.h"
+#include "cuda/device_plan_internal.h"
+#include "gpu/gpu_test_util.h"
+
+namespace {
+
+using crisp_gpu_test::DeviceBuffer;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device"
+
+// Cost of item i as the kernels decode it: h = i % H, s = (i / H) % S, r = N_s - 1 - i / (H S);
+// the row's key-block count, 0 past the sequence's first block.
+int64_t item_cost(const crisp::Plan& plan, int64_t item, int64_t max_blocks) {
+  const int64_t H = plan.num_q_heads, S = static_cast<int64_t>(plan.sequences.size());
+  const int64_t h = item % H, s = (item / H) % S, from_end = item / (H * S);
+  EXPECT_LT(from_end, max_blocks);
+  const crisp::SequencePlan& sp = plan.sequences[s];
+  const int64_t r = sp.num_blocks - 1 - from_end;
+  if (r < 0) return 0;
+  const auto& row_ptr = sp.heads[h].row_ptr;
+  return row_ptr[r + 1] - row_ptr[r];
+}
+
+// Reads the device work order and checks it against the host copy of the plan.
+void expect_longest_first(const crisp::cuda::DevicePlan& dplan) {
+  const crisp::cuda_detail::DevicePlanView& view = crisp::cuda_detail::view_of(dplan);
+  ASSERT_TRUE(view.work_order_ready);
+  const crisp::Plan plan = dplan.to_host(nullptr);
+  int64_t max_blocks = 0;
+  for (const auto& sp : plan.sequences) max_blocks = std::max<int64_t>(max_blocks, sp.num_blocks);
+  const int64_t num_items = plan.num_q_heads * static_cast<int64_t>(plan.sequences.size()) * max_blocks;
+  ASSERT_EQ(view.num_work_items, num_items);
+  std::vector<int32_t> order(static_cast<std::size_t>(num_items));
+  ASSERT_EQ(cudaMemcpy(order.data(), view.work_order, order.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+
+  std::vector<char> seen(order.size(), 0);
+  int64_t nonzero = 0;
+  for (std::size_t j = 0; j < order.size(); ++j) {
+    ASSERT_GE(order[j], 0) << "position " << j;
+    ASSERT_LT(order[j], num_items) << "position " << j;
+    ASSERT_FALSE(seen[order[j]]) << "item " << order[j] << " listed twice";
+    seen[order[j]] = 1;
+    if (item_cost(plan, order[j], max_blocks) > 0) ++nonzero;
+    if (j == 0) continue;
+    const int64_t before = item_cost(plan, order[j - 1], max_blocks), here = item_cost(plan, order[j], max_blocks);
+    ASSERT_GE(before, here) << "position " << j << ": a lighter row before a heavier one";
+    if (before == here) ASSERT_LT(order[j - 1], order[j]) << "position " << j << ": equal costs out of item order";
+  }
+  // Every real row (one per query block, head and sequence) has a cost of at least 1 (its diagonal).
+  int64_t rows = 0;
+  for (const auto& sp : plan.sequences) rows += sp.num_blocks * plan.num_q_heads;
+  EXPECT_EQ(nonzero, rows);
+}
+
+TEST(GpuWorkOrder, PlanAsyncBuildsLongestRowsFirst) {
+  SKIP_WITHOUT_GPU();
+  crisp::WorkloadSpec spec;
+  spec.num_q_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 128;
+  spec.seq_lens = {3000, 700, 1500};
+  spec.seed = 41;
+  const crisp::Workload w = crisp::make_workload(spec);
+  std::vector<uint16_t> q_bits(w.q.size()), k_bits(w.k.size());
+  for (std::size_t i = 0; i < w.q.size(); ++i) q_bits[i] = crisp::half::float_to_bf16(w.q[i]);
+  for (std::size_t i = 0; i < w.k.size(); ++i) k_bits[i] = crisp::half::float_to_bf16(w.k[i]);
+  DeviceBuffer q(q_bits.size() * 2), k(k_bits.size() * 2);
+  ASSERT_TRUE(q.ptr && k.ptr);
+  ASSERT_EQ(cudaMemcpy(q.ptr, q_bits.data(), q_bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(k.ptr, k_bits.data(), k_bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  const auto dev = crisp::Device::cuda;
+  const auto qv = crisp::TensorView::contiguous(q.ptr, crisp::DType::bf16, 8, w.total_tokens, 128, dev);
+  const auto kv = crisp::TensorView::contiguous(k.ptr, crisp::DType::bf16, 2, w.total_tokens, 128, dev);
+
+  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::cuda::DevicePlan dplan(8, 2, 128, w.cu_seqlens, cfg);
+  EXPECT_FALSE(crisp::cuda_detail::view_of(dplan).work_order_ready);  // not filled yet
+  crisp::cuda::plan_async(qv, kv, cfg, dplan, nullptr);
+  expect_longest_first(dplan);
+  // A refill with another policy changes the rows: the order follows.
+  const crisp::Config flex = crisp::Config::from_preset("flexprefill");
+  crisp::cuda::plan_async(qv, kv, flex, dplan, nullptr);
+  expect_longest_first(dplan);
+}
+
+TEST(GpuWorkOrder, UploadBuildsLongestRowsFirst) {
+  SKIP_WITHOUT_GPU();
+  const crisp::Plan dense = crisp::dense_plan(4, 2, 64, {0, 1000, 1129, 3000}, 128);
+  crisp::cuda::DevicePlan dplan(dense);
+  expect_longest_first(dplan);
+  dplan.upload(crisp_gpu_test::random_plan(dense, 0.3, 7), nullptr);
+  expect_longest_first(dplan);
+}
+
+}  // namespace
