@@ -12,6 +12,9 @@
 // Kernels (--kernels): every layout is timed with each listed attention kernel (CRISP_KERNEL set
 // per run: portable, hopper or auto; default portable and, on an sm_90 device, hopper); the layout
 // column then reads "<layout>/<kernel>" and speedups are against the dense path of the same kernel.
+// The Hopper kernel's scheduling variants are kernels of their own here: hopper-persistent-pp,
+// hopper-persistent-nopp, hopper-grid-pp, hopper-grid-nopp (CRISP_HOPPER_SCHEDULE x
+// CRISP_HOPPER_PINGPONG, see src/cuda/hopper/hopper_attention.h); "hopper" is the default variant.
 #include "commands.h"
 
 #if defined(CRISP_WITH_CUDA)
@@ -42,6 +45,29 @@
 #include "progress.h"
 
 namespace {
+
+// The Hopper kernel's scheduling variants, each a --kernels name.
+struct HopperVariant {
+  const char* name;
+  const char* schedule;   // CRISP_HOPPER_SCHEDULE
+  const char* ping_pong;  // CRISP_HOPPER_PINGPONG
+};
+constexpr HopperVariant kHopperVariants[] = {{"hopper-persistent-pp", "persistent", "1"},
+                                             {"hopper-persistent-nopp", "persistent", "0"},
+                                             {"hopper-grid-pp", "grid", "1"},
+                                             {"hopper-grid-nopp", "grid", "0"}};
+
+const HopperVariant* hopper_variant(const std::string& kernel) {
+  for (const HopperVariant& v : kHopperVariants)
+    if (kernel == v.name) return &v;
+  return nullptr;
+}
+
+std::vector<std::string> kernel_names() {
+  std::vector<std::string> names = {"portable", "hopper", "auto"};
+  for (const HopperVariant& v : kHopperVariants) names.push_back(v.name);
+  return names;
+}
 
 struct BenchArgs {
   std::vector<int64_t> seq = {8192, 32768, 131072, 524288};
@@ -127,9 +153,28 @@ void run_bench(const BenchArgs& a) {
     kernels = {"portable"};
     if (crisp::cuda_detail::hopper::kernel_available()) kernels.push_back("hopper");
   }
-  const char* env_kernel = std::getenv("CRISP_KERNEL");
-  const std::string saved_kernel = env_kernel != nullptr ? env_kernel : "";
-  const auto use_kernel = [&](const std::string& kernel) { setenv("CRISP_KERNEL", kernel.c_str(), 1); };
+  // CRISP_KERNEL (and, for a Hopper variant, CRISP_HOPPER_SCHEDULE / CRISP_HOPPER_PINGPONG) are
+  // set per run and restored at the end.
+  struct SavedEnv {
+    const char* name;
+    bool had;
+    std::string value;
+  };
+  std::vector<SavedEnv> saved_env;
+  for (const char* name : {"CRISP_KERNEL", "CRISP_HOPPER_SCHEDULE", "CRISP_HOPPER_PINGPONG"}) {
+    const char* value = std::getenv(name);
+    saved_env.push_back({name, value != nullptr, value != nullptr ? value : ""});
+  }
+  const auto use_kernel = [&](const std::string& kernel) {
+    const HopperVariant* variant = hopper_variant(kernel);
+    if (variant == nullptr) {
+      setenv("CRISP_KERNEL", kernel.c_str(), 1);
+      return;
+    }
+    setenv("CRISP_KERNEL", "hopper", 1);
+    setenv("CRISP_HOPPER_SCHEDULE", variant->schedule, 1);
+    setenv("CRISP_HOPPER_PINGPONG", variant->ping_pong, 1);
+  };
 
   nlohmann::json out;
   out["device"] = prop.name;
@@ -283,8 +328,10 @@ void run_bench(const BenchArgs& a) {
       }
     }
   }
-  if (env_kernel != nullptr) setenv("CRISP_KERNEL", saved_kernel.c_str(), 1);
-  else unsetenv("CRISP_KERNEL");
+  for (const SavedEnv& e : saved_env) {
+    if (e.had) setenv(e.name, e.value.c_str(), 1);
+    else unsetenv(e.name);
+  }
   cudaStreamDestroy(stream);
   write_json();
 }
@@ -316,10 +363,10 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--json", args->json_path, "Write every measurement as JSON to this file");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
   sub->add_option("--kernels", args->kernels,
-                  "Attention kernels to time each layout with (comma separated: portable, hopper, auto; "
-                  "default portable plus hopper on sm_90)")
+                  "Attention kernels to time each layout with (comma separated: portable, hopper, auto, or a "
+                  "Hopper variant hopper-{persistent,grid}-{pp,nopp}; default portable plus hopper on sm_90)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"portable", "hopper", "auto"}));
+      ->check(CLI::IsMember(kernel_names()));
   sub->add_option("--gpus", args->gpus,
                   "GPUs: above 1, context-parallel prefill over that many GPUs (NCCL) against one GPU, "
                   "for --presets (random layouts are not run)")

@@ -31,9 +31,16 @@ namespace hopper {
 
 enum class KernelChoice { automatic, portable, hopper };
 enum class Schedule { persistent, grid };
-// NOTE: provisional defaults, to be replaced by the measured best (bench/RESULTS.md).
+// NOTE: defaults from the H200 measurement of 2026-11-29 (bench/RESULTS.md, `crisp bench --kernels
+// hopper-{persistent,grid}-{pp,nopp}`, Hq 32 / Hkv 8, d 128): ping-pong costs 5-8% on dense and
+// crisp layouts at 128k (dense 585 vs 617 TFLOP/s, crisp 566 vs 615): with two 64-row consumers
+// that already overlap their own softmax with PV, forcing turns only adds waiting. Persistent and
+// one-CTA-per-item scheduling are within 1% of each other at 128k (dense 617 vs 615, crisp 615
+// vs 616, random 10% 511 vs 510) and 2% apart at 32k (crisp 626 vs 638); the heaviest-first work
+// order is what gains (crisp at 128k: 56.2 ms, 510 TFLOP/s before it; 46.6 ms, 615 with it). Persistent is the
+// default: it also overlaps a row's epilogue with the next row's loads.
 constexpr Schedule kDefaultSchedule = Schedule::persistent;
-constexpr bool kDefaultPingPong = true;
+constexpr bool kDefaultPingPong = false;
 
 // CRISP_HOPPER_SCHEDULE / CRISP_HOPPER_PINGPONG parsed (the defaults when unset); throw
 // crisp::Error naming the variable for any other value.
