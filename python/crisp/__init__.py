@@ -7,10 +7,20 @@
 ``crisp.hf.register()`` adds ``attn_implementation="crisp"`` to transformers.
 The native module ``crisp._C`` takes raw pointers and links no libtorch.
 """
-from . import _C
-from ._C import Error
-from ._plan import Plan, SequencePlan
-from .ops import attend, plan, prefill
+# torch, when installed, is imported before the native module: torch's wheels carry their own
+# libgomp.so.1, and crisp._C links the system's (OpenMP, for the CPU backend). Whichever loads
+# first serves both, by soname; seen on an H200 machine (torch 2.11): `import crisp` first, then
+# torch, crashed inside torch's import, while torch first works (crisp's OpenMP code runs on
+# torch's libgomp). crisp.ops imports torch anyway, so this costs no extra import time.
+try:
+    import torch  # noqa: F401
+except ImportError:
+    pass
+
+from . import _C  # noqa: E402
+from ._C import Error  # noqa: E402
+from ._plan import Plan, SequencePlan  # noqa: E402
+from .ops import attend, plan, prefill  # noqa: E402
 
 __version__ = "0.1.0"
 built_with_cuda = _C.built_with_cuda

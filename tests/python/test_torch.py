@@ -177,3 +177,18 @@ def test_flex_block_mask_reproduces_crisp_layout_cpu():
     dense_out, _ = crisp.prefill(q, k, v, policy="dense")
     assert (dense_out - crisp_out).abs().max() > 1e-2  # the layout matters for this input
     torch.testing.assert_close(flex_out, crisp_out, atol=1e-4, rtol=1e-4)
+
+
+def test_import_crisp_before_torch_in_a_fresh_interpreter():
+    """`import crisp` first, then torch (and crisp's OpenMP CPU code after it): torch and crisp._C
+    must end up on one libgomp (crisp/__init__.py imports torch first). A fresh interpreter, since
+    this process has loaded both already."""
+    import subprocess
+    import sys
+
+    code = ("import crisp\nimport torch\n"
+            "w = crisp.make_workload(num_q_heads=2, num_kv_heads=1, head_dim=32, seq_lens=(300,))\n"
+            "print('ok', w['q'].shape)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr[-3000:]}"
+    assert result.stdout.startswith("ok")
