@@ -294,6 +294,50 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"fp16_d128_varlen_random20_many_items", f16, 128, 16, 2, {2500, 130, 3900}, Layout::random, 0.2, 117}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
+// The environment choices are parsed on the host and need no device, so this test runs everywhere
+// the CUDA backend is built (CI included): defaults when unset or empty, each listed value, and
+// a crisp::Error naming the variable and listing the values otherwise.
+TEST(GpuHopperDispatch, EnvironmentChoicesParseWithoutADevice) {
+  namespace hop = crisp::cuda_detail::hopper;
+  {
+    ScopedEnv unset_kernel("CRISP_KERNEL", nullptr);
+    ScopedEnv unset_schedule("CRISP_HOPPER_SCHEDULE", nullptr);
+    ScopedEnv empty_ping_pong("CRISP_HOPPER_PINGPONG", "");
+    EXPECT_EQ(hop::kernel_choice(), hop::KernelChoice::automatic);
+    EXPECT_EQ(hop::schedule_choice(), hop::kDefaultSchedule);
+    EXPECT_EQ(hop::ping_pong_choice(), hop::kDefaultPingPong);
+  }
+  {
+    ScopedEnv kernel("CRISP_KERNEL", "portable");
+    ScopedEnv schedule("CRISP_HOPPER_SCHEDULE", "grid");
+    ScopedEnv ping_pong("CRISP_HOPPER_PINGPONG", "1");
+    EXPECT_EQ(hop::kernel_choice(), hop::KernelChoice::portable);
+    EXPECT_EQ(hop::schedule_choice(), hop::Schedule::grid);
+    EXPECT_TRUE(hop::ping_pong_choice());
+  }
+  {
+    ScopedEnv kernel("CRISP_KERNEL", "hopper");
+    ScopedEnv schedule("CRISP_HOPPER_SCHEDULE", "persistent");
+    ScopedEnv ping_pong("CRISP_HOPPER_PINGPONG", "0");
+    EXPECT_EQ(hop::kernel_choice(), hop::KernelChoice::hopper);
+    EXPECT_EQ(hop::schedule_choice(), hop::Schedule::persistent);
+    EXPECT_FALSE(hop::ping_pong_choice());
+  }
+  const auto expect_error = [](const char* name, const char* value, const char* listed, auto parse) {
+    ScopedEnv bad(name, value);
+    try {
+      parse();
+      ADD_FAILURE() << "no error for " << name << "=" << value;
+    } catch (const crisp::Error& e) {
+      EXPECT_EQ(e.argument(), name) << e.what();
+      EXPECT_NE(std::string(e.what()).find(listed), std::string::npos) << e.what();
+    }
+  };
+  expect_error("CRISP_KERNEL", "fastest", "auto, portable or hopper", [] { hop::kernel_choice(); });
+  expect_error("CRISP_HOPPER_SCHEDULE", "static", "persistent or grid", [] { hop::schedule_choice(); });
+  expect_error("CRISP_HOPPER_PINGPONG", "yes", "1 or 0", [] { hop::ping_pong_choice(); });
+}
+
 // CRISP_KERNEL: an unknown value and a forced Hopper kernel on a shape it does not cover (block
 // size 64) are errors naming CRISP_KERNEL; "portable" and "auto" run that shape on the portable
 // kernel. Unknown CRISP_HOPPER_SCHEDULE / CRISP_HOPPER_PINGPONG values are errors naming them.

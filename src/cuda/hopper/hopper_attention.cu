@@ -6,8 +6,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "crisp/error.h"
 #include "cuda/attention_kernel.cuh"
@@ -18,28 +20,40 @@ namespace crisp {
 namespace cuda_detail {
 namespace hopper {
 
+namespace {
+
+// The value of environment variable `name` among `choices`, `fallback` when it is unset or empty;
+// any other value is a crisp::Error naming the variable and listing the choices.
+template <typename T>
+T env_choice(const char* name, std::initializer_list<std::pair<const char*, T>> choices, T fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || value[0] == '\0') return fallback;
+  std::string expected;
+  std::size_t i = 0;
+  for (const auto& [text, choice] : choices) {
+    if (std::strcmp(value, text) == 0) return choice;
+    expected += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + std::string(text);
+    ++i;
+  }
+  throw Error(name, std::string("is \"") + value + "\"", expected);
+}
+
+}  // namespace
+
 KernelChoice kernel_choice() {
-  const char* value = std::getenv("CRISP_KERNEL");
-  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0) return KernelChoice::automatic;
-  if (std::strcmp(value, "portable") == 0) return KernelChoice::portable;
-  if (std::strcmp(value, "hopper") == 0) return KernelChoice::hopper;
-  throw Error("CRISP_KERNEL", std::string("is \"") + value + "\"", "auto, portable or hopper");
+  return env_choice<KernelChoice>(
+      "CRISP_KERNEL",
+      {{"auto", KernelChoice::automatic}, {"portable", KernelChoice::portable}, {"hopper", KernelChoice::hopper}},
+      KernelChoice::automatic);
 }
 
 Schedule schedule_choice() {
-  const char* value = std::getenv("CRISP_HOPPER_SCHEDULE");
-  if (value == nullptr || value[0] == '\0') return kDefaultSchedule;
-  if (std::strcmp(value, "persistent") == 0) return Schedule::persistent;
-  if (std::strcmp(value, "grid") == 0) return Schedule::grid;
-  throw Error("CRISP_HOPPER_SCHEDULE", std::string("is \"") + value + "\"", "persistent or grid");
+  return env_choice<Schedule>("CRISP_HOPPER_SCHEDULE", {{"persistent", Schedule::persistent}, {"grid", Schedule::grid}},
+                              kDefaultSchedule);
 }
 
 bool ping_pong_choice() {
-  const char* value = std::getenv("CRISP_HOPPER_PINGPONG");
-  if (value == nullptr || value[0] == '\0') return kDefaultPingPong;
-  if (std::strcmp(value, "1") == 0) return true;
-  if (std::strcmp(value, "0") == 0) return false;
-  throw Error("CRISP_HOPPER_PINGPONG", std::string("is \"") + value + "\"", "1 (on) or 0 (off)");
+  return env_choice<bool>("CRISP_HOPPER_PINGPONG", {{"1", true}, {"0", false}}, kDefaultPingPong);
 }
 
 bool shape_supported(DType dtype, int64_t head_dim, int block_size) {
