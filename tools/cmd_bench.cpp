@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <random>
 #include <sstream>
@@ -165,10 +166,20 @@ void run_bench(const BenchArgs& a) {
     const char* value = std::getenv(name);
     saved_env.push_back({name, value != nullptr, value != nullptr ? value : ""});
   }
+  const auto restore_env = [&](const char* name) {
+    for (const SavedEnv& e : saved_env) {
+      if (std::strcmp(e.name, name) != 0) continue;
+      if (e.had) setenv(e.name, e.value.c_str(), 1);
+      else unsetenv(e.name);
+    }
+  };
   const auto use_kernel = [&](const std::string& kernel) {
     const HopperVariant* variant = hopper_variant(kernel);
     if (variant == nullptr) {
+      // A plain kernel name runs with the caller's Hopper settings, not those of a variant timed before.
       setenv("CRISP_KERNEL", kernel.c_str(), 1);
+      restore_env("CRISP_HOPPER_SCHEDULE");
+      restore_env("CRISP_HOPPER_PINGPONG");
       return;
     }
     setenv("CRISP_KERNEL", "hopper", 1);
@@ -328,10 +339,7 @@ void run_bench(const BenchArgs& a) {
       }
     }
   }
-  for (const SavedEnv& e : saved_env) {
-    if (e.had) setenv(e.name, e.value.c_str(), 1);
-    else unsetenv(e.name);
-  }
+  for (const SavedEnv& e : saved_env) restore_env(e.name);
   cudaStreamDestroy(stream);
   write_json();
 }

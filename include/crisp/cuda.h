@@ -70,7 +70,9 @@ class DevicePlan {
   DevicePlan(const DevicePlan&) = delete;
   DevicePlan& operator=(const DevicePlan&) = delete;
 
-  // Device bytes needed for a batch shape (every buffer, 256-byte aligned each).
+  // Device bytes needed for a batch shape (every buffer, 256-byte aligned each), on the current
+  // CUDA device: the scratch of the sort that orders the attention work (heaviest rows first) is
+  // sized by cub for that device's architecture, so this needs a visible device.
   static std::size_t bytes_required(int64_t num_q_heads, const SeqLens& cu_seqlens, int block_size);
 
   // Copies the device plan back (enqueued on `stream`, then synchronises that stream) and builds
@@ -126,6 +128,10 @@ void plan_async(const TensorView& q, const TensorView& k, const Config& config, 
 //   row start must be 16-byte aligned (base pointers and the head/token strides).
 // Every element of out and lse is written. Throws crisp::Error naming the offending argument for
 // an unsupported dtype, head dim, layout or a shape that does not match the plan.
+// Graph capture: the Hopper kernel's persistent launch (the default on sm_90 when there are more
+// work items than SMs) allocates a 4-byte work counter with cudaMallocAsync and frees it after the
+// kernel, so a captured graph holds memory allocation/free nodes, with the restrictions CUDA
+// places on graphs with memory nodes; CRISP_HOPPER_SCHEDULE=grid captures kernel nodes only.
 void attend_async(const TensorView& q, const TensorView& k, const TensorView& v,
                   const DevicePlan& plan, const TensorView& out, const TensorView& lse,
                   void* stream = nullptr);

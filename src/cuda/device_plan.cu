@@ -95,7 +95,9 @@ BufferOffsets buffer_offsets(int64_t num_heads, const std::vector<layout::Sequen
   o.max_num_blocks = 0;
   for (const auto& b : bases) o.max_num_blocks = std::max(o.max_num_blocks, b.num_blocks);
   o.num_work_items = num_work_items(num_heads, static_cast<int64_t>(bases.size()), o.max_num_blocks);
-  o.sort_temp_bytes = work_order_temp_bytes(o.num_work_items);
+  int64_t num_rows = 0;  // real work items: one per (query block, head, sequence)
+  for (const auto& b : bases) num_rows += static_cast<int64_t>(b.num_blocks) * num_heads;
+  o.sort_temp_bytes = work_order_worthwhile(o.num_work_items, num_rows) ? work_order_temp_bytes(o.num_work_items) : 0;
   const std::size_t items = o.sort_temp_bytes > 0 ? static_cast<std::size_t>(o.num_work_items) : 0;
   o.work_order = take(items * sizeof(int32_t));
   o.sort_keys_in = take(items * sizeof(uint32_t));
@@ -402,9 +404,10 @@ void DevicePlan::upload(const Plan& plan, void* stream_ptr) {
   put(o.vertical_flags, vflags.data(), vflags.size());
   put(o.slash_flags, sflags.data(), sflags.size());
   put(o.row_ptr, row_ptr.data(), row_ptr.size() * sizeof(int32_t));
+  // The attention work order of the new rows, on the same stream.
+  cuda_detail::build_work_order(m.view, m.offsets.max_num_blocks, stream);
   // Pageable copies may return before the DMA finishes only after staging; synchronising here
   // keeps the contract "host staging released before return" independent of driver details.
-  cuda_detail::build_work_order(m.view, m.offsets.max_num_blocks, stream);
   CRISP_CUDA_CHECK(cudaStreamSynchronize(stream));
 
   Config c = plan.config;

@@ -50,6 +50,10 @@ int64_t num_work_items(int64_t num_q_heads, int64_t num_sequences, int64_t max_n
   return num_q_heads * num_sequences * max_num_blocks;
 }
 
+bool work_order_worthwhile(int64_t num_items, int64_t num_rows) {
+  return num_items > 0 && num_items <= kMaxWorkItemsPerRow * num_rows;
+}
+
 std::size_t work_order_temp_bytes(int64_t num_items) {
   if (num_items <= 0 || num_items > kMaxSortItems) return 0;
   std::size_t bytes = 0;

@@ -19,6 +19,14 @@ namespace cuda_detail {
 // empty and sort last).
 int64_t num_work_items(int64_t num_q_heads, int64_t num_sequences, int64_t max_num_blocks);
 
+// NOTE: the order takes ~16 bytes of device memory per work item plus the sort's scratch, and the
+// items are padded to S * max N per head; a varlen batch of very uneven lengths (one long sequence
+// among many short ones) has far more padded items than rows. Beyond 4 items per real row the
+// order is not built (the kernels keep the item order, heaviest causal rows first), so it never
+// costs more than a small multiple of the rows.
+constexpr int64_t kMaxWorkItemsPerRow = 4;
+bool work_order_worthwhile(int64_t num_items, int64_t num_rows);
+
 // Bytes of cub's temporary storage for sorting `num_items` items (0 when num_items is 0 or too
 // large for one sort, in which case no work order is built and the kernels keep the item order).
 std::size_t work_order_temp_bytes(int64_t num_items);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -108,6 +109,38 @@ TEST(GpuWorkOrder, UploadBuildsLongestRowsFirst) {
   expect_longest_first(dplan);
   dplan.upload(crisp_gpu_test::random_plan(dense, 0.3, 7), nullptr);
   expect_longest_first(dplan);
+}
+
+// A varlen batch of very uneven lengths (one 8192-token sequence among twenty 1-token ones) has 16
+// padded work items per real row: the order is not built (kMaxWorkItemsPerRow), the kernels keep
+// the item order, and attention still writes every row.
+TEST(GpuWorkOrder, VeryUnevenVarlenBatchKeepsTheItemOrder) {
+  SKIP_WITHOUT_GPU();
+  crisp::SeqLens cu{0, 8192};
+  for (int i = 0; i < 20; ++i) cu.push_back(cu.back() + 1);
+  const int64_t H = 2, d = 64, T = cu.back();
+  crisp::cuda::DevicePlan dplan(crisp::dense_plan(H, H, d, cu, 128));
+  EXPECT_FALSE(crisp::cuda_detail::view_of(dplan).work_order_ready);
+  DeviceBuffer q(H * T * d * 2), out(H * T * d * 2), lse(H * T * 4);
+  ASSERT_TRUE(q.ptr && out.ptr && lse.ptr);
+  ASSERT_EQ(cudaMemset(q.ptr, 0, H * T * d * 2), cudaSuccess);  // zeros: every output row is 0
+  ASSERT_EQ(cudaMemset(out.ptr, 0xff, H * T * d * 2), cudaSuccess);  // NaN
+  ASSERT_EQ(cudaMemset(lse.ptr, 0xff, H * T * 4), cudaSuccess);
+  const auto dev = crisp::Device::cuda;
+  const auto view = [&](void* p) { return crisp::TensorView::contiguous(p, crisp::DType::bf16, H, T, d, dev); };
+  crisp::cuda::attend_async(view(q.ptr), view(q.ptr), view(q.ptr), dplan, view(out.ptr),
+                            crisp::TensorView::contiguous2d(lse.ptr, crisp::DType::f32, H, T, dev));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> o(static_cast<std::size_t>(H * T * d));
+  std::vector<float> l(static_cast<std::size_t>(H * T));
+  ASSERT_EQ(cudaMemcpy(o.data(), out.ptr, o.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(l.data(), lse.ptr, l.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (std::size_t i = 0; i < o.size(); ++i) ASSERT_EQ(o[i], 0) << "output element " << i;
+  // Uniform attention over the t + 1 keys of a sequence (all logits 0): LSE = ln(t + 1).
+  for (int64_t h = 0; h < H; ++h)
+    for (std::size_t s = 0; s + 1 < cu.size(); ++s)
+      for (int64_t t = cu[s]; t < cu[s + 1]; ++t)
+        ASSERT_NEAR(l[h * T + t], std::log(static_cast<double>(t - cu[s] + 1)), 1e-4) << "head " << h << ", token " << t;
 }
 
 }  // namespace

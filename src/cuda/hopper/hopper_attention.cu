@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -102,6 +103,35 @@ int multiprocessor_count() {
   return count;
 }
 
+// Stream-ordered allocation (cudaMallocAsync) needs memory pools; without them the launch falls
+// back to one CTA per item.
+bool memory_pools_supported() {
+  int device = 0, supported = 0;
+  CRISP_CUDA_CHECK(cudaGetDevice(&device));
+  CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
+  return supported != 0;
+}
+
+// The persistent launch's work counter: allocated and zeroed on the stream, freed on the stream
+// when the launch is done or when it throws.
+class WorkCounter {
+ public:
+  explicit WorkCounter(cudaStream_t stream) : stream_(stream) {
+    CRISP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&counter_), sizeof(int32_t), stream_));
+    CRISP_CUDA_CHECK(cudaMemsetAsync(counter_, 0, sizeof(int32_t), stream_));
+  }
+  ~WorkCounter() {
+    if (counter_ != nullptr) (void)cudaFreeAsync(counter_, stream_);
+  }
+  WorkCounter(const WorkCounter&) = delete;
+  WorkCounter& operator=(const WorkCounter&) = delete;
+  int32_t* get() const { return counter_; }
+
+ private:
+  cudaStream_t stream_;
+  int32_t* counter_ = nullptr;
+};
+
 template <typename T, int kDim, bool kPingPong>
 void launch_kernel(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
                    const attention::Params& params, int64_t grid, cudaStream_t stream) {
@@ -131,17 +161,17 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
   // Persistent CTAs: one per SM (the kernel's shared memory allows one per SM); the counter hands
   // out the items past the first wave. Fewer items than SMs need no counter.
   const int64_t sms = multiprocessor_count();
-  const bool persistent = schedule == Schedule::persistent && num_ctas > sms;
+  const bool persistent = schedule == Schedule::persistent && num_ctas > sms && memory_pools_supported();
+  // Stream-ordered allocation (pooled, capturable in a CUDA graph as a memory node): every launch
+  // has its own counter, so launches on different streams sharing one plan never share one.
+  std::unique_ptr<WorkCounter> counter;
   if (persistent) {
     grid = sms;
-    // Stream-ordered allocation (pooled, capturable in a CUDA graph): every launch has its own
-    // counter, so launches on different streams sharing one plan never share one.
-    CRISP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&run.work_counter), sizeof(int32_t), stream));
-    CRISP_CUDA_CHECK(cudaMemsetAsync(run.work_counter, 0, sizeof(int32_t), stream));
+    counter = std::make_unique<WorkCounter>(stream);
+    run.work_counter = counter->get();
   }
   if (ping_pong) launch_kernel<T, kDim, true>(map_q, map_k, map_v, run, grid, stream);
   else launch_kernel<T, kDim, false>(map_q, map_k, map_v, run, grid, stream);
-  if (persistent) CRISP_CUDA_CHECK(cudaFreeAsync(run.work_counter, stream));
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ enum class KernelChoice { automatic, portable, hopper };
 enum class Schedule { persistent, grid };
 // NOTE: defaults from the H200 measurement of 2026-11-29 (bench/RESULTS.md, `crisp bench --kernels
 // hopper-{persistent,grid}-{pp,nopp}`, Hq 32 / Hkv 8, d 128): ping-pong costs 5-8% on dense and
-// crisp layouts at 128k (dense 585 vs 617 TFLOP/s, crisp 566 vs 615): with two 64-row consumers
+// crisp layouts at 128k (dense 585 vs 617 TFLOP/s, crisp 566 vs 615) and 1-20% at 32k: with two 64-row consumers
 // that already overlap their own softmax with PV, forcing turns only adds waiting. Persistent and
 // one-CTA-per-item scheduling are within 1% of each other at 128k (dense 617 vs 615, crisp 615
 // vs 616, random 10% 511 vs 510) and 2% apart at 32k (crisp 626 vs 638); the heaviest-first work

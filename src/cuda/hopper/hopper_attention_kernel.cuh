@@ -1,8 +1,9 @@
 // src/cuda/hopper/hopper_attention_kernel.cuh — the block-sparse causal attention kernel for Hopper
 // (sm_90a): TMA loads completed on mbarriers, wgmma tensor-core matmuls, warp specialisation.
 // Same work, same math and same outputs as the portable kernel (src/cuda/attention_kernel.cuh):
-// one CTA computes one query block r (B = 128 rows) of one query head of one sequence, walking the
-// key blocks listed in the CSR row r of its (sequence, head) plan in ascending order.
+// a work item is one query block r (B = 128 rows) of one query head of one sequence, computed by
+// walking the key blocks listed in the CSR row r of its (sequence, head) plan in ascending order;
+// a CTA computes one item or, persistent, several in turn (Scheduling, below).
 //
 // Roles (384 threads, three warpgroups):
 //  - warpgroup 0, the producer: one thread loads the query block once and then, for each listed
@@ -82,12 +83,12 @@ constexpr int barrier_offset() { return v_offset<kDim, kStages>() + kStages * ti
 // Barriers: q full, K full [kStages], V full [kStages], K empty [kStages], V empty [kStages], q empty.
 template <int kStages>
 constexpr int num_barriers() { return 2 + 4 * kStages; }
-// + 1024 bytes so the base can be aligned to 1024 (the 128-byte swizzle pattern repeats every
-// 8 rows of 128 bytes and TMA and wgmma both derive it from the shared-memory address).
 // After the barriers: the work item the producer hands to the consumers (int32; the host launches
 // fewer than 2^31 items).
 template <int kDim, int kStages>
 constexpr int item_slot_offset() { return barrier_offset<kDim, kStages>() + 8 * num_barriers<kStages>(); }
+// + 1024 bytes so the base can be aligned to 1024 (the 128-byte swizzle pattern repeats every
+// 8 rows of 128 bytes and TMA and wgmma both derive it from the shared-memory address).
 template <int kDim, int kStages>
 constexpr int smem_bytes() { return item_slot_offset<kDim, kStages>() + 8 + 1024; }
 static_assert(smem_bytes<128, kDefaultStages>() <= 227 * 1024, "shared memory of one CTA on Hopper");
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   struct Item {
     int32_t h, s, r;  // r < 0: a shorter sequence of a varlen batch, nothing to do
   };
-  // 32-bit arithmetic: the host launches fewer than 2^31 items, and the producer runs in 24
+  // 32-bit arithmetic: the host launches fewer than 2^31 items, and the producer runs in 32
   // registers (64-bit divisions spill there).
   auto decode = [&](int32_t item_code) {
     const uint32_t item = static_cast<uint32_t>(item_code);
