@@ -63,8 +63,10 @@ TEST(GpuContextParallel, WithoutNcclOrCommunicatorGivesAClearError) {
 
 // The row-subset launch on one GPU (no NCCL): listed rows, written at chosen tokens of a smaller
 // output, equal the same rows of the full launch bit for bit; rows not listed stay untouched.
-TEST(GpuRowSubset, ListedRowsEqualTheFullLaunchBitForBit) {
-  if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device";
+// Lists rows {N-1, 9, 5, 0} (every_row false: 32 work items, fewer than an H200's SMs) or those
+// followed by every other row in descending order (every_row true: 192 items, so the Hopper
+// kernel's persistent CTAs take row-subset items from their counter).
+void expect_listed_rows_equal_the_full_launch(bool every_row) {
   const int64_t Hq = 8, Hkv = 2, d = 128, n = 128 * 23 + 77;
   const int block = 128;
   crisp::WorkloadSpec spec;
@@ -82,7 +84,10 @@ TEST(GpuRowSubset, ListedRowsEqualTheFullLaunchBitForBit) {
   cfg.block_size = block;
   const int32_t N = static_cast<int32_t>((n + block - 1) / block);
   // Blocks 0, 5, the partial last one and 9, written back to back from token 0 of the output.
-  const std::vector<int32_t> listed = {N - 1, 9, 5, 0};
+  std::vector<int32_t> listed = {N - 1, 9, 5, 0};
+  if (every_row)
+    for (int32_t r = N - 2; r >= 0; --r)
+      if (r != 9 && r != 5 && r != 0) listed.push_back(r);
   std::vector<crisp::cuda_detail::attention::RowItem> items;
   int64_t out_tokens = 0;
   for (const int32_t r : listed) {
@@ -130,6 +135,16 @@ TEST(GpuRowSubset, ListedRowsEqualTheFullLaunchBitForBit) {
       }
     }
   EXPECT_EQ(differing, 0) << "rows (of O or LSE) differ from the full launch";
+}
+
+TEST(GpuRowSubset, ListedRowsEqualTheFullLaunchBitForBit) {
+  if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device";
+  expect_listed_rows_equal_the_full_launch(false);
+}
+
+TEST(GpuRowSubset, EveryRowListedInAnotherOrderEqualsTheFullLaunch) {
+  if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device";
+  expect_listed_rows_equal_the_full_launch(true);
 }
 
 #if defined(CRISP_WITH_NCCL)
