@@ -9,13 +9,27 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cpu/half.h"
 #include "crisp/plan.h"
 #include "crisp/tensor.h"
+#include "crisp/workload.h"
 
 namespace crisp_gpu_test {
+
+// The structured workload's spec with the shape and seed of a test (other knobs at their defaults).
+inline crisp::WorkloadSpec workload_spec(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                                         std::vector<int64_t> seq_lens, uint64_t seed) {
+  crisp::WorkloadSpec spec;
+  spec.num_q_heads = num_q_heads;
+  spec.num_kv_heads = num_kv_heads;
+  spec.head_dim = head_dim;
+  spec.seq_lens = std::move(seq_lens);
+  spec.seed = seed;
+  return spec;
+}
 
 // One cudaMalloc, freed on scope exit. `ptr` is null when the allocation failed (tests check it).
 struct DeviceBuffer {

@@ -65,12 +65,7 @@ TEST_P(GpuAttention, MatchesFloat64ReferenceAndWritesEveryElement) {
   SKIP_WITHOUT_GPU();
   const Case& c = GetParam();
 
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = c.num_q_heads;
-  spec.num_kv_heads = c.num_kv_heads;
-  spec.head_dim = c.head_dim;
-  spec.seq_lens = c.seq_lens;
-  spec.seed = c.seed;
+  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(c.num_q_heads, c.num_kv_heads, c.head_dim, c.seq_lens, c.seed);
   // The workload plants `needles` keys per sequence and needs more tokens than needles.
   const int64_t shortest = *std::min_element(c.seq_lens.begin(), c.seq_lens.end());
   spec.needles = std::min<int64_t>(spec.needles, shortest - 1);
@@ -163,12 +158,7 @@ INSTANTIATE_TEST_SUITE_P(
 // ------------------------------------------------------------------ DevicePlan
 
 crisp::Plan structured_plan(int block, uint64_t seed, std::vector<int64_t> lens) {
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = 4;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 64;
-  spec.seq_lens = std::move(lens);
-  spec.seed = seed;
+  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(4, 2, 64, std::move(lens), seed);
   crisp::Workload w = crisp::make_workload(spec);
   crisp::Config cfg = crisp::Config::from_preset("crisp");
   cfg.block_size = block;
@@ -312,12 +302,7 @@ TEST(GpuAttentionArguments, UnsupportedInputsGiveClearErrors) {
 // non-contiguous [tokens, heads, d] layout.
 TEST(GpuAttentionApi, PublicAttendOnDeviceViewsMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = 4;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 128;
-  spec.seq_lens = {1400};
-  spec.seed = 31;
+  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(4, 2, 128, {1400}, 31);
   crisp::Workload w = crisp::make_workload(spec);
   const int64_t T = w.total_tokens, d = 128;
   std::vector<uint16_t> qb, kb, vb;
@@ -384,12 +369,7 @@ TEST(GpuAttentionApi, PublicAttendOnDeviceViewsMatchesCpu) {
 // dense plan and NaN-poisoned outputs, must give bit for bit the outputs of a direct run.
 TEST(GpuAttentionApi, PlanAndAttendCaptureInOneCudaGraph) {
   SKIP_WITHOUT_GPU();
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = 8;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 128;
-  spec.seq_lens = {6000};
-  spec.seed = 33;
+  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(8, 2, 128, {6000}, 33);
   const crisp::Workload w = crisp::make_workload(spec);
   const int64_t T = w.total_tokens, d = 128;
   std::vector<uint16_t> qb, kb, vb;

@@ -69,12 +69,7 @@ TEST(GpuContextParallel, WithoutNcclOrCommunicatorGivesAClearError) {
 void expect_listed_rows_equal_the_full_launch(bool every_row) {
   const int64_t Hq = 8, Hkv = 2, d = 128, n = 128 * 23 + 77;
   const int block = 128;
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = Hq;
-  spec.num_kv_heads = Hkv;
-  spec.head_dim = d;
-  spec.seq_lens = {n};
-  spec.seed = 3;
+  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(Hq, Hkv, d, {n}, 3);
   crisp::Workload w = crisp::make_workload(spec);
   std::vector<uint16_t> qb(w.q.size()), kb(w.k.size()), vb(w.v.size());
   for (std::size_t i = 0; i < qb.size(); ++i) qb[i] = crisp::half::float_to_bf16(w.q[i]);
@@ -189,12 +184,7 @@ TEST(GpuContextParallel, ShardedOutputEqualsSingleGpuOutputBitForBit) {
     for (const crisp::CpPartition partition : {crisp::CpPartition::contiguous, crisp::CpPartition::zigzag}) {
       SCOPED_TRACE(std::string(c.preset) + " " + crisp::to_string(partition) + " n=" + std::to_string(c.n) +
                    " d=" + std::to_string(c.head_dim) + " B=" + std::to_string(c.block));
-      crisp::WorkloadSpec spec;
-      spec.num_q_heads = Hq;
-      spec.num_kv_heads = Hkv;
-      spec.head_dim = c.head_dim;
-      spec.seq_lens = {c.n};
-      spec.seed = 7;
+      crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(Hq, Hkv, c.head_dim, {c.n}, 7);
       crisp::Workload w = crisp::make_workload(spec);
       const auto qb = to_half_bits(w.q, c.dtype), kb = to_half_bits(w.k, c.dtype), vb = to_half_bits(w.v, c.dtype);
       crisp::Config cfg = crisp::Config::from_preset(c.preset);

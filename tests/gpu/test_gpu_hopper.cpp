@@ -96,12 +96,7 @@ struct Prepared {
 
 Prepared prepare(const Case& c) {
   const int64_t d = c.head_dim;
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = c.num_q_heads;
-  spec.num_kv_heads = c.num_kv_heads;
-  spec.head_dim = d;
-  spec.seq_lens = c.seq_lens;
-  spec.seed = c.seed;
+  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(c.num_q_heads, c.num_kv_heads, d, c.seq_lens, c.seed);
   const int64_t shortest = *std::min_element(c.seq_lens.begin(), c.seq_lens.end());
   spec.needles = std::min<int64_t>(spec.needles, shortest - 1);
   const crisp::Workload w = crisp::make_workload(spec);

@@ -15,6 +15,7 @@
 #include "crisp/crisp.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
+#include "gpu/gpu_test_util.h"
 
 namespace {
 
@@ -96,12 +97,7 @@ class GpuPlanMatchesCpu : public testing::TestWithParam<PlanCase> {};
 TEST_P(GpuPlanMatchesCpu, RoutesLayoutsAndStatistics) {
   SKIP_WITHOUT_GPU();
   const PlanCase& pc = GetParam();
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = pc.hq;
-  spec.num_kv_heads = pc.hkv;
-  spec.head_dim = pc.d;
-  spec.seq_lens = pc.seq_lens;
-  spec.seed = pc.seed;
+  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(pc.hq, pc.hkv, pc.d, pc.seq_lens, pc.seed);
   crisp::Workload w = crisp::make_workload(spec);
   crisp::Config cfg = crisp::Config::from_preset(pc.preset);
   cfg.block_size = pc.block;
@@ -179,12 +175,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, GpuPlanMatchesCpu, testing::ValuesIn(plan_case
 // The API dispatch (crisp::plan on Device::cuda views) is the same planner.
 TEST(GpuPlan, ApiPathMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = 8;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 128;
-  spec.seq_lens = {3000, 1000};
-  spec.seed = 21;
+  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(8, 2, 128, {3000, 1000}, 21);
   crisp::Workload w = crisp::make_workload(spec);
   const crisp::Config cfg = crisp::Config::from_preset("crisp");
   DeviceArray q_dev(w.q.data(), w.q.size() * sizeof(float));
@@ -202,12 +193,7 @@ TEST(GpuPlan, ApiPathMatchesCpu) {
 // graph (after one warm-up call that sizes the workspace) and replayed.
 TEST(GpuPlan, CapturesInCudaGraph) {
   SKIP_WITHOUT_GPU();
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = 8;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 128;
-  spec.seq_lens = {4096};
-  spec.seed = 22;
+  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(8, 2, 128, {4096}, 22);
   crisp::Workload w = crisp::make_workload(spec);
   for (const char* preset : {"crisp", "flexprefill", "minference"}) {
     SCOPED_TRACE(preset);
