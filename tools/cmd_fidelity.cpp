@@ -132,7 +132,8 @@ void run_fidelity(const FidelityArgs& args) {
   // Policies.
   std::vector<ev::PolicySpec> policies;
   for (const std::string& name : args.routing_only ? std::vector<std::string>{} : split(args.policies, ',')) {
-    crisp::Config c = crisp::Config::from_preset(name);  // throws naming "preset"
+    // A preset, or a preset with overrides (PRESET:key=value[:key=value...]), as in `crisp eval niah`.
+    crisp::Config c = crisp_cli::config_of_policy_spec(name, "--policies");
     if (!args.block_size.empty()) c.set("block_size", args.block_size);
     c.validate();
     policies.push_back({name, c});
@@ -373,7 +374,10 @@ void register_eval_fidelity(CLI::App& eval) {
   sub->add_option("--captures", args->captures, "Capture directories written by 'crisp capture'")
       ->required()
       ->expected(1, -1);
-  sub->add_option("--policies", args->policies, "Comma-separated presets to evaluate")->capture_default_str();
+  sub->add_option("--policies", args->policies,
+                  "Policies to evaluate, comma-separated: presets, or a preset with overrides as "
+                  "PRESET:key=value[:key=value...] (e.g. crisp:routing=cstruct_rel:rho=2.2)")
+      ->capture_default_str();
   sub->add_option("--set", args->routing_sets,
                   "Override a parameter of the routing comparison (the crisp preset), e.g. tau=0.1 or "
                   "w_local=256 (repeatable)")
