@@ -129,10 +129,7 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   params.lse_stride_token = lse.stride[1];
   params.num_q_heads = static_cast<int32_t>(Hq);
   params.q_per_kv = static_cast<int32_t>(Hq / Hkv);
-  int32_t max_blocks = 0;
-  const SeqLens& cu = plan.cu_seqlens();
-  for (std::size_t s = 0; s + 1 < cu.size(); ++s)
-    max_blocks = std::max(max_blocks, static_cast<int32_t>((cu[s + 1] - cu[s] + block - 1) / block));
+  const int32_t max_blocks = view.max_num_blocks;
   params.max_num_blocks = max_blocks;
   params.scale = static_cast<float>(plan.softmax_scale());
   params.scale_log2 = static_cast<float>(plan.softmax_scale() * 1.4426950408889634);  // log2(e)

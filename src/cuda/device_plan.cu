@@ -202,6 +202,7 @@ void bind(DevicePlan::Impl& impl, void* memory) {
   v.num_sequences = static_cast<int32_t>(impl.bases.size());
   v.num_heads = static_cast<int32_t>(impl.num_q_heads);
   v.block_size = impl.block_size;
+  v.max_num_blocks = o.max_num_blocks;
   v.seqs = reinterpret_cast<const layout::SequenceBases*>(base + o.seqs);
   v.route = reinterpret_cast<int32_t*>(base + o.route);
   v.c_struct = reinterpret_cast<float*>(base + o.c_struct);
@@ -405,7 +406,7 @@ void DevicePlan::upload(const Plan& plan, void* stream_ptr) {
   put(o.slash_flags, sflags.data(), sflags.size());
   put(o.row_ptr, row_ptr.data(), row_ptr.size() * sizeof(int32_t));
   // The attention work order of the new rows, on the same stream.
-  cuda_detail::build_work_order(m.view, m.offsets.max_num_blocks, stream);
+  cuda_detail::build_work_order(m.view, stream);
   // Pageable copies may return before the DMA finishes only after staging; synchronising here
   // keeps the contract "host staging released before return" independent of driver details.
   CRISP_CUDA_CHECK(cudaStreamSynchronize(stream));

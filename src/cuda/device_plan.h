@@ -14,6 +14,7 @@ struct DevicePlanView {
   int32_t num_sequences = 0;
   int32_t num_heads = 0;     // query heads
   int32_t block_size = 128;
+  int32_t max_num_blocks = 0;  // max N over the sequences
   const layout::SequenceBases* seqs = nullptr;  // device [num_sequences]
 
   // Per slot (s * num_heads + h):

@@ -681,9 +681,7 @@ void plan_on_device(const TensorView& q, const TensorView& k, const Config& conf
     case DType::f16: plan_typed<__half>(q, k, config, view, pw, scale, stream); break;
     case DType::bf16: plan_typed<__nv_bfloat16>(q, k, config, view, pw, scale, stream); break;
   }
-  int32_t max_num_blocks = 0;
-  for (const auto& b : sh.bases) max_num_blocks = std::max(max_num_blocks, b.num_blocks);
-  build_work_order(mutable_view_of(plan), max_num_blocks, stream);
+  build_work_order(mutable_view_of(plan), stream);
 }
 
 }  // namespace planner

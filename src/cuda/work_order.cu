@@ -63,7 +63,7 @@ std::size_t work_order_temp_bytes(int64_t num_items) {
   return bytes;
 }
 
-void build_work_order(DevicePlanView& view, int32_t max_num_blocks, cudaStream_t stream) {
+void build_work_order(DevicePlanView& view, cudaStream_t stream) {
   const int64_t n = view.num_work_items;
   if (n <= 0 || view.work_order == nullptr || view.sort_temp == nullptr) {
     view.work_order_ready = false;
@@ -78,7 +78,7 @@ void build_work_order(DevicePlanView& view, int32_t max_num_blocks, cudaStream_t
   std::size_t temp_bytes = view.sort_temp_bytes;
   CRISP_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
       view.sort_temp, temp_bytes, view.sort_keys_in, view.sort_keys_out, view.sort_items_in, view.work_order,
-      static_cast<int>(n), 0, bits_for(static_cast<uint32_t>(max_num_blocks)), stream));
+      static_cast<int>(n), 0, bits_for(static_cast<uint32_t>(view.max_num_blocks)), stream));
   view.work_order_ready = true;
 }
 

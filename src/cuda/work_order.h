@@ -33,7 +33,7 @@ std::size_t work_order_temp_bytes(int64_t num_items);
 
 // Fills view.work_order from view.row_ptr on `stream` and sets view.work_order_ready (when the
 // view has the buffers for it); enqueued after the kernels that wrote the plan.
-void build_work_order(DevicePlanView& view, int32_t max_num_blocks, cudaStream_t stream);
+void build_work_order(DevicePlanView& view, cudaStream_t stream);
 
 }  // namespace cuda_detail
 }  // namespace crisp
