@@ -117,12 +117,7 @@ TEST(CliPlan, StructuredWorkloadMatchesOracle) {
   if (!cli_available()) GTEST_SKIP() << "the crisp command is not built (build target crisp_cli)";
   const uint64_t seed = test_seed();
   SCOPED_TRACE(seed_trace(seed));
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = 4;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 32;
-  spec.seq_lens = {1100};
-  spec.seed = seed;
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(4, 2, 32, {1100}, seed);
   crisp::Workload w = crisp::make_workload(spec);
   const std::string dir = crisp_test::temp_dir().string();
   crisp::write_npy(dir + "/Q.npy", w.q.data(), {4, w.total_tokens, 32});

@@ -134,12 +134,7 @@ TEST(Partition, BadArgumentsNameTheArgument) {
 
 // A workload small enough for the CPU backend, with both routes present.
 crisp::Workload small_workload(int64_t n, uint64_t seed) {
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = 4;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 32;
-  spec.seq_lens = {n};
-  spec.seed = seed;
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(4, 2, 32, {n}, seed);
   return crisp::make_workload(spec);
 }
 

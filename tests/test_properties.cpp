@@ -35,12 +35,7 @@ Inputs random_inputs(uint64_t seed, int64_t hq, int64_t hkv, int64_t tokens, int
 }
 
 Inputs workload_inputs(uint64_t seed, std::vector<int64_t> lens, int64_t hq = 4, int64_t hkv = 2, int64_t d = 32) {
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = hq;
-  spec.num_kv_heads = hkv;
-  spec.head_dim = d;
-  spec.seq_lens = std::move(lens);
-  spec.seed = seed;
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(hq, hkv, d, std::move(lens), seed);
   crisp::Workload w = crisp::make_workload(spec);
   Inputs in;
   in.q = Tensor3(hq, w.total_tokens, d);

@@ -129,6 +129,19 @@ TEST(TinyLlama, CudaBackendWithoutCudaIsRejectedNamingTheArgument) {
 #endif
 }
 
+#ifdef CRISP_CLI_PATH
+// The CLI tests' setting: the tiny model written to a fresh temporary directory of the test, and the
+// command line of one `crisp` call whose output goes to a log file there.
+struct TinyModelCli {
+  std::filesystem::path dir = crisp_test::temp_dir();
+  std::string model = (dir / "tiny_llama.gguf").string();
+  TinyModelCli() { crisp_test::write_tiny_llama(model); }
+  std::string command(const std::string& args, const std::string& log) const {
+    return std::string(CRISP_CLI_PATH) + " " + args + " > " + (dir / log).string() + " 2>&1";
+  }
+};
+#endif
+
 // The command line on the tiny model: `crisp run --json` and `crisp eval niah` write valid JSON
 // even though a random model's text is not valid UTF-8, and the sample dump / outside scoring
 // round trip (--dump-samples, --score) scores outputs with the official rules.
@@ -137,13 +150,13 @@ TEST(TinyLlama, CliRunAndNiahDumpScoreRoundTrip) {
   GTEST_SKIP() << "no CLI path";
 #else
   if (!std::filesystem::exists(CRISP_CLI_PATH)) GTEST_SKIP() << "crisp CLI not built";
-  const std::filesystem::path dir = crisp_test::temp_dir();
-  const std::string model = (dir / "tiny_llama.gguf").string();
-  crisp_test::write_tiny_llama(model);
-  const std::string cli = std::string(CRISP_CLI_PATH);
+  const TinyModelCli t;
+  const std::filesystem::path& dir = t.dir;
+  const std::string& model = t.model;
   const std::string run_json = (dir / "run.json").string();
-  std::string cmd = cli + " run --model " + model + " --prompt 'the rain' --max-new-tokens 12 --threads 2 --quiet --json " +
-                    run_json + " > " + (dir / "run.log").string() + " 2>&1";
+  std::string cmd =
+      t.command("run --model " + model + " --prompt 'the rain' --max-new-tokens 12 --threads 2 --quiet --json " + run_json,
+                "run.log");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream run_in(run_json);
   const nlohmann::json run = nlohmann::json::parse(run_in);
@@ -151,9 +164,10 @@ TEST(TinyLlama, CliRunAndNiahDumpScoreRoundTrip) {
   EXPECT_GT(run.at("generated_tokens").get<int>(), 0);
 
   const std::string samples = (dir / "samples.jsonl").string();
-  cmd = cli + " eval niah --model " + model + " --tasks passkey,kv_retrieval --lengths 600 --depths 0.5 " +
-        "--policies dense,crisp:routing=cstruct_rel:rho=2.2 --threads 2 --quiet --dump-samples " + samples + " --json " + (dir / "niah.json").string() +
-        " > " + (dir / "niah.log").string() + " 2>&1";
+  cmd = t.command("eval niah --model " + model + " --tasks passkey,kv_retrieval --lengths 600 --depths 0.5 " +
+                      "--policies dense,crisp:routing=cstruct_rel:rho=2.2 --threads 2 --quiet --dump-samples " + samples +
+                      " --json " + (dir / "niah.json").string(),
+                  "niah.log");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream niah_in(dir / "niah.json");
   const nlohmann::json niah = nlohmann::json::parse(niah_in);
@@ -185,8 +199,7 @@ TEST(TinyLlama, CliRunAndNiahDumpScoreRoundTrip) {
   outputs.close();
   ASSERT_EQ(lines, 2);
   const std::string scores = (dir / "scores.json").string();
-  cmd = cli + " eval niah --score " + (dir / "outputs.jsonl").string() + " --json " + scores + " > " +
-        (dir / "score.log").string() + " 2>&1";
+  cmd = t.command("eval niah --score " + (dir / "outputs.jsonl").string() + " --json " + scores, "score.log");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream score_in(scores);
   const nlohmann::json scored = nlohmann::json::parse(score_in);
@@ -208,23 +221,23 @@ TEST(TinyLlama, CliCaptureThenFidelityWithPolicySpecs) {
   GTEST_SKIP() << "no CLI path";
 #else
   if (!std::filesystem::exists(CRISP_CLI_PATH)) GTEST_SKIP() << "crisp CLI not built";
-  const std::filesystem::path dir = crisp_test::temp_dir();
-  const std::string model = (dir / "tiny_llama.gguf").string();
-  crisp_test::write_tiny_llama(model);
-  const std::string cli = std::string(CRISP_CLI_PATH);
+  const TinyModelCli t;
+  const std::filesystem::path& dir = t.dir;
+  const std::string& model = t.model;
   {
     std::ofstream prompt(dir / "prompt.txt");
     for (int i = 0; i < 60; ++i) prompt << "the rain in the plain falls mainly at night. ";
   }
   const std::string capture_dir = (dir / "capture").string();
-  std::string cmd = cli + " capture --model " + model + " --prompt-file " + (dir / "prompt.txt").string() +
-                    " --layers 0 --threads 2 --quiet --out " + capture_dir + " > " + (dir / "capture.log").string() +
-                    " 2>&1";
+  std::string cmd = t.command("capture --model " + model + " --prompt-file " + (dir / "prompt.txt").string() +
+                                  " --layers 0 --threads 2 --quiet --out " + capture_dir,
+                              "capture.log");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const std::string fidelity_json = (dir / "fidelity.json").string();
   const std::string variant = "crisp:alpha=4";
-  cmd = cli + " eval fidelity --captures " + capture_dir + " --policies dense,crisp," + variant +
-        " --block 64 --threads 2 --quiet --json " + fidelity_json + " > " + (dir / "fidelity.log").string() + " 2>&1";
+  cmd = t.command("eval fidelity --captures " + capture_dir + " --policies dense,crisp," + variant +
+                      " --block 64 --threads 2 --quiet --json " + fidelity_json,
+                  "fidelity.log");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream in(fidelity_json);
   const nlohmann::json out = nlohmann::json::parse(in);
@@ -247,8 +260,9 @@ TEST(TinyLlama, CliCaptureThenFidelityWithPolicySpecs) {
   EXPECT_DOUBLE_EQ(summary.at("dense").at("density_mean").get<double>(), 1.0);
 
   // An unknown parameter in a spec is an error naming --policies.
-  cmd = cli + " eval fidelity --captures " + capture_dir + " --policies crisp:no_such_key=1 --quiet --json " +
-        (dir / "bad.json").string() + " > " + (dir / "bad.log").string() + " 2>&1";
+  cmd = t.command("eval fidelity --captures " + capture_dir + " --policies crisp:no_such_key=1 --quiet --json " +
+                      (dir / "bad.json").string(),
+                  "bad.log");
   EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2) << cmd;
   std::ifstream bad_log(dir / "bad.log");
   const std::string log((std::istreambuf_iterator<char>(bad_log)), std::istreambuf_iterator<char>());

@@ -12,9 +12,11 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "crisp/crisp.h"
+#include "crisp/workload.h"
 
 namespace crisp_test {
 
@@ -50,6 +52,19 @@ inline std::vector<float> gaussian(uint64_t seed, std::size_t count, double sigm
   std::vector<float> out(count);
   for (auto& x : out) x = static_cast<float>(dist(rng));
   return out;
+}
+
+// ---------------------------------------------------------------- the structured workload
+// Its spec with the shape and seed of a test (other knobs at their defaults).
+inline crisp::WorkloadSpec workload_spec(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                                         std::vector<int64_t> seq_lens, uint64_t seed) {
+  crisp::WorkloadSpec spec;
+  spec.num_q_heads = num_q_heads;
+  spec.num_kv_heads = num_kv_heads;
+  spec.head_dim = head_dim;
+  spec.seq_lens = std::move(seq_lens);
+  spec.seed = seed;
+  return spec;
 }
 
 // ---------------------------------------------------------------- a contiguous [H, T, d] input

@@ -16,20 +16,9 @@
 #include "crisp/plan.h"
 #include "crisp/tensor.h"
 #include "crisp/workload.h"
+#include "test_util.h"
 
 namespace crisp_gpu_test {
-
-// The structured workload's spec with the shape and seed of a test (other knobs at their defaults).
-inline crisp::WorkloadSpec workload_spec(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                                         std::vector<int64_t> seq_lens, uint64_t seed) {
-  crisp::WorkloadSpec spec;
-  spec.num_q_heads = num_q_heads;
-  spec.num_kv_heads = num_kv_heads;
-  spec.head_dim = head_dim;
-  spec.seq_lens = std::move(seq_lens);
-  spec.seed = seed;
-  return spec;
-}
 
 // One cudaMalloc, freed on scope exit. `ptr` is null when the allocation failed (tests check it).
 struct DeviceBuffer {
@@ -74,6 +63,17 @@ inline uint16_t to_bits(float x, crisp::DType dt) {
 }
 inline float from_bits(uint16_t b, crisp::DType dt) {
   return dt == crisp::DType::bf16 ? crisp::half::bf16_to_float(b) : crisp::half::f16_to_float(b);
+}
+
+// Rounds `values` to the dtype: the bits for the device, the rounded floats for the reference.
+inline void round_to(const std::vector<float>& values, crisp::DType dt, std::vector<uint16_t>& bits,
+                     std::vector<float>& rounded) {
+  bits.resize(values.size());
+  rounded.resize(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    bits[i] = to_bits(values[i], dt);
+    rounded[i] = from_bits(bits[i], dt);
+  }
 }
 
 // The parity check of an attention kernel against the float64 CPU reference on the same plan and

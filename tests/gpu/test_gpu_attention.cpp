@@ -26,22 +26,12 @@ using crisp_gpu_test::DeviceBuffer;
 using crisp_gpu_test::from_bits;
 using crisp_gpu_test::to_bits;
 using crisp_gpu_test::random_plan;
+using crisp_gpu_test::round_to;
 
 #define SKIP_WITHOUT_GPU() \
   if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device"
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-// Rounds `values` to the dtype: the bits for the device, the rounded floats for the reference.
-void round_to(const std::vector<float>& values, crisp::DType dt, std::vector<uint16_t>& bits,
-              std::vector<float>& rounded) {
-  bits.resize(values.size());
-  rounded.resize(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    bits[i] = to_bits(values[i], dt);
-    rounded[i] = from_bits(bits[i], dt);
-  }
-}
 
 enum class Layout { dense, crisp_plan, random };
 
@@ -65,7 +55,7 @@ TEST_P(GpuAttention, MatchesFloat64ReferenceAndWritesEveryElement) {
   SKIP_WITHOUT_GPU();
   const Case& c = GetParam();
 
-  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(c.num_q_heads, c.num_kv_heads, c.head_dim, c.seq_lens, c.seed);
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(c.num_q_heads, c.num_kv_heads, c.head_dim, c.seq_lens, c.seed);
   // The workload plants `needles` keys per sequence and needs more tokens than needles.
   const int64_t shortest = *std::min_element(c.seq_lens.begin(), c.seq_lens.end());
   spec.needles = std::min<int64_t>(spec.needles, shortest - 1);
@@ -158,7 +148,7 @@ INSTANTIATE_TEST_SUITE_P(
 // ------------------------------------------------------------------ DevicePlan
 
 crisp::Plan structured_plan(int block, uint64_t seed, std::vector<int64_t> lens) {
-  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(4, 2, 64, std::move(lens), seed);
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(4, 2, 64, std::move(lens), seed);
   crisp::Workload w = crisp::make_workload(spec);
   crisp::Config cfg = crisp::Config::from_preset("crisp");
   cfg.block_size = block;
@@ -302,7 +292,7 @@ TEST(GpuAttentionArguments, UnsupportedInputsGiveClearErrors) {
 // non-contiguous [tokens, heads, d] layout.
 TEST(GpuAttentionApi, PublicAttendOnDeviceViewsMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(4, 2, 128, {1400}, 31);
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(4, 2, 128, {1400}, 31);
   crisp::Workload w = crisp::make_workload(spec);
   const int64_t T = w.total_tokens, d = 128;
   std::vector<uint16_t> qb, kb, vb;
@@ -369,7 +359,7 @@ TEST(GpuAttentionApi, PublicAttendOnDeviceViewsMatchesCpu) {
 // dense plan and NaN-poisoned outputs, must give bit for bit the outputs of a direct run.
 TEST(GpuAttentionApi, PlanAndAttendCaptureInOneCudaGraph) {
   SKIP_WITHOUT_GPU();
-  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(8, 2, 128, {6000}, 33);
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(8, 2, 128, {6000}, 33);
   const crisp::Workload w = crisp::make_workload(spec);
   const int64_t T = w.total_tokens, d = 128;
   std::vector<uint16_t> qb, kb, vb;

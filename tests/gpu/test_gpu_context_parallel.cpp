@@ -69,7 +69,7 @@ TEST(GpuContextParallel, WithoutNcclOrCommunicatorGivesAClearError) {
 void expect_listed_rows_equal_the_full_launch(bool every_row) {
   const int64_t Hq = 8, Hkv = 2, d = 128, n = 128 * 23 + 77;
   const int block = 128;
-  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(Hq, Hkv, d, {n}, 3);
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(Hq, Hkv, d, {n}, 3);
   crisp::Workload w = crisp::make_workload(spec);
   std::vector<uint16_t> qb(w.q.size()), kb(w.k.size()), vb(w.v.size());
   for (std::size_t i = 0; i < qb.size(); ++i) qb[i] = crisp::half::float_to_bf16(w.q[i]);
@@ -147,7 +147,7 @@ TEST(GpuRowSubset, EveryRowListedInAnotherOrderEqualsTheFullLaunch) {
 std::vector<uint16_t> to_half_bits(const std::vector<float>& x, crisp::DType dt) {
   std::vector<uint16_t> out(x.size());
   for (std::size_t i = 0; i < x.size(); ++i)
-    out[i] = dt == crisp::DType::bf16 ? crisp::half::float_to_bf16(x[i]) : crisp::half::float_to_f16(x[i]);
+    out[i] = crisp_gpu_test::to_bits(x[i], dt);
   return out;
 }
 
@@ -184,7 +184,7 @@ TEST(GpuContextParallel, ShardedOutputEqualsSingleGpuOutputBitForBit) {
     for (const crisp::CpPartition partition : {crisp::CpPartition::contiguous, crisp::CpPartition::zigzag}) {
       SCOPED_TRACE(std::string(c.preset) + " " + crisp::to_string(partition) + " n=" + std::to_string(c.n) +
                    " d=" + std::to_string(c.head_dim) + " B=" + std::to_string(c.block));
-      crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(Hq, Hkv, c.head_dim, {c.n}, 7);
+      crisp::WorkloadSpec spec = crisp_test::workload_spec(Hq, Hkv, c.head_dim, {c.n}, 7);
       crisp::Workload w = crisp::make_workload(spec);
       const auto qb = to_half_bits(w.q, c.dtype), kb = to_half_bits(w.k, c.dtype), vb = to_half_bits(w.v, c.dtype);
       crisp::Config cfg = crisp::Config::from_preset(c.preset);

@@ -28,7 +28,6 @@ namespace {
 
 using crisp_gpu_test::DeviceBuffer;
 using crisp_gpu_test::from_bits;
-using crisp_gpu_test::to_bits;
 using crisp_gpu_test::random_plan;
 
 #define SKIP_WITHOUT_HOPPER()                                                              \
@@ -96,24 +95,16 @@ struct Prepared {
 
 Prepared prepare(const Case& c) {
   const int64_t d = c.head_dim;
-  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(c.num_q_heads, c.num_kv_heads, d, c.seq_lens, c.seed);
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(c.num_q_heads, c.num_kv_heads, d, c.seq_lens, c.seed);
   const int64_t shortest = *std::min_element(c.seq_lens.begin(), c.seq_lens.end());
   spec.needles = std::min<int64_t>(spec.needles, shortest - 1);
   const crisp::Workload w = crisp::make_workload(spec);
   Prepared p;
   p.tokens = w.total_tokens;
   p.cu_seqlens = w.cu_seqlens;
-  auto round = [&](const std::vector<float>& x, std::vector<uint16_t>& bits, std::vector<float>& r) {
-    bits.resize(x.size());
-    r.resize(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      bits[i] = to_bits(x[i], c.dtype);
-      r[i] = from_bits(bits[i], c.dtype);
-    }
-  };
-  round(w.q, p.q_bits, p.q);
-  round(w.k, p.k_bits, p.k);
-  round(w.v, p.v_bits, p.v);
+  crisp_gpu_test::round_to(w.q, c.dtype, p.q_bits, p.q);
+  crisp_gpu_test::round_to(w.k, c.dtype, p.k_bits, p.k);
+  crisp_gpu_test::round_to(w.v, c.dtype, p.v_bits, p.v);
   const crisp::Plan dense = crisp::dense_plan(c.num_q_heads, c.num_kv_heads, d, w.cu_seqlens, 128);
   if (c.layout == Layout::dense) {
     p.plan = dense;

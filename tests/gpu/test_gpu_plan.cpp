@@ -97,7 +97,7 @@ class GpuPlanMatchesCpu : public testing::TestWithParam<PlanCase> {};
 TEST_P(GpuPlanMatchesCpu, RoutesLayoutsAndStatistics) {
   SKIP_WITHOUT_GPU();
   const PlanCase& pc = GetParam();
-  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(pc.hq, pc.hkv, pc.d, pc.seq_lens, pc.seed);
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(pc.hq, pc.hkv, pc.d, pc.seq_lens, pc.seed);
   crisp::Workload w = crisp::make_workload(spec);
   crisp::Config cfg = crisp::Config::from_preset(pc.preset);
   cfg.block_size = pc.block;
@@ -175,7 +175,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, GpuPlanMatchesCpu, testing::ValuesIn(plan_case
 // The API dispatch (crisp::plan on Device::cuda views) is the same planner.
 TEST(GpuPlan, ApiPathMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(8, 2, 128, {3000, 1000}, 21);
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(8, 2, 128, {3000, 1000}, 21);
   crisp::Workload w = crisp::make_workload(spec);
   const crisp::Config cfg = crisp::Config::from_preset("crisp");
   DeviceArray q_dev(w.q.data(), w.q.size() * sizeof(float));
@@ -193,7 +193,7 @@ TEST(GpuPlan, ApiPathMatchesCpu) {
 // graph (after one warm-up call that sizes the workspace) and replayed.
 TEST(GpuPlan, CapturesInCudaGraph) {
   SKIP_WITHOUT_GPU();
-  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(8, 2, 128, {4096}, 22);
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(8, 2, 128, {4096}, 22);
   crisp::Workload w = crisp::make_workload(spec);
   for (const char* preset : {"crisp", "flexprefill", "minference"}) {
     SCOPED_TRACE(preset);

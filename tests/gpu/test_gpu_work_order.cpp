@@ -73,7 +73,7 @@ void expect_longest_first(const crisp::cuda::DevicePlan& dplan) {
 
 TEST(GpuWorkOrder, PlanAsyncBuildsLongestRowsFirst) {
   SKIP_WITHOUT_GPU();
-  crisp::WorkloadSpec spec = crisp_gpu_test::workload_spec(8, 2, 128, {3000, 700, 1500}, 41);
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(8, 2, 128, {3000, 700, 1500}, 41);
   const crisp::Workload w = crisp::make_workload(spec);
   std::vector<uint16_t> q_bits(w.q.size()), k_bits(w.k.size());
   for (std::size_t i = 0; i < w.q.size(); ++i) q_bits[i] = crisp::half::float_to_bf16(w.q[i]);
