@@ -63,3 +63,19 @@ if [ -n "${HR_DIM64_SEQ:-}" ]; then
   tail -3 "$OUT/bench_d64.err"
   cat "$OUT/bench_d64.txt"
 fi
+
+# Optional: where the plan's time goes (HR_PLAN_PROFILE=1): Nsight Compute times every planner
+# kernel (and the work order's key kernel and cub sort) of one crisp-preset plan at
+# HR_PROFILE_SEQ tokens (131072), kernels serialised, clocks left alone; the table sums the
+# kernel durations by name. The attention kernels run unprofiled.
+if [ "${HR_PLAN_PROFILE:-0}" = 1 ]; then
+  echo "== plan profile (ncu), n=${HR_PROFILE_SEQ:-131072}"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout "${HR_BENCH_TIMEOUT:-240}" "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+    --kernel-name-base demangled --kernel-name regex:'planner|work_key|Radix' "$BIN/crisp" bench --seq "${HR_PROFILE_SEQ:-131072}" \
+    --presets crisp --densities 0.1 --reps 1 --warmup 0 --kernels hopper --quiet \
+    >"$OUT/plan_profile.csv" 2>"$OUT/plan_profile.err"
+  echo "exit $?"
+  tail -3 "$OUT/plan_profile.err"
+  python3 scripts/plan_profile_table.py "$OUT/plan_profile.csv"
+fi

@@ -61,8 +61,6 @@ void launch(const att::Params& params, int64_t num_ctas, cudaStream_t stream) {
   constexpr int kSmemBytes = att::smem_bytes<T, kDim, kBlock>();
   auto kernel = att::block_sparse_attention_kernel<T, kDim, kBlock>;
   CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  if (num_ctas > 0x7fffffffLL)
-    throw Error("q", "needs " + std::to_string(num_ctas) + " thread blocks", "fewer than 2^31");
   kernel<<<static_cast<unsigned>(num_ctas), kThreads, kSmemBytes, stream>>>(params);
   CRISP_CUDA_CHECK_LAUNCH("block_sparse_attention_kernel");
 }
@@ -136,12 +134,19 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   params.plan = view;
   params.row_items = items;
   params.num_row_items = static_cast<int32_t>(num_items);
-  params.work_order = items == nullptr && view.work_order_ready ? view.work_order : nullptr;
+  const bool ordered = items == nullptr && view.work_order_ready;
+  params.work_order = ordered ? view.work_order : nullptr;
   params.work_counter = nullptr;  // set by the Hopper launch when it runs persistent CTAs
 
-  const int64_t num_ctas =
-      items != nullptr ? Hq * num_items : Hq * plan.num_sequences() * static_cast<int64_t>(max_blocks);
+  // One CTA (or, persistent, one scheduled job) per work item: the listed rows of every head, the
+  // real rows in the plan's work order, or every item code (heaviest causal rows first).
+  const int64_t num_ctas = items != nullptr ? Hq * num_items
+                           : ordered        ? view.num_work_items
+                                            : Hq * plan.num_sequences() * static_cast<int64_t>(max_blocks);
+  if (num_ctas > 0x7fffffffLL)
+    throw Error("q", "needs " + std::to_string(num_ctas) + " work items", "fewer than 2^31");
   if (num_ctas == 0) return;
+  params.num_items = static_cast<int32_t>(num_ctas);
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   // The sm_90a kernel (TMA + wgmma) when the device, the shape and CRISP_KERNEL allow it
   // (src/cuda/hopper/hopper_attention.h); otherwise the portable kernel below.

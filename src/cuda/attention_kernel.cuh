@@ -84,8 +84,12 @@ struct Params {
   const RowItem* row_items;
   int32_t num_row_items;
   // Optional work order (every-row launches only): when non-null, the j-th work item taken is
-  // item work_order[j] (DevicePlanView::work_order: heaviest rows first) instead of item j.
+  // item work_order[j] (DevicePlanView::work_order: the real rows, heaviest first) instead of item j.
   const int32_t* work_order;
+  // Work items the launch walks: H * num_row_items (row subset), the work order's length (every
+  // real row once), or H * S * max N item codes (no work order; codes of a shorter sequence past
+  // its first block are empty). Fewer than 2^31 (checked by the host).
+  int32_t num_items;
   // Hopper kernel's persistent scheduler only: a device counter, zero at launch, from which CTAs
   // take their next work item (after their first, blockIdx.x). Null: one work item per CTA.
   int32_t* work_counter;

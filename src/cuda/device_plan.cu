@@ -94,14 +94,15 @@ BufferOffsets buffer_offsets(int64_t num_heads, const std::vector<layout::Sequen
   // The attention work order and the scratch of the sort that builds it (src/cuda/work_order.h).
   o.max_num_blocks = 0;
   for (const auto& b : bases) o.max_num_blocks = std::max(o.max_num_blocks, b.num_blocks);
-  o.num_work_items = num_work_items(num_heads, static_cast<int64_t>(bases.size()), o.max_num_blocks);
   int64_t num_rows = 0;  // real work items: one per (query block, head, sequence)
   for (const auto& b : bases) num_rows += static_cast<int64_t>(b.num_blocks) * num_heads;
-  o.sort_temp_bytes = work_order_worthwhile(o.num_work_items, num_rows) ? work_order_temp_bytes(o.num_work_items) : 0;
-  const std::size_t items = o.sort_temp_bytes > 0 ? static_cast<std::size_t>(o.num_work_items) : 0;
+  const int64_t padded = num_padded_items(num_heads, static_cast<int64_t>(bases.size()), o.max_num_blocks);
+  o.sort_temp_bytes = work_order_supported(num_rows, padded) ? work_order_temp_bytes(num_rows) : 0;
+  o.num_work_items = o.sort_temp_bytes > 0 ? num_rows : 0;
+  const std::size_t items = static_cast<std::size_t>(o.num_work_items);
   o.work_order = take(items * sizeof(int32_t));
-  o.sort_keys_in = take(items * sizeof(uint32_t));
-  o.sort_keys_out = take(items * sizeof(uint32_t));
+  o.sort_keys_in = take(items * sizeof(uint64_t));
+  o.sort_keys_out = take(items * sizeof(uint64_t));
   o.sort_items_in = take(items * sizeof(int32_t));
   o.sort_temp = take(o.sort_temp_bytes);
   o.total = at;
@@ -215,8 +216,8 @@ void bind(DevicePlan::Impl& impl, void* memory) {
   if (o.sort_temp_bytes > 0) {
     v.work_order = reinterpret_cast<int32_t*>(base + o.work_order);
     v.num_work_items = o.num_work_items;
-    v.sort_keys_in = reinterpret_cast<uint32_t*>(base + o.sort_keys_in);
-    v.sort_keys_out = reinterpret_cast<uint32_t*>(base + o.sort_keys_out);
+    v.sort_keys_in = reinterpret_cast<uint64_t*>(base + o.sort_keys_in);
+    v.sort_keys_out = reinterpret_cast<uint64_t*>(base + o.sort_keys_out);
     v.sort_items_in = reinterpret_cast<int32_t*>(base + o.sort_items_in);
     v.sort_temp = base + o.sort_temp;
     v.sort_temp_bytes = o.sort_temp_bytes;

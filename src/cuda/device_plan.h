@@ -32,17 +32,18 @@ struct DevicePlanView {
   int32_t* row_ptr = nullptr;
   int32_t* col = nullptr;
 
-  // Attention work order (GPU-built metadata, src/cuda/work_order.cu): the attention kernels'
-  // flat work items, item = h + H * (s + S * from_end) with query block r = N_s - 1 - from_end,
-  // sorted by descending key-block count of their CSR row (ties keep the item order), so the
-  // rows with the most work start first. num_work_items = H * S * max N entries. Rebuilt by every
-  // fill of the plan (plan_async, upload); work_order_ready is false until the first fill.
+  // Attention work order (GPU-built metadata, src/cuda/work_order.cu): the item codes of the
+  // plan's real rows, code = h + H * (s + S * from_end) with query block r = N_s - 1 - from_end,
+  // sorted by descending key-block count of their CSR row (ties in ascending code), so the rows
+  // with the most work start first. num_work_items = H * sum of N_s entries (every real row once,
+  // no padded code of a shorter sequence). Rebuilt by every fill of the plan (plan_async,
+  // upload); work_order_ready is false until the first fill.
   int32_t* work_order = nullptr;
   int64_t num_work_items = 0;
   bool work_order_ready = false;  // host-side state (the kernels read only work_order)
   // Scratch of the sort that builds it (keys in/out, the unsorted items, cub's temporary storage).
-  uint32_t* sort_keys_in = nullptr;
-  uint32_t* sort_keys_out = nullptr;
+  uint64_t* sort_keys_in = nullptr;
+  uint64_t* sort_keys_out = nullptr;
   int32_t* sort_items_in = nullptr;
   void* sort_temp = nullptr;
   std::size_t sort_temp_bytes = 0;

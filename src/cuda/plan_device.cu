@@ -598,7 +598,8 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
     query_means_kernel<T><<<dim3(maxN, slots), 128, 0, stream>>>(qs, sp);
     CRISP_CUDA_CHECK_LAUNCH("query_means_kernel");
     timer.mark("pe_qmeans");
-    pe_logit_kernel<<<dim3(grid_for(maxN, kPeTile), slots), kPeThreads, 0, stream>>>(sp);
+    pe_logit_kernel<<<dim3(static_cast<unsigned>(pe_triangle_tiles(grid_for(maxN, kPeTile))), slots), kPeThreads, 0,
+                      stream>>>(sp);
     CRISP_CUDA_CHECK_LAUNCH("pe_logit_kernel");
     pe_softmax_kernel<<<dim3(grid_for(maxN, kPeSoftmaxWarps), slots), kPeSoftmaxWarps * 32, 0, stream>>>(sp);
     CRISP_CUDA_CHECK_LAUNCH("pe_softmax_kernel");

@@ -295,15 +295,17 @@ struct TopkMark {
 };
 
 // ---------------------------------------------------------------- §4 PE path
-// P[r, c] for the PE slots, in two kernels. pe_logit_kernel: one block per (kPeTile rows, slot);
-// the logits s q̄_r·k̄_c are a register-tiled fp32 matmul: each thread owns a 4x4 output tile,
-// staged kPeDepth-deep slices of q̄ and k̄ come from shared memory as float4 (2 loads per 16
-// FMAs). Every dot product is one fmaf chain over x = 0 .. d-1 in order (zero padding adds an
-// exact +0), and the logit is rounded to float before it is stored in pe_prob (as a double,
-// exactly), like the CPU reference's logits. pe_softmax_kernel then turns each row into
-// probabilities with one warp per row (see there).
+// P[r, c] for the PE slots, in two kernels. pe_logit_kernel: one block per (64 x 64 tile of the
+// block-causal triangle, slot); the logits s q̄_r·k̄_c are a register-tiled fp32 matmul: each
+// thread owns a 4x4 output tile, staged kPeDepth-deep slices of q̄ and k̄ come from shared memory
+// as float4 (2 loads per 16 FMAs). Every dot product is one fmaf chain over x = 0 .. d-1 in order
+// (zero padding adds an exact +0), and the logit is rounded to float before it is stored in
+// pe_prob (as a double, exactly), like the CPU reference's logits. pe_softmax_kernel then turns
+// each row into probabilities with one warp per row (see there).
 // NOTE: 64x64 output tiles with 256 threads (4x4 per thread) and 32-deep slices: 17 KB of shared
-// memory, register-tiled FFMA; larger tiles leave SMs idle at N = 1024 (16 row tiles per head).
+// memory, register-tiled FFMA. One tile per block (not a row of tiles per block): at N = 1024 a
+// head has 136 tiles, so the PE heads fill every SM several times over and the slices' L2
+// latency is hidden; a row of tiles per block left one 8-warp block per SM (3x slower at 128k).
 constexpr int kPeTile = 64;
 constexpr int kPeDepth = 32;
 constexpr int kPeMicro = 4;                                         // outputs per thread per axis
@@ -312,6 +314,17 @@ constexpr int kPeThreads = kPeThreadsPerAxis * kPeThreadsPerAxis;  // 256
 // NOTE: +4 floats per slice row: the transposed staging stores hit 8 banks instead of 1, and the
 // rows stay 16-byte aligned for the float4 reads.
 constexpr int kPeTileStride = kPeTile + 4;
+
+// Tiles of the block-causal triangle of `tiles` x `tiles` 64-blocks: row tile rt holds column
+// tiles 0..rt, tile t = rt (rt + 1) / 2 + ct.
+CRISP_HD int64_t pe_triangle_tiles(int64_t tiles) { return tiles * (tiles + 1) / 2; }
+__device__ __forceinline__ void pe_tile_of(int64_t t, int& rt, int& ct) {
+  int r = static_cast<int>((sqrt(8.0 * static_cast<double>(t) + 1.0) - 1.0) / 2.0);
+  while (static_cast<int64_t>(r) * (r + 1) / 2 > t) --r;  // guard the rounding of the square root
+  while (static_cast<int64_t>(r + 1) * (r + 2) / 2 <= t) ++r;
+  rt = r;
+  ct = static_cast<int>(t - static_cast<int64_t>(r) * (r + 1) / 2);
+}
 
 __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
   __shared__ __align__(16) float q_slice[kPeDepth][kPeTileStride];  // [x][row]
@@ -322,7 +335,9 @@ __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
   if (P.view.route[slot] != rules::kRoutePe) return;
   const layout::SequenceBases sb = P.view.seqs[s];
   const int d = P.head_dim, N = sb.num_blocks;
-  const int r0 = blockIdx.x * kPeTile;
+  int row_tile, col_tile;
+  pe_tile_of(blockIdx.x, row_tile, col_tile);
+  const int r0 = row_tile * kPeTile, c0 = col_tile * kPeTile;
   if (r0 >= N) return;
   const int last_row = min(r0 + kPeTile - 1, N - 1);  // also the largest c any row of the tile needs
   const float* qm = P.ws.query_means + layout::block_array_offset(sb, h, H) * d;  // row r at qm + r d
@@ -331,44 +346,42 @@ __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
   double* head_out = P.ws.pe_prob + layout::col_offset(sb, h, H);  // (r, c) at r (r + 1) / 2 + c
   const int tx = threadIdx.x % kPeThreadsPerAxis, ty = threadIdx.x / kPeThreadsPerAxis;
 
-  for (int c0 = 0; c0 <= last_row; c0 += kPeTile) {
-    float acc[kPeMicro][kPeMicro];
+  float acc[kPeMicro][kPeMicro];
 #pragma unroll
-    for (int i = 0; i < kPeMicro; ++i)
+  for (int i = 0; i < kPeMicro; ++i)
 #pragma unroll
-      for (int j = 0; j < kPeMicro; ++j) acc[i][j] = 0.f;
-    for (int x0 = 0; x0 < d; x0 += kPeDepth) {
-      __syncthreads();  // the previous slice is consumed
-      // Coalesced along x in global memory, transposed into [x][row] in shared memory.
-      for (int idx = threadIdx.x; idx < kPeTile * kPeDepth; idx += kPeThreads) {
-        const int row = idx / kPeDepth, x = idx % kPeDepth;
-        const bool in_x = x0 + x < d;
-        q_slice[x][row] = in_x && r0 + row < N ? qm[static_cast<int64_t>(r0 + row) * d + x0 + x] : 0.f;
-        k_slice[x][row] = in_x && c0 + row <= last_row ? km[static_cast<int64_t>(c0 + row) * d + x0 + x] : 0.f;
-      }
-      __syncthreads();
-#pragma unroll 8  // NOTE: keeps the float4 loads of later x in flight without bloating registers
-      for (int x = 0; x < kPeDepth; ++x) {
-        const float4 a = *reinterpret_cast<const float4*>(&q_slice[x][ty * kPeMicro]);
-        const float4 b = *reinterpret_cast<const float4*>(&k_slice[x][tx * kPeMicro]);
-        const float qa[kPeMicro] = {a.x, a.y, a.z, a.w};
-        const float kb[kPeMicro] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int i = 0; i < kPeMicro; ++i)
-#pragma unroll
-          for (int j = 0; j < kPeMicro; ++j) acc[i][j] = fmaf(qa[i], kb[j], acc[i][j]);
-      }
+    for (int j = 0; j < kPeMicro; ++j) acc[i][j] = 0.f;
+  for (int x0 = 0; x0 < d; x0 += kPeDepth) {
+    __syncthreads();  // the previous slice is consumed
+    // Coalesced along x in global memory, transposed into [x][row] in shared memory.
+    for (int idx = threadIdx.x; idx < kPeTile * kPeDepth; idx += kPeThreads) {
+      const int row = idx / kPeDepth, x = idx % kPeDepth;
+      const bool in_x = x0 + x < d;
+      q_slice[x][row] = in_x && r0 + row < N ? qm[static_cast<int64_t>(r0 + row) * d + x0 + x] : 0.f;
+      k_slice[x][row] = in_x && c0 + row <= last_row ? km[static_cast<int64_t>(c0 + row) * d + x0 + x] : 0.f;
     }
+    __syncthreads();
+#pragma unroll 8  // NOTE: keeps the float4 loads of later x in flight without bloating registers
+    for (int x = 0; x < kPeDepth; ++x) {
+      const float4 a = *reinterpret_cast<const float4*>(&q_slice[x][ty * kPeMicro]);
+      const float4 b = *reinterpret_cast<const float4*>(&k_slice[x][tx * kPeMicro]);
+      const float qa[kPeMicro] = {a.x, a.y, a.z, a.w};
+      const float kb[kPeMicro] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-    for (int i = 0; i < kPeMicro; ++i) {
-      const int r = r0 + ty * kPeMicro + i;
-      if (r >= N) continue;
-      double* row_out = head_out + static_cast<int64_t>(r) * (r + 1) / 2;
+      for (int i = 0; i < kPeMicro; ++i)
 #pragma unroll
-      for (int j = 0; j < kPeMicro; ++j) {
-        const int c = c0 + tx * kPeMicro + j;
-        if (c <= r) row_out[c] = static_cast<double>(P.scale * acc[i][j]);
-      }
+        for (int j = 0; j < kPeMicro; ++j) acc[i][j] = fmaf(qa[i], kb[j], acc[i][j]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPeMicro; ++i) {
+    const int r = r0 + ty * kPeMicro + i;
+    if (r >= N) continue;
+    double* row_out = head_out + static_cast<int64_t>(r) * (r + 1) / 2;
+#pragma unroll
+    for (int j = 0; j < kPeMicro; ++j) {
+      const int c = c0 + tx * kPeMicro + j;
+      if (c <= r) row_out[c] = static_cast<double>(P.scale * acc[i][j]);
     }
   }
 }

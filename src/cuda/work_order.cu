@@ -1,5 +1,6 @@
-// src/cuda/work_order.cu — the attention work order (see work_order.h): one kernel computes each
-// work item's cost (its CSR row length), cub's radix sort orders the items by descending cost.
+// src/cuda/work_order.cu — the attention work order (see work_order.h): one kernel enumerates the
+// real rows and gives each its sort key (its CSR row length, then its query block from the end), cub's radix sort
+// orders them by descending key.
 #include "cuda/work_order.h"
 
 #include <cub/device/device_radix_sort.cuh>
@@ -15,70 +16,84 @@ namespace cuda_detail {
 
 namespace {
 
-// cub sorts with an int item count.
-constexpr int64_t kMaxSortItems = std::numeric_limits<int>::max();
+constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
 
-// Item i decodes as the attention kernels decode it: h = i % H, s = (i / H) % S,
-// r = N_s - 1 - i / (H * S); the cost is the number of key blocks row r lists (0 past the
-// sequence's first block).
-__global__ void work_cost_kernel(const DevicePlanView view, int64_t num_items, uint32_t* keys, int32_t* items) {
-  const int64_t H = view.num_heads, S = view.num_sequences;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < num_items;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t h = i % H, s = (i / H) % S;
-    const layout::SequenceBases b = view.seqs[s];
-    const int64_t r = b.num_blocks - 1 - i / (H * S);
-    uint32_t cost = 0;
-    if (r >= 0) {
-      const int32_t* row_ptr = view.row_ptr + layout::row_ptr_offset(b, h, H);
-      cost = static_cast<uint32_t>(row_ptr[r + 1] - row_ptr[r]);
-    }
-    keys[i] = cost;
-    items[i] = static_cast<int32_t>(i);
-  }
+int bits_for(uint64_t max_value) {
+  int bits = 1;
+  while (bits < 64 && (max_value >> bits) != 0) ++bits;
+  return bits;
 }
 
-int bits_for(uint32_t max_value) {
-  int bits = 1;
-  while (bits < 32 && (max_value >> bits) != 0) ++bits;
-  return bits;
+// Real row j of the batch: sequence s holds rows [H * block_base_s, H * (block_base_s + N_s)), its
+// row j' = j - H * block_base_s is head h = j' % H, query block r = N_s - 1 - j' / H. Its key is
+// (cost << from_end_bits) | (max N - 1 - from_end): sorted descending (a stable radix sort), the
+// heaviest rows come first, equal costs with the later query block first, and equal keys keep
+// the enumeration order (s, then h): together, ascending item code, the kernels' own order.
+__global__ void work_key_kernel(const DevicePlanView view, int64_t num_rows, int from_end_bits, uint64_t* keys,
+                                int32_t* codes) {
+  const int64_t H = view.num_heads, S = view.num_sequences;
+  const uint64_t last_from_end = static_cast<uint64_t>(view.max_num_blocks - 1);
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < num_rows;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    // The last sequence whose first row is at or before j (block_base ascends with s).
+    int64_t lo = 0, hi = S - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (view.seqs[mid].block_base * H <= j) lo = mid;
+      else hi = mid - 1;
+    }
+    const int64_t s = lo;
+    const layout::SequenceBases b = view.seqs[s];
+    const int64_t local = j - b.block_base * H;
+    const int64_t h = local % H, from_end = local / H;
+    const int64_t r = b.num_blocks - 1 - from_end;
+    const int32_t* row_ptr = view.row_ptr + layout::row_ptr_offset(b, h, H);
+    const uint64_t cost = static_cast<uint64_t>(row_ptr[r + 1] - row_ptr[r]);
+    const int64_t code = h + H * (s + S * from_end);
+    keys[j] = (cost << from_end_bits) | (last_from_end - static_cast<uint64_t>(from_end));
+    codes[j] = static_cast<int32_t>(code);
+  }
 }
 
 }  // namespace
 
-int64_t num_work_items(int64_t num_q_heads, int64_t num_sequences, int64_t max_num_blocks) {
+int64_t num_padded_items(int64_t num_q_heads, int64_t num_sequences, int64_t max_num_blocks) {
   return num_q_heads * num_sequences * max_num_blocks;
 }
 
-bool work_order_worthwhile(int64_t num_items, int64_t num_rows) {
-  return num_items > 0 && num_items <= kMaxWorkItemsPerRow * num_rows;
+bool work_order_supported(int64_t num_rows, int64_t num_padded) {
+  return num_rows > 0 && num_padded <= kMaxInt;
 }
 
-std::size_t work_order_temp_bytes(int64_t num_items) {
-  if (num_items <= 0 || num_items > kMaxSortItems) return 0;
+std::size_t work_order_temp_bytes(int64_t num_rows) {
+  if (num_rows <= 0 || num_rows > kMaxInt) return 0;
   std::size_t bytes = 0;
   CRISP_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
-      nullptr, bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
-      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(num_items)));
+      nullptr, bytes, static_cast<const uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(num_rows)));
   return bytes;
 }
 
 void build_work_order(DevicePlanView& view, cudaStream_t stream) {
-  const int64_t n = view.num_work_items;
-  if (n <= 0 || view.work_order == nullptr || view.sort_temp == nullptr) {
+  const int64_t rows = view.num_work_items;
+  if (rows <= 0 || view.work_order == nullptr || view.sort_temp == nullptr) {
     view.work_order_ready = false;
     return;
   }
-  // NOTE: 256 threads x up to 1024 CTAs, grid-stride: the pass is a few hundred thousand items at most.
+  // A row lists at most N key blocks: the key has 2 bits(max N) significant bits (22 at 128k
+  // tokens), so the sort is a few 8-bit passes.
+  const int from_end_bits = bits_for(static_cast<uint64_t>(view.max_num_blocks - 1));
+  const int key_bits = from_end_bits + bits_for(static_cast<uint64_t>(view.max_num_blocks));
+  // NOTE: 256 threads x up to 1024 CTAs, grid-stride: the pass is a few hundred thousand rows at most.
   const int threads = 256;
-  const int64_t ctas = std::min<int64_t>((n + threads - 1) / threads, 1024);
-  work_cost_kernel<<<static_cast<unsigned>(ctas), threads, 0, stream>>>(view, n, view.sort_keys_in, view.sort_items_in);
-  CRISP_CUDA_CHECK_LAUNCH("work_cost_kernel");
-  // A row lists at most N key blocks: sorting only those bits makes the sort 1-2 passes.
+  const int64_t ctas = std::min<int64_t>((rows + threads - 1) / threads, 1024);
+  work_key_kernel<<<static_cast<unsigned>(ctas), threads, 0, stream>>>(view, rows, from_end_bits, view.sort_keys_in,
+                                                                       view.sort_items_in);
+  CRISP_CUDA_CHECK_LAUNCH("work_key_kernel");
   std::size_t temp_bytes = view.sort_temp_bytes;
-  CRISP_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
-      view.sort_temp, temp_bytes, view.sort_keys_in, view.sort_keys_out, view.sort_items_in, view.work_order,
-      static_cast<int>(n), 0, bits_for(static_cast<uint32_t>(view.max_num_blocks)), stream));
+  CRISP_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(view.sort_temp, temp_bytes, view.sort_keys_in,
+                                                             view.sort_keys_out, view.sort_items_in, view.work_order,
+                                                             static_cast<int>(rows), 0, key_bits, stream));
   view.work_order_ready = true;
 }
 

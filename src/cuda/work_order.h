@@ -4,6 +4,12 @@
 // first: the light rows fill the tail of the launch instead of one heavy row running alone at the
 // end). Causal dense plans keep their natural order (the last query blocks are the heaviest);
 // sparse plans differ by head and by row (PE heads dense-ish, VS heads a few blocks per row).
+//
+// Item codes. The kernels decode a work item code as h = code % H, s = (code / H) % S,
+// r = N_s - 1 - code / (H * S): codes range over H * S * max N ("padded" items), and in a varlen
+// batch the codes past a shorter sequence's first block are empty. The work order lists only the
+// real rows (H * sum of N_s codes, each exactly once), so a launch that follows it walks no empty
+// item however uneven the batch is; without it the kernels walk every padded code in order.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -15,24 +21,19 @@
 namespace crisp {
 namespace cuda_detail {
 
-// Work items of a batch plan: H * S * max N (items past a shorter sequence's first block count as
-// empty and sort last).
-int64_t num_work_items(int64_t num_q_heads, int64_t num_sequences, int64_t max_num_blocks);
+// Item codes of a batch plan: H * S * max N (codes past a shorter sequence's first block are empty).
+int64_t num_padded_items(int64_t num_q_heads, int64_t num_sequences, int64_t max_num_blocks);
 
-// NOTE: the order takes ~16 bytes of device memory per work item plus the sort's scratch, and the
-// items are padded to S * max N per head; a varlen batch of very uneven lengths (one long sequence
-// among many short ones) has far more padded items than rows. Beyond 4 items per real row the
-// order is not built (the kernels keep the item order, heaviest causal rows first), so it never
-// costs more than a small multiple of the rows.
-constexpr int64_t kMaxWorkItemsPerRow = 4;
-bool work_order_worthwhile(int64_t num_items, int64_t num_rows);
+// Whether a plan of `num_rows` real rows and `num_padded` item codes gets a work order: codes are
+// int32 in the order, and cub sorts with an int count.
+bool work_order_supported(int64_t num_rows, int64_t num_padded);
 
-// Bytes of cub's temporary storage for sorting `num_items` items (0 when num_items is 0 or too
-// large for one sort, in which case no work order is built and the kernels keep the item order).
-std::size_t work_order_temp_bytes(int64_t num_items);
+// Bytes of cub's temporary storage for sorting the order of `num_rows` rows (0 when num_rows is 0).
+std::size_t work_order_temp_bytes(int64_t num_rows);
 
-// Fills view.work_order from view.row_ptr on `stream` and sets view.work_order_ready (when the
-// view has the buffers for it); enqueued after the kernels that wrote the plan.
+// Fills view.work_order (view.num_work_items real rows) from view.row_ptr on `stream` and sets
+// view.work_order_ready (when the view has the buffers for it); enqueued after the kernels that
+// wrote the plan.
 void build_work_order(DevicePlanView& view, cudaStream_t stream);
 
 }  // namespace cuda_detail

@@ -1,6 +1,6 @@
 // tests/gpu/test_gpu_work_order.cpp — the attention work order a DevicePlan builds on the device
-// with every fill (src/cuda/work_order.h): a permutation of the work items, heaviest CSR row first,
-// ties in item order; rebuilt when the plan changes. Checked after plan_async and after upload,
+// with every fill (src/cuda/work_order.h): the real rows' item codes, each once, heaviest CSR row
+// first, ties in item order; rebuilt when the plan changes. Checked after plan_async and after upload,
 // against the costs recomputed here from the host copy of the same plan. Every test skips itself
 // when no CUDA device is present.
 #include <cuda_runtime.h>
@@ -39,36 +39,38 @@ int64_t item_cost(const crisp::Plan& plan, int64_t item, int64_t max_blocks) {
   return row_ptr[r + 1] - row_ptr[r];
 }
 
-// Reads the device work order and checks it against the host copy of the plan.
+// Reads the device work order and checks it against the host copy of the plan: every real row
+// (one per query block, head and sequence) exactly once, no empty code, heaviest first, equal
+// costs in ascending code.
 void expect_longest_first(const crisp::cuda::DevicePlan& dplan) {
   const crisp::cuda_detail::DevicePlanView& view = crisp::cuda_detail::view_of(dplan);
   ASSERT_TRUE(view.work_order_ready);
   const crisp::Plan plan = dplan.to_host(nullptr);
-  int64_t max_blocks = 0;
-  for (const auto& sp : plan.sequences) max_blocks = std::max<int64_t>(max_blocks, sp.num_blocks);
-  const int64_t num_items = plan.num_q_heads * static_cast<int64_t>(plan.sequences.size()) * max_blocks;
-  ASSERT_EQ(view.num_work_items, num_items);
-  std::vector<int32_t> order(static_cast<std::size_t>(num_items));
+  int64_t max_blocks = 0, rows = 0;
+  for (const auto& sp : plan.sequences) {
+    max_blocks = std::max<int64_t>(max_blocks, sp.num_blocks);
+    rows += sp.num_blocks * plan.num_q_heads;
+  }
+  const int64_t num_codes = plan.num_q_heads * static_cast<int64_t>(plan.sequences.size()) * max_blocks;
+  ASSERT_EQ(view.num_work_items, rows);
+  std::vector<int32_t> order(static_cast<std::size_t>(rows));
   ASSERT_EQ(cudaMemcpy(order.data(), view.work_order, order.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
             cudaSuccess);
 
-  std::vector<char> seen(order.size(), 0);
-  int64_t nonzero = 0;
+  std::vector<char> seen(static_cast<std::size_t>(num_codes), 0);
   for (std::size_t j = 0; j < order.size(); ++j) {
     ASSERT_GE(order[j], 0) << "position " << j;
-    ASSERT_LT(order[j], num_items) << "position " << j;
+    ASSERT_LT(order[j], num_codes) << "position " << j;
     ASSERT_FALSE(seen[order[j]]) << "item " << order[j] << " listed twice";
     seen[order[j]] = 1;
-    if (item_cost(plan, order[j], max_blocks) > 0) ++nonzero;
+    // A real row lists at least its diagonal block; an empty code (past a shorter sequence's
+    // first block) costs 0.
+    ASSERT_GE(item_cost(plan, order[j], max_blocks), 1) << "position " << j << ": item " << order[j] << " is empty";
     if (j == 0) continue;
     const int64_t before = item_cost(plan, order[j - 1], max_blocks), here = item_cost(plan, order[j], max_blocks);
     ASSERT_GE(before, here) << "position " << j << ": a lighter row before a heavier one";
     if (before == here) ASSERT_LT(order[j - 1], order[j]) << "position " << j << ": equal costs out of item order";
   }
-  // Every real row (one per query block, head and sequence) has a cost of at least 1 (its diagonal).
-  int64_t rows = 0;
-  for (const auto& sp : plan.sequences) rows += sp.num_blocks * plan.num_q_heads;
-  EXPECT_EQ(nonzero, rows);
 }
 
 TEST(GpuWorkOrder, PlanAsyncBuildsLongestRowsFirst) {
@@ -106,16 +108,17 @@ TEST(GpuWorkOrder, UploadBuildsLongestRowsFirst) {
   expect_longest_first(dplan);
 }
 
-// A varlen batch of very uneven lengths (one 8192-token sequence among twenty 1-token ones) has 16
-// padded work items per real row: the order is not built (kMaxWorkItemsPerRow), the kernels keep
-// the item order, and attention still writes every row.
-TEST(GpuWorkOrder, VeryUnevenVarlenBatchKeepsTheItemOrder) {
+// A varlen batch of very uneven lengths (one 8192-token sequence among twenty 1-token ones) has 21
+// item codes per query block of the long sequence, 20 of them empty: the work order lists the 84
+// real rows per head only, and attention still writes every row.
+TEST(GpuWorkOrder, VeryUnevenVarlenBatchListsOnlyRealRows) {
   SKIP_WITHOUT_GPU();
   crisp::SeqLens cu{0, 8192};
   for (int i = 0; i < 20; ++i) cu.push_back(cu.back() + 1);
   const int64_t H = 2, d = 64, T = cu.back();
   crisp::cuda::DevicePlan dplan(crisp::dense_plan(H, H, d, cu, 128));
-  EXPECT_FALSE(crisp::cuda_detail::view_of(dplan).work_order_ready);
+  expect_longest_first(dplan);
+  EXPECT_EQ(crisp::cuda_detail::view_of(dplan).num_work_items, H * (64 + 20));
   DeviceBuffer q(H * T * d * 2), out(H * T * d * 2), lse(H * T * 4);
   ASSERT_TRUE(q.ptr && out.ptr && lse.ptr);
   ASSERT_EQ(cudaMemset(q.ptr, 0, H * T * d * 2), cudaSuccess);  // zeros: every output row is 0

@@ -64,24 +64,52 @@ bool shape_supported(DType dtype, int64_t head_dim, int block_size) {
 
 namespace {
 
-// Per device: 0 not looked up yet, 1 available, -1 not available.
-constexpr int kMaxDevices = 64;
-int g_available[kMaxDevices];
-std::mutex g_available_mutex;
+// What the launch needs to know of a device, looked up once per device (cudaGetDevice is the only
+// runtime call of a launch's host path besides the launch itself).
+struct DeviceTraits {
+  bool hopper_kernel = false;  // sm_90 with sm_90a code for this kernel in the binary
+  int multiprocessors = 0;     // persistent CTAs: one per SM
+  bool memory_pools = false;   // cudaMallocAsync for the persistent work counter
+};
 
-bool look_up_available(int device) {
-  int major = 0, minor = 0;
+DeviceTraits look_up_traits(int device) {
+  DeviceTraits t;
+  int major = 0, minor = 0, pools = 0;
   CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0) return false;
+  CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&t.multiprocessors, cudaDevAttrMultiProcessorCount, device));
+  // Stream-ordered allocation (cudaMallocAsync) needs memory pools; without them the launch falls
+  // back to one CTA per item.
+  CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+  t.memory_pools = pools != 0;
+  if (major != 9 || minor != 0) return t;
   // The binary the runtime picked for this device must be sm_90a machine code compiled from
   // sm_90a PTX: a build without 90a has only the sm_80 stub (or PTX of it, JIT-compiled).
   cudaFuncAttributes attributes{};
   if (cudaFuncGetAttributes(&attributes, hopper_attention_kernel<__nv_bfloat16, 128, kDefaultPingPong>) != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return t;
   }
-  return attributes.binaryVersion >= 90 && attributes.ptxVersion >= 90;
+  t.hopper_kernel = attributes.binaryVersion >= 90 && attributes.ptxVersion >= 90;
+  return t;
+}
+
+// The current device's traits, from a per-device cache (devices past kMaxDevices are looked up
+// every time).
+constexpr int kMaxDevices = 64;
+DeviceTraits current_device_traits() {
+  static DeviceTraits cache[kMaxDevices];
+  static bool cached[kMaxDevices] = {};
+  static std::mutex mutex;
+  int device = 0;
+  CRISP_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= kMaxDevices) return look_up_traits(device);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!cached[device]) {
+    cache[device] = look_up_traits(device);
+    cached[device] = true;
+  }
+  return cache[device];
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
@@ -94,22 +122,6 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
   }();
   return fn;
-}
-
-int multiprocessor_count() {
-  int device = 0, count = 0;
-  CRISP_CUDA_CHECK(cudaGetDevice(&device));
-  CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
-// Stream-ordered allocation (cudaMallocAsync) needs memory pools; without them the launch falls
-// back to one CTA per item.
-bool memory_pools_supported() {
-  int device = 0, supported = 0;
-  CRISP_CUDA_CHECK(cudaGetDevice(&device));
-  CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
-  return supported != 0;
 }
 
 // The persistent launch's work counter: allocated and zeroed on the stream, freed on the stream
@@ -151,8 +163,6 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
       make_tensor_map(params.k, dtype, kDim, num_kv_heads, tokens, params.k_stride_head, params.k_stride_token);
   const CUtensorMap map_v =
       make_tensor_map(params.v, dtype, kDim, num_kv_heads, tokens, params.v_stride_head, params.v_stride_token);
-  if (num_ctas > 0x7fffffffLL)
-    throw Error("q", "needs " + std::to_string(num_ctas) + " work items", "fewer than 2^31");
   const Schedule schedule = schedule_choice();
   const bool ping_pong = ping_pong_choice();
   attention::Params run = params;
@@ -160,8 +170,9 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
   int64_t grid = num_ctas;
   // Persistent CTAs: one per SM (the kernel's shared memory allows one per SM); the counter hands
   // out the items past the first wave. Fewer items than SMs need no counter.
-  const int64_t sms = multiprocessor_count();
-  const bool persistent = schedule == Schedule::persistent && num_ctas > sms && memory_pools_supported();
+  const DeviceTraits device = current_device_traits();
+  const int64_t sms = device.multiprocessors;
+  const bool persistent = schedule == Schedule::persistent && num_ctas > sms && device.memory_pools;
   // Stream-ordered allocation (pooled, capturable in a CUDA graph as a memory node): every launch
   // has its own counter, so launches on different streams sharing one plan never share one.
   std::unique_ptr<WorkCounter> counter;
@@ -176,14 +187,7 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
 
 }  // namespace
 
-bool kernel_available() {
-  int device = 0;
-  CRISP_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < 0 || device >= kMaxDevices) return look_up_available(device);
-  std::lock_guard<std::mutex> lock(g_available_mutex);
-  if (g_available[device] == 0) g_available[device] = look_up_available(device) ? 1 : -1;
-  return g_available[device] == 1;
-}
+bool kernel_available() { return current_device_traits().hopper_kernel; }
 
 CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t head_dim, int64_t heads, int64_t tokens,
                             int64_t stride_head, int64_t stride_token) {

@@ -210,8 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int32_t H = p.num_q_heads;
   const int32_t S = p.plan.num_sequences;
-  const int64_t num_items = p.row_items != nullptr ? static_cast<int64_t>(H) * p.num_row_items
-                                                   : static_cast<int64_t>(H) * S * p.max_num_blocks;
+  const int64_t num_items = p.num_items;
   // ---- work items: as the portable kernel's CTAs (heads fastest, then sequences, then query
   // blocks from the last, heaviest one; or, for a row-subset launch, the listed items in order),
   // taken in the plan's work order (heaviest rows first) when it has one. CTA b first takes
