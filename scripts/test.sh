@@ -35,13 +35,18 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 echo "== Python package (pip install . into a venv, CPU backend; pytest tests/python)"
 # Skipped, not failed, when the machine has no Python headers (python3-dev), cannot make a venv
 # (python3-venv) or cannot reach the package index for the build tools (scikit-build-core,
-# nanobind); CRISP_PYTHON_TESTS=0 skips it. torch is not installed: its tests skip themselves, the
-# numpy tests of the native module run.
+# nanobind); CRISP_PYTHON_TESTS=0 skips it. torch and transformers come from PyPI too (torch's
+# Linux wheel is ~4 GB with the CUDA libraries it pulls; ~1.5 min here), so the torch tests run on
+# the CPU (custom op, torch.compile, FlexAttention BlockMask, the transformers integration) beside
+# the numpy tests; CRISP_PYTHON_TORCH=0 leaves them out and those tests skip themselves.
 if [ "${CRISP_PYTHON_TESTS:-1}" = 1 ]; then
   pyvenv=build-python/venv
   if python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null &&
      python3 -m venv "$pyvenv" >/dev/null 2>&1 &&
      "$pyvenv/bin/python" -m pip install -q scikit-build-core nanobind numpy pytest >/dev/null 2>&1; then
+    if [ "${CRISP_PYTHON_TORCH:-1}" = 1 ] && ! "$pyvenv/bin/python" -m pip install -q torch transformers >/dev/null 2>&1; then
+      failed+=("python package: pip install torch transformers")
+    fi
     if CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$pyvenv/bin/python" -m pip install -q --no-build-isolation \
          -C cmake.define.CRISP_CUDA=OFF -C build-dir=build-python/cmake . &&
        "$pyvenv/bin/python" -m pytest -q -p no:cacheprovider tests/python; then

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "cpu/half.h"
+#include "crisp/crisp.h"
+#include "crisp/cuda.h"
 #include "crisp/plan.h"
 #include "crisp/tensor.h"
 #include "crisp/workload.h"
@@ -75,6 +77,75 @@ inline void round_to(const std::vector<float>& values, crisp::DType dt, std::vec
     rounded[i] = from_bits(bits[i], dt);
   }
 }
+
+// Inputs of one attention case, rounded to the dtype: bits for the device, the same values as
+// floats for the CPU reference. q [Hq, tokens, d], k and v [Hkv, tokens, d].
+struct RoundedInputs {
+  crisp::DType dtype = crisp::DType::bf16;
+  int64_t num_q_heads = 0, num_kv_heads = 0, tokens = 0, head_dim = 0;
+  std::vector<uint16_t> q_bits, k_bits, v_bits;
+  std::vector<float> q, k, v;
+};
+
+// The workload's q, k, v rounded to `dtype`.
+inline RoundedInputs round_inputs(const crisp::Workload& w, crisp::DType dtype) {
+  RoundedInputs in;
+  in.dtype = dtype;
+  in.num_q_heads = w.spec.num_q_heads;
+  in.num_kv_heads = w.spec.num_kv_heads;
+  in.tokens = w.total_tokens;
+  in.head_dim = w.spec.head_dim;
+  round_to(w.q, dtype, in.q_bits, in.q);
+  round_to(w.k, dtype, in.k_bits, in.k);
+  round_to(w.v, dtype, in.v_bits, in.v);
+  return in;
+}
+
+// The float64 CPU attention of `plan` on the rounded inputs: O [Hq, tokens, d] and LSE [Hq, tokens].
+inline void reference_f64(RoundedInputs& in, const crisp::Plan& plan, std::vector<double>& ref_out,
+                          std::vector<double>& ref_lse) {
+  const int64_t Hq = in.num_q_heads, Hkv = in.num_kv_heads, T = in.tokens, d = in.head_dim;
+  ref_out.assign(static_cast<std::size_t>(Hq * T * d), 0.0);
+  ref_lse.assign(static_cast<std::size_t>(Hq * T), 0.0);
+  crisp::Options f64;
+  f64.precision = crisp::Precision::f64;
+  crisp::attend(crisp::TensorView::contiguous(in.q.data(), crisp::DType::f32, Hq, T, d),
+                crisp::TensorView::contiguous(in.k.data(), crisp::DType::f32, Hkv, T, d),
+                crisp::TensorView::contiguous(in.v.data(), crisp::DType::f32, Hkv, T, d), plan,
+                crisp::TensorView::contiguous(ref_out.data(), crisp::DType::f64, Hq, T, d),
+                crisp::TensorView::contiguous2d(ref_lse.data(), crisp::DType::f64, Hq, T), f64);
+}
+
+// crisp::cuda::attend_async of `plan` on the device copies of the inputs, with O and LSE poisoned
+// with NaN before the launch (0xffff is NaN in f16 and bf16, 0xffffffff in f32), so an element the
+// kernel leaves unwritten shows as NaN; returns O (dtype bits) and LSE. The kernel is whatever
+// CRISP_KERNEL (and the Hopper settings) select at the call.
+inline void attend_poisoned(const RoundedInputs& in, const crisp::Plan& plan, std::vector<uint16_t>& out_bits,
+                            std::vector<float>& lse) {
+  const int64_t Hq = in.num_q_heads, Hkv = in.num_kv_heads, T = in.tokens, d = in.head_dim;
+  const std::size_t q_bytes = in.q_bits.size() * 2, kv_bytes = in.k_bits.size() * 2;
+  const std::size_t lse_bytes = static_cast<std::size_t>(Hq * T) * sizeof(float);
+  DeviceBuffer dq(q_bytes), dk(kv_bytes), dv(kv_bytes), dout(q_bytes), dlse(lse_bytes);
+  ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr);
+  ASSERT_EQ(cudaMemcpy(dq.ptr, in.q_bits.data(), q_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dk.ptr, in.k_bits.data(), kv_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dv.ptr, in.v_bits.data(), kv_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dout.ptr, 0xff, q_bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dlse.ptr, 0xff, lse_bytes), cudaSuccess);
+  const auto dev = crisp::Device::cuda;
+  crisp::cuda::DevicePlan dplan(plan);
+  crisp::cuda::attend_async(crisp::TensorView::contiguous(dq.ptr, in.dtype, Hq, T, d, dev),
+                            crisp::TensorView::contiguous(dk.ptr, in.dtype, Hkv, T, d, dev),
+                            crisp::TensorView::contiguous(dv.ptr, in.dtype, Hkv, T, d, dev), dplan,
+                            crisp::TensorView::contiguous(dout.ptr, in.dtype, Hq, T, d, dev),
+                            crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, Hq, T, dev));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  out_bits.resize(in.q_bits.size());
+  lse.resize(static_cast<std::size_t>(Hq * T));
+  ASSERT_EQ(cudaMemcpy(out_bits.data(), dout.ptr, q_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(lse.data(), dlse.ptr, lse_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
 
 // The parity check of an attention kernel against the float64 CPU reference on the same plan and
 // the same rounded inputs, per (sequence, head) of an [Hq, tokens, d] output (dtype bits) and its

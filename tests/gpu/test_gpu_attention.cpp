@@ -61,19 +61,13 @@ TEST_P(GpuAttention, MatchesFloat64ReferenceAndWritesEveryElement) {
   spec.needles = std::min<int64_t>(spec.needles, shortest - 1);
   crisp::Workload w = crisp::make_workload(spec);
   const int64_t tokens = w.total_tokens;
-  const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, d = c.head_dim;
-
-  std::vector<uint16_t> q_bits, k_bits, v_bits;
-  std::vector<float> q_r, k_r, v_r;
-  round_to(w.q, c.dtype, q_bits, q_r);
-  round_to(w.k, c.dtype, k_bits, k_r);
-  round_to(w.v, c.dtype, v_bits, v_r);
-  const auto cpu_q = crisp::TensorView::contiguous(q_r.data(), crisp::DType::f32, Hq, tokens, d);
-  const auto cpu_k = crisp::TensorView::contiguous(k_r.data(), crisp::DType::f32, Hkv, tokens, d);
-  const auto cpu_v = crisp::TensorView::contiguous(v_r.data(), crisp::DType::f32, Hkv, tokens, d);
+  const int64_t Hq = c.num_q_heads, d = c.head_dim;
+  crisp_gpu_test::RoundedInputs in = crisp_gpu_test::round_inputs(w, c.dtype);
+  const auto cpu_q = crisp::TensorView::contiguous(in.q.data(), crisp::DType::f32, Hq, tokens, d);
+  const auto cpu_k = crisp::TensorView::contiguous(in.k.data(), crisp::DType::f32, c.num_kv_heads, tokens, d);
 
   crisp::Plan plan;
-  const crisp::Plan dense = crisp::dense_plan(Hq, Hkv, d, w.cu_seqlens, c.block_size);
+  const crisp::Plan dense = crisp::dense_plan(Hq, c.num_kv_heads, d, w.cu_seqlens, c.block_size);
   if (c.layout == Layout::dense) {
     plan = dense;
   } else if (c.layout == Layout::crisp_plan) {
@@ -84,35 +78,14 @@ TEST_P(GpuAttention, MatchesFloat64ReferenceAndWritesEveryElement) {
     plan = random_plan(dense, c.random_density, c.seed * 7919 + 1);
   }
 
-  // Reference: float64 CPU attention on the rounded inputs, same plan.
-  std::vector<double> ref_out(static_cast<std::size_t>(Hq * tokens * d)), ref_lse(static_cast<std::size_t>(Hq * tokens));
-  crisp::Options f64;
-  f64.precision = crisp::Precision::f64;
-  crisp::attend(cpu_q, cpu_k, cpu_v, plan,
-                crisp::TensorView::contiguous(ref_out.data(), crisp::DType::f64, Hq, tokens, d),
-                crisp::TensorView::contiguous2d(ref_lse.data(), crisp::DType::f64, Hq, tokens), f64);
-
-  // Device run, outputs poisoned with NaN.
-  const std::size_t q_bytes = q_bits.size() * 2, kv_bytes = k_bits.size() * 2;
-  DeviceBuffer dq(q_bytes), dk(kv_bytes), dv(kv_bytes), dout(q_bytes), dlse(Hq * tokens * sizeof(float));
-  ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr);
-  CUDA_OK(cudaMemcpy(dq.ptr, q_bits.data(), q_bytes, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(dk.ptr, k_bits.data(), kv_bytes, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(dv.ptr, v_bits.data(), kv_bytes, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(dout.ptr, 0xff, q_bytes));                         // 0xffff: NaN in f16 and bf16
-  CUDA_OK(cudaMemset(dlse.ptr, 0xff, Hq * tokens * sizeof(float)));      // 0xffffffff: NaN
-  const auto dev = crisp::Device::cuda;
-  crisp::cuda::DevicePlan dplan(plan);
-  crisp::cuda::attend_async(crisp::TensorView::contiguous(dq.ptr, c.dtype, Hq, tokens, d, dev),
-                            crisp::TensorView::contiguous(dk.ptr, c.dtype, Hkv, tokens, d, dev),
-                            crisp::TensorView::contiguous(dv.ptr, c.dtype, Hkv, tokens, d, dev), dplan,
-                            crisp::TensorView::contiguous(dout.ptr, c.dtype, Hq, tokens, d, dev),
-                            crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, Hq, tokens, dev));
-  CUDA_OK(cudaDeviceSynchronize());
-  std::vector<uint16_t> out_bits(q_bits.size());
-  std::vector<float> lse(static_cast<std::size_t>(Hq * tokens));
-  CUDA_OK(cudaMemcpy(out_bits.data(), dout.ptr, q_bytes, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(lse.data(), dlse.ptr, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  // Reference: float64 CPU attention on the rounded inputs, same plan; the device run on
+  // NaN-poisoned outputs.
+  std::vector<double> ref_out, ref_lse;
+  crisp_gpu_test::reference_f64(in, plan, ref_out, ref_lse);
+  std::vector<uint16_t> out_bits;
+  std::vector<float> lse;
+  crisp_gpu_test::attend_poisoned(in, plan, out_bits, lse);
+  if (HasFatalFailure()) return;
 
   // Per (sequence, head): relative Frobenius error of O <= 1e-2, LSE within 1e-3 (absolute, it is
   // a log), and no element left unwritten (NaN).

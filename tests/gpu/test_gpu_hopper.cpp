@@ -84,12 +84,10 @@ struct Case {
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
 
 // Inputs of one case: the workload rounded to the dtype (bits for the device, floats for the
-// reference), the plan, and the float64 reference outputs.
+// reference) and the plan.
 struct Prepared {
-  int64_t tokens = 0;
   crisp::SeqLens cu_seqlens;
-  std::vector<uint16_t> q_bits, k_bits, v_bits;
-  std::vector<float> q, k, v;
+  crisp_gpu_test::RoundedInputs in;
   crisp::Plan plan;
 };
 
@@ -100,19 +98,17 @@ Prepared prepare(const Case& c) {
   spec.needles = std::min<int64_t>(spec.needles, shortest - 1);
   const crisp::Workload w = crisp::make_workload(spec);
   Prepared p;
-  p.tokens = w.total_tokens;
   p.cu_seqlens = w.cu_seqlens;
-  crisp_gpu_test::round_to(w.q, c.dtype, p.q_bits, p.q);
-  crisp_gpu_test::round_to(w.k, c.dtype, p.k_bits, p.k);
-  crisp_gpu_test::round_to(w.v, c.dtype, p.v_bits, p.v);
+  p.in = crisp_gpu_test::round_inputs(w, c.dtype);
   const crisp::Plan dense = crisp::dense_plan(c.num_q_heads, c.num_kv_heads, d, w.cu_seqlens, 128);
   if (c.layout == Layout::dense) {
     p.plan = dense;
   } else if (c.layout == Layout::crisp_plan) {
     crisp::Config cfg = crisp::Config::from_preset("crisp");
     cfg.block_size = 128;
-    p.plan = crisp::plan(crisp::TensorView::contiguous(p.q.data(), crisp::DType::f32, c.num_q_heads, p.tokens, d),
-                         crisp::TensorView::contiguous(p.k.data(), crisp::DType::f32, c.num_kv_heads, p.tokens, d), cfg,
+    const int64_t T = p.in.tokens;
+    p.plan = crisp::plan(crisp::TensorView::contiguous(p.in.q.data(), crisp::DType::f32, c.num_q_heads, T, d),
+                         crisp::TensorView::contiguous(p.in.k.data(), crisp::DType::f32, c.num_kv_heads, T, d), cfg,
                          w.cu_seqlens);
   } else {
     p.plan = random_plan(dense, c.random_density, c.seed * 7919 + 1);
@@ -122,35 +118,12 @@ Prepared prepare(const Case& c) {
 
 // Runs attend_async with CRISP_KERNEL = `kernel` (and the Hopper variant) on NaN-poisoned
 // outputs; returns O bits and LSE.
-void run_device(const Case& c, const Prepared& p, const char* kernel, std::vector<uint16_t>& out_bits,
-                std::vector<float>& lse, Variant variant = kDefaultVariant) {
-  const int64_t d = c.head_dim;
-  const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, T = p.tokens;
-  const std::size_t q_bytes = p.q_bits.size() * 2, kv_bytes = p.k_bits.size() * 2;
-  DeviceBuffer dq(q_bytes), dk(kv_bytes), dv(kv_bytes), dout(q_bytes), dlse(Hq * T * sizeof(float));
-  ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr);
-  CUDA_OK(cudaMemcpy(dq.ptr, p.q_bits.data(), q_bytes, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(dk.ptr, p.k_bits.data(), kv_bytes, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(dv.ptr, p.v_bits.data(), kv_bytes, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(dout.ptr, 0xff, q_bytes));                     // NaN in f16 and bf16
-  CUDA_OK(cudaMemset(dlse.ptr, 0xff, Hq * T * sizeof(float)));      // NaN
-  const auto dev = crisp::Device::cuda;
-  crisp::cuda::DevicePlan dplan(p.plan);
-  {
-    ScopedEnv choice("CRISP_KERNEL", kernel);
-    ScopedEnv schedule("CRISP_HOPPER_SCHEDULE", variant.schedule);
-    ScopedEnv ping_pong("CRISP_HOPPER_PINGPONG", variant.ping_pong);
-    crisp::cuda::attend_async(crisp::TensorView::contiguous(dq.ptr, c.dtype, Hq, T, d, dev),
-                              crisp::TensorView::contiguous(dk.ptr, c.dtype, Hkv, T, d, dev),
-                              crisp::TensorView::contiguous(dv.ptr, c.dtype, Hkv, T, d, dev), dplan,
-                              crisp::TensorView::contiguous(dout.ptr, c.dtype, Hq, T, d, dev),
-                              crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, Hq, T, dev));
-  }
-  CUDA_OK(cudaDeviceSynchronize());
-  out_bits.resize(p.q_bits.size());
-  lse.resize(static_cast<std::size_t>(Hq * T));
-  CUDA_OK(cudaMemcpy(out_bits.data(), dout.ptr, q_bytes, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(lse.data(), dlse.ptr, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+void run_device(const Prepared& p, const char* kernel, std::vector<uint16_t>& out_bits, std::vector<float>& lse,
+                Variant variant = kDefaultVariant) {
+  ScopedEnv choice("CRISP_KERNEL", kernel);
+  ScopedEnv schedule("CRISP_HOPPER_SCHEDULE", variant.schedule);
+  ScopedEnv ping_pong("CRISP_HOPPER_PINGPONG", variant.ping_pong);
+  crisp_gpu_test::attend_poisoned(p.in, p.plan, out_bits, lse);
 }
 
 class GpuHopper : public ::testing::TestWithParam<Case> {};
@@ -160,20 +133,13 @@ TEST_P(GpuHopper, MatchesFloat64ReferenceAndWritesEveryElement) {
   const Case& c = GetParam();
   const int64_t d = c.head_dim;
   Prepared p = prepare(c);  // not const: the CPU views take mutable pointers
-  const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, T = p.tokens;
-
-  std::vector<double> ref_out(static_cast<std::size_t>(Hq * T * d)), ref_lse(static_cast<std::size_t>(Hq * T));
-  crisp::Options f64;
-  f64.precision = crisp::Precision::f64;
-  crisp::attend(crisp::TensorView::contiguous(p.q.data(), crisp::DType::f32, Hq, T, d),
-                crisp::TensorView::contiguous(p.k.data(), crisp::DType::f32, Hkv, T, d),
-                crisp::TensorView::contiguous(p.v.data(), crisp::DType::f32, Hkv, T, d), p.plan,
-                crisp::TensorView::contiguous(ref_out.data(), crisp::DType::f64, Hq, T, d),
-                crisp::TensorView::contiguous2d(ref_lse.data(), crisp::DType::f64, Hq, T), f64);
+  const int64_t Hq = c.num_q_heads, T = p.in.tokens;
+  std::vector<double> ref_out, ref_lse;
+  crisp_gpu_test::reference_f64(p.in, p.plan, ref_out, ref_lse);
 
   std::vector<uint16_t> out_bits;
   std::vector<float> lse;
-  run_device(c, p, "hopper", out_bits, lse);
+  run_device(p, "hopper", out_bits, lse);
   if (HasFatalFailure()) return;
 
   const crisp_gpu_test::ReferenceErrors worst = crisp_gpu_test::expect_matches_reference(
@@ -191,14 +157,14 @@ TEST_P(GpuHopper, AgreesWithPortableKernelAndAutoDispatchPicksIt) {
   const Case& c = GetParam();
   const int64_t d = c.head_dim;
   const Prepared p = prepare(c);
-  const int64_t Hq = c.num_q_heads, T = p.tokens;
+  const int64_t Hq = c.num_q_heads, T = p.in.tokens;
   std::vector<uint16_t> hopper_out, portable_out, auto_out;
   std::vector<float> hopper_lse, portable_lse, auto_lse;
-  run_device(c, p, "hopper", hopper_out, hopper_lse);
+  run_device(p, "hopper", hopper_out, hopper_lse);
   if (HasFatalFailure()) return;
-  run_device(c, p, "portable", portable_out, portable_lse);
+  run_device(p, "portable", portable_out, portable_lse);
   if (HasFatalFailure()) return;
-  run_device(c, p, nullptr, auto_out, auto_lse);
+  run_device(p, nullptr, auto_out, auto_lse);
   if (HasFatalFailure()) return;
   EXPECT_EQ(auto_out, hopper_out);
   EXPECT_EQ(auto_lse, hopper_lse);
@@ -237,7 +203,7 @@ TEST_P(GpuHopper, EverySchedulingVariantWritesIdenticalOutputs) {
   for (const Variant& variant : kAllVariants) {
     std::vector<uint16_t> out;
     std::vector<float> lse;
-    run_device(c, p, "hopper", out, lse, variant);
+    run_device(p, "hopper", out, lse, variant);
     if (HasFatalFailure()) return;
     const std::string label = std::string("schedule ") + variant.schedule + ", ping-pong " + variant.ping_pong;
     for (std::size_t i = 0; i < lse.size(); ++i)
