@@ -132,6 +132,8 @@ class PlanWorkspace {
   bool any_estimated() const { return !items_.empty(); }
   const float4* records() const { return records_; }
   float4* records() { return records_; }
+  float* record_max() { return record_max_; }
+  double* bin_sums() { return bin_sums_; }
 
  private:
   void release() {
@@ -190,7 +192,9 @@ class PlanWorkspace {
             it.record_base = records_count_;
             items_.push_back(it);
           }
-          if (shape_.tensor_cores) records_count_ += static_cast<int64_t>(sb.num_blocks) * kMmaWarps;
+          // Records of the fused pass, one per (row, key block); the two-pass path (token-level
+          // rules) uses the first kMmaWarps of each block's kMmaRows.
+          if (shape_.tensor_cores) records_count_ += static_cast<int64_t>(sb.num_blocks) * kMmaRows;
         }
     }
   }
@@ -227,6 +231,8 @@ class PlanWorkspace {
     const std::size_t rows_per_item = sh.tensor_cores ? kMmaRows : kProxyTileRows;
     const std::size_t o_partial = take(std::max<std::size_t>(items_.size(), 1) * rows_per_item * sizeof(float2));
     const std::size_t o_records = take(static_cast<std::size_t>(records_count_) * sizeof(float4));
+    const std::size_t o_record_max = take(static_cast<std::size_t>(records_count_) * sizeof(float));
+    const std::size_t o_bin_sums = sh.tensor_cores ? take(block_entries_ * kFusedBins * sizeof(double)) : 0;
     const std::size_t o_row_max = take(slots_ * sh.B * sizeof(float));
     const std::size_t o_row_inv = take(slots_ * sh.B * sizeof(float));
     const std::size_t o_pv = take(block_entries_ * sizeof(double));
@@ -261,6 +267,8 @@ class PlanWorkspace {
     ws_ = Workspace{};
     ws_.partial_stats = reinterpret_cast<float2*>(base + o_partial);
     records_ = reinterpret_cast<float4*>(base + o_records);
+    record_max_ = reinterpret_cast<float*>(base + o_record_max);
+    bin_sums_ = sh.tensor_cores ? reinterpret_cast<double*>(base + o_bin_sums) : nullptr;
     ws_.row_max = reinterpret_cast<float*>(base + o_row_max);
     ws_.row_inv_den = reinterpret_cast<float*>(base + o_row_inv);
     ws_.pv_sum = reinterpret_cast<double*>(base + o_pv);
@@ -306,7 +314,9 @@ class PlanWorkspace {
   int32_t* splits_dev_ = nullptr;
   int8_t* estimated_dev_ = nullptr;
   int64_t records_count_ = 0;
-  float4* records_ = nullptr;  // pass-2 records of the tensor-core proxy
+  float4* records_ = nullptr;  // records of the tensor-core proxy (fused pass or pass 2)
+  float* record_max_ = nullptr;  // their row maxima (fused pass)
+  double* bin_sums_ = nullptr;   // [block array][kFusedBins] finalize scratch (fused pass)
   SelectState* states_ = nullptr;
   unsigned long long* hist_count_ = nullptr;
   double* hist_mass_ = nullptr;
@@ -404,24 +414,35 @@ void set_smem(const void* kernel, std::size_t bytes) {
     CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// §1 on tensor cores (plan_proxy_mma.cuh): pass 1, combine, pass 2, finalize.
+// §1 on tensor cores (plan_proxy_mma.cuh). Pooled rules (noise_floor, and every PE/JSD need): one
+// fused pass over K (softmax partials and per-row masses), combine, rows and bins finalize. Token-level
+// rules (cumulative, topk need v and u per token): pass 1, combine, pass 2, finalize.
 template <typename T, int kDim>
 void proxy_on_tensor_cores(const Strided3<T>& qs, const Strided3<T>& ks, const ProxyParams& pp,
                            const ProxyMmaRecords& records, const ProxyCombineParams& cp, const ProxyFinalizeParams& fp,
-                           const dim3& combine_grid, unsigned items, int slots, bool token_level, cudaStream_t stream) {
+                           const dim3& combine_grid, unsigned items, int slots, int max_blocks, bool token_level,
+                           cudaStream_t stream) {
   constexpr std::size_t smem = proxy_mma_smem_bytes<T, kDim>();
+  if (!token_level) {
+    set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, kFusedPass, false>), smem);
+    proxy_mma_kernel<T, kDim, kFusedPass, false><<<items, kMmaThreads, smem, stream>>>(qs, ks, pp, records);
+    CRISP_CUDA_CHECK_LAUNCH("proxy_mma_kernel (fused pass)");
+    proxy_combine_kernel<kMmaRows, true><<<combine_grid, 256, 0, stream>>>(cp);
+    CRISP_CUDA_CHECK_LAUNCH("proxy_combine_kernel");
+    proxy_mma_rows_kernel<<<dim3(grid_for(max_blocks, kRowsFinalizeWarps), slots), kRowsFinalizeWarps * 32, 0,
+                            stream>>>(fp);
+    CRISP_CUDA_CHECK_LAUNCH("proxy_mma_rows_kernel");
+    proxy_mma_bins_kernel<<<slots, 256, 0, stream>>>(fp);
+    CRISP_CUDA_CHECK_LAUNCH("proxy_mma_bins_kernel");
+    return;
+  }
   set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, 1, false>), smem);
   proxy_mma_kernel<T, kDim, 1, false><<<items, kMmaThreads, smem, stream>>>(qs, ks, pp, records);
   CRISP_CUDA_CHECK_LAUNCH("proxy_mma_kernel (pass 1)");
   proxy_combine_kernel<kMmaRows, true><<<combine_grid, 256, 0, stream>>>(cp);
   CRISP_CUDA_CHECK_LAUNCH("proxy_combine_kernel");
-  if (token_level) {
-    set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, 2, true>), smem);
-    proxy_mma_kernel<T, kDim, 2, true><<<items, kMmaThreads, smem, stream>>>(qs, ks, pp, records);
-  } else {
-    set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, 2, false>), smem);
-    proxy_mma_kernel<T, kDim, 2, false><<<items, kMmaThreads, smem, stream>>>(qs, ks, pp, records);
-  }
+  set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, 2, true>), smem);
+  proxy_mma_kernel<T, kDim, 2, true><<<items, kMmaThreads, smem, stream>>>(qs, ks, pp, records);
   CRISP_CUDA_CHECK_LAUNCH("proxy_mma_kernel (pass 2)");
   proxy_mma_finalize_kernel<<<slots, 256, 0, stream>>>(fp);
   CRISP_CUDA_CHECK_LAUNCH("proxy_mma_finalize_kernel");
@@ -507,17 +528,19 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
         fp.splits = pw.splits();
         fp.estimated = pw.estimated();
         fp.records = pw.records();
+        fp.record_max = pw.record_max();
+        fp.bin_sums = pw.bin_sums();
         fp.num_q_heads = static_cast<int32_t>(sh.H);
         fp.group = pp.group;
         fp.block = sh.B;
         fp.ws = ws;
-        const ProxyMmaRecords records{pw.records()};
+        const ProxyMmaRecords records{pw.records(), pw.record_max()};
         if (sh.d == 64)
-          proxy_on_tensor_cores<T, 64>(qs, ks, pp, records, cp, fp, combine_grid, items, slots, needs.token_level,
-                                       stream);
+          proxy_on_tensor_cores<T, 64>(qs, ks, pp, records, cp, fp, combine_grid, items, slots, pw.max_blocks(),
+                                        needs.token_level, stream);
         else
-          proxy_on_tensor_cores<T, 128>(qs, ks, pp, records, cp, fp, combine_grid, items, slots, needs.token_level,
-                                        stream);
+          proxy_on_tensor_cores<T, 128>(qs, ks, pp, records, cp, fp, combine_grid, items, slots, pw.max_blocks(),
+                                         needs.token_level, stream);
         proxy_done = true;
       }
     }

@@ -12,14 +12,19 @@
 //  - 16 warps of 32 rows each (two m16 tiles x 64 keys = 64 fp32 accumulators per thread);
 //  - key ranges are whole key blocks, so every key block is seen by exactly one CTA.
 //
-// Pass 1 writes per-row online-softmax partials (max, sum) in the log2 domain; a combine kernel
-// makes the exact row maximum and 1 / denominator. Pass 2 recomputes the scores and accumulates
-// per warp and key block the slash masses of <= 3 distance blocks and the structural mass, written
-// as plain stores into a record array; a finalize kernel sums the records into pv, ps and C_struct
-// in a fixed order. Everything but the token-level slash u is therefore deterministic: v[j] is
-// summed across the warps of a head in shared memory in a fixed order and stored (each key has one
-// owner CTA); u[t] collects diagonals through shared-memory float atomics and one double atomic per
-// (CTA, distance), whose order may vary at the last bit (cumulative / topk rules only).
+// Pooled rules (noise_floor; the PE and JSD paths need only pooled masses too) take ONE pass over
+// K (kFusedPass): per row, online-softmax partials (max, sum) in the log2 domain for the combine
+// kernel (exact row maximum and 1 / denominator), and per (row, key block) the slash masses of
+// <= 3 distance blocks and the structural mass, relative to the row's running maximum, stored
+// with that maximum; the row finalize kernel rescales each record to the true softmax and sums
+// rows in a fixed order into pv, ps and C_struct.
+// Token-level rules (cumulative, topk: v and u per token) take two: pass 1 writes the partials,
+// pass 2 recomputes the scores with the exact row statistics and accumulates per warp and key
+// block the same masses (plain stores into a record array), plus v and u; a finalize kernel sums
+// the records in a fixed order. Everything but the token-level slash u is therefore
+// deterministic: v[j] is summed across the warps of a head in shared memory in a fixed order and
+// stored (each key has one owner CTA); u[t] collects diagonals through shared-memory float atomics
+// and one double atomic per (CTA, distance), whose order may vary at the last bit.
 #pragma once
 #include "cuda/attention_kernel.cuh"  // mma.sync / ldmatrix / cp.async helpers, swizzled()
 #include "cuda/plan_common.cuh"
@@ -51,11 +56,23 @@ constexpr size_t proxy_mma_smem_bytes() {
   return static_cast<size_t>(kMmaRows + 2 * kMmaKeyTile) * kDim * sizeof(T);
 }
 
-// Record of one (warp, key block) in pass 2: slash masses of distance blocks c_base + 0..2, and
-// the structural mass.
+// Pass 2 (two-pass path): record of one (warp, key block): slash masses of distance blocks
+// c_base + 0..2, and the structural mass, summed over the warp's rows.
+// Fused pass (kFusedPass): record of one (proxy row, key block): the same four masses of that row,
+// relative to the row's running maximum m at the end of the key block (log2 domain), and m.
 struct ProxyMmaRecords {
-  float4* data;  // [record_base of (seq, kv, row group) + key block * kMmaWarps + warp]
+  float4* data;     // two-pass: [record_base + key block * kMmaWarps + warp];
+                    // fused: [record_base + key block * kMmaRows + row of the group]
+  float* row_max;   // fused: m of each record (same index), -inf where the row saw no key
 };
+
+// kPass of proxy_mma_kernel: 1 = softmax partials, 2 = masses from the exact row statistics (two
+// passes over K, needed for the token-level v and u), 3 = both at once (one pass over K: each
+// row's masses are kept relative to its running maximum and rescaled by the finalize kernel).
+constexpr int kFusedPass = 3;
+// Masses of one (slot, key block) between the fused pass's two finalize kernels: 3 slash bins and
+// the structural mass.
+constexpr int kFusedBins = 4;
 
 // First distance block reached by key block kb from the L proxy rows (t >= n - L - (kb+1) B + 1).
 __device__ __forceinline__ int mma_slash_base(int64_t n, int L, int B, int64_t kb) {
@@ -185,6 +202,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     }
   }
   float ps0 = 0.f, ps1 = 0.f, ps2 = 0.f, cs = 0.f;
+  // Fused pass: this lane's part of each row's masses in the current key block, relative to
+  // run_max of the row (per lane, like run_sum).
+  float bin0[4] = {0.f, 0.f, 0.f, 0.f}, bin1[4] = {0.f, 0.f, 0.f, 0.f}, bin2[4] = {0.f, 0.f, 0.f, 0.f},
+        bin_cs[4] = {0.f, 0.f, 0.f, 0.f};
   if (kTokenLevel)
     for (int idx = tid; idx < kMmaMaxHeads * kMmaRing; idx += kMmaThreads) (&s_u[0][0])[idx] = 0.f;
   const int heads_here = min(kMmaRows, rows_total - row0) / L;
@@ -257,6 +278,54 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
             run_max[rr] = m;
             run_sum[rr] = sum;
           }
+      } else if (kPass == kFusedPass) {
+        const int64_t kb = j0 / B;
+        const int c_base = mma_slash_base(n, L, B, kb);
+        const int T1 = (c_base + 1) * B, T2 = (c_base + 2) * B;
+        const bool edge = needs_mask || j0 < P.w_sink || pw - (j0i + kMmaKeyTile - 1) < P.w_local;
+        const int j0q = j0i + 2 * qd;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int rr = 2 * mt + hf;
+            const int p = pw + g + 8 * rr;
+            float m = run_max[rr];
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                float x = acc[mt][nt][2 * hf + e] * scale_log2;
+                if (needs_mask && j0q + 8 * nt + e > p) x = -INFINITY;
+                acc[mt][nt][2 * hf + e] = x;
+                m = fmaxf(m, x);
+              }
+            if (m == -INFINITY) continue;  // no key of this row so far
+            // run_sum and the bins share the frame of run_max; the block's bins join run_sum at
+            // the block's end.
+            const float rescale = attention::fast_exp2(run_max[rr] - m);
+            run_sum[rr] *= rescale;
+            float b0 = bin0[rr] * rescale, b1 = bin1[rr] * rescale, b2 = bin2[rr] * rescale;
+            float bc = bin_cs[rr] * rescale;
+            const int tb = p - j0q;  // distance of key offset 0
+            const int k1 = tb - T1, k2 = tb - T2;  // key offsets <= k1 are in bin >= 1, <= k2 in bin 2
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int koff = 8 * nt + e;
+                const float a = attention::fast_exp2(acc[mt][nt][2 * hf + e] - m);  // 0 where masked
+                if (koff <= k2) b2 += a;
+                else if (koff <= k1) b1 += a;
+                else b0 += a;
+                if (edge && rules::in_structural_set(j0q + koff, p, P.w_sink, P.w_local)) bc += a;
+              }
+            run_max[rr] = m;
+            bin0[rr] = b0;
+            bin1[rr] = b1;
+            bin2[rr] = b2;
+            bin_cs[rr] = bc;
+          }
       } else {
         const int64_t kb = j0 / B;
         const int c_base = mma_slash_base(n, L, B, kb);
@@ -306,6 +375,40 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       }
     }
 
+    if (kPass == kFusedPass && warp_valid && (((j0 + kMmaKeyTile) % B) == 0 || tile + 1 == tiles)) {
+      // End of a key block (or of this CTA's keys): one record per row. The 4 lanes (qd) of a row
+      // hold its masses relative to their own running maxima: brought to the largest of the four
+      // and summed, then stored with it; the lanes' bins restart at zero for the next block.
+      const int64_t kb = j0 / B;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int rr = 2 * mt + hf;
+          run_sum[rr] += (bin0[rr] + bin1[rr]) + bin2[rr];
+          float m = run_max[rr], b0 = bin0[rr], b1 = bin1[rr], b2 = bin2[rr], bc = bin_cs[rr];
+#pragma unroll
+          for (int off = 1; off < 4; off <<= 1) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
+            const float o0 = __shfl_xor_sync(0xffffffffu, b0, off), o1 = __shfl_xor_sync(0xffffffffu, b1, off);
+            const float o2 = __shfl_xor_sync(0xffffffffu, b2, off), oc = __shfl_xor_sync(0xffffffffu, bc, off);
+            const float mm = fmaxf(m, m2);
+            const float f = m == -INFINITY ? 0.f : exp2f(m - mm), f2 = m2 == -INFINITY ? 0.f : exp2f(m2 - mm);
+            b0 = b0 * f + o0 * f2;
+            b1 = b1 * f + o1 * f2;
+            b2 = b2 * f + o2 * f2;
+            bc = bc * f + oc * f2;
+            m = mm;
+          }
+          if (qd == 0) {
+            const int64_t at = item.record_base + kb * kMmaRows + warp * kMmaWarpRows + mt * 16 + hf * 8 + g;
+            R.data[at] = make_float4(b0, b1, b2, bc);
+            R.row_max[at] = m;
+          }
+          bin0[rr] = bin1[rr] = bin2[rr] = bin_cs[rr] = 0.f;
+        }
+    }
+
     if (kPass == 2) {
       // End of a key block (or of this CTA's keys): one record per warp.
       const bool block_end = ((j0 + kMmaKeyTile) % B) == 0 || tile + 1 == tiles;
@@ -342,7 +445,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     }
   }
 
-  if (kPass == 1) {
+  if (kPass == 1 || kPass == kFusedPass) {
     if (!warp_valid) return;
     // Combine the 4 lanes (qd) that share each row.
 #pragma unroll
@@ -386,9 +489,26 @@ struct ProxyFinalizeParams {
   const int32_t* splits;     // [seq]
   const int8_t* estimated;   // [seq]
   const float4* records;
+  const float* record_max;  // fused records only
+  double* bin_sums;         // fused only: [block array][kFusedBins] scratch, the masses of each key block
   int32_t num_q_heads, group, block;
   Workspace ws;
 };
+
+// The slash masses ps[c] from per-key-block bin masses (key block kb's bins are distance blocks
+// mma_slash_base(kb) + 0..2), in a fixed order; `bin_mass(kb, bin)` returns the mass.
+template <typename BinMass>
+__device__ __forceinline__ double slash_mass(int64_t n, int L, int B, int N, int64_t c, BinMass bin_mass) {
+  // Key blocks whose distances reach slash block c lie within 3 below kb_hi.
+  const int64_t kb_hi = min((n - 1 - c * B) / B, static_cast<int64_t>(N - 1));
+  double ps = 0.0;
+  for (int64_t kb = max(kb_hi - 3, static_cast<int64_t>(0)); kb <= kb_hi; ++kb) {
+    const int bin = static_cast<int>(c - mma_slash_base(n, L, B, kb));
+    if (bin < 0 || bin >= kMmaSlashBins) continue;
+    ps += bin_mass(kb, bin);
+  }
+  return ps;
+}
 
 __global__ void __launch_bounds__(256) proxy_mma_finalize_kernel(ProxyFinalizeParams P) {
   __shared__ double d_scratch[32];
@@ -415,19 +535,101 @@ __global__ void __launch_bounds__(256) proxy_mma_finalize_kernel(ProxyFinalizePa
       cs_local += static_cast<double>(r.w);
     }
     P.ws.pv_sum[base + b] = pv;
-    // Slash block c = b: key blocks whose distances reach it lie within 3 below kb_hi.
-    const int64_t c = b;
-    const int64_t kb_hi = min((n - 1 - c * B) / B, static_cast<int64_t>(N - 1));
-    double ps = 0.0;
-    for (int64_t kb = max(kb_hi - 3, static_cast<int64_t>(0)); kb <= kb_hi; ++kb) {
-      const int bin = static_cast<int>(c - mma_slash_base(n, L, B, kb));
-      if (bin < 0 || bin >= kMmaSlashBins) continue;
+    P.ws.ps_sum[base + b] = slash_mass(n, L, B, N, b, [&](int64_t kb, int bin) {
+      double mass = 0.0;
       for (int w = 0; w < wn; ++w) {
         const float4 r = rec[kb * kMmaWarps + w0 + w];
-        ps += static_cast<double>(bin == 0 ? r.x : bin == 1 ? r.y : r.z);
+        mass += static_cast<double>(bin == 0 ? r.x : bin == 1 ? r.y : r.z);
       }
-    }
-    P.ws.ps_sum[base + b] = ps;
+      return mass;
+    });
+  }
+  const double cs = block_reduce(cs_local, d_scratch, SumOp());
+  if (threadIdx.x == 0) P.ws.cs_sum[slot] = cs;
+}
+
+// The same from the fused pass's per-row records, in two kernels. Record (row i, key block b)
+// holds masses relative to m; the row's share of the true softmax is exp2(m - row_max_i) / den_i
+// (row statistics from proxy_combine_kernel). proxy_mma_rows_kernel: a warp per (slot, key
+// block) sums the L rows (lanes over rows, a butterfly in fixed order) and stores pv and the
+// block's bin masses (3 slash bins and the structural mass). proxy_mma_bins_kernel: one block per
+// slot builds ps from the bins like proxy_mma_finalize_kernel and sums C_struct in a fixed order.
+// NOTE: 8 warps per block, a key block per warp: at 128k (32 heads, N = 1024) 4096 blocks, every SM
+// busy (one block per slot left 32 SMs working, 6x slower).
+constexpr int kRowsFinalizeWarps = 8;
+
+struct FusedRecordView {
+  int64_t first;  // record of (row 0 of the slot's head, key block 0)
+  int L;
+};
+
+__device__ __forceinline__ bool fused_slot_records(const ProxyFinalizeParams& P, int64_t slot, layout::SequenceBases& sb,
+                                                   FusedRecordView& view) {
+  const int H = P.num_q_heads;
+  const int64_t s = slot / H, h = slot % H;
+  if (!P.estimated[s]) return false;
+  sb = P.seqs[s];
+  const int L = static_cast<int>(rules::proxy_rows(sb.n, P.block));
+  const int64_t kv = h / P.group, rho0 = (h % P.group) * L;
+  const int64_t row_groups = (static_cast<int64_t>(P.group) * L + kMmaRows - 1) / kMmaRows;
+  const int64_t group_item = P.item_base[s] + (kv * row_groups + rho0 / kMmaRows) * P.splits[s];
+  view.first = P.items[group_item].record_base + rho0 % kMmaRows;
+  view.L = L;
+  return true;
+}
+
+__global__ void __launch_bounds__(kRowsFinalizeWarps * 32) proxy_mma_rows_kernel(ProxyFinalizeParams P) {
+  const int64_t slot = blockIdx.y;
+  layout::SequenceBases sb;
+  FusedRecordView rv;
+  if (!fused_slot_records(P, slot, sb, rv)) return;
+  const int b = blockIdx.x * kRowsFinalizeWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (b >= sb.num_blocks) return;  // warp-uniform
+  const int B = P.block;
+  double m0 = 0.0, m1 = 0.0, m2 = 0.0, mc = 0.0;
+  for (int i = lane; i < rv.L; i += 32) {
+    const int64_t at = rv.first + static_cast<int64_t>(b) * kMmaRows + i;
+    const float m = P.record_max[at];
+    if (m == -INFINITY) continue;  // the row saw no key of this block
+    const float4 r = P.records[at];
+    const double w = static_cast<double>(exp2f(m - P.ws.row_max[slot * B + i])) * P.ws.row_inv_den[slot * B + i];
+    m0 += w * r.x;
+    m1 += w * r.y;
+    m2 += w * r.z;
+    mc += w * r.w;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    m0 += __shfl_xor_sync(0xffffffffu, m0, off);
+    m1 += __shfl_xor_sync(0xffffffffu, m1, off);
+    m2 += __shfl_xor_sync(0xffffffffu, m2, off);
+    mc += __shfl_xor_sync(0xffffffffu, mc, off);
+  }
+  if (lane == 0) {
+    const int64_t at = layout::block_array_offset(sb, slot % P.num_q_heads, P.num_q_heads) + b;
+    P.ws.pv_sum[at] = m0 + m1 + m2;
+    double* bins = P.bin_sums + at * kFusedBins;
+    bins[0] = m0;
+    bins[1] = m1;
+    bins[2] = m2;
+    bins[3] = mc;
+  }
+}
+
+__global__ void __launch_bounds__(256) proxy_mma_bins_kernel(ProxyFinalizeParams P) {
+  __shared__ double d_scratch[32];
+  const int64_t slot = blockIdx.x;
+  layout::SequenceBases sb;
+  FusedRecordView rv;
+  if (!fused_slot_records(P, slot, sb, rv)) return;
+  const int B = P.block, N = sb.num_blocks;
+  const int64_t base = layout::block_array_offset(sb, slot % P.num_q_heads, P.num_q_heads);
+  double cs_local = 0.0;
+  for (int b = threadIdx.x; b < N; b += blockDim.x) {
+    cs_local += P.bin_sums[(base + b) * kFusedBins + 3];
+    P.ws.ps_sum[base + b] = slash_mass(sb.n, rv.L, B, N, b, [&](int64_t kb, int bin) {
+      return P.bin_sums[(base + kb) * kFusedBins + bin];
+    });
   }
   const double cs = block_reduce(cs_local, d_scratch, SumOp());
   if (threadIdx.x == 0) P.ws.cs_sum[slot] = cs;
