@@ -377,6 +377,10 @@ class StageTimer {
   std::vector<std::pair<const char*, cudaEvent_t>> marks_;
 };
 
+// bf16 / fp16: the inputs the tensor-core proxy and the vectorised means kernels take.
+template <typename T>
+constexpr bool kTwoByte = std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value;
+
 unsigned grid_for(int64_t count, int threads) { return static_cast<unsigned>((count + threads - 1) / threads); }
 
 // Runs one radix selection (plan_select.cuh) over `values` for every slot, then marks.
@@ -515,7 +519,7 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
                             static_cast<unsigned>(sh.bases.size()));
     const unsigned items = static_cast<unsigned>(pw.num_items());
     bool proxy_done = false;
-    if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
+    if constexpr (kTwoByte<T>) {
       if (sh.tensor_cores) {
         // pv, ps and C_struct come as plain stores from the finalize kernel, v as plain stores
         // from pass 2; only u is accumulated with atomics.
@@ -571,8 +575,14 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
     timer.mark("proxy");
     // 2. Key block means, routing.
     if (needs.key_means) {
-      key_means_kernel<T><<<dim3(maxN, static_cast<unsigned>(sh.Hkv), static_cast<unsigned>(sh.bases.size())),
-                            128, 0, stream>>>(ks, sp);
+      const dim3 grid(maxN, static_cast<unsigned>(sh.Hkv), static_cast<unsigned>(sh.bases.size()));
+      if constexpr (kTwoByte<T>) {
+        if (sh.tensor_cores && sh.d == 128) key_means_vec_kernel<T, 128><<<grid, kMeansThreads, 0, stream>>>(ks, sp);
+        else if (sh.tensor_cores) key_means_vec_kernel<T, 64><<<grid, kMeansThreads, 0, stream>>>(ks, sp);
+        else key_means_kernel<T><<<grid, 128, 0, stream>>>(ks, sp);
+      } else {
+        key_means_kernel<T><<<grid, 128, 0, stream>>>(ks, sp);
+      }
       CRISP_CUDA_CHECK_LAUNCH("key_means_kernel");
     }
   }
@@ -618,7 +628,14 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
   timer.mark("vs_flags");
   // 5. PE heads.
   if (estimate && needs.pe) {
-    query_means_kernel<T><<<dim3(maxN, slots), 128, 0, stream>>>(qs, sp);
+    const dim3 grid(maxN, slots);
+    if constexpr (kTwoByte<T>) {
+      if (sh.tensor_cores && sh.d == 128) query_means_vec_kernel<T, 128><<<grid, kMeansThreads, 0, stream>>>(qs, sp);
+      else if (sh.tensor_cores) query_means_vec_kernel<T, 64><<<grid, kMeansThreads, 0, stream>>>(qs, sp);
+      else query_means_kernel<T><<<grid, 128, 0, stream>>>(qs, sp);
+    } else {
+      query_means_kernel<T><<<grid, 128, 0, stream>>>(qs, sp);
+    }
     CRISP_CUDA_CHECK_LAUNCH("query_means_kernel");
     timer.mark("pe_qmeans");
     pe_logit_kernel<<<dim3(static_cast<unsigned>(pe_triangle_tiles(grid_for(maxN, kPeTile))), slots), kPeThreads, 0,
