@@ -21,7 +21,7 @@ def main(path):
     rows = [r for r in csv.DictReader(io.StringIO(text[start:])) if r.get("Metric Name") == "gpu__time_duration.sum"]
     totals, counts = OrderedDict(), {}
     for r in rows:
-        name = r["Kernel Name"].replace("(anonymous namespace)::", "")
+        name = r["Kernel Name"].replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
         name = name.split("(")[0].split("<")[0].strip().split("::")[-1]
         value = float(r["Metric Value"].replace(",", ""))
         scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(r["Metric Unit"], 1.0)
