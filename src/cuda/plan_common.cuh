@@ -50,6 +50,17 @@ __device__ __forceinline__ T block_reduce(T value, T* scratch, Op op) {
   for (int w = 1; w < warps; ++w) total = op(total, scratch[w]);
   return total;
 }
+// Butterfly sums of four values over the 32 lanes of a warp (every lane gets the totals; fixed order).
+template <typename T>
+__device__ __forceinline__ void warp_sum4(T& a, T& b, T& c, T& d) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, off);
+    b += __shfl_xor_sync(0xffffffffu, b, off);
+    c += __shfl_xor_sync(0xffffffffu, c, off);
+    d += __shfl_xor_sync(0xffffffffu, d, off);
+  }
+}
 struct SumOp {
   template <typename T>
   __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }

@@ -381,6 +381,17 @@ class StageTimer {
 template <typename T>
 constexpr bool kTwoByte = std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value;
 
+// Calls launch(std::integral_constant<int, V>) with the block-means variant (plan_kernels.cuh):
+// V = the head dim for 16-byte loads (the tensor-core proxy's layout), else 0.
+template <typename T, typename Launch>
+void with_means_variant(const Shape& sh, Launch launch) {
+  if constexpr (kTwoByte<T>) {
+    if (sh.tensor_cores && sh.d == 128) return launch(std::integral_constant<int, 128>{});
+    if (sh.tensor_cores) return launch(std::integral_constant<int, 64>{});
+  }
+  launch(std::integral_constant<int, 0>{});
+}
+
 unsigned grid_for(int64_t count, int threads) { return static_cast<unsigned>((count + threads - 1) / threads); }
 
 // Runs one radix selection (plan_select.cuh) over `values` for every slot, then marks.
@@ -576,13 +587,9 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
     // 2. Key block means, routing.
     if (needs.key_means) {
       const dim3 grid(maxN, static_cast<unsigned>(sh.Hkv), static_cast<unsigned>(sh.bases.size()));
-      if constexpr (kTwoByte<T>) {
-        if (sh.tensor_cores && sh.d == 128) key_means_vec_kernel<T, 128><<<grid, kMeansThreads, 0, stream>>>(ks, sp);
-        else if (sh.tensor_cores) key_means_vec_kernel<T, 64><<<grid, kMeansThreads, 0, stream>>>(ks, sp);
-        else key_means_kernel<T><<<grid, 128, 0, stream>>>(ks, sp);
-      } else {
-        key_means_kernel<T><<<grid, 128, 0, stream>>>(ks, sp);
-      }
+      with_means_variant<T>(sh, [&](auto vec_dim) {
+        key_means_kernel<T, vec_dim.value><<<grid, means_threads(vec_dim.value), 0, stream>>>(ks, sp);
+      });
       CRISP_CUDA_CHECK_LAUNCH("key_means_kernel");
     }
   }
@@ -629,13 +636,9 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
   // 5. PE heads.
   if (estimate && needs.pe) {
     const dim3 grid(maxN, slots);
-    if constexpr (kTwoByte<T>) {
-      if (sh.tensor_cores && sh.d == 128) query_means_vec_kernel<T, 128><<<grid, kMeansThreads, 0, stream>>>(qs, sp);
-      else if (sh.tensor_cores) query_means_vec_kernel<T, 64><<<grid, kMeansThreads, 0, stream>>>(qs, sp);
-      else query_means_kernel<T><<<grid, 128, 0, stream>>>(qs, sp);
-    } else {
-      query_means_kernel<T><<<grid, 128, 0, stream>>>(qs, sp);
-    }
+    with_means_variant<T>(sh, [&](auto vec_dim) {
+      query_means_kernel<T, vec_dim.value><<<grid, means_threads(vec_dim.value), 0, stream>>>(qs, sp);
+    });
     CRISP_CUDA_CHECK_LAUNCH("query_means_kernel");
     timer.mark("pe_qmeans");
     pe_logit_kernel<<<dim3(static_cast<unsigned>(pe_triangle_tiles(grid_for(maxN, kPeTile))), slots), kPeThreads, 0,

@@ -32,87 +32,68 @@ __device__ __forceinline__ int64_t key_mean_index(const layout::SequenceBases& s
 }
 
 // ---------------------------------------------------------------- block means (§2 jsd, §4)
-// Keys: grid (max N, Hkv, sequences); queries: grid (max N, slots), PE heads only.
-template <typename T>
-__global__ void key_means_kernel(Strided3<T> k, SlotParams P) {
-  const int s = blockIdx.z, kv = blockIdx.y, c = blockIdx.x;
-  if (!P.estimated[s]) return;
-  const layout::SequenceBases sb = P.view.seqs[s];
-  if (c >= sb.num_blocks) return;
-  const int64_t begin = rules::block_begin(c, P.view.block_size), end = rules::block_end(c, P.view.block_size, sb.n);
-  const double inv = 1.0 / static_cast<double>(end - begin);
-  float* out = P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * P.head_dim;
-  for (int x = threadIdx.x; x < P.head_dim; x += blockDim.x) {
-    double sum = 0.0;
+// Keys: grid (max N, Hkv, sequences); queries: grid (max N, slots), PE heads only. Every mean is a
+// double sum of the block's values times 1 / count, rounded to float once.
+//
+// kVecDim = 0: any dtype and strides; one thread per dim walks the block's tokens (2-byte loads
+// at bf16, a warp reads 64 bytes of 32 rows per instruction), blocks of kMeansScalarThreads.
+// kVecDim = 64 / 128: bf16 / fp16 with contiguous, 16-byte aligned rows (the tensor-core proxy's
+// layout): each thread loads 8 dims (16 bytes) of a token, a warp two whole 256-byte rows (1.6x
+// the bandwidth at 128k on the H200: key means 116 -> 71 us). Sums of bf16 / fp16 values in double
+// are exact in any order, so both give bit-identical means.
+// NOTE: 128 threads (scalar: one per dim at d = 128); 256 (vector: 16 token lanes x 16 chunks of 8
+// dims at d = 128, 32 x 8 at d = 64).
+constexpr int kMeansScalarThreads = 128;
+constexpr int kMeansVecThreads = 256;
+constexpr int means_threads(int vec_dim) { return vec_dim == 0 ? kMeansScalarThreads : kMeansVecThreads; }
+
+template <typename T, int kVecDim>
+__device__ __forceinline__ void block_mean(const T* rows, int64_t stride_token, int64_t stride_dim, int head_dim,
+                                           int64_t count, float* out) {
+  const double inv = 1.0 / static_cast<double>(count);
+  if constexpr (kVecDim == 0) {
+    for (int x = threadIdx.x; x < head_dim; x += blockDim.x) {
+      double sum = 0.0;
 #pragma unroll 8  // NOTE: 8 independent loads in flight per thread (the sum chain is not the limit)
-    for (int64_t t = begin; t < end; ++t) sum += static_cast<double>(k.at(kv, sb.token_offset + t, x));
-    out[x] = static_cast<float>(sum * inv);
-  }
-}
-
-template <typename T>
-__global__ void query_means_kernel(Strided3<T> q, SlotParams P) {
-  const int64_t slot = blockIdx.y;
-  const int H = P.view.num_heads;
-  const int64_t s = slot / H, h = slot % H;
-  const int c = blockIdx.x;
-  if (P.view.route[slot] != rules::kRoutePe) return;
-  const layout::SequenceBases sb = P.view.seqs[s];
-  if (c >= sb.num_blocks) return;
-  const int64_t begin = rules::block_begin(c, P.view.block_size), end = rules::block_end(c, P.view.block_size, sb.n);
-  const double inv = 1.0 / static_cast<double>(end - begin);
-  float* out = P.ws.query_means + (layout::block_array_offset(sb, h, H) + c) * P.head_dim;
-  for (int x = threadIdx.x; x < P.head_dim; x += blockDim.x) {
-    double sum = 0.0;
-#pragma unroll 8
-    for (int64_t t = begin; t < end; ++t) sum += static_cast<double>(q.at(h, sb.token_offset + t, x));
-    out[x] = static_cast<float>(sum * inv);
-  }
-}
-
-// The same means for 2-byte inputs with contiguous, 16-byte aligned rows (the tensor-core proxy's
-// layout): each thread loads 8 dims (16 bytes) of a token, so a warp reads two whole 256-byte rows
-// per instruction instead of 64 bytes of 32 rows (1.6x the bandwidth of the kernels above, whose
-// loads are 2 bytes per thread). Sums are in double over bf16 / fp16 values, exact in any order, so
-// the means are bit-identical to the kernels above.
-// NOTE: 256 threads: at d = 128, 16 token lanes x 16 chunks of 8 dims; at d = 64, 32 x 8.
-constexpr int kMeansThreads = 256;
-
-template <typename T, int kDim>
-__device__ __forceinline__ void block_mean_vec(const T* rows, int64_t stride_token, int64_t count, float* out) {
-  constexpr int kChunks = kDim / 8, kLanes = kMeansThreads / kChunks;
-  __shared__ double partial[kLanes][kDim];
-  const int chunk = threadIdx.x % kChunks, lane = threadIdx.x / kChunks;
-  double sum[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-  for (int64_t t = lane; t < count; t += kLanes) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(rows + t * stride_token + chunk * 8);
-    const T* v = reinterpret_cast<const T*>(&raw);
+      for (int64_t t = 0; t < count; ++t) sum += static_cast<double>(to_float(rows[t * stride_token + x * stride_dim]));
+      out[x] = static_cast<float>(sum * inv);
+    }
+  } else {
+    constexpr int kChunks = kVecDim / 8, kLanes = kMeansVecThreads / kChunks;
+    __shared__ double partial[kLanes][kVecDim];
+    const int chunk = threadIdx.x % kChunks, lane = threadIdx.x / kChunks;
+    double sum[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    for (int64_t t = lane; t < count; t += kLanes) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(rows + t * stride_token + chunk * 8);
+      const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) sum[e] += static_cast<double>(to_float(v[e]));
-  }
+      for (int e = 0; e < 8; ++e) sum[e] += static_cast<double>(to_float(v[e]));
+    }
 #pragma unroll
-  for (int e = 0; e < 8; ++e) partial[lane][chunk * 8 + e] = sum[e];
-  __syncthreads();
-  if (threadIdx.x < kDim) {
-    double total = 0.0;
-    for (int l = 0; l < kLanes; ++l) total += partial[l][threadIdx.x];
-    out[threadIdx.x] = static_cast<float>(total * (1.0 / static_cast<double>(count)));  // as the kernels above
+    for (int e = 0; e < 8; ++e) partial[lane][chunk * 8 + e] = sum[e];
+    __syncthreads();
+    if (threadIdx.x < kVecDim) {
+      double total = 0.0;
+      for (int l = 0; l < kLanes; ++l) total += partial[l][threadIdx.x];
+      out[threadIdx.x] = static_cast<float>(total * inv);
+    }
   }
 }
 
-template <typename T, int kDim>
-__global__ void __launch_bounds__(kMeansThreads) key_means_vec_kernel(Strided3<T> k, SlotParams P) {
+template <typename T, int kVecDim>
+__global__ void __launch_bounds__(means_threads(kVecDim)) key_means_kernel(Strided3<T> k, SlotParams P) {
   const int s = blockIdx.z, kv = blockIdx.y, c = blockIdx.x;
   if (!P.estimated[s]) return;
   const layout::SequenceBases sb = P.view.seqs[s];
   if (c >= sb.num_blocks) return;
   const int64_t begin = rules::block_begin(c, P.view.block_size), end = rules::block_end(c, P.view.block_size, sb.n);
-  block_mean_vec<T, kDim>(k.data + kv * k.stride_head + (sb.token_offset + begin) * k.stride_token, k.stride_token,
-                          end - begin, P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * kDim);
+  block_mean<T, kVecDim>(k.data + kv * k.stride_head + (sb.token_offset + begin) * k.stride_token, k.stride_token,
+                         k.stride_dim, P.head_dim, end - begin,
+                         P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * P.head_dim);
 }
 
-template <typename T, int kDim>
-__global__ void __launch_bounds__(kMeansThreads) query_means_vec_kernel(Strided3<T> q, SlotParams P) {
+template <typename T, int kVecDim>
+__global__ void __launch_bounds__(means_threads(kVecDim)) query_means_kernel(Strided3<T> q, SlotParams P) {
   const int64_t slot = blockIdx.y;
   const int H = P.view.num_heads;
   const int64_t s = slot / H, h = slot % H;
@@ -121,8 +102,9 @@ __global__ void __launch_bounds__(kMeansThreads) query_means_vec_kernel(Strided3
   const layout::SequenceBases sb = P.view.seqs[s];
   if (c >= sb.num_blocks) return;
   const int64_t begin = rules::block_begin(c, P.view.block_size), end = rules::block_end(c, P.view.block_size, sb.n);
-  block_mean_vec<T, kDim>(q.data + h * q.stride_head + (sb.token_offset + begin) * q.stride_token, q.stride_token,
-                          end - begin, P.ws.query_means + (layout::block_array_offset(sb, h, H) + c) * kDim);
+  block_mean<T, kVecDim>(q.data + h * q.stride_head + (sb.token_offset + begin) * q.stride_token, q.stride_token,
+                         q.stride_dim, P.head_dim, end - begin,
+                         P.ws.query_means + (layout::block_array_offset(sb, h, H) + c) * P.head_dim);
 }
 
 // ---------------------------------------------------------------- §2 routing

@@ -252,35 +252,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       }
 
       const bool needs_mask = j0i + kMmaKeyTile - 1 > pw;  // some key lies after some row
-      if (kPass == 1) {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int rr = 2 * mt + hf;
-            const int p = pw + g + 8 * rr;
-            float m = run_max[rr];
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                float x = acc[mt][nt][2 * hf + e] * scale_log2;
-                if (needs_mask && j0i + 8 * nt + 2 * qd + e > p) x = -INFINITY;
-                acc[mt][nt][2 * hf + e] = x;
-                m = fmaxf(m, x);
-              }
-            if (m == -INFINITY) continue;  // no key of this row so far
-            float sum = run_sum[rr] * attention::fast_exp2(run_max[rr] - m);
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) sum += attention::fast_exp2(acc[mt][nt][2 * hf + e] - m);
-            run_max[rr] = m;
-            run_sum[rr] = sum;
-          }
-      } else if (kPass == kFusedPass) {
+      if (kPass == 1 || kPass == kFusedPass) {
+        // Online softmax per row (this lane's keys): the masked scores and their maximum, then
+        // run_sum (and, fused, this key block's masses) brought to the new maximum and extended.
         const int64_t kb = j0 / B;
-        const int c_base = mma_slash_base(n, L, B, kb);
+        const int c_base = kPass == kFusedPass ? mma_slash_base(n, L, B, kb) : 0;
         const int T1 = (c_base + 1) * B, T2 = (c_base + 2) * B;
         const bool edge = needs_mask || j0 < P.w_sink || pw - (j0i + kMmaKeyTile - 1) < P.w_local;
         const int j0q = j0i + 2 * qd;
@@ -301,9 +277,19 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
                 m = fmaxf(m, x);
               }
             if (m == -INFINITY) continue;  // no key of this row so far
-            // run_sum and the bins share the frame of run_max; the block's bins join run_sum at
-            // the block's end.
             const float rescale = attention::fast_exp2(run_max[rr] - m);
+            run_max[rr] = m;
+            if (kPass == 1) {
+              float sum = run_sum[rr] * rescale;
+#pragma unroll
+              for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) sum += attention::fast_exp2(acc[mt][nt][2 * hf + e] - m);
+              run_sum[rr] = sum;
+              continue;
+            }
+            // Fused: run_sum and the bins share the frame of run_max; the block's bins join
+            // run_sum at the block's end.
             run_sum[rr] *= rescale;
             float b0 = bin0[rr] * rescale, b1 = bin1[rr] * rescale, b2 = bin2[rr] * rescale;
             float bc = bin_cs[rr] * rescale;
@@ -320,7 +306,6 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
                 else b0 += a;
                 if (edge && rules::in_structural_set(j0q + koff, p, P.w_sink, P.w_local)) bc += a;
               }
-            run_max[rr] = m;
             bin0[rr] = b0;
             bin1[rr] = b1;
             bin2[rr] = b2;
@@ -413,13 +398,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       // End of a key block (or of this CTA's keys): one record per warp.
       const bool block_end = ((j0 + kMmaKeyTile) % B) == 0 || tile + 1 == tiles;
       if (block_end && warp_valid) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-          ps0 += __shfl_xor_sync(0xffffffffu, ps0, off);
-          ps1 += __shfl_xor_sync(0xffffffffu, ps1, off);
-          ps2 += __shfl_xor_sync(0xffffffffu, ps2, off);
-          cs += __shfl_xor_sync(0xffffffffu, cs, off);
-        }
+        warp_sum4(ps0, ps1, ps2, cs);
         if (lane == 0) R.data[item.record_base + (j0 / B) * kMmaWarps + warp] = make_float4(ps0, ps1, ps2, cs);
         ps0 = ps1 = ps2 = cs = 0.f;
       }
@@ -598,13 +577,7 @@ __global__ void __launch_bounds__(kRowsFinalizeWarps * 32) proxy_mma_rows_kernel
     m2 += w * r.z;
     mc += w * r.w;
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    m0 += __shfl_xor_sync(0xffffffffu, m0, off);
-    m1 += __shfl_xor_sync(0xffffffffu, m1, off);
-    m2 += __shfl_xor_sync(0xffffffffu, m2, off);
-    mc += __shfl_xor_sync(0xffffffffu, mc, off);
-  }
+  warp_sum4(m0, m1, m2, mc);
   if (lane == 0) {
     const int64_t at = layout::block_array_offset(sb, slot % P.num_q_heads, P.num_q_heads) + b;
     P.ws.pv_sum[at] = m0 + m1 + m2;
