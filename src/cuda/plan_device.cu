@@ -641,8 +641,8 @@ void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, con
     });
     CRISP_CUDA_CHECK_LAUNCH("query_means_kernel");
     timer.mark("pe_qmeans");
-    pe_logit_kernel<<<dim3(static_cast<unsigned>(pe_triangle_tiles(grid_for(maxN, kPeTile))), slots), kPeThreads, 0,
-                      stream>>>(sp);
+    const auto pe_tiles = static_cast<unsigned>(layout::triangle_tiles(grid_for(maxN, kPeTile)));
+    pe_logit_kernel<<<dim3(pe_tiles, slots), kPeThreads, 0, stream>>>(sp);
     CRISP_CUDA_CHECK_LAUNCH("pe_logit_kernel");
     pe_softmax_kernel<<<dim3(grid_for(maxN, kPeSoftmaxWarps), slots), kPeSoftmaxWarps * 32, 0, stream>>>(sp);
     CRISP_CUDA_CHECK_LAUNCH("pe_softmax_kernel");

@@ -352,17 +352,6 @@ constexpr int kPeThreads = kPeThreadsPerAxis * kPeThreadsPerAxis;  // 256
 // rows stay 16-byte aligned for the float4 reads.
 constexpr int kPeTileStride = kPeTile + 4;
 
-// Tiles of the block-causal triangle of `tiles` x `tiles` 64-blocks: row tile rt holds column
-// tiles 0..rt, tile t = rt (rt + 1) / 2 + ct.
-CRISP_HD int64_t pe_triangle_tiles(int64_t tiles) { return tiles * (tiles + 1) / 2; }
-__device__ __forceinline__ void pe_tile_of(int64_t t, int& rt, int& ct) {
-  int r = static_cast<int>((sqrt(8.0 * static_cast<double>(t) + 1.0) - 1.0) / 2.0);
-  while (static_cast<int64_t>(r) * (r + 1) / 2 > t) --r;  // guard the rounding of the square root
-  while (static_cast<int64_t>(r + 1) * (r + 2) / 2 <= t) ++r;
-  rt = r;
-  ct = static_cast<int>(t - static_cast<int64_t>(r) * (r + 1) / 2);
-}
-
 __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
   __shared__ __align__(16) float q_slice[kPeDepth][kPeTileStride];  // [x][row]
   __shared__ __align__(16) float k_slice[kPeDepth][kPeTileStride];  // [x][column]
@@ -372,8 +361,8 @@ __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
   if (P.view.route[slot] != rules::kRoutePe) return;
   const layout::SequenceBases sb = P.view.seqs[s];
   const int d = P.head_dim, N = sb.num_blocks;
-  int row_tile, col_tile;
-  pe_tile_of(blockIdx.x, row_tile, col_tile);
+  int32_t row_tile, col_tile;
+  layout::triangle_tile(blockIdx.x, row_tile, col_tile);
   const int r0 = row_tile * kPeTile, c0 = col_tile * kPeTile;
   if (r0 >= N) return;
   const int last_row = min(r0 + kPeTile - 1, N - 1);  // also the largest c any row of the tile needs

@@ -6,6 +6,7 @@
 // Capacity is the causal worst case (N (N+1) / 2 columns per head), so no size is ever read back
 // before the kernels run. At 512k tokens, B = 128 and 32 heads this is ~1.07 GB of int32 columns.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "plan/rules.h"
@@ -37,6 +38,18 @@ CRISP_HD int64_t row_ptr_offset(const SequenceBases& b, int64_t h, int64_t num_h
 // Start of the column capacity of (s, h). row_ptr values are relative to this start.
 CRISP_HD int64_t col_offset(const SequenceBases& b, int64_t h, int64_t num_heads) {
   return b.col_base * num_heads + h * rules::causal_blocks(b.num_blocks);
+}
+
+// Tiles of the lower triangle of a `tiles` x `tiles` grid, row by row: row r holds columns 0..r,
+// tile t = r (r + 1) / 2 + c. The CUDA planner launches one block per tile of the block-causal
+// triangle (the PE logits), and decodes its tile with triangle_tile.
+CRISP_HD int64_t triangle_tiles(int64_t tiles) { return tiles * (tiles + 1) / 2; }
+CRISP_HD void triangle_tile(int64_t t, int32_t& row, int32_t& col) {
+  int64_t r = static_cast<int64_t>((sqrt(8.0 * static_cast<double>(t) + 1.0) - 1.0) / 2.0);
+  while (r > 0 && triangle_tiles(r) > t) --r;  // the square root's rounding, either way
+  while (triangle_tiles(r + 1) <= t) ++r;
+  row = static_cast<int32_t>(r);
+  col = static_cast<int32_t>(t - triangle_tiles(r));
 }
 
 }  // namespace layout
