@@ -181,6 +181,7 @@ class PlanWorkspace {
       item_base_[s] = static_cast<int64_t>(items_.size());
       for (int64_t kv = 0; kv < shape_.Hkv; ++kv)
         for (int64_t rt = 0; rt < row_tiles; ++rt) {
+          const int64_t rows_here = std::min(rows_per_item, group * L - rt * rows_per_item);
           for (int64_t sp = 0; sp < splits; ++sp) {
             ProxyWorkItem it{};
             it.seq = static_cast<int32_t>(s);
@@ -190,11 +191,12 @@ class PlanWorkspace {
             it.key_begin = units * sp / splits * unit;
             it.key_end = units * (sp + 1) / splits * unit;
             it.record_base = records_count_;
+            it.record_pitch = static_cast<int32_t>(rows_here);
             items_.push_back(it);
           }
-          // Records of the fused pass, one per (row, key block); the two-pass path (token-level
-          // rules) uses the first kMmaWarps of each block's kMmaRows.
-          if (shape_.tensor_cores) records_count_ += static_cast<int64_t>(sb.num_blocks) * kMmaRows;
+          // Records of the fused pass, one per (row of the tile, key block); the two-pass path
+          // (token-level rules) uses the first kMmaWarps of each block's (rows_here >= L >= 64).
+          if (shape_.tensor_cores) records_count_ += static_cast<int64_t>(sb.num_blocks) * rows_here;
         }
     }
   }

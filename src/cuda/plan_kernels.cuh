@@ -39,8 +39,10 @@ __device__ __forceinline__ int64_t key_mean_index(const layout::SequenceBases& s
 // at bf16, a warp reads 64 bytes of 32 rows per instruction), blocks of kMeansScalarThreads.
 // kVecDim = 64 / 128: bf16 / fp16 with contiguous, 16-byte aligned rows (the tensor-core proxy's
 // layout): each thread loads 8 dims (16 bytes) of a token, a warp two whole 256-byte rows (1.6x
-// the bandwidth at 128k on the H200: key means 116 -> 71 us). Sums of bf16 / fp16 values in double
-// are exact in any order, so both give bit-identical means.
+// the bandwidth at 128k on the H200: key means 116 -> 71 us). The two sum in different orders: a
+// double sum of up to B fp16 values is exact in any order, and of bf16 values unless one block's
+// column spans more than ~2^38 in magnitude (then the sums may differ in the last double bit,
+// which the rounding to float almost always absorbs), so both give the same means.
 // NOTE: 128 threads (scalar: one per dim at d = 128); 256 (vector: 16 token lanes x 16 chunks of 8
 // dims at d = 128, 32 x 8 at d = 64).
 constexpr int kMeansScalarThreads = 128;

@@ -44,7 +44,8 @@ struct ProxyWorkItem {
   int32_t split;
   int64_t key_begin;  // multiple of kProxyTileKeys (tensor-core path: of the block size)
   int64_t key_end;
-  int64_t record_base;  // tensor-core path (plan_proxy_mma.cuh): first pass-2 record of (seq, kv, row tile)
+  int64_t record_base;  // tensor-core path (plan_proxy_mma.cuh): first record of (seq, kv, row tile)
+  int32_t record_pitch; // tensor-core path: records per key block = the row tile's rows (<= kMmaRows)
 };
 
 struct ProxyParams {

@@ -1,6 +1,6 @@
 // src/cuda/plan_proxy_mma.cuh — §1 proxy map on tensor cores, for bf16 / fp16 inputs with head dim
-// 64 or 128 (contiguous rows). Same two-pass structure and the same results as plan_proxy.cuh
-// (the f32 FFMA path, still used for f32 / f64 inputs and other shapes), organised for speed:
+// 64 or 128 (contiguous rows). The same results as plan_proxy.cuh up to fp32 rounding (the f32
+// FFMA path, still used for f32 / f64 inputs and other shapes), organised for speed:
 //
 //  - one CTA = (sequence, kv head, row group of up to kMmaRows = 512 proxy rows, key range). The
 //    rows are the proxy rows of the kv head's whole GQA group (row rho = head_in_group * L + i),
@@ -62,7 +62,7 @@ constexpr size_t proxy_mma_smem_bytes() {
 // relative to the row's running maximum m at the end of the key block (log2 domain), and m.
 struct ProxyMmaRecords {
   float4* data;     // two-pass: [record_base + key block * kMmaWarps + warp];
-                    // fused: [record_base + key block * kMmaRows + row of the group]
+                    // fused: [record_base + key block * record_pitch + row of the tile]
   float* row_max;   // fused: m of each record (same index), -inf where the row saw no key
 };
 
@@ -127,7 +127,8 @@ __device__ __forceinline__ void reduce_scatter_half(float (&vals)[16], int lane)
   }
 }
 
-// kPass 1: softmax partials; kPass 2: masses (+ v, u when kTokenLevel).
+// kPass 1: softmax partials; kPass 2: masses (+ v, u when kTokenLevel); kFusedPass: both, the
+// masses per row relative to its running maximum.
 template <typename T, int kDim, int kPass, bool kTokenLevel>
 __global__ void __launch_bounds__(kMmaThreads, 1)
     proxy_mma_kernel(Strided3<T> q, Strided3<T> k, ProxyParams P, ProxyMmaRecords R) {
@@ -187,8 +188,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const int64_t slot = layout::slot(item.seq, head, H);
   const float scale_log2 = P.scale * 1.4426950408889634f;
 
-  float run_max[4], run_sum[4];  // pass 1
-  float row_max[4], row_inv[4];  // pass 2
+  float run_max[4], run_sum[4];  // pass 1 and fused pass (per lane)
+  float row_max[4], row_inv[4];  // pass 2 (the exact row statistics)
 #pragma unroll
   for (int rr = 0; rr < 4; ++rr) {
     run_max[rr] = -INFINITY;
@@ -386,7 +387,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
             m = mm;
           }
           if (qd == 0) {
-            const int64_t at = item.record_base + kb * kMmaRows + warp * kMmaWarpRows + mt * 16 + hf * 8 + g;
+            const int64_t at = item.record_base + kb * item.record_pitch + warp * kMmaWarpRows + mt * 16 + hf * 8 + g;
             R.data[at] = make_float4(b0, b1, b2, bc);
             R.row_max[at] = m;
           }
@@ -539,6 +540,7 @@ constexpr int kRowsFinalizeWarps = 8;
 
 struct FusedRecordView {
   int64_t first;  // record of (row 0 of the slot's head, key block 0)
+  int64_t pitch;  // records per key block
   int L;
 };
 
@@ -553,6 +555,7 @@ __device__ __forceinline__ bool fused_slot_records(const ProxyFinalizeParams& P,
   const int64_t row_groups = (static_cast<int64_t>(P.group) * L + kMmaRows - 1) / kMmaRows;
   const int64_t group_item = P.item_base[s] + (kv * row_groups + rho0 / kMmaRows) * P.splits[s];
   view.first = P.items[group_item].record_base + rho0 % kMmaRows;
+  view.pitch = P.items[group_item].record_pitch;
   view.L = L;
   return true;
 }
@@ -567,7 +570,7 @@ __global__ void __launch_bounds__(kRowsFinalizeWarps * 32) proxy_mma_rows_kernel
   const int B = P.block;
   double m0 = 0.0, m1 = 0.0, m2 = 0.0, mc = 0.0;
   for (int i = lane; i < rv.L; i += 32) {
-    const int64_t at = rv.first + static_cast<int64_t>(b) * kMmaRows + i;
+    const int64_t at = rv.first + static_cast<int64_t>(b) * rv.pitch + i;
     const float m = P.record_max[at];
     if (m == -INFINITY) continue;  // the row saw no key of this block
     const float4 r = P.records[at];

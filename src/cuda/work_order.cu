@@ -80,8 +80,8 @@ void build_work_order(DevicePlanView& view, cudaStream_t stream) {
     view.work_order_ready = false;
     return;
   }
-  // A row lists at most N key blocks: the key has 2 bits(max N) significant bits (22 at 128k
-  // tokens), so the sort is a few 8-bit passes.
+  // A row lists at most N key blocks: the key has bits(max N - 1) + bits(max N) significant bits
+  // (21 at 128k tokens and B = 128), so the sort is a few 8-bit passes.
   const int from_end_bits = bits_for(static_cast<uint64_t>(view.max_num_blocks - 1));
   const int key_bits = from_end_bits + bits_for(static_cast<uint64_t>(view.max_num_blocks));
   // NOTE: 256 threads x up to 1024 CTAs, grid-stride: the pass is a few hundred thousand rows at most.
