@@ -214,6 +214,33 @@ __device__ __forceinline__ void copy_tile_async(uint32_t smem_tile, const T* src
   }
 }
 
+// ------------------------------------------------------------------ work items
+// The work item of this CTA: query head h, sequence s, query block r (r < 0: a shorter sequence
+// of a varlen batch, nothing to do); `listed` is the row item's index in a row-subset launch.
+struct WorkItem {
+  int32_t h, s, r;
+  int64_t listed;
+};
+__device__ __forceinline__ WorkItem decode_work_item(const Params& p) {
+  const int32_t H = p.num_q_heads;
+  const int32_t S = p.plan.num_sequences;
+  const int64_t item = p.row_items == nullptr && p.work_order != nullptr ? p.work_order[blockIdx.x]
+                                                                         : static_cast<int64_t>(blockIdx.x);
+  WorkItem w;
+  w.h = static_cast<int32_t>(item % H);
+  w.listed = item / H;
+  if (p.row_items == nullptr) {
+    w.s = static_cast<int32_t>((item / H) % S);
+    const int32_t from_end = static_cast<int32_t>(item / (static_cast<int64_t>(H) * S));
+    w.r = p.plan.seqs[w.s].num_blocks - 1 - from_end;
+  } else {
+    const RowItem listed = p.row_items[w.listed];
+    w.s = listed.sequence;
+    w.r = listed.query_block;
+  }
+  return w;
+}
+
 // ------------------------------------------------------------------ the kernel
 // NOTE: two resident CTAs per SM on Hopper (2 x 112 KB of shared memory at d = 128 fit its
 // 228 KB): while one CTA waits at a barrier or on its copies, the other keeps the tensor cores
@@ -241,23 +268,11 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   // ---- work item: heads fastest, then sequences, then query blocks from the last (heaviest) one
   // (or, for a row-subset launch, heads fastest, then the listed items in their order); taken in
   // the plan's work order (heaviest rows first) when it has one.
+  const WorkItem work = decode_work_item(p);
+  if (work.r < 0) return;  // a shorter sequence of a varlen batch
+  const int32_t h = work.h, r = work.r;
+  const layout::SequenceBases bases = p.plan.seqs[work.s];
   const int32_t H = p.num_q_heads;
-  const int32_t S = p.plan.num_sequences;
-  const int64_t item = p.row_items == nullptr && p.work_order != nullptr ? p.work_order[blockIdx.x]
-                                                                         : static_cast<int64_t>(blockIdx.x);
-  const int32_t h = static_cast<int32_t>(item % H);
-  int32_t s, r;
-  if (p.row_items == nullptr) {
-    s = static_cast<int32_t>((item / H) % S);
-    const int32_t from_end = static_cast<int32_t>(item / (static_cast<int64_t>(H) * S));
-    r = p.plan.seqs[s].num_blocks - 1 - from_end;
-  } else {
-    const RowItem listed = p.row_items[item / H];
-    s = listed.sequence;
-    r = listed.query_block;
-  }
-  const layout::SequenceBases bases = p.plan.seqs[s];
-  if (r < 0) return;  // a shorter sequence of a varlen batch
 
   const int32_t n = static_cast<int32_t>(bases.n);
   const int32_t kv_head = h / p.q_per_kv;
@@ -268,8 +283,11 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   const int32_t* row_cols = p.plan.col + layout::col_offset(bases, h, H) + col_begin;
 
   const T* q_base = static_cast<const T*>(p.q) + h * p.q_stride_head + bases.token_offset * p.q_stride_token;
-  const T* k_base = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + bases.token_offset * p.k_stride_token;
-  const T* v_base = static_cast<const T*>(p.v) + kv_head * p.v_stride_head + bases.token_offset * p.v_stride_token;
+  // K and V rows of the sequence: one offset in tokens (the two bases are rebuilt from it at each
+  // copy; two 64-bit pointers live across the loop made it spill at d = 128).
+  const int64_t token0 = bases.token_offset;
+  auto k_base = [&]() { return static_cast<const T*>(p.k) + kv_head * p.k_stride_head + token0 * p.k_stride_token; };
+  auto v_base = [&]() { return static_cast<const T*>(p.v) + kv_head * p.v_stride_head + token0 * p.v_stride_token; };
 
   const int q_row0 = r * kBlock;  // first query of the block, relative to the sequence
   const int warp = threadIdx.x / 32;
@@ -292,12 +310,12 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
     return issue_col * kBlock + sub * kKeyTile;
   };
   auto copy_k = [&](int key0, int slot) {
-    copy_tile_async<T, kDim, kKeyTile, kThreads>(slot_address(slot), k_base + key0 * p.k_stride_token,
-                                                 p.k_stride_token, n - key0, k_base);
+    copy_tile_async<T, kDim, kKeyTile, kThreads>(slot_address(slot), k_base() + key0 * p.k_stride_token,
+                                                 p.k_stride_token, n - key0, k_base());
   };
   auto copy_v = [&](int key0, int slot) {
-    copy_tile_async<T, kDim, kKeyTile, kThreads>(slot_address(slot), v_base + key0 * p.v_stride_token,
-                                                 p.v_stride_token, n - key0, v_base);
+    copy_tile_async<T, kDim, kKeyTile, kThreads>(slot_address(slot), v_base() + key0 * p.v_stride_token,
+                                                 p.v_stride_token, n - key0, v_base());
   };
 
   // ---- prologue: the query block with K(0) (one group), then V(0), K(1), V(1) (every row has its
@@ -501,11 +519,14 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   // Output token of query row `query` (sequence-relative) is out_shift + query: the sequence's own
   // token by default, the listed out_token for a row-subset launch (re-read here rather than kept
   // live in a register across the main loop).
+  // The item is decoded again rather than kept in registers across the main loop: at d = 128 the
+  // loop needs all 255 (keeping the item, its sequence's token offset and head live made it spill).
+  const WorkItem done = decode_work_item(p);
   const int64_t out_shift = p.row_items == nullptr
-                                ? bases.token_offset
-                                : p.row_items[item / H].out_token - static_cast<int64_t>(q_row0);
-  T* out_base = static_cast<T*>(p.out) + h * p.o_stride_head;
-  float* lse_base = p.lse + h * p.lse_stride_head;
+                                ? p.plan.seqs[done.s].token_offset
+                                : p.row_items[done.listed].out_token - static_cast<int64_t>(done.r) * kBlock;
+  T* out_base = static_cast<T*>(p.out) + done.h * p.o_stride_head;
+  float* lse_base = p.lse + done.h * p.lse_stride_head;
 #pragma unroll
   for (int i = 0; i < R; ++i) {
 #pragma unroll
