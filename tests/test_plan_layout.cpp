@@ -39,4 +39,19 @@ TEST(PlanLayout, TriangleTilesDecodeAtLargeIndices) {
   }
 }
 
+// The correction of the square root's estimate: from estimates off by up to 3 rows either way
+// (the square root itself is exact at every boundary tested above, so this is where the
+// correction is exercised), every tile of the first 200 rows and of rows near 65000 finds its row.
+TEST(PlanLayout, TriangleRowCorrectsAnEstimateEitherWay) {
+  for (const int64_t first_row : {int64_t{0}, int64_t{65000}}) {
+    for (int64_t row = first_row; row < first_row + 200; ++row) {
+      const int64_t begin = crisp::layout::triangle_tiles(row);
+      for (const int64_t t : {begin, begin + row / 2, begin + row}) {
+        for (int64_t off = -3; off <= 3; ++off)
+          ASSERT_EQ(crisp::layout::triangle_row_from(t, row + off), row) << "tile " << t << ", estimate off by " << off;
+      }
+    }
+  }
+}
+
 }  // namespace

@@ -215,8 +215,10 @@ __device__ __forceinline__ void copy_tile_async(uint32_t smem_tile, const T* src
 }
 
 // ------------------------------------------------------------------ work items
-// The work item of this CTA: query head h, sequence s, query block r (r < 0: a shorter sequence
-// of a varlen batch, nothing to do); `listed` is the row item's index in a row-subset launch.
+// The work item of this CTA (the portable kernel runs one item per CTA; the Hopper kernel's
+// persistent CTAs decode their own): query head h, sequence s, query block r (r < 0: a shorter
+// sequence of a varlen batch, nothing to do); `listed` is the row item's index in a row-subset
+// launch. Depends only on the parameters and blockIdx, so it can be called again.
 struct WorkItem {
   int32_t h, s, r;
   int64_t listed;
@@ -519,11 +521,11 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   // Output token of query row `query` (sequence-relative) is out_shift + query: the sequence's own
   // token by default, the listed out_token for a row-subset launch (re-read here rather than kept
   // live in a register across the main loop).
-  // The item is decoded again rather than kept in registers across the main loop: at d = 128 the
-  // loop needs all 255 (keeping the item, its sequence's token offset and head live made it spill).
+  // The item (head, query block, listed row) is decoded again rather than kept in registers
+  // across the main loop: at d = 128 the loop needs all 255 (keeping them live made it spill).
   const WorkItem done = decode_work_item(p);
   const int64_t out_shift = p.row_items == nullptr
-                                ? p.plan.seqs[done.s].token_offset
+                                ? token0
                                 : p.row_items[done.listed].out_token - static_cast<int64_t>(done.r) * kBlock;
   T* out_base = static_cast<T*>(p.out) + done.h * p.o_stride_head;
   float* lse_base = p.lse + done.h * p.lse_stride_head;

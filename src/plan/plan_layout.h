@@ -44,10 +44,16 @@ CRISP_HD int64_t col_offset(const SequenceBases& b, int64_t h, int64_t num_heads
 // tile t = r (r + 1) / 2 + c. The CUDA planner launches one block per tile of the block-causal
 // triangle (the PE logits), and decodes its tile with triangle_tile.
 CRISP_HD int64_t triangle_tiles(int64_t tiles) { return tiles * (tiles + 1) / 2; }
-CRISP_HD void triangle_tile(int64_t t, int32_t& row, int32_t& col) {
-  int64_t r = static_cast<int64_t>((sqrt(8.0 * static_cast<double>(t) + 1.0) - 1.0) / 2.0);
-  while (r > 0 && triangle_tiles(r) > t) --r;  // the square root's rounding, either way
+// The row of tile t, from an estimate within a few rows of it (either side).
+CRISP_HD int64_t triangle_row_from(int64_t t, int64_t estimate) {
+  int64_t r = estimate < 0 ? 0 : estimate;
+  while (r > 0 && triangle_tiles(r) > t) --r;
   while (triangle_tiles(r + 1) <= t) ++r;
+  return r;
+}
+CRISP_HD void triangle_tile(int64_t t, int32_t& row, int32_t& col) {
+  // The square root gives the row up to its rounding; triangle_row_from corrects that.
+  const int64_t r = triangle_row_from(t, static_cast<int64_t>((sqrt(8.0 * static_cast<double>(t) + 1.0) - 1.0) / 2.0));
   row = static_cast<int32_t>(r);
   col = static_cast<int32_t>(t - triangle_tiles(r));
 }

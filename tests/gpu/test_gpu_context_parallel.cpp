@@ -142,6 +142,15 @@ TEST(GpuRowSubset, EveryRowListedInAnotherOrderEqualsTheFullLaunch) {
   expect_listed_rows_equal_the_full_launch(true);
 }
 
+// The same on the portable kernel at B = 128 (on sm_90 `auto` runs the Hopper kernel there): the
+// portable kernel's row-subset epilogue writes each listed row at its out_token.
+TEST(GpuRowSubset, PortableKernelListedRowsEqualTheFullLaunch) {
+  if (!crisp::cuda::available()) GTEST_SKIP() << "no CUDA device";
+  crisp_gpu_test::ScopedEnv kernel("CRISP_KERNEL", "portable");
+  expect_listed_rows_equal_the_full_launch(false);
+  expect_listed_rows_equal_the_full_launch(true);
+}
+
 #if defined(CRISP_WITH_NCCL)
 
 std::vector<uint16_t> to_half_bits(const std::vector<float>& x, crisp::DType dt) {

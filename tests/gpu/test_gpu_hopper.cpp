@@ -37,29 +37,7 @@ using crisp_gpu_test::random_plan;
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
-// Sets (value != nullptr) or unsets an environment variable for the lifetime of the object and
-// restores the previous value (CRISP_KERNEL, CRISP_HOPPER_SCHEDULE, CRISP_HOPPER_PINGPONG).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_old_ = old != nullptr;
-    if (had_old_) old_ = old;
-    if (value == nullptr) unsetenv(name);
-    else setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_old_) setenv(name_.c_str(), old_.c_str(), 1);
-    else unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_;
-  bool had_old_ = false;
-  std::string old_;
-};
+using crisp_gpu_test::ScopedEnv;
 
 // The Hopper kernel's schedule and ping-pong settings (nullptr = the library default).
 struct Variant {

@@ -155,9 +155,10 @@ std::vector<PlanCase> plan_cases() {
     cases.push_back({preset + "_n100_b128_short_s4", preset, {}, {100}, 4, 1, 64, 128, 4});
     cases.push_back({preset + "_varlen_b128_gqa4_s5", preset, {}, {1500, 4096, 77, 2900}, 8, 2, 128, 128, 5});
     cases.push_back({preset + "_n6000_b128_bf16_s6", preset, {}, {6000}, 8, 2, 128, 128, 6, true});
-    // bf16 runs the tensor-core proxy (one fused pass for the pooled rules, two for the
-    // token-level ones): its row tiles hold the GQA group's rows (64 / 128 / 512 / 2 x 512 here),
-    // both block sizes and head dims, and a varlen batch.
+    // bf16 runs the tensor-core proxy (crisp: one fused pass; flexprefill and minference: two, for
+    // their token-level rules; dense plans nothing, a check of the short path): its row tiles hold
+    // the GQA group's rows (64 / 128 / 512 / 2 x 512 here), both block sizes and head dims, and a
+    // varlen batch.
     cases.push_back({preset + "_n2500_b64_gqa1_d64_bf16_s15", preset, {}, {2500}, 4, 4, 64, 64, 15, true});
     cases.push_back({preset + "_n3333_b64_gqa8_bf16_s16", preset, {}, {3333}, 8, 1, 128, 64, 16, true});
     cases.push_back({preset + "_n3000_b128_gqa8_bf16_s17", preset, {}, {3000}, 8, 1, 128, 128, 17, true});
