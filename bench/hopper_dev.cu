@@ -199,7 +199,7 @@ att::Params make_params(const Problem& pr, const DevPlan& dp, const HostPlan& hp
   p.lse_stride_token = 1;
   p.num_q_heads = pr.H;
   p.q_per_kv = pr.H / pr.Hkv;
-  p.max_num_blocks = hp.max_blocks;
+  p.num_items = static_cast<int32_t>(pr.H * static_cast<int64_t>(hp.seqs.size()) * hp.max_blocks);
   p.scale = 1.f / std::sqrt((float)D);
   p.scale_log2 = p.scale * 1.4426950408889634f;
   p.plan = dp.view;

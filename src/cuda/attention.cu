@@ -127,13 +127,10 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   params.lse_stride_token = lse.stride[1];
   params.num_q_heads = static_cast<int32_t>(Hq);
   params.q_per_kv = static_cast<int32_t>(Hq / Hkv);
-  const int32_t max_blocks = view.max_num_blocks;
-  params.max_num_blocks = max_blocks;
   params.scale = static_cast<float>(plan.softmax_scale());
   params.scale_log2 = static_cast<float>(plan.softmax_scale() * 1.4426950408889634);  // log2(e)
   params.plan = view;
   params.row_items = items;
-  params.num_row_items = static_cast<int32_t>(num_items);
   const bool ordered = items == nullptr && view.work_order_ready;
   params.work_order = ordered ? view.work_order : nullptr;
   params.work_counter = nullptr;  // set by the Hopper launch when it runs persistent CTAs
@@ -142,7 +139,7 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   // real rows in the plan's work order, or every item code (heaviest causal rows first).
   const int64_t num_ctas = items != nullptr ? Hq * num_items
                            : ordered        ? view.num_work_items
-                                            : Hq * plan.num_sequences() * static_cast<int64_t>(max_blocks);
+                                            : Hq * plan.num_sequences() * static_cast<int64_t>(view.max_num_blocks);
   if (num_ctas > 0x7fffffffLL)
     throw Error("q", "needs " + std::to_string(num_ctas) + " work items", "fewer than 2^31");
   if (num_ctas == 0) return;
@@ -174,8 +171,8 @@ void attend_rows_async(const TensorView& q, const TensorView& k, const TensorVie
   if (num_items < 0) throw Error("num_items", "is " + std::to_string(num_items), "0 or more");
   if (num_items > 0 && device_items == nullptr)
     throw Error("device_items", "is null", "a device array of num_items row items");
-  // NOTE: the item index shares the 1-D grid with the heads (Hq * num_items < 2^31 is checked at
-  // the launch); num_row_items is int32 in the kernel parameters.
+  // The launch checks Hq * num_items < 2^31 (the work items); this bound keeps that product from
+  // overflowing first.
   if (num_items > 0x7fffffffLL) throw Error("num_items", "is " + std::to_string(num_items), "fewer than 2^31");
   if (num_items == 0) return;
   cuda::launch_attention(q, k, v, plan, out, lse, device_items, num_items, out.shape[1], stream);

@@ -73,20 +73,18 @@ struct Params {
   int64_t lse_stride_head, lse_stride_token;
   int32_t num_q_heads;
   int32_t q_per_kv;        // Hq / Hkv
-  int32_t max_num_blocks;  // max N over the sequences (grid extent per (sequence, head))
   float scale_log2;        // softmax scale * log2(e)
   float scale;             // softmax scale
   DevicePlanView plan;
-  // Optional row subset (context parallelism): when non-null the grid is num_q_heads x
-  // num_row_items CTAs and CTA work item w computes row_items[w] for every head, writing its
-  // rows to out/lse token row_items[w].out_token + i; when null, every query block of every
-  // sequence is computed and written at its own token (the default).
+  // Optional row subset (context parallelism): when non-null the work items are num_q_heads x
+  // (listed rows), and work item w computes row_items[w / num_q_heads] for head w % num_q_heads,
+  // writing its rows to out/lse token row_items[...].out_token + i; when null, every query block of
+  // every sequence is computed and written at its own token (the default).
   const RowItem* row_items;
-  int32_t num_row_items;
   // Optional work order (every-row launches only): when non-null, the j-th work item taken is
   // item work_order[j] (DevicePlanView::work_order: the real rows, heaviest first) instead of item j.
   const int32_t* work_order;
-  // Work items the launch walks: H * num_row_items (row subset), the work order's length (every
+  // Work items the launch walks: H x the listed rows (row subset), the work order's length (every
   // real row once), or H * S * max N item codes (no work order; codes of a shorter sequence past
   // its first block are empty). Fewer than 2^31 (checked by the host).
   int32_t num_items;
@@ -519,10 +517,9 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
 
   // ---- epilogue: full row sums, normalise, write O (input dtype) and LSE (natural log)
   // Output token of query row `query` (sequence-relative) is out_shift + query: the sequence's own
-  // token by default, the listed out_token for a row-subset launch (re-read here rather than kept
-  // live in a register across the main loop).
-  // The item (head, query block, listed row) is decoded again rather than kept in registers
-  // across the main loop: at d = 128 the loop needs all 255 (keeping them live made it spill).
+  // token by default, the listed out_token for a row-subset launch. The item (head, query block,
+  // listed row) is decoded again rather than kept in registers across the main loop: at d = 128
+  // the loop needs all 255 (keeping them live made it spill).
   const WorkItem done = decode_work_item(p);
   const int64_t out_shift = p.row_items == nullptr
                                 ? token0

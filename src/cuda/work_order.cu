@@ -1,6 +1,6 @@
 // src/cuda/work_order.cu — the attention work order (see work_order.h): one kernel enumerates the
-// real rows and gives each its sort key (its CSR row length, then its query block from the end), cub's radix sort
-// orders them by descending key.
+// real rows and gives each its sort key (its CSR row length, then its query block's distance from
+// the end), cub's radix sort orders them by descending key.
 #include "cuda/work_order.h"
 
 #include <cub/device/device_radix_sort.cuh>
