@@ -13,7 +13,8 @@
 # Knobs: HR_SEQ (131072,32768), HR_KERNELS (the four hopper-{persistent,grid}-{pp,nopp} variants),
 # HR_PRESETS (dense,crisp), HR_DENSITIES (0.1), HR_REPS (3), HR_TESTS (1: run the GPU tests first),
 # HR_GTEST_FILTER (*), HR_BENCH_TIMEOUT (240 s per bench), HR_EXTRA (more bench flags),
-# HR_DIM64_SEQ (lengths of an extra d = 64 bench, portable and hopper; empty skips it).
+# HR_DIM64_SEQ (lengths of an extra d = 64 bench, portable and hopper; empty skips it),
+# HR_BLOCK64_SEQ (lengths of an extra block-size-64 bench, portable and hopper; empty skips it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=.hopperrun
@@ -62,6 +63,18 @@ if [ -n "${HR_DIM64_SEQ:-}" ]; then
   echo "exit $?"
   tail -3 "$OUT/bench_d64.err"
   cat "$OUT/bench_d64.txt"
+fi
+
+# Optional: block size 64 (HR_BLOCK64_SEQ, e.g. 131072,32768; empty skips), the Hopper kernel
+# (one consumer warpgroup per CTA, two CTAs per SM) against the portable kernel.
+if [ -n "${HR_BLOCK64_SEQ:-}" ]; then
+  echo "== bench: block size 64"
+  timeout "${HR_BENCH_TIMEOUT:-240}" "$BIN/crisp" bench --seq "$HR_BLOCK64_SEQ" --block 64 --presets "${HR_PRESETS:-dense,crisp}" \
+    --densities "${HR_DENSITIES:-0.1}" --reps "$REPS" --warmup 1 --kernels portable,hopper \
+    --json "$OUT/bench_b64.json" >"$OUT/bench_b64.txt" 2>"$OUT/bench_b64.err"
+  echo "exit $?"
+  tail -3 "$OUT/bench_b64.err"
+  cat "$OUT/bench_b64.txt"
 fi
 
 # Optional: where the plan's time goes (HR_PLAN_PROFILE=1): Nsight Compute times every planner

@@ -1,5 +1,5 @@
 // tests/gpu/test_gpu_hopper.cpp — the Hopper (sm_90a, TMA + wgmma) attention kernel (head dim 64
-// and 128, block size 128), forced with CRISP_KERNEL=hopper, against the CPU float64 reference on
+// and 128, block size 128 and 64), forced with CRISP_KERNEL=hopper, against the CPU float64 reference on
 // the same plan and the same rounded inputs (the tolerances of test_gpu_attention.cpp: relative
 // Frobenius error of O <= 1e-2 per (sequence, head), |LSE - ref| <= 1e-3), with NaN-poisoned
 // outputs; the Hopper kernel against the portable kernel on the same inputs; and the CRISP_KERNEL
@@ -58,6 +58,7 @@ struct Case {
   Layout layout;
   double random_density;
   uint64_t seed;
+  int block_size = 128;
 };
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
 
@@ -78,12 +79,12 @@ Prepared prepare(const Case& c) {
   Prepared p;
   p.cu_seqlens = w.cu_seqlens;
   p.in = crisp_gpu_test::round_inputs(w, c.dtype);
-  const crisp::Plan dense = crisp::dense_plan(c.num_q_heads, c.num_kv_heads, d, w.cu_seqlens, 128);
+  const crisp::Plan dense = crisp::dense_plan(c.num_q_heads, c.num_kv_heads, d, w.cu_seqlens, c.block_size);
   if (c.layout == Layout::dense) {
     p.plan = dense;
   } else if (c.layout == Layout::crisp_plan) {
     crisp::Config cfg = crisp::Config::from_preset("crisp");
-    cfg.block_size = 128;
+    cfg.block_size = c.block_size;
     const int64_t T = p.in.tokens;
     p.plan = crisp::plan(crisp::TensorView::contiguous(p.in.q.data(), crisp::DType::f32, c.num_q_heads, T, d),
                          crisp::TensorView::contiguous(p.in.k.data(), crisp::DType::f32, c.num_kv_heads, T, d), cfg,
@@ -202,7 +203,7 @@ constexpr auto f16 = crisp::DType::f16;
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuHopper,
     ::testing::Values(
-        // name, dtype, d, Hq, Hkv, seq_lens, layout, random density, seed
+        // name, dtype, d, Hq, Hkv, seq_lens, layout, random density, seed[, block size: 128]
         Case{"bf16_d128_dense_gqa4_unaligned", bf16, 128, 8, 2, {1000}, Layout::dense, 0, 101},
         Case{"bf16_d128_dense_gqa1_aligned", bf16, 128, 4, 4, {2048}, Layout::dense, 0, 102},
         Case{"bf16_d128_crisp_gqa4", bf16, 128, 8, 2, {3000}, Layout::crisp_plan, 0, 103},
@@ -221,7 +222,17 @@ INSTANTIATE_TEST_SUITE_P(
         // More work items (16 heads x 47 blocks) than the H200 has SMs: the persistent CTAs take
         // most rows from the work counter.
         Case{"bf16_d128_crisp_many_items", bf16, 128, 16, 4, {6000}, Layout::crisp_plan, 0, 116},
-        Case{"fp16_d128_varlen_random20_many_items", f16, 128, 16, 2, {2500, 130, 3900}, Layout::random, 0.2, 117}),
+        Case{"fp16_d128_varlen_random20_many_items", f16, 128, 16, 2, {2500, 130, 3900}, Layout::random, 0.2, 117},
+        // Block size 64: one consumer warpgroup per CTA, two CTAs per SM.
+        Case{"bf16_d128_b64_dense_gqa4_unaligned", bf16, 128, 8, 2, {1000}, Layout::dense, 0, 118, 64},
+        Case{"fp16_d128_b64_crisp_gqa4", f16, 128, 8, 2, {3000}, Layout::crisp_plan, 0, 119, 64},
+        Case{"bf16_d128_b64_random10_gqa8", bf16, 128, 8, 1, {2100}, Layout::random, 0.1, 120, 64},
+        Case{"bf16_d128_b64_n_below_block", bf16, 128, 4, 1, {37}, Layout::dense, 0, 121, 64},
+        Case{"bf16_d128_b64_varlen_crisp", bf16, 128, 4, 2, {1500, 77, 2200}, Layout::crisp_plan, 0, 122, 64},
+        Case{"bf16_d64_b64_crisp_gqa4", bf16, 64, 8, 2, {2600}, Layout::crisp_plan, 0, 123, 64},
+        Case{"fp16_d64_b64_varlen_random20", f16, 64, 4, 1, {300, 1200, 65, 901}, Layout::random, 0.2, 124, 64},
+        // 16 heads x 94 blocks: more items than the 2 x 132 resident CTAs.
+        Case{"bf16_d128_b64_crisp_many_items", bf16, 128, 16, 4, {6000}, Layout::crisp_plan, 0, 125, 64}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // The environment choices are parsed on the host and need no device, so this test runs everywhere
@@ -266,11 +277,18 @@ TEST(GpuHopperDispatch, EnvironmentChoicesParseWithoutADevice) {
   expect_error("CRISP_KERNEL", "fastest", "auto, portable or hopper", [] { hop::kernel_choice(); });
   expect_error("CRISP_HOPPER_SCHEDULE", "static", "persistent or grid", [] { hop::schedule_choice(); });
   expect_error("CRISP_HOPPER_PINGPONG", "yes", "1 or 0", [] { hop::ping_pong_choice(); });
+  // The shapes the kernel is compiled for: the CUDA backend's (bf16/f16, d 64/128, B 64/128).
+  for (const auto dtype : {bf16, f16})
+    for (const int64_t d : {64, 128})
+      for (const int block : {64, 128}) EXPECT_TRUE(hop::shape_supported(dtype, d, block));
+  EXPECT_FALSE(hop::shape_supported(crisp::DType::f32, 128, 128));
+  EXPECT_FALSE(hop::shape_supported(bf16, 96, 128));
+  EXPECT_FALSE(hop::shape_supported(bf16, 128, 32));
 }
 
-// CRISP_KERNEL: an unknown value and a forced Hopper kernel on a shape it does not cover (block
-// size 64) are errors naming CRISP_KERNEL; "portable" and "auto" run that shape on the portable
-// kernel. Unknown CRISP_HOPPER_SCHEDULE / CRISP_HOPPER_PINGPONG values are errors naming them.
+// CRISP_KERNEL: an unknown value is an error naming CRISP_KERNEL; "hopper", "portable" and "auto"
+// all run block size 64 (the Hopper kernel covers every shape the CUDA backend takes).
+// Unknown CRISP_HOPPER_SCHEDULE / CRISP_HOPPER_PINGPONG values are errors naming them.
 TEST(GpuHopperDispatch, KernelChoiceErrorsNameTheVariable) {
   SKIP_WITHOUT_HOPPER();
   const int64_t H = 2, T = 256, d = 128;
@@ -295,7 +313,10 @@ TEST(GpuHopperDispatch, KernelChoiceErrorsNameTheVariable) {
     }
   };
   expect_error("fastest");
-  expect_error("hopper");
+  {
+    ScopedEnv choice("CRISP_KERNEL", "hopper");
+    EXPECT_NO_THROW(call());
+  }
   {
     ScopedEnv hopper("CRISP_KERNEL", "auto");
     for (const auto& [name, value] : {std::pair<const char*, const char*>{"CRISP_HOPPER_SCHEDULE", "fastest"},

@@ -59,7 +59,7 @@ bool ping_pong_choice() {
 
 bool shape_supported(DType dtype, int64_t head_dim, int block_size) {
   return (dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 64 || head_dim == 128) &&
-         block_size == kTileRows;
+         (block_size == 64 || block_size == 128);
 }
 
 namespace {
@@ -68,7 +68,7 @@ namespace {
 // runtime call of a launch's host path besides the launch itself).
 struct DeviceTraits {
   bool hopper_kernel = false;  // sm_90 with sm_90a code for this kernel in the binary
-  int multiprocessors = 0;     // persistent CTAs: one per SM
+  int multiprocessors = 0;     // persistent CTAs: as many per SM as fit (TileShape::kCtasPerSm)
   bool memory_pools = false;   // cudaMallocAsync for the persistent work counter
 };
 
@@ -86,7 +86,7 @@ DeviceTraits look_up_traits(int device) {
   // The binary the runtime picked for this device must be sm_90a machine code compiled from
   // sm_90a PTX: a build without 90a has only the sm_80 stub (or PTX of it, JIT-compiled).
   cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, hopper_attention_kernel<__nv_bfloat16, 128, kDefaultPingPong>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attributes, hopper_attention_kernel<__nv_bfloat16, 128, 128, kDefaultPingPong>) != cudaSuccess) {
     (void)cudaGetLastError();
     return t;
   }
@@ -144,45 +144,84 @@ class WorkCounter {
   int32_t* counter_ = nullptr;
 };
 
-template <typename T, int kDim, bool kPingPong>
+// Sets the kernel's shared-memory size and returns how many of its CTAs fit on one SM (the
+// persistent launch's CTAs per SM: TileShape::kCtasPerSm unless the device holds fewer).
+template <typename T, int kDim, int kBlock, bool kPingPong>
+int prepare_kernel() {
+  using Shape = TileShape<kDim, kBlock>;
+  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong>;
+  CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
+  int resident = 0;
+  CRISP_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Shape::kThreads, Shape::kSmemBytes));
+  return resident < 1 ? 1 : resident;
+}
+
+template <typename T, int kDim, int kBlock, bool kPingPong>
 void launch_kernel(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
                    const attention::Params& params, int64_t grid, cudaStream_t stream) {
-  constexpr int kSmemBytes = smem_bytes<kDim, kDefaultStages>();
-  auto kernel = hopper_attention_kernel<T, kDim, kPingPong>;
-  CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  kernel<<<static_cast<unsigned>(grid), kThreads, kSmemBytes, stream>>>(map_q, map_k, map_v, params);
+  using Shape = TileShape<kDim, kBlock>;
+  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong>;
+  kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kSmemBytes, stream>>>(map_q, map_k, map_v, params);
   CRISP_CUDA_CHECK_LAUNCH("hopper_attention_kernel");
 }
 
-template <typename T, int kDim>
-void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_heads, int64_t num_ctas,
-            DType dtype, cudaStream_t stream) {
-  const CUtensorMap map_q = make_tensor_map(params.q, dtype, kDim, params.num_q_heads, tokens, params.q_stride_head,
-                                            params.q_stride_token);
-  const CUtensorMap map_k =
-      make_tensor_map(params.k, dtype, kDim, num_kv_heads, tokens, params.k_stride_head, params.k_stride_token);
-  const CUtensorMap map_v =
-      make_tensor_map(params.v, dtype, kDim, num_kv_heads, tokens, params.v_stride_head, params.v_stride_token);
-  const Schedule schedule = schedule_choice();
-  const bool ping_pong = ping_pong_choice();
+// Launches one instantiation: persistent CTAs (as many as fit on the SMs) taking items from a
+// work counter, or one CTA per item.
+template <typename T, int kDim, int kBlock, bool kPingPong>
+void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
+                      const attention::Params& params, int64_t num_ctas, cudaStream_t stream) {
+  const int ctas_per_sm = prepare_kernel<T, kDim, kBlock, kPingPong>();
   attention::Params run = params;
   run.work_counter = nullptr;
   int64_t grid = num_ctas;
-  // Persistent CTAs: one per SM (the kernel's shared memory allows one per SM); the counter hands
-  // out the items past the first wave. Fewer items than SMs need no counter.
+  // The counter hands out the items past the first wave; fewer items than resident CTAs need no
+  // counter.
   const DeviceTraits device = current_device_traits();
-  const int64_t sms = device.multiprocessors;
-  const bool persistent = schedule == Schedule::persistent && num_ctas > sms && device.memory_pools;
+  const int64_t resident = static_cast<int64_t>(device.multiprocessors) * ctas_per_sm;
+  const bool persistent = schedule_choice() == Schedule::persistent && num_ctas > resident && device.memory_pools;
   // Stream-ordered allocation (pooled, capturable in a CUDA graph as a memory node): every launch
   // has its own counter, so launches on different streams sharing one plan never share one.
   std::unique_ptr<WorkCounter> counter;
   if (persistent) {
-    grid = sms;
+    grid = resident;
     counter = std::make_unique<WorkCounter>(stream);
     run.work_counter = counter->get();
   }
-  if (ping_pong) launch_kernel<T, kDim, true>(map_q, map_k, map_v, run, grid, stream);
-  else launch_kernel<T, kDim, false>(map_q, map_k, map_v, run, grid, stream);
+  launch_kernel<T, kDim, kBlock, kPingPong>(map_q, map_k, map_v, run, grid, stream);
+}
+
+template <typename T, int kDim, int kBlock>
+void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_heads, int64_t num_ctas,
+            DType dtype, cudaStream_t stream) {
+  const CUtensorMap map_q = make_tensor_map(params.q, dtype, kDim, params.num_q_heads, tokens, params.q_stride_head,
+                                            params.q_stride_token, kBlock);
+  const CUtensorMap map_k = make_tensor_map(params.k, dtype, kDim, num_kv_heads, tokens, params.k_stride_head,
+                                            params.k_stride_token, kBlock);
+  const CUtensorMap map_v = make_tensor_map(params.v, dtype, kDim, num_kv_heads, tokens, params.v_stride_head,
+                                            params.v_stride_token, kBlock);
+  // Ping-pong needs two consumer warpgroups in a CTA (B = 128); at B = 64 CRISP_HOPPER_PINGPONG is
+  // still validated but has nothing to switch.
+  const bool ping_pong = ping_pong_choice();
+  if constexpr (kBlock == 128) {
+    if (ping_pong) {
+      launch_scheduled<T, kDim, kBlock, true>(map_q, map_k, map_v, params, num_ctas, stream);
+      return;
+    }
+  }
+  launch_scheduled<T, kDim, kBlock, false>(map_q, map_k, map_v, params, num_ctas, stream);
+}
+
+template <typename T>
+void launch_for_shape(const attention::Params& params, int64_t head_dim, int block_size, int64_t tokens,
+                      int64_t num_kv_heads, int64_t num_ctas, DType dtype, cudaStream_t stream) {
+  if (head_dim == 128) {
+    if (block_size == 128) launch<T, 128, 128>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+    else launch<T, 128, 64>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+  } else {
+    if (block_size == 128) launch<T, 64, 128>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+    else launch<T, 64, 64>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+  }
 }
 
 }  // namespace
@@ -190,14 +229,14 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
 bool kernel_available() { return current_device_traits().hopper_kernel; }
 
 CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t head_dim, int64_t heads, int64_t tokens,
-                            int64_t stride_head, int64_t stride_token) {
+                            int64_t stride_head, int64_t stride_token, int box_tokens) {
   CUtensorMap map;
   std::memset(&map, 0, sizeof map);
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(tokens),
                               static_cast<cuuint64_t>(heads)};
   // Byte strides of dimensions 1 and 2 (multiples of 16: checked by the caller, as for cp.async).
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride_token) * 2, static_cast<cuuint64_t>(stride_head) * 2};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kHalfCols), static_cast<cuuint32_t>(kTileRows), 1};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kHalfCols), static_cast<cuuint32_t>(box_tokens), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult result = encode_function()(
       &map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
@@ -224,16 +263,13 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
                                  std::string(dtype == DType::bf16 ? "bf16" : dtype == DType::f16 ? "f16" : "other") +
                                  ", head dim " +
                                  std::to_string(head_dim) + ", block size " + std::to_string(block_size),
-                "bf16/f16, head dim 64 or 128, block size 128 on an sm_90 device (or CRISP_KERNEL=auto)");
+                "bf16/f16, head dim 64 or 128, block size 64 or 128 on an sm_90 device (or CRISP_KERNEL=auto)");
   }
   if (num_ctas == 0) return true;
-  if (dtype == DType::bf16) {
-    if (head_dim == 128) launch<__nv_bfloat16, 128>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
-    else launch<__nv_bfloat16, 64>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
-  } else {
-    if (head_dim == 128) launch<__half, 128>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
-    else launch<__half, 64>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
-  }
+  if (dtype == DType::bf16)
+    launch_for_shape<__nv_bfloat16>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, dtype, stream);
+  else
+    launch_for_shape<__half>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, dtype, stream);
   return true;
 }
 

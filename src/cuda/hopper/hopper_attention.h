@@ -3,17 +3,19 @@
 //
 // Kernel choice (environment variable CRISP_KERNEL, read at every attention launch):
 //   auto (default, or unset): the Hopper kernel when the device is sm_90, the library carries its
-//        sm_90a code, and the call is bf16/fp16 with head dim 64 or 128 and block size 128;
+//        sm_90a code, and the call is bf16/fp16 with head dim 64 or 128 and block size 64 or 128;
 //        otherwise the portable kernel;
 //   portable: always the portable (sm_80-class) kernel;
 //   hopper:   the Hopper kernel, and a crisp::Error naming CRISP_KERNEL when it cannot run this call.
 //
 // Tuning (environment variables, read at every launch of the Hopper kernel; for measurements —
 // the defaults are the measured best on the H200, bench/RESULTS.md):
-//   CRISP_HOPPER_SCHEDULE = persistent | grid: persistent CTAs (one per SM) taking work items
-//        from a device counter, heaviest rows first, or one CTA per work item in that order;
+//   CRISP_HOPPER_SCHEDULE = persistent | grid: persistent CTAs (as many as fit on the SMs: one
+//        per SM at block size 128, two at 64) taking work items from a device counter, heaviest
+//        rows first, or one CTA per work item in that order;
 //   CRISP_HOPPER_PINGPONG = 1 | 0: the two consumer warpgroups take turns on the tensor cores
-//        (named barriers), or run unsynchronised.
+//        (named barriers), or run unsynchronised. Block size 128 only (at 64 a CTA has one
+//        consumer warpgroup; the value is still checked).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -64,10 +66,10 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
                         int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, cudaStream_t stream);
 
 // A 3-D TMA map (dims, tokens, heads) over a [heads, tokens, head_dim] bf16/fp16 tensor with the
-// given element strides, boxes of 64 dims x 128 tokens x 1 head, 128-byte swizzle, zero fill out of
-// bounds.
+// given element strides, boxes of 64 dims x box_tokens tokens x 1 head, 128-byte swizzle, zero fill
+// out of bounds.
 CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t head_dim, int64_t heads, int64_t tokens,
-                            int64_t stride_head, int64_t stride_token);
+                            int64_t stride_head, int64_t stride_token, int box_tokens);
 
 }  // namespace hopper
 }  // namespace cuda_detail

@@ -1,28 +1,28 @@
 // src/cuda/hopper/hopper_attention_kernel.cuh — the block-sparse causal attention kernel for Hopper
 // (sm_90a): TMA loads completed on mbarriers, wgmma tensor-core matmuls, warp specialisation.
 // Same work, same math and same outputs as the portable kernel (src/cuda/attention_kernel.cuh):
-// a work item is one query block r (B = 128 rows) of one query head of one sequence, computed by
-// walking the key blocks listed in the CSR row r of its (sequence, head) plan in ascending order;
+// a work item is one query block r (B = 128 or 64 rows) of one query head of one sequence, computed
+// by walking the key blocks listed in the CSR row r of its (sequence, head) plan in ascending order;
 // a CTA computes one item or, persistent, several in turn (Scheduling, below).
 //
-// Roles (384 threads, three warpgroups):
-//  - warpgroup 0, the producer: one thread loads the query block once and then, for each listed
-//    key block, the K and the V tile (128 keys x d dims each) into a 3-stage shared-memory ring
+// Roles (B = 128: 384 threads, three warpgroups; B = 64: 160 threads, a warpgroup and a warp):
+//  - the producer (warpgroup 0 at B = 128, warp 4 at B = 64): one thread loads the query block
+//    once and then, for each listed key block, the K and the V tile (B keys x d dims each) into a 2- or 3-stage shared-memory ring
 //    with TMA (cp.async.bulk.tensor, 128-byte swizzle), completing on "full" mbarriers; it waits
 //    on the ring slot's "empty" mbarrier before reusing it. The walk over the CSR column list is the
 //    only place the sparsity appears: every load is a whole tile at a gathered block address.
-//    It keeps 32 registers (setmaxnreg) and gives the rest to the consumers.
-//  - warpgroups 1 and 2, the consumers: each owns 64 query rows of the block (wgmma's M = 64) and
-//    runs S = Q K^T (wgmma, Q and K from shared memory), the online softmax in registers (base 2,
-//    scale folded into one FFMA), P converted to bf16/fp16 in registers and O += P V (wgmma, P from
-//    registers, V from shared memory). 232 registers each.
-// NOTE (why 2 x 64 rows): with B = 128 a plan row is 128 queries, so two consumer warpgroups
-// share one K/V tile stream (each tile is loaded once for 128 rows, the FA3 forward shape
-// 128 x 128). Inside each consumer the next tile's S = QK^T is issued before the current tile's
-// PV, and the softmax of the next tile runs while PV is on the tensor cores (intra-warpgroup
-// overlap). With kPingPong the two consumers also take turns issuing their matmuls (named
+//    At B = 128 it keeps 32 registers (setmaxnreg) and gives the rest to the consumers.
+//  - the consumer warpgroups (1 and 2 at B = 128, 0 at B = 64): each owns 64 query rows of
+//    the block (wgmma's M = 64) and runs S = Q K^T (wgmma, Q and K from shared memory), the online
+//    softmax in registers (base 2, scale folded into one FFMA), P converted to bf16/fp16 in
+//    registers and O += P V (wgmma, P from registers, V from shared memory). 232 (B = 128) or 200
+//    (B = 64) registers each (TileShape).
+// Inside each consumer the next tile's S = QK^T is issued before the current tile's PV, and the
+// softmax of the next tile runs while PV is on the tensor cores (intra-warpgroup overlap). With
+// kPingPong (B = 128 only) the two consumers also take turns issuing their matmuls (named
 // barriers), so one's softmax runs while the other's matmuls use the tensor cores; without it they
-// run unsynchronised. The host picks one (CRISP_HOPPER_PINGPONG, hopper_attention.h).
+// run unsynchronised. The host picks one (CRISP_HOPPER_PINGPONG, hopper_attention.h). At B = 64
+// two CTAs share an SM and their consumers interleave on the tensor cores without any barrier.
 //
 // Masking: only a tile with keys past a row's query (the diagonal block) or past the end of the
 // sequence (partial last block) is masked; every other listed block is entirely allowed.
@@ -35,10 +35,11 @@
 // Scheduling: the producer takes work items (query block, head, sequence) from the plan's work
 // order, heaviest rows first (src/cuda/work_order.h), and hands each to the consumers through a
 // shared-memory slot published with the query block's barrier. Either one CTA per work item (the
-// hardware starts CTAs in list order), or persistent CTAs (one per SM) that take the next item
-// from a device counter as soon as their producer has issued the loads of the current one: the
-// next query block and its first K/V tiles then load while the consumers finish the current row
-// and write its output. The host picks one (CRISP_HOPPER_SCHEDULE, hopper_attention.h).
+// hardware starts CTAs in list order), or persistent CTAs (as many as fit on the SMs: one per SM
+// at B = 128, two at B = 64) that take the next item from a device counter as soon as their
+// producer has issued the loads of the current one: the next query block and its first K/V tiles
+// then load while the consumers finish the current row and write its output. The host picks one
+// (CRISP_HOPPER_SCHEDULE, hopper_attention.h).
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; nothing is linked from the driver library)
 #include <cuda_bf16.h>
@@ -54,57 +55,82 @@ namespace crisp {
 namespace cuda_detail {
 namespace hopper {
 
-// NOTE: tiles are the plan's 128-token blocks (query and key); head dim 64 or 128. Other shapes
-// use the portable kernel.
-constexpr int kTileRows = 128;
 // NOTE: 64 columns (128 bytes) per TMA box: the 128-byte swizzle mode takes boxes of at most 128
-// bytes in the inner dimension, so a 128-dim tile is two 16 KB halves (dims 0-63, 64-127) and a
-// 64-dim tile one.
+// bytes in the inner dimension, so a 128-dim tile is two halves (dims 0-63, 64-127) and a 64-dim
+// tile one.
 constexpr int kHalfCols = 64;
-constexpr int kHalfBytes = kTileRows * kHalfCols * 2;
-template <int kDim>
-constexpr int tile_bytes() { return kDim / kHalfCols * kHalfBytes; }  // 32 KB at d = 128
-// NOTE: ring stages of K and V (each stage 64 KB at d = 128) plus the query block (32 KB): 2 stages
-// = 160 KB, 3 stages = 224 KB (the most a CTA may take on Hopper is 227 KB); at d = 64 half of
-// that. One CTA per SM either way (the 384 threads need 168 registers each at launch).
-// Three stages let the producer run two tiles ahead, which matters when gathered sparse blocks
-// come from HBM; on the H200 the two measured within run-to-run noise of each other (dense 32k
-// 648 vs 595, 128k 591 vs 594, random 10% at 128k 500 vs 493 TFLOP/s; bench/RESULTS.md).
-constexpr int kDefaultStages = 3;
-constexpr int kConsumers = 2;  // consumer warpgroups, 64 query rows each
-constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr int kQOffset = 0;
-template <int kDim>
-constexpr int k_offset() { return tile_bytes<kDim>(); }
-template <int kDim, int kStages>
-constexpr int v_offset() { return k_offset<kDim>() + kStages * tile_bytes<kDim>(); }
-template <int kDim, int kStages>
-constexpr int barrier_offset() { return v_offset<kDim, kStages>() + kStages * tile_bytes<kDim>(); }
-// Barriers: q full, K full [kStages], V full [kStages], K empty [kStages], V empty [kStages], q empty.
-template <int kStages>
-constexpr int num_barriers() { return 2 + 4 * kStages; }
-// After the barriers: the work item the producer hands to the consumers (int32; the host launches
-// fewer than 2^31 items).
-template <int kDim, int kStages>
-constexpr int item_slot_offset() { return barrier_offset<kDim, kStages>() + 8 * num_barriers<kStages>(); }
-// + 1024 bytes so the base can be aligned to 1024 (the 128-byte swizzle pattern repeats every
-// 8 rows of 128 bytes and TMA and wgmma both derive it from the shared-memory address).
-template <int kDim, int kStages>
-constexpr int smem_bytes() { return item_slot_offset<kDim, kStages>() + 8 + 1024; }
-static_assert(smem_bytes<128, kDefaultStages>() <= 227 * 1024, "shared memory of one CTA on Hopper");
-// NOTE: register split of one 384-thread CTA: the launch gives every thread 168 registers
-// (65536 / 384, rounded down to a multiple of 8), and setmaxnreg only moves registers inside that
-// allocation: setmaxnreg.inc waits until other warpgroups of the CTA have released enough, so a
-// split above the launch total would wait forever. 32 for the producer warpgroup (its scheduling
-// loop spills at 24) and 232 for each consumer: 128 x 32 + 256 x 232 = 63488 <= 384 x 168 = 64512.
-constexpr int kProducerRegisters = 32;
-constexpr int kConsumerRegisters = 232;
-constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
-static_assert(128 * kProducerRegisters + kConsumers * 128 * kConsumerRegisters <= kThreads * kLaunchRegisters,
-              "setmaxnreg.inc would wait forever for registers the CTA was not launched with");
+// The most shared memory one SM holds on Hopper, and what the system reserves per CTA.
+constexpr int kSmemPerSm = 228 * 1024;
+constexpr int kSmemReservedPerCta = 1024;
+
+// Everything that follows from the tile shape: the plan's block size kBlock (query and key tiles
+// are blocks of the plan: 128 or 64 tokens) and the head dim kDim (64 or 128).
+// NOTE (kBlock = 128): two consumer warpgroups of 64 query rows share one K/V tile stream (each
+// tile is loaded once for 128 rows, the FA3 forward shape 128 x 128), plus a producer warpgroup:
+// one 384-thread CTA per SM, registers moved from the producer to the consumers with setmaxnreg.
+// NOTE (kBlock = 64): a plan row is 64 queries, one consumer warpgroup plus one producer warp:
+// two 160-thread CTAs share an SM, so two consumers still alternate on the tensor cores, each on
+// its own row and K/V stream (S is 64 x 64, wgmma m64n64k16). No setmaxnreg: the launch gives
+// every thread 200 registers. (With a whole producer warpgroup, 256 threads, two CTAs leave 128
+// registers per thread, and the d = 128 consumer spilled 56 bytes.)
+template <int kDim, int kBlock>
+struct TileShape {
+  static_assert(kDim == 64 || kDim == 128, "head dim 64 or 128");
+  static_assert(kBlock == 64 || kBlock == 128, "block size 64 or 128");
+  static constexpr int kConsumers = kBlock / 64;  // consumer warpgroups, 64 query rows each
+  static constexpr bool kSplitRegisters = kBlock == 128;  // setmaxnreg from a producer warpgroup
+  static constexpr int kProducerThreads = kSplitRegisters ? 128 : 32;
+  static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
+  static constexpr int kCtasPerSm = 128 / kBlock;
+  static constexpr int kHalfBytes = kBlock * kHalfCols * 2;       // one TMA box
+  static constexpr int kTileBytes = kDim / kHalfCols * kHalfBytes;  // 32 KB at d = 128, B = 128
+  // NOTE: ring stages of K and V: three where they fit beside the query tile in this CTA's share of
+  // the SM, else two (d = 128, B = 64: 3 stages would need 115.8 KB per CTA against the 113 KB
+  // each of two CTAs may take). Three let the producer run two tiles ahead, which matters when
+  // gathered sparse blocks come from HBM; at B = 128 on the H200 two and three measured within
+  // run-to-run noise (dense 32k 648 vs 595, 128k 591 vs 594, random 10% at 128k 500 vs 493 TFLOP/s;
+  // bench/RESULTS.md).
+  static constexpr int bytes_for(int stages) {
+    // query tile, K and V rings, barriers (q full, K/V full and empty per stage, q empty), the
+    // item slot, and 1024 bytes to align the base (the 128-byte swizzle pattern repeats every
+    // 8 rows of 128 bytes; TMA and wgmma both derive it from the shared-memory address).
+    return kTileBytes * (1 + 2 * stages) + 8 * (2 + 4 * stages) + 8 + 1024;
+  }
+  static constexpr int kBudget = kSmemPerSm / kCtasPerSm - kSmemReservedPerCta;
+  static constexpr int kStages = bytes_for(3) <= kBudget ? 3 : 2;
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kTileBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
+  static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
+  static constexpr int kNumBarriers = 2 + 4 * kStages;
+  // After the barriers: the work item the producer hands to the consumers (int32; the host launches
+  // fewer than 2^31 items).
+  static constexpr int kItemSlotOffset = kBarrierOffset + 8 * kNumBarriers;
+  static constexpr int kSmemBytes = kItemSlotOffset + 8 + 1024;
+  static_assert(kSmemBytes == bytes_for(kStages), "shared-memory layout");
+  static_assert(kSmemBytes <= kBudget && kSmemBytes <= 227 * 1024, "shared memory of one CTA on Hopper");
+  // NOTE: register split (B = 128): the launch gives every thread 65536 / 384 = 168 registers
+  // (rounded down to a multiple of 8), and setmaxnreg only moves registers inside that allocation:
+  // setmaxnreg.inc waits until other warpgroups of the CTA have released enough, so a split above
+  // the launch total would wait forever. 32 for the producer warpgroup (its scheduling loop spills
+  // at 24), the rest to the consumers: 128 x 32 + 2 x 128 x 232 = 63488 <= 64512.
+  static constexpr int kLaunchRegisters = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
+  static constexpr int kProducerRegisters = 32;
+  static constexpr int kConsumerRegisters =
+      kSplitRegisters ? (kThreads * kLaunchRegisters - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8
+                      : kLaunchRegisters;
+  static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= 200, "consumer registers (S, P and O in registers)");
+  static_assert(!kSplitRegisters || 128 * kProducerRegisters + kConsumers * 128 * kConsumerRegisters <=
+                                        kThreads * kLaunchRegisters,
+                "setmaxnreg.inc would wait forever for registers the CTA was not launched with");
+};
+static_assert(TileShape<128, 128>::kStages == 3 && TileShape<128, 128>::kConsumerRegisters == 232, "B = 128 shape");
+static_assert(TileShape<128, 64>::kStages == 2 && TileShape<64, 64>::kStages == 3 &&
+                  TileShape<128, 64>::kConsumerRegisters == 200,
+              "B = 64 shapes");
 // Named hardware barriers of the ping-pong schedule (barrier 0 is __syncthreads): consumer c waits
 // on kPingPongBarrier + c before issuing its matmuls, and the other consumer arrives on it after
-// issuing its own; each involves the 256 consumer threads.
+// issuing its own; each involves the 256 consumer threads. Only with two consumers (B = 128).
 constexpr int kPingPongBarrier = 1;
 
 #if defined(CRISP_HOPPER_DEVICE_CODE)
@@ -160,6 +186,9 @@ struct Ops<__nv_bfloat16> {
   static __device__ __forceinline__ void qk(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
     wgmma_m64n128k16_ss_bf16(d, a, b, scale_d);
   }
+  static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+    wgmma_m64n64k16_ss_bf16(d, a, b, scale_d);
+  }
   static __device__ __forceinline__ void pv(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
     wgmma_m64n128k16_rs_bf16(d, a, b);
   }
@@ -171,6 +200,9 @@ template <>
 struct Ops<__half> {
   static __device__ __forceinline__ void qk(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
     wgmma_m64n128k16_ss_f16(d, a, b, scale_d);
+  }
+  static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+    wgmma_m64n64k16_ss_f16(d, a, b, scale_d);
   }
   static __device__ __forceinline__ void pv(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
     wgmma_m64n128k16_rs_f16(d, a, b);
@@ -188,21 +220,25 @@ struct Ops<__half> {
 // kPingPong: the two consumer warpgroups take turns on the tensor cores (named barriers): one
 // issues its S = QK^T and PV while the other runs its softmax, as FlashAttention-3 schedules them.
 // Without it the two run unsynchronised (each still overlaps its own softmax with its PV).
-template <typename T, int kDim, bool kPingPong, int kStages = kDefaultStages>
-__global__ void __launch_bounds__(kThreads, 1)
+template <typename T, int kDim, int kBlock, bool kPingPong>
+__global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<kDim, kBlock>::kCtasPerSm)
     hopper_attention_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                             const __grid_constant__ CUtensorMap map_v, const attention::Params p) {
 #if defined(CRISP_HOPPER_DEVICE_CODE)
   using attention::Mma;  // pack() of two floats into bf16x2 / f16x2
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t q_smem = smem + kQOffset;
-  static_assert(kDim == 64 || kDim == 128, "head dim 64 or 128");
-  constexpr int kTileBytes = tile_bytes<kDim>();
+  using Shape = TileShape<kDim, kBlock>;
+  constexpr int kStages = Shape::kStages;
+  constexpr int kConsumers = Shape::kConsumers;
+  constexpr int kTileBytes = Shape::kTileBytes;
+  constexpr int kHalfBytes = Shape::kHalfBytes;
   constexpr int kHalves = kDim / kHalfCols;  // TMA boxes per tile
-  const uint32_t bar_q = smem + barrier_offset<kDim, kStages>();
-  auto k_smem = [&](int stage) { return smem + k_offset<kDim>() + stage * kTileBytes; };
-  auto v_smem = [&](int stage) { return smem + v_offset<kDim, kStages>() + stage * kTileBytes; };
+  static_assert(!kPingPong || kConsumers == 2, "ping-pong takes two consumer warpgroups");
+  const uint32_t q_smem = smem + Shape::kQOffset;
+  const uint32_t bar_q = smem + Shape::kBarrierOffset;
+  auto k_smem = [&](int stage) { return smem + Shape::kKOffset + stage * kTileBytes; };
+  auto v_smem = [&](int stage) { return smem + Shape::kVOffset + stage * kTileBytes; };
   auto bar_k_full = [&](int stage) { return bar_q + 8u * (1 + stage); };
   auto bar_v_full = [&](int stage) { return bar_q + 8u * (1 + kStages + stage); };
   auto bar_k_empty = [&](int stage) { return bar_q + 8u * (1 + 2 * kStages + stage); };
@@ -250,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The item the producer hands over: written before the query block's barrier completes, read by
   // the consumers after they waited on it (mbarrier arrive/wait order the accesses), -1 = no more.
   volatile int32_t* item_slot =
-      reinterpret_cast<volatile int32_t*>(smem_raw + (smem - smem_u32(smem_raw)) + item_slot_offset<kDim, kStages>());
+      reinterpret_cast<volatile int32_t*>(smem_raw + (smem - smem_u32(smem_raw)) + Shape::kItemSlotOffset);
 
   if (threadIdx.x == 0) {
     mbar_init(bar_q, 1);
@@ -269,11 +305,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Ring position: the producer and the consumers walk the same items in the same order, so the
   // running tile count t gives both the slot (t % kStages) and the barrier phase ((t / kStages) & 1).
-  const int warpgroup = threadIdx.x / 128;
-  if (warpgroup == 0) {
+  // B = 128: warpgroup 0 produces, warpgroups 1 and 2 consume; B = 64: warpgroup 0 consumes and
+  // warp 4 produces (wgmma takes a warpgroup of four warps starting at a multiple of four).
+  const int producer_thread0 = Shape::kSplitRegisters ? 0 : 128 * kConsumers;
+  if (threadIdx.x >= producer_thread0 && threadIdx.x < producer_thread0 + Shape::kProducerThreads) {
     // ================================================================ producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    if (threadIdx.x != 0) return;
+    if constexpr (Shape::kSplitRegisters)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Shape::kProducerRegisters));
+    if (threadIdx.x != producer_thread0) return;
     uint32_t tiles_done = 0, items_done = 0;
     const uint32_t item_count = static_cast<uint32_t>(num_items);
     bool first = true;
@@ -306,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int32_t* row_cols = row_of(it, bases, num_tiles);
       const int32_t token0 = static_cast<int32_t>(bases.token_offset);  // TMA coordinates are int32
       const int32_t kv_head = it.h / p.q_per_kv;
-      const int q_token = token0 + it.r * kTileRows;
+      const int q_token = token0 + it.r * kBlock;
       mbar_expect_tx(bar_q, kTileBytes);
 #pragma unroll
       for (int x = 0; x < kHalves; ++x) tma_load(q_smem + x * kHalfBytes, &map_q, x * kHalfCols, q_token, it.h, bar_q);
@@ -314,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t t = tiles_done + j;
         const int stage = t % kStages;
         const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
-        const int key_token = token0 + row_cols[j] * kTileRows;
+        const int key_token = token0 + row_cols[j] * kBlock;
         if (t >= kStages) mbar_wait(bar_k_empty(stage), reuse_parity);
         mbar_expect_tx(bar_k_full(stage), kTileBytes);
 #pragma unroll
@@ -333,8 +372,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ================================================================ consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
-  const int consumer = warpgroup - 1;
+  if constexpr (Shape::kSplitRegisters)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Shape::kConsumerRegisters));
+  const int consumer = Shape::kSplitRegisters ? threadIdx.x / 128 - 1 : 0;
   const int warp = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
   const int group = lane / 4;      // accumulator row within an 8-row half
@@ -356,8 +396,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   constexpr int kOutRegs = kDim / 2;  // O accumulators per thread (64 rows x kDim per warpgroup)
   float o_acc[kOutRegs];
-  float s_acc[64];
-  uint32_t p_frag[8][4];
+  constexpr int kScoreRegs = kBlock / 2;  // S accumulators per thread (64 rows x kBlock keys per warpgroup)
+  constexpr int kColumnGroups = kBlock / 8;  // 8-key column groups of S (4 accumulators each per thread)
+  float s_acc[kScoreRegs];
+  uint32_t p_frag[kBlock / 16][4];
   float row_max[2], row_sum[2];  // row_sum: this thread's columns only; the quad is summed at the end
 
   // S = Q K^T of ring tile t into s_acc (issued, not waited for).
@@ -379,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     const uint64_t vd = v_desc(stage);
 #pragma unroll
-    for (int kc = 0; kc < kTileRows / 16; ++kc) Ops<T>::pv(o_acc, p_frag[kc], vd + ((kc * 16 * 128) >> 4));
+    for (int kc = 0; kc < kBlock / 16; ++kc) Ops<T>::pv(o_acc, p_frag[kc], vd + ((kc * 16 * 128) >> 4));
     wgmma_commit();
   };
   auto release = [&](uint32_t bar) {
@@ -390,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 16 kc .. 16 kc + 15, i.e. accumulator column groups 2 kc and 2 kc + 1.
   auto convert_p = [&] {
 #pragma unroll
-    for (int kc = 0; kc < 8; ++kc) {
+    for (int kc = 0; kc < kBlock / 16; ++kc) {
       p_frag[kc][0] = Mma<T>::pack(s_acc[8 * kc + 0], s_acc[8 * kc + 1]);
       p_frag[kc][1] = Mma<T>::pack(s_acc[8 * kc + 2], s_acc[8 * kc + 3]);
       p_frag[kc][2] = Mma<T>::pack(s_acc[8 * kc + 4], s_acc[8 * kc + 5]);
@@ -423,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int32_t num_tiles;
     const int32_t* row_cols = row_of(it, bases, num_tiles);
     const int32_t n = static_cast<int32_t>(bases.n);
-    const int wg_row0 = it.r * kTileRows + consumer * 64;  // first query of this warpgroup (sequence-relative)
+    const int wg_row0 = it.r * kBlock + consumer * 64;  // first query of this warpgroup (sequence-relative)
     const int thread_row0 = wg_row0 + warp * 16 + group;     // rows thread_row0 and thread_row0 + 8
 
 #pragma unroll
@@ -434,10 +476,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Masks S of tile j (if it needs it) and turns it into exp2 values against the new row max;
     // returns through `correction` the factor for O and the row sums of earlier tiles.
     auto softmax = [&](int j, float (&correction)[2]) {
-      const int key0 = row_cols[j] * kTileRows;
-      if (key0 + kTileRows - 1 > wg_row0 || key0 + kTileRows > n) {
+      const int key0 = row_cols[j] * kBlock;
+      if (key0 + kBlock - 1 > wg_row0 || key0 + kBlock > n) {
 #pragma unroll
-        for (int i = 0; i < 64; ++i) {
+        for (int i = 0; i < kScoreRegs; ++i) {
           const int key = key0 + (i / 4) * 8 + quad_lane * 2 + (i & 1);
           const int query = thread_row0 + ((i & 2) ? 8 : 0);
           if (key > query || key >= n) s_acc[i] = -INFINITY;
@@ -447,7 +489,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int half = 0; half < 2; ++half) {
         float m = row_max[half];
 #pragma unroll
-        for (int g = 0; g < 16; ++g) m = fmaxf(m, fmaxf(s_acc[g * 4 + 2 * half], s_acc[g * 4 + 2 * half + 1]));
+        for (int g = 0; g < kColumnGroups; ++g) m = fmaxf(m, fmaxf(s_acc[g * 4 + 2 * half], s_acc[g * 4 + 2 * half + 1]));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         // From -inf (no allowed key yet) the correction is exp2(-inf) = 0; an unchanged max keeps 1.
@@ -457,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float neg_max_scaled = m == -INFINITY ? 0.f : -m * p.scale_log2;
         float sum = 0.f;
 #pragma unroll
-        for (int g = 0; g < 16; ++g) {
+        for (int g = 0; g < kColumnGroups; ++g) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = s_acc[g * 4 + 2 * half + e];
@@ -513,7 +555,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- epilogue: full row sums, normalise, write O (input dtype) and LSE (natural log)
     const int64_t out_shift = p.row_items == nullptr
                                   ? bases.token_offset
-                                  : p.row_items[code / H].out_token - static_cast<int64_t>(it.r) * kTileRows;
+                                  : p.row_items[code / H].out_token - static_cast<int64_t>(it.r) * kBlock;
     T* out_base = static_cast<T*>(p.out) + it.h * p.o_stride_head;
     float* lse_base = p.lse + it.h * p.lse_stride_head;
 #pragma unroll
