@@ -15,6 +15,9 @@
 // The Hopper kernel's scheduling variants are kernels of their own here: hopper-persistent-pp,
 // hopper-persistent-nopp, hopper-grid-pp, hopper-grid-nopp (CRISP_HOPPER_SCHEDULE x
 // CRISP_HOPPER_PINGPONG, see src/cuda/hopper/hopper_attention.h); "hopper" is the default variant.
+// hopper-gqa-pack packs each GQA group into the kernel's tiles (CRISP_HOPPER_GQA=pack): it computes
+// the union of the group's layouts, so its rows report the density, TFLOP/s and recall of
+// crisp::gqa_union(plan), what it computed.
 #include "commands.h"
 
 #if defined(CRISP_WITH_CUDA)
@@ -38,6 +41,7 @@
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
 #if defined(CRISP_WITH_CUDA)
+#include "cuda/hopper/gqa_pack.h"
 #include "cuda/hopper/hopper_attention.h"
 #endif
 #include "bench_context_parallel.h"
@@ -50,13 +54,16 @@ namespace {
 // The Hopper kernel's scheduling variants, each a --kernels name.
 struct HopperVariant {
   const char* name;
-  const char* schedule;   // CRISP_HOPPER_SCHEDULE
-  const char* ping_pong;  // CRISP_HOPPER_PINGPONG
+  const char* schedule;   // CRISP_HOPPER_SCHEDULE (nullptr: the caller's setting)
+  const char* ping_pong;  // CRISP_HOPPER_PINGPONG (nullptr: the caller's setting)
+  const char* gqa;        // CRISP_HOPPER_GQA (nullptr: the caller's setting)
 };
-constexpr HopperVariant kHopperVariants[] = {{"hopper-persistent-pp", "persistent", "1"},
-                                             {"hopper-persistent-nopp", "persistent", "0"},
-                                             {"hopper-grid-pp", "grid", "1"},
-                                             {"hopper-grid-nopp", "grid", "0"}};
+constexpr HopperVariant kHopperVariants[] = {{"hopper-persistent-pp", "persistent", "1", nullptr},
+                                             {"hopper-persistent-nopp", "persistent", "0", nullptr},
+                                             {"hopper-grid-pp", "grid", "1", nullptr},
+                                             {"hopper-grid-nopp", "grid", "0", nullptr},
+                                             {"hopper-gqa-pack", nullptr, nullptr, "pack"}};
+constexpr const char* kGqaPackKernel = "hopper-gqa-pack";
 
 const HopperVariant* hopper_variant(const std::string& kernel) {
   for (const HopperVariant& v : kHopperVariants)
@@ -162,7 +169,7 @@ void run_bench(const BenchArgs& a) {
     std::string value;
   };
   std::vector<SavedEnv> saved_env;
-  for (const char* name : {"CRISP_KERNEL", "CRISP_HOPPER_SCHEDULE", "CRISP_HOPPER_PINGPONG"}) {
+  for (const char* name : {"CRISP_KERNEL", "CRISP_HOPPER_SCHEDULE", "CRISP_HOPPER_PINGPONG", "CRISP_HOPPER_GQA"}) {
     const char* value = std::getenv(name);
     saved_env.push_back({name, value != nullptr, value != nullptr ? value : ""});
   }
@@ -180,11 +187,17 @@ void run_bench(const BenchArgs& a) {
       setenv("CRISP_KERNEL", kernel.c_str(), 1);
       restore_env("CRISP_HOPPER_SCHEDULE");
       restore_env("CRISP_HOPPER_PINGPONG");
+      restore_env("CRISP_HOPPER_GQA");
       return;
     }
     setenv("CRISP_KERNEL", "hopper", 1);
-    setenv("CRISP_HOPPER_SCHEDULE", variant->schedule, 1);
-    setenv("CRISP_HOPPER_PINGPONG", variant->ping_pong, 1);
+    const auto set_or_restore = [&](const char* name, const char* value) {
+      if (value != nullptr) setenv(name, value, 1);
+      else restore_env(name);
+    };
+    set_or_restore("CRISP_HOPPER_SCHEDULE", variant->schedule);
+    set_or_restore("CRISP_HOPPER_PINGPONG", variant->ping_pong);
+    set_or_restore("CRISP_HOPPER_GQA", variant->gqa);
   };
 
   nlohmann::json out;
@@ -245,7 +258,12 @@ void run_bench(const BenchArgs& a) {
 
     std::map<std::string, double> dense_ms_by_kernel;
     const auto report = [&](const std::string& layout_name, const std::string& kernel, double plan_ms, double attn_ms,
-                            const crisp::Plan& plan, bool with_recall) {
+                            const crisp::Plan& planned, bool with_recall) {
+      // What the kernel computed: the plan, or with GQA packing the union of each group's layouts.
+      const bool packed = kernel == kGqaPackKernel &&
+                          crisp::cuda_detail::hopper::gqa_pack_applies(a.block, H / Hkv, false, 1);
+      const crisp::Plan computed = packed ? crisp::gqa_union(planned) : crisp::Plan{};
+      const crisp::Plan& plan = packed ? computed : planned;
       const std::string layout = kernels.size() > 1 ? layout_name + "/" + kernel : layout_name;
       const bool have_dense = dense_ms_by_kernel.count(kernel) > 0;
       const double dense_attn_ms = have_dense ? dense_ms_by_kernel.at(kernel) : 0.0;
@@ -262,6 +280,8 @@ void run_bench(const BenchArgs& a) {
       r["plan_ms"] = plan_ms;
       r["attention_ms"] = attn_ms;
       r["density"] = plan.density();
+      r["planned_density"] = planned.density();
+      r["computed_layout"] = packed ? "gqa_union" : "plan";
       r["effective_tflops"] = tflops;
       r["vs_share"] = plan.vs_share();
       r["workload_ms"] = gen_ms;
@@ -372,7 +392,7 @@ void register_bench_command(CLI::App& app) {
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
   sub->add_option("--kernels", args->kernels,
                   "Attention kernels to time each layout with (comma separated: portable, hopper, auto, or a "
-                  "Hopper variant hopper-{persistent,grid}-{pp,nopp}; default portable plus hopper on sm_90)")
+                  "Hopper variant hopper-{persistent,grid}-{pp,nopp} or hopper-gqa-pack; default portable plus hopper on sm_90)")
       ->delimiter(',')
       ->check(CLI::IsMember(kernel_names()));
   sub->add_option("--gpus", args->gpus,

@@ -52,6 +52,13 @@ Plan prefill(const TensorView& q, const TensorView& k, const TensorView& v, cons
 Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                 const SeqLens& cu_seqlens, int block_size = 128, double softmax_scale = 0.0);
 
+// Spec §10: the plan a kernel runs when it packs each GQA group (the query heads sharing one kv
+// head) into one tile: every head's layout replaced by the union of its group's layouts (a
+// superset, so never less accurate). Its density() is the density such a kernel computes; route,
+// statistics and the VS choices of each head are kept. Throws crisp::Error("plan", ...) for a plan
+// whose kv heads do not divide its query heads.
+Plan gqa_union(const Plan& plan);
+
 // Comparison of a sparse run against the dense run of the same inputs (§9).
 struct HeadMetrics {
   double recall_mean = 1.0;   // mean over queries of exp(LSE_sparse - LSE_dense)

@@ -91,6 +91,14 @@ struct Params {
   // Hopper kernel's persistent scheduler only: a device counter, zero at launch, from which CTAs
   // take their next work item (after their first, blockIdx.x). Null: one work item per CTA.
   int32_t* work_counter;
+  // Hopper kernel with GQA packing only (src/cuda/hopper/gqa_pack.h; null otherwise): item head h
+  // of (sequence, query block r) is then packed tile h % packed_group of kv head h / packed_group
+  // (128 / packed_group queries x packed_group heads), whose key blocks are the group's union row r:
+  // packed_len[layout::block_array_offset(b, kv, Hkv) + r] entries at packed_col +
+  // layout::col_offset(b, kv, Hkv) + r (r + 1) / 2.
+  const int32_t* packed_col;
+  const int32_t* packed_len;
+  int32_t packed_group;
 };
 
 // ------------------------------------------------------------------ small device helpers

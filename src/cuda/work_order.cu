@@ -24,13 +24,32 @@ int bits_for(uint64_t max_value) {
   return bits;
 }
 
+// The cost of a row: its CSR row length in the plan.
+struct PlanRowCost {
+  DevicePlanView view;
+  __device__ uint64_t operator()(const layout::SequenceBases& b, int64_t h, int64_t r) const {
+    const int32_t* row_ptr = view.row_ptr + layout::row_ptr_offset(b, h, view.num_heads);
+    return static_cast<uint64_t>(row_ptr[r + 1] - row_ptr[r]);
+  }
+};
+// The cost of a packed-GQA item: the length of its group's union row (the key blocks it loads and
+// computes for all `group` heads of its tile).
+struct UnionRowCost {
+  const int32_t* union_len;
+  int32_t group, num_kv_heads;
+  __device__ uint64_t operator()(const layout::SequenceBases& b, int64_t h, int64_t r) const {
+    return static_cast<uint64_t>(union_len[layout::block_array_offset(b, h / group, num_kv_heads) + r]);
+  }
+};
+
 // Real row j of the batch: sequence s holds rows [H * block_base_s, H * (block_base_s + N_s)), its
 // row j' = j - H * block_base_s is head h = j' % H, query block r = N_s - 1 - j' / H. Its key is
 // (cost << from_end_bits) | (max N - 1 - from_end): sorted descending (a stable radix sort), the
 // heaviest rows come first, equal costs with the later query block first, and equal keys keep
 // the enumeration order (s, then h): together, ascending item code, the kernels' own order.
-__global__ void work_key_kernel(const DevicePlanView view, int64_t num_rows, int from_end_bits, uint64_t* keys,
-                                int32_t* codes) {
+template <class Cost>
+__global__ void work_key_kernel(const DevicePlanView view, const Cost cost_of, int64_t num_rows, int from_end_bits,
+                                uint64_t* keys, int32_t* codes) {
   const int64_t H = view.num_heads, S = view.num_sequences;
   const uint64_t last_from_end = static_cast<uint64_t>(view.max_num_blocks - 1);
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < num_rows;
@@ -47,8 +66,7 @@ __global__ void work_key_kernel(const DevicePlanView view, int64_t num_rows, int
     const int64_t local = j - b.block_base * H;
     const int64_t h = local % H, from_end = local / H;
     const int64_t r = b.num_blocks - 1 - from_end;
-    const int32_t* row_ptr = view.row_ptr + layout::row_ptr_offset(b, h, H);
-    const uint64_t cost = static_cast<uint64_t>(row_ptr[r + 1] - row_ptr[r]);
+    const uint64_t cost = cost_of(b, h, r);
     const int64_t code = h + H * (s + S * from_end);
     keys[j] = (cost << from_end_bits) | (last_from_end - static_cast<uint64_t>(from_end));
     codes[j] = static_cast<int32_t>(code);
@@ -74,12 +92,13 @@ std::size_t work_order_temp_bytes(int64_t num_rows) {
   return bytes;
 }
 
-void build_work_order(DevicePlanView& view, cudaStream_t stream) {
+namespace {
+
+// Keys of every real row by `cost_of`, then the descending sort into `order`.
+template <class Cost>
+void sort_rows(const DevicePlanView& view, const Cost& cost_of, const WorkOrderScratch& scratch, int32_t* order,
+               cudaStream_t stream) {
   const int64_t rows = view.num_work_items;
-  if (rows <= 0 || view.work_order == nullptr || view.sort_temp == nullptr) {
-    view.work_order_ready = false;
-    return;
-  }
   // A row lists at most N key blocks: the key has bits(max N - 1) + bits(max N) significant bits
   // (21 at 128k tokens and B = 128), so the sort is a few 8-bit passes.
   const int from_end_bits = bits_for(static_cast<uint64_t>(view.max_num_blocks - 1));
@@ -87,14 +106,32 @@ void build_work_order(DevicePlanView& view, cudaStream_t stream) {
   // NOTE: 256 threads x up to 1024 CTAs, grid-stride: the pass is a few hundred thousand rows at most.
   const int threads = 256;
   const int64_t ctas = std::min<int64_t>((rows + threads - 1) / threads, 1024);
-  work_key_kernel<<<static_cast<unsigned>(ctas), threads, 0, stream>>>(view, rows, from_end_bits, view.sort_keys_in,
-                                                                       view.sort_items_in);
+  work_key_kernel<<<static_cast<unsigned>(ctas), threads, 0, stream>>>(view, cost_of, rows, from_end_bits,
+                                                                       scratch.keys_in, scratch.items_in);
   CRISP_CUDA_CHECK_LAUNCH("work_key_kernel");
-  std::size_t temp_bytes = view.sort_temp_bytes;
-  CRISP_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(view.sort_temp, temp_bytes, view.sort_keys_in,
-                                                             view.sort_keys_out, view.sort_items_in, view.work_order,
-                                                             static_cast<int>(rows), 0, key_bits, stream));
+  std::size_t temp_bytes = scratch.temp_bytes;
+  CRISP_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(scratch.temp, temp_bytes, scratch.keys_in, scratch.keys_out,
+                                                             scratch.items_in, order, static_cast<int>(rows), 0,
+                                                             key_bits, stream));
+}
+
+}  // namespace
+
+void build_work_order(DevicePlanView& view, cudaStream_t stream) {
+  if (view.num_work_items <= 0 || view.work_order == nullptr || view.sort_temp == nullptr) {
+    view.work_order_ready = false;
+    return;
+  }
+  const WorkOrderScratch scratch{view.sort_keys_in, view.sort_keys_out, view.sort_items_in, view.sort_temp,
+                                 view.sort_temp_bytes};
+  sort_rows(view, PlanRowCost{view}, scratch, view.work_order, stream);
   view.work_order_ready = true;
+}
+
+void build_union_work_order(const DevicePlanView& view, const int32_t* union_len, int group,
+                            const WorkOrderScratch& scratch, int32_t* order, cudaStream_t stream) {
+  if (view.num_work_items <= 0) return;
+  sort_rows(view, UnionRowCost{union_len, group, view.num_heads / group}, scratch, order, stream);
 }
 
 }  // namespace cuda_detail

@@ -36,5 +36,20 @@ std::size_t work_order_temp_bytes(int64_t num_rows);
 // wrote the plan.
 void build_work_order(DevicePlanView& view, cudaStream_t stream);
 
+// Scratch of one sort of the view's num_work_items rows (sizes as DevicePlanView's sort_* buffers).
+struct WorkOrderScratch {
+  uint64_t* keys_in;
+  uint64_t* keys_out;
+  int32_t* items_in;
+  void* temp;
+  std::size_t temp_bytes;  // at least work_order_temp_bytes(num_work_items)
+};
+
+// The work order of a launch that packs GQA groups (src/cuda/hopper/gqa_pack.h): the same real rows
+// and item codes as build_work_order, each costed by its group's union row length
+// union_len[layout::block_array_offset(b, h / group, H / group) + r]; written to `order`.
+void build_union_work_order(const DevicePlanView& view, const int32_t* union_len, int group,
+                            const WorkOrderScratch& scratch, int32_t* order, cudaStream_t stream);
+
 }  // namespace cuda_detail
 }  // namespace crisp

@@ -22,6 +22,8 @@
 #include "crisp/cuda.h"
 #include "gpu/gpu_test_util.h"
 #include "crisp/workload.h"
+#include "cuda/device_plan_internal.h"
+#include "cuda/hopper/gqa_pack.h"
 #include "cuda/hopper/hopper_attention.h"
 
 namespace {
@@ -98,8 +100,9 @@ Prepared prepare(const Case& c) {
 // Runs attend_async with CRISP_KERNEL = `kernel` (and the Hopper variant) on NaN-poisoned
 // outputs; returns O bits and LSE.
 void run_device(const Prepared& p, const char* kernel, std::vector<uint16_t>& out_bits, std::vector<float>& lse,
-                Variant variant = kDefaultVariant) {
+                Variant variant = kDefaultVariant, const char* gqa = nullptr) {
   ScopedEnv choice("CRISP_KERNEL", kernel);
+  ScopedEnv packing("CRISP_HOPPER_GQA", gqa);
   ScopedEnv schedule("CRISP_HOPPER_SCHEDULE", variant.schedule);
   ScopedEnv ping_pong("CRISP_HOPPER_PINGPONG", variant.ping_pong);
   crisp_gpu_test::attend_poisoned(p.in, p.plan, out_bits, lse);
@@ -197,6 +200,85 @@ TEST_P(GpuHopper, EverySchedulingVariantWritesIdenticalOutputs) {
   }
 }
 
+// GQA packing (CRISP_HOPPER_GQA=pack): where it applies (block size 128, group size 2/4/8/16) the
+// kernel runs the union of each group's layouts, so it must match the float64 reference of
+// crisp::gqa_union(plan) with the same tolerances, every element written; where it does not
+// (group size 1, block size 64) the launch runs unpacked: bit-identical to CRISP_HOPPER_GQA=separate.
+TEST_P(GpuHopper, GqaPackingRunsTheUnionOfEachGroupsLayouts) {
+  SKIP_WITHOUT_HOPPER();
+  const Case& c = GetParam();
+  const int64_t d = c.head_dim, Hq = c.num_q_heads, group = c.num_q_heads / c.num_kv_heads;
+  Prepared p = prepare(c);
+  std::vector<uint16_t> packed_out;
+  std::vector<float> packed_lse;
+  run_device(p, "hopper", packed_out, packed_lse, kDefaultVariant, "pack");
+  if (HasFatalFailure()) return;
+  if (!crisp::cuda_detail::hopper::gqa_pack_applies(c.block_size, group, false, 1)) {
+    std::vector<uint16_t> out;
+    std::vector<float> lse;
+    run_device(p, "hopper", out, lse, kDefaultVariant, "separate");
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(packed_out, out);
+    EXPECT_EQ(packed_lse, lse);
+    return;
+  }
+  const crisp::Plan union_plan = crisp::gqa_union(p.plan);
+  std::vector<double> ref_out, ref_lse;
+  crisp_gpu_test::reference_f64(p.in, union_plan, ref_out, ref_lse);
+  const crisp_gpu_test::ReferenceErrors worst = crisp_gpu_test::expect_matches_reference(
+      p.cu_seqlens, Hq, p.in.tokens, d, c.dtype, packed_out, packed_lse, ref_out, ref_lse);
+  // One CTA per item gives the same bits as the persistent CTAs.
+  std::vector<uint16_t> grid_out;
+  std::vector<float> grid_lse;
+  run_device(p, "hopper", grid_out, grid_lse, Variant{"grid", "0"}, "pack");
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(grid_out, packed_out);
+  EXPECT_EQ(grid_lse, packed_lse);
+  std::printf("[ %s ] packed %lld heads per tile: density %.3f -> union %.3f, worst rel. error of O %.2e, worst "
+              "|LSE - ref| %.2e\n",
+              c.name.c_str(), static_cast<long long>(group), p.plan.density(), union_plan.density(), worst.worst_rel,
+              worst.worst_lse);
+}
+
+// The device-built union rows (one warp per row, a bitmap in shared memory) are exactly the rows of
+// crisp::gqa_union on the host, for every (sequence, kv head, query block).
+TEST_P(GpuHopper, DeviceUnionRowsEqualTheHostUnion) {
+  SKIP_WITHOUT_HOPPER();
+  const Case& c = GetParam();
+  const int64_t group = c.num_q_heads / c.num_kv_heads, Hkv = c.num_kv_heads;
+  if (!crisp::cuda_detail::hopper::gqa_pack_applies(c.block_size, group, false, 1))
+    GTEST_SKIP() << "packing does not apply to this shape";
+  const Prepared p = prepare(c);
+  crisp::cuda::DevicePlan dplan(p.plan);
+  int64_t causal = 0;
+  for (const auto& seq : p.plan.sequences) causal += static_cast<int64_t>(seq.num_blocks) * (seq.num_blocks + 1) / 2;
+  crisp::cuda_detail::hopper::PackedGqaLayout packed(crisp::cuda_detail::view_of(dplan), static_cast<int>(group),
+                                                     causal, nullptr);
+  std::vector<int32_t> col(packed.col_entries()), len(packed.len_entries());
+  CUDA_OK(cudaMemcpy(col.data(), packed.col(), col.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(len.data(), packed.len(), len.size() * 4, cudaMemcpyDeviceToHost));
+  const crisp::Plan union_plan = crisp::gqa_union(p.plan);
+  int64_t block_base = 0, col_base = 0;
+  for (std::size_t s = 0; s < union_plan.sequences.size(); ++s) {
+    const auto& seq = union_plan.sequences[s];
+    const int64_t N = seq.num_blocks;
+    for (int64_t kv = 0; kv < Hkv; ++kv) {
+      const crisp::HeadPlan& head = seq.heads[static_cast<std::size_t>(kv * group)];
+      for (int64_t r = 0; r < N; ++r) {
+        const int32_t n_host = head.row_ptr[r + 1] - head.row_ptr[r];
+        const int32_t n_dev = len[static_cast<std::size_t>(block_base * Hkv + kv * N + r)];
+        ASSERT_EQ(n_dev, n_host) << "sequence " << s << ", kv head " << kv << ", row " << r;
+        const int32_t* dev_row = col.data() + col_base * Hkv + kv * N * (N + 1) / 2 + r * (r + 1) / 2;
+        const std::vector<int32_t> host_row(head.col.begin() + head.row_ptr[r], head.col.begin() + head.row_ptr[r + 1]);
+        ASSERT_EQ(std::vector<int32_t>(dev_row, dev_row + n_dev), host_row)
+            << "sequence " << s << ", kv head " << kv << ", row " << r;
+      }
+    }
+    block_base += N;
+    col_base += N * (N + 1) / 2;
+  }
+}
+
 constexpr auto bf16 = crisp::DType::bf16;
 constexpr auto f16 = crisp::DType::f16;
 
@@ -223,6 +305,8 @@ INSTANTIATE_TEST_SUITE_P(
         // most rows from the work counter.
         Case{"bf16_d128_crisp_many_items", bf16, 128, 16, 4, {6000}, Layout::crisp_plan, 0, 116},
         Case{"fp16_d128_varlen_random20_many_items", f16, 128, 16, 2, {2500, 130, 3900}, Layout::random, 0.2, 117},
+        // 16 query heads on one kv head: packed, 8 queries of each head per tile.
+        Case{"bf16_d128_crisp_gqa16", bf16, 128, 16, 1, {2000}, Layout::crisp_plan, 0, 126},
         // Block size 64: one consumer warpgroup per CTA, two CTAs per SM.
         Case{"bf16_d128_b64_dense_gqa4_unaligned", bf16, 128, 8, 2, {1000}, Layout::dense, 0, 118, 64},
         Case{"fp16_d128_b64_crisp_gqa4", f16, 128, 8, 2, {3000}, Layout::crisp_plan, 0, 119, 64},
@@ -244,6 +328,8 @@ TEST(GpuHopperDispatch, EnvironmentChoicesParseWithoutADevice) {
     ScopedEnv unset_kernel("CRISP_KERNEL", nullptr);
     ScopedEnv unset_schedule("CRISP_HOPPER_SCHEDULE", nullptr);
     ScopedEnv empty_ping_pong("CRISP_HOPPER_PINGPONG", "");
+    ScopedEnv unset_gqa("CRISP_HOPPER_GQA", nullptr);
+    EXPECT_EQ(hop::gqa_pack_choice(), hop::kDefaultGqaPack);
     EXPECT_EQ(hop::kernel_choice(), hop::KernelChoice::automatic);
     EXPECT_EQ(hop::schedule_choice(), hop::kDefaultSchedule);
     EXPECT_EQ(hop::ping_pong_choice(), hop::kDefaultPingPong);
@@ -252,6 +338,8 @@ TEST(GpuHopperDispatch, EnvironmentChoicesParseWithoutADevice) {
     ScopedEnv kernel("CRISP_KERNEL", "portable");
     ScopedEnv schedule("CRISP_HOPPER_SCHEDULE", "grid");
     ScopedEnv ping_pong("CRISP_HOPPER_PINGPONG", "1");
+    ScopedEnv gqa("CRISP_HOPPER_GQA", "pack");
+    EXPECT_TRUE(hop::gqa_pack_choice());
     EXPECT_EQ(hop::kernel_choice(), hop::KernelChoice::portable);
     EXPECT_EQ(hop::schedule_choice(), hop::Schedule::grid);
     EXPECT_TRUE(hop::ping_pong_choice());
@@ -277,6 +365,13 @@ TEST(GpuHopperDispatch, EnvironmentChoicesParseWithoutADevice) {
   expect_error("CRISP_KERNEL", "fastest", "auto, portable or hopper", [] { hop::kernel_choice(); });
   expect_error("CRISP_HOPPER_SCHEDULE", "static", "persistent or grid", [] { hop::schedule_choice(); });
   expect_error("CRISP_HOPPER_PINGPONG", "yes", "1 or 0", [] { hop::ping_pong_choice(); });
+  expect_error("CRISP_HOPPER_GQA", "packed", "separate or pack", [] { hop::gqa_pack_choice(); });
+  // Packing applies at block size 128 to groups of 2, 4, 8 or 16 heads, on whole-plan launches.
+  EXPECT_TRUE(hop::gqa_pack_applies(128, 4, false, 100));
+  EXPECT_FALSE(hop::gqa_pack_applies(64, 4, false, 100));
+  EXPECT_FALSE(hop::gqa_pack_applies(128, 1, false, 100));
+  EXPECT_FALSE(hop::gqa_pack_applies(128, 3, false, 100));
+  EXPECT_FALSE(hop::gqa_pack_applies(128, 4, true, 100));
   // The shapes the kernel is compiled for: the CUDA backend's (bf16/f16, d 64/128, B 64/128).
   for (const auto dtype : {bf16, f16})
     for (const int64_t d : {64, 128})

@@ -15,6 +15,7 @@
 #include "crisp/error.h"
 #include "cuda/attention_kernel.cuh"
 #include "cuda/cuda_check.h"
+#include "cuda/hopper/gqa_pack.h"
 #include "cuda/hopper/hopper_attention_kernel.cuh"
 
 namespace crisp {
@@ -51,6 +52,10 @@ KernelChoice kernel_choice() {
 Schedule schedule_choice() {
   return env_choice<Schedule>("CRISP_HOPPER_SCHEDULE", {{"persistent", Schedule::persistent}, {"grid", Schedule::grid}},
                               kDefaultSchedule);
+}
+
+bool gqa_pack_choice() {
+  return env_choice<bool>("CRISP_HOPPER_GQA", {{"separate", false}, {"pack", true}}, kDefaultGqaPack);
 }
 
 bool ping_pong_choice() {
@@ -146,10 +151,10 @@ class WorkCounter {
 
 // Sets the kernel's shared-memory size and returns how many of its CTAs fit on one SM (the
 // persistent launch's CTAs per SM: TileShape::kCtasPerSm unless the device holds fewer).
-template <typename T, int kDim, int kBlock, bool kPingPong>
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked>
 int prepare_kernel() {
   using Shape = TileShape<kDim, kBlock>;
-  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong>;
+  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong, kPacked>;
   CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
   int resident = 0;
   CRISP_CUDA_CHECK(
@@ -157,21 +162,21 @@ int prepare_kernel() {
   return resident < 1 ? 1 : resident;
 }
 
-template <typename T, int kDim, int kBlock, bool kPingPong>
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked>
 void launch_kernel(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
                    const attention::Params& params, int64_t grid, cudaStream_t stream) {
   using Shape = TileShape<kDim, kBlock>;
-  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong>;
+  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong, kPacked>;
   kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kSmemBytes, stream>>>(map_q, map_k, map_v, params);
   CRISP_CUDA_CHECK_LAUNCH("hopper_attention_kernel");
 }
 
 // Launches one instantiation: persistent CTAs (as many as fit on the SMs) taking items from a
 // work counter, or one CTA per item.
-template <typename T, int kDim, int kBlock, bool kPingPong>
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked = false>
 void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
                       const attention::Params& params, int64_t num_ctas, cudaStream_t stream) {
-  const int ctas_per_sm = prepare_kernel<T, kDim, kBlock, kPingPong>();
+  const int ctas_per_sm = prepare_kernel<T, kDim, kBlock, kPingPong, kPacked>();
   attention::Params run = params;
   run.work_counter = nullptr;
   int64_t grid = num_ctas;
@@ -188,12 +193,36 @@ void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const 
     counter = std::make_unique<WorkCounter>(stream);
     run.work_counter = counter->get();
   }
-  launch_kernel<T, kDim, kBlock, kPingPong>(map_q, map_k, map_v, run, grid, stream);
+  launch_kernel<T, kDim, kBlock, kPingPong, kPacked>(map_q, map_k, map_v, run, grid, stream);
 }
 
 template <typename T, int kDim, int kBlock>
 void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_heads, int64_t num_ctas,
-            DType dtype, cudaStream_t stream) {
+            int64_t causal_blocks_per_head, DType dtype, cudaStream_t stream) {
+  const int64_t group = params.num_q_heads / num_kv_heads;
+  if constexpr (kBlock == 128) {
+    // GQA packing (CRISP_HOPPER_GQA=pack) where it applies; its union layout and work order are
+    // built on the stream and freed after the kernel.
+    const bool row_subset = params.row_items != nullptr;
+    if (gqa_pack_choice() && gqa_pack_applies(kBlock, group, row_subset, params.plan.num_work_items)) {
+      PackedGqaLayout packed(params.plan, static_cast<int>(group), causal_blocks_per_head, stream);
+      attention::Params run = params;
+      run.packed_col = packed.col();
+      run.packed_len = packed.len();
+      run.packed_group = static_cast<int32_t>(group);
+      run.work_order = packed.order();
+      run.num_items = static_cast<int32_t>(params.plan.num_work_items);
+      const CUtensorMap map_q = make_tensor_map(params.q, dtype, kDim, params.num_q_heads, tokens,
+                                                params.q_stride_head, params.q_stride_token, kBlock / group);
+      const CUtensorMap map_k = make_tensor_map(params.k, dtype, kDim, num_kv_heads, tokens, params.k_stride_head,
+                                                params.k_stride_token, kBlock);
+      const CUtensorMap map_v = make_tensor_map(params.v, dtype, kDim, num_kv_heads, tokens, params.v_stride_head,
+                                                params.v_stride_token, kBlock);
+      (void)ping_pong_choice();  // checked, not used: the packed kernel runs unsynchronised consumers
+      launch_scheduled<T, kDim, kBlock, false, true>(map_q, map_k, map_v, run, run.num_items, stream);
+      return;
+    }
+  }
   const CUtensorMap map_q = make_tensor_map(params.q, dtype, kDim, params.num_q_heads, tokens, params.q_stride_head,
                                             params.q_stride_token, kBlock);
   const CUtensorMap map_k = make_tensor_map(params.k, dtype, kDim, num_kv_heads, tokens, params.k_stride_head,
@@ -214,13 +243,15 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
 
 template <typename T>
 void launch_for_shape(const attention::Params& params, int64_t head_dim, int block_size, int64_t tokens,
-                      int64_t num_kv_heads, int64_t num_ctas, DType dtype, cudaStream_t stream) {
+                      int64_t num_kv_heads, int64_t num_ctas, int64_t causal_blocks_per_head, DType dtype,
+                      cudaStream_t stream) {
+  const int64_t c = causal_blocks_per_head;
   if (head_dim == 128) {
-    if (block_size == 128) launch<T, 128, 128>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
-    else launch<T, 128, 64>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+    if (block_size == 128) launch<T, 128, 128>(params, tokens, num_kv_heads, num_ctas, c, dtype, stream);
+    else launch<T, 128, 64>(params, tokens, num_kv_heads, num_ctas, c, dtype, stream);
   } else {
-    if (block_size == 128) launch<T, 64, 128>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
-    else launch<T, 64, 64>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+    if (block_size == 128) launch<T, 64, 128>(params, tokens, num_kv_heads, num_ctas, c, dtype, stream);
+    else launch<T, 64, 64>(params, tokens, num_kv_heads, num_ctas, c, dtype, stream);
   }
 }
 
@@ -250,7 +281,8 @@ CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t head_dim, int
 }
 
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
-                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, cudaStream_t stream) {
+                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, int64_t causal_blocks_per_head,
+                        cudaStream_t stream) {
   const KernelChoice choice = kernel_choice();
   if (choice == KernelChoice::portable) return false;
   const bool shape_ok = shape_supported(dtype, head_dim, block_size);
@@ -267,9 +299,11 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
   }
   if (num_ctas == 0) return true;
   if (dtype == DType::bf16)
-    launch_for_shape<__nv_bfloat16>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, dtype, stream);
+    launch_for_shape<__nv_bfloat16>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas,
+                                    causal_blocks_per_head, dtype, stream);
   else
-    launch_for_shape<__half>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, dtype, stream);
+    launch_for_shape<__half>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, causal_blocks_per_head,
+                             dtype, stream);
   return true;
 }
 

@@ -16,6 +16,10 @@
 //   CRISP_HOPPER_PINGPONG = 1 | 0: the two consumer warpgroups take turns on the tensor cores
 //        (named barriers), or run unsynchronised. Block size 128 only (at 64 a CTA has one
 //        consumer warpgroup; the value is still checked).
+//   CRISP_HOPPER_GQA = separate | pack: one head per CTA tile, or each GQA group packed into the
+//        tile's rows running the union of the group's layouts (spec §10, gqa_pack.h; block size
+//        128, group size 2/4/8/16, whole-plan launches; elsewhere separate). Denser than the plan
+//        wherever the group's layouts differ: crisp::gqa_union gives the plan it computes.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -43,11 +47,16 @@ enum class Schedule { persistent, grid };
 // default: it also overlaps a row's epilogue with the next row's loads.
 constexpr Schedule kDefaultSchedule = Schedule::persistent;
 constexpr bool kDefaultPingPong = false;
+// NOTE: packing is off by default: the tile's M is 128 rows either way, so packing loads as many
+// K/V tiles per FLOP as one head per tile does (docs/hopper.md, "GQA packing"), and on crisp plans
+// it computes the union of the group's layouts (2.1-2.5x the blocks on the structured workload).
+constexpr bool kDefaultGqaPack = false;
 
 // CRISP_HOPPER_SCHEDULE / CRISP_HOPPER_PINGPONG parsed (the defaults when unset); throw
 // crisp::Error naming the variable for any other value.
 Schedule schedule_choice();
 bool ping_pong_choice();
+bool gqa_pack_choice();  // CRISP_HOPPER_GQA
 
 // CRISP_KERNEL parsed; throws crisp::Error("CRISP_KERNEL", ...) for any other value.
 KernelChoice kernel_choice();
@@ -62,8 +71,11 @@ bool shape_supported(DType dtype, int64_t head_dim, int block_size);
 // Runs the Hopper kernel for `params` (the portable kernel's parameters, already checked) when the
 // kernel choice and the call allow it; returns false, launching nothing, when the portable kernel
 // should run. `tokens` is the token extent of q/k/v, `num_kv_heads` the kv head count.
+// causal_blocks_per_head: the sum over the sequences of N (N + 1) / 2 (the union layout's size
+// when GQA groups are packed).
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
-                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, cudaStream_t stream);
+                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, int64_t causal_blocks_per_head,
+                        cudaStream_t stream);
 
 // A 3-D TMA map (dims, tokens, heads) over a [heads, tokens, head_dim] bf16/fp16 tensor with the
 // given element strides, boxes of 64 dims x box_tokens tokens x 1 head, 128-byte swizzle, zero fill

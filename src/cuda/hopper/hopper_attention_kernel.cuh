@@ -220,7 +220,12 @@ struct Ops<__half> {
 // kPingPong: the two consumer warpgroups take turns on the tensor cores (named barriers): one
 // issues its S = QK^T and PV while the other runs its softmax, as FlashAttention-3 schedules them.
 // Without it the two run unsynchronised (each still overlaps its own softmax with its PV).
-template <typename T, int kDim, int kBlock, bool kPingPong>
+//
+// kPacked (GQA packing, src/cuda/hopper/gqa_pack.h): item head h is packed tile h % g of kv head
+// h / g (g = p.packed_group): its 128 rows are 128 / g queries of each of the group's g heads (rows
+// [i 128 / g, (i + 1) 128 / g) belong to head i of the group), and its key blocks are the group's
+// union row; map_q then has boxes of 128 / g tokens.
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked = false>
 __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<kDim, kBlock>::kCtasPerSm)
     hopper_attention_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                             const __grid_constant__ CUtensorMap map_v, const attention::Params p) {
@@ -235,6 +240,7 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
   constexpr int kHalfBytes = Shape::kHalfBytes;
   constexpr int kHalves = kDim / kHalfCols;  // TMA boxes per tile
   static_assert(!kPingPong || kConsumers == 2, "ping-pong takes two consumer warpgroups");
+  static_assert(!kPacked || kBlock == 128, "GQA packing at block size 128");
   const uint32_t q_smem = smem + Shape::kQOffset;
   const uint32_t bar_q = smem + Shape::kBarrierOffset;
   auto k_smem = [&](int stage) { return smem + Shape::kKOffset + stage * kTileBytes; };
@@ -276,7 +282,12 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
     return it;
   };
   // The CSR row of an item: its column list and length (>= 1: every row lists its diagonal block).
-  auto row_of = [&](const Item& it, const layout::SequenceBases& bases, int32_t& num_tiles) {
+  auto row_of = [&](const Item& it, const layout::SequenceBases& bases, int32_t& num_tiles) -> const int32_t* {
+    if constexpr (kPacked) {  // the group's union row
+      const int32_t kv = it.h / p.packed_group, num_kv = H / p.packed_group;
+      num_tiles = p.packed_len[layout::block_array_offset(bases, kv, num_kv) + it.r];
+      return p.packed_col + layout::col_offset(bases, kv, num_kv) + layout::triangle_tiles(it.r);
+    }
     const int32_t* row_ptr = p.plan.row_ptr + layout::row_ptr_offset(bases, it.h, H);
     const int32_t col_begin = row_ptr[it.r];
     num_tiles = row_ptr[it.r + 1] - col_begin;
@@ -348,7 +359,21 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
       const int q_token = token0 + it.r * kBlock;
       mbar_expect_tx(bar_q, kTileBytes);
 #pragma unroll
-      for (int x = 0; x < kHalves; ++x) tma_load(q_smem + x * kHalfBytes, &map_q, x * kHalfCols, q_token, it.h, bar_q);
+      if constexpr (kPacked) {
+        // Head i of the group: 128 / g queries from the tile's offset, at rows i 128 / g (a multiple
+        // of 8 rows, so each box starts a 128-byte swizzle atom).
+        const int rows_per_head = kBlock / p.packed_group;
+        const int first_query = q_token + (it.h % p.packed_group) * rows_per_head;
+        for (int i = 0; i < p.packed_group; ++i) {
+#pragma unroll
+          for (int x = 0; x < kHalves; ++x)
+            tma_load(q_smem + x * kHalfBytes + i * rows_per_head * 128, &map_q, x * kHalfCols, first_query,
+                     kv_head * p.packed_group + i, bar_q);
+        }
+      } else {
+#pragma unroll
+        for (int x = 0; x < kHalves; ++x) tma_load(q_smem + x * kHalfBytes, &map_q, x * kHalfCols, q_token, it.h, bar_q);
+      }
       for (int j = 0; j < num_tiles; ++j) {
         const uint32_t t = tiles_done + j;
         const int stage = t % kStages;
@@ -465,8 +490,28 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
     int32_t num_tiles;
     const int32_t* row_cols = row_of(it, bases, num_tiles);
     const int32_t n = static_cast<int32_t>(bases.n);
-    const int wg_row0 = it.r * kBlock + consumer * 64;  // first query of this warpgroup (sequence-relative)
-    const int thread_row0 = wg_row0 + warp * 16 + group;     // rows thread_row0 and thread_row0 + 8
+    // This thread's two accumulator rows (tile rows tile_row0 and tile_row0 + 8): their queries
+    // (sequence-relative) and heads; and the first query of this warpgroup's rows.
+    const int tile_row0 = consumer * 64 + warp * 16 + group;
+    int row_query[2], row_head[2], wg_row0;
+    if constexpr (kPacked) {
+      const int rows_per_head = kBlock / p.packed_group;
+      const int query0 = it.r * kBlock + (it.h % p.packed_group) * rows_per_head;
+      const int head0 = it.h - it.h % p.packed_group;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        row_query[half] = query0 + (tile_row0 + 8 * half) % rows_per_head;
+        row_head[half] = head0 + (tile_row0 + 8 * half) / rows_per_head;
+      }
+      wg_row0 = query0;  // every head of the tile starts at query0
+    } else {
+      wg_row0 = it.r * kBlock + consumer * 64;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        row_query[half] = it.r * kBlock + tile_row0 + 8 * half;
+        row_head[half] = it.h;
+      }
+    }
 
 #pragma unroll
     for (int i = 0; i < kOutRegs; ++i) o_acc[i] = 0.f;
@@ -481,7 +526,7 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
 #pragma unroll
         for (int i = 0; i < kScoreRegs; ++i) {
           const int key = key0 + (i / 4) * 8 + quad_lane * 2 + (i & 1);
-          const int query = thread_row0 + ((i & 2) ? 8 : 0);
+          const int query = row_query[(i & 2) ? 1 : 0];
           if (key > query || key >= n) s_acc[i] = -INFINITY;
         }
       }
@@ -556,14 +601,14 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
     const int64_t out_shift = p.row_items == nullptr
                                   ? bases.token_offset
                                   : p.row_items[code / H].out_token - static_cast<int64_t>(it.r) * kBlock;
-    T* out_base = static_cast<T*>(p.out) + it.h * p.o_stride_head;
-    float* lse_base = p.lse + it.h * p.lse_stride_head;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
+      T* out_base = static_cast<T*>(p.out) + row_head[half] * p.o_stride_head;
+      float* lse_base = p.lse + row_head[half] * p.lse_stride_head;
       float sum = row_sum[half];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int query = thread_row0 + half * 8;
+      const int query = row_query[half];
       if (query >= n) continue;
       // Every row lists its diagonal block, whose first key precedes every query of the block, so sum > 0.
       const float inv = 1.f / sum;
