@@ -132,6 +132,8 @@ void plan_async(const TensorView& q, const TensorView& k, const Config& config, 
 // work items than SMs) allocates a 4-byte work counter with cudaMallocAsync and frees it after the
 // kernel, so a captured graph holds memory allocation/free nodes, with the restrictions CUDA
 // places on graphs with memory nodes; CRISP_HOPPER_SCHEDULE=grid captures kernel nodes only.
+// CRISP_HOPPER_GQA=pack (off by default) also allocates, per launch, its union layout and work
+// order (about 4 bytes per causal block per kv head) the same way.
 void attend_async(const TensorView& q, const TensorView& k, const TensorView& v,
                   const DevicePlan& plan, const TensorView& out, const TensorView& lse,
                   void* stream = nullptr);
