@@ -88,6 +88,7 @@ struct BenchArgs {
   // and the CPU workload generation time); said in the output.
   int64_t quarter_heads_from = 524288;
   uint64_t seed = 0;
+  double diffuse_share = crisp::WorkloadSpec{}.diffuse_head_share;
   std::string json_path;
   bool quiet = false;
   // --gpus N > 1: context-parallel prefill over N GPUs against one (tools/bench_context_parallel.cpp).
@@ -208,14 +209,15 @@ void run_bench(const BenchArgs& a) {
   out["reps"] = a.reps;
   out["warmup"] = a.warmup;
   out["dtype"] = "bf16";
+  out["diffuse_head_share"] = a.diffuse_share;
   out["flop_formula"] = "4*B*B*d*sum_heads(nnz - N/2)";
   out["runs"] = nlohmann::json::array();
   const auto write_json = [&] {
     if (!a.json_path.empty()) crisp_cli::write_text_file("--json", a.json_path, out.dump(2) + "\n");
   };
 
-  std::printf("device: %s, bf16, d=%lld, B=%d, median of %d runs after %d warm-up\n", prop.name,
-              static_cast<long long>(a.dim), a.block, a.reps, a.warmup);
+  std::printf("device: %s, bf16, d=%lld, B=%d, median of %d runs after %d warm-up, diffuse head share %.3g\n",
+              prop.name, static_cast<long long>(a.dim), a.block, a.reps, a.warmup, a.diffuse_share);
   std::printf("TFLOP/s = 4*B*B*d*sum_heads(nnz - N/2) / attention time (computed blocks only)\n");
   std::printf("%-8s %-5s %-22s %9s %9s %8s %9s %8s %8s %10s %10s\n", "n", "heads", "layout", "plan_ms", "attn_ms",
               "density", "TFLOP/s", "vs_share", "speedup", "recall_mean", "recall_min");
@@ -233,6 +235,7 @@ void run_bench(const BenchArgs& a) {
     spec.head_dim = a.dim;
     spec.seq_lens = {n};
     spec.seed = a.seed;
+    spec.diffuse_head_share = a.diffuse_share;
     progress.begin("workload n=" + std::to_string(n) + " (" + std::to_string(H) + " heads, CPU)");
     std::vector<uint16_t> qb, kb, vb;
     {
@@ -388,6 +391,10 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--quarter-heads-from", args->quarter_heads_from,
                   "Use a quarter of the heads from this sequence length on (memory / generation time)");
   sub->add_option("--seed", args->seed, "Workload seed");
+  sub->add_option("--diffuse-share", args->diffuse_share,
+                  "Share of the workload's query heads that are diffuse (routed PE by crisp; docs/workload.md)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   sub->add_option("--json", args->json_path, "Write every measurement as JSON to this file");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
   sub->add_option("--kernels", args->kernels,
