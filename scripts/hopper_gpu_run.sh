@@ -53,29 +53,24 @@ echo "exit $?"
 tail -5 "$OUT/bench_variants.err"
 cat "$OUT/bench_variants.txt"
 
-# Optional: head dim 64 (HR_DIM64_SEQ, e.g. 131072; empty skips), the Hopper kernel's default
-# variant against the portable kernel.
-if [ -n "${HR_DIM64_SEQ:-}" ]; then
-  echo "== bench: d = 64"
-  timeout "${HR_BENCH_TIMEOUT:-240}" "$BIN/crisp" bench --seq "$HR_DIM64_SEQ" --dim 64 --presets "${HR_PRESETS:-dense,crisp}" \
+# An extra bench of the Hopper kernel's default variant against the portable kernel:
+# compare_portable NAME SEQ FLAGS... (outputs bench_NAME.{json,txt,err}).
+compare_portable() {
+  local name=$1 seq=$2
+  shift 2
+  echo "== bench: $name"
+  timeout "${HR_BENCH_TIMEOUT:-240}" "$BIN/crisp" bench --seq "$seq" "$@" --presets "${HR_PRESETS:-dense,crisp}" \
     --densities "${HR_DENSITIES:-0.1}" --reps "$REPS" --warmup 1 --kernels portable,hopper \
-    --json "$OUT/bench_d64.json" >"$OUT/bench_d64.txt" 2>"$OUT/bench_d64.err"
+    --json "$OUT/bench_$name.json" >"$OUT/bench_$name.txt" 2>"$OUT/bench_$name.err"
   echo "exit $?"
-  tail -3 "$OUT/bench_d64.err"
-  cat "$OUT/bench_d64.txt"
-fi
-
-# Optional: block size 64 (HR_BLOCK64_SEQ, e.g. 131072,32768; empty skips), the Hopper kernel
-# (one consumer warpgroup per CTA, two CTAs per SM) against the portable kernel.
-if [ -n "${HR_BLOCK64_SEQ:-}" ]; then
-  echo "== bench: block size 64"
-  timeout "${HR_BENCH_TIMEOUT:-240}" "$BIN/crisp" bench --seq "$HR_BLOCK64_SEQ" --block 64 --presets "${HR_PRESETS:-dense,crisp}" \
-    --densities "${HR_DENSITIES:-0.1}" --reps "$REPS" --warmup 1 --kernels portable,hopper \
-    --json "$OUT/bench_b64.json" >"$OUT/bench_b64.txt" 2>"$OUT/bench_b64.err"
-  echo "exit $?"
-  tail -3 "$OUT/bench_b64.err"
-  cat "$OUT/bench_b64.txt"
-fi
+  tail -3 "$OUT/bench_$name.err"
+  cat "$OUT/bench_$name.txt"
+}
+# Optional: head dim 64 (HR_DIM64_SEQ, e.g. 131072; empty skips).
+if [ -n "${HR_DIM64_SEQ:-}" ]; then compare_portable d64 "$HR_DIM64_SEQ" --dim 64; fi
+# Optional: block size 64 (HR_BLOCK64_SEQ, e.g. 131072,32768; empty skips): the Hopper kernel runs
+# one consumer warpgroup per CTA, two CTAs per SM.
+if [ -n "${HR_BLOCK64_SEQ:-}" ]; then compare_portable b64 "$HR_BLOCK64_SEQ" --block 64; fi
 
 # Optional: where the plan's time goes (HR_PLAN_PROFILE=1): Nsight Compute times every planner
 # kernel (and the work order's key kernel and cub sort) of one crisp-preset plan at
