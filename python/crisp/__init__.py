@@ -20,7 +20,7 @@ except ImportError:
 from . import _C  # noqa: E402
 from ._C import Error  # noqa: E402
 from ._plan import Plan, SequencePlan  # noqa: E402
-from .ops import attend, plan, prefill  # noqa: E402
+from .ops import attend, gqa_union, plan, prefill  # noqa: E402
 
 __version__ = "0.1.0"
 built_with_cuda = _C.built_with_cuda
@@ -36,5 +36,5 @@ def make_workload(num_q_heads=8, num_kv_heads=2, head_dim=128, seq_lens=(8192,),
     return _C.make_workload(num_q_heads, num_kv_heads, head_dim, list(seq_lens), seed, diffuse_head_share)
 
 
-__all__ = ["Error", "Plan", "SequencePlan", "attend", "plan", "prefill", "make_workload", "built_with_cuda",
-           "cuda_available", "presets", "parameter_names"]
+__all__ = ["Error", "Plan", "SequencePlan", "attend", "gqa_union", "plan", "prefill", "make_workload",
+           "built_with_cuda", "cuda_available", "presets", "parameter_names"]

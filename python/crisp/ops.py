@@ -355,6 +355,15 @@ def plan(q, k, policy: str = "crisp", cu_seqlens=None, **params) -> Plan:
     return Plan.from_native(native)
 
 
+def gqa_union(plan: Plan) -> Plan:
+    """Spec §10: the plan a kernel runs when it packs each GQA group into one tile (the Hopper
+    kernel with CRISP_HOPPER_GQA=pack): every query head's layout replaced by the union of its
+    group's layouts. Its ``density`` is what such a kernel computes."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan: got {type(plan).__name__}; expected a crisp.Plan (from crisp.plan)")
+    return Plan.from_native(_C.gqa_union(plan.native))
+
+
 def attend(q, k, v, plan: Plan):
     """Block-sparse attention following a given plan (e.g. one made on the other backend).
     Same layouts and outputs as prefill; the plan must match the shapes."""

@@ -249,6 +249,7 @@ NB_MODULE(_C, m) {
 
   m.def("dense_plan", &crisp::dense_plan, nb::arg("num_q_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"),
         nb::arg("cu_seqlens"), nb::arg("block_size") = 128, nb::arg("softmax_scale") = 0.0);
+  m.def("gqa_union", &crisp::gqa_union, nb::arg("plan"));
 
   // ------------------------------------------------------------------ CUDA: device plans (cuda.h)
 #ifdef CRISP_WITH_CUDA

@@ -138,3 +138,21 @@ def test_numpy_scalar_params():
     assert p.config["alpha"] == "2.5" and p.config["min_budget"] == "256"
     with pytest.raises(TypeError, match="alpha"):
         crisp.plan(q, k, alpha=True)
+
+
+def test_gqa_union_is_a_superset_shared_by_each_group():
+    q, k, v, cu = workload_varlen(8, 2, 64, [1500, 700], seed=6)
+    p = crisp.plan(q, k, policy="crisp", cu_seqlens=cu)
+    u = crisp.gqa_union(p)
+    assert u.density >= p.density
+    for s, su in zip(p.sequences, u.sequences):
+        own, union = s.block_mask(), su.block_mask()
+        assert (union >= own).all()  # every head keeps its own blocks
+        for g in range(2):  # 4 query heads per kv head, one layout per group
+            group = union[4 * g : 4 * g + 4]
+            assert (group == group[0]).all()
+            np.testing.assert_array_equal(group[0], own[4 * g : 4 * g + 4].any(axis=0))
+    out, lse = crisp.attend(q, k, v, u)  # the union plan runs like any plan
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
+    with pytest.raises(TypeError, match="plan"):
+        crisp.gqa_union("not a plan")
