@@ -93,3 +93,20 @@ TEST(GqaUnion, KvHeadsThatDoNotDivideAreAnError) {
 }
 
 }  // namespace
+
+namespace {
+
+// A plan whose CSR arrays are inconsistent is refused before any row is read (no out-of-bounds
+// read): a crisp::Error naming "plan".
+TEST(GqaUnion, MalformedPlanIsAnError) {
+  crisp::Plan plan = crisp::dense_plan(4, 2, 64, {0, 640}, 128);
+  plan.sequences[0].heads[1].row_ptr.resize(3);  // N = 5 needs 6 entries
+  try {
+    crisp::gqa_union(plan);
+    ADD_FAILURE() << "no error";
+  } catch (const crisp::Error& e) {
+    EXPECT_EQ(e.argument(), "plan") << e.what();
+  }
+}
+
+}  // namespace

@@ -55,8 +55,10 @@ Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
 // Spec §10: the plan a kernel runs when it packs each GQA group (the query heads sharing one kv
 // head) into one tile: every head's layout replaced by the union of its group's layouts (a
 // superset, so never less accurate). Its density() is the density such a kernel computes; route,
-// statistics and the VS choices of each head are kept. Throws crisp::Error("plan", ...) for a plan
-// whose kv heads do not divide its query heads.
+// statistics and the VS choices of each head are kept. The CUDA backend runs it in place of the
+// plan under CRISP_HOPPER_GQA=pack (crisp/cuda.h); the Plan that prefill() returns stays the
+// planned one. Throws crisp::Error("plan", ...) for a plan whose kv heads do not divide its query
+// heads or that is not well formed.
 Plan gqa_union(const Plan& plan);
 
 // Comparison of a sparse run against the dense run of the same inputs (§9).

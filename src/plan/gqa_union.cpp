@@ -17,6 +17,7 @@ Plan gqa_union(const Plan& plan) {
     throw Error("plan", "has " + std::to_string(plan.num_q_heads) + " query heads and " +
                             std::to_string(plan.num_kv_heads) + " kv heads",
                 "a number of kv heads that divides the number of query heads");
+  plan.check_well_formed();  // CSR bounds, before any row is read
   const int64_t group = plan.num_q_heads / plan.num_kv_heads;
   Plan result = plan;
   for (std::size_t s = 0; s < plan.sequences.size(); ++s) {

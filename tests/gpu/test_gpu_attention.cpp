@@ -334,9 +334,14 @@ TEST(GpuAttentionApi, PublicAttendOnDeviceViewsMatchesCpu) {
 // and replayed (the Hopper kernel's persistent launch allocates its work counter with
 // cudaMallocAsync, a graph memory node). 8 heads x 47 query blocks = 376 work items, more than an
 // H200 has SMs, so the persistent CTAs take most rows from the counter. The replay, started on a
-// dense plan and NaN-poisoned outputs, must give bit for bit the outputs of a direct run.
-TEST(GpuAttentionApi, PlanAndAttendCaptureInOneCudaGraph) {
+// dense plan and NaN-poisoned outputs, must give bit for bit the outputs of a direct run. Twice:
+// one head per tile, and GQA packing (CRISP_HOPPER_GQA=pack on sm_90: the union rows, the packed
+// work order's sort and their cudaMallocAsync block are captured too; elsewhere it has no effect).
+class GpuAttentionGraph : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuAttentionGraph, PlanAndAttendCaptureInOneCudaGraph) {
   SKIP_WITHOUT_GPU();
+  crisp_gpu_test::ScopedEnv packing("CRISP_HOPPER_GQA", GetParam());
   crisp::WorkloadSpec spec = crisp_test::workload_spec(8, 2, 128, {6000}, 33);
   const crisp::Workload w = crisp::make_workload(spec);
   const int64_t T = w.total_tokens, d = 128;
@@ -397,6 +402,9 @@ TEST(GpuAttentionApi, PlanAndAttendCaptureInOneCudaGraph) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+
+INSTANTIATE_TEST_SUITE_P(GqaPacking, GpuAttentionGraph, ::testing::Values("separate", "pack"),
+                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
 // ------------------------------------------------------------------ timing (not a test)
 // Run with --gtest_also_run_disabled_tests --gtest_filter='*Timing*'. Hq=32, Hkv=8, d=128, bf16,

@@ -223,6 +223,14 @@ TEST_P(GpuHopper, GqaPackingRunsTheUnionOfEachGroupsLayouts) {
     return;
   }
   const crisp::Plan union_plan = crisp::gqa_union(p.plan);
+  if (union_plan.density() > p.plan.density()) {
+    // The union adds blocks: a launch that silently ran unpacked would give other outputs.
+    std::vector<uint16_t> separate_out;
+    std::vector<float> separate_lse;
+    run_device(p, "hopper", separate_out, separate_lse, kDefaultVariant, "separate");
+    if (HasFatalFailure()) return;
+    EXPECT_NE(packed_lse, separate_lse) << "packing did not run";
+  }
   std::vector<double> ref_out, ref_lse;
   crisp_gpu_test::reference_f64(p.in, union_plan, ref_out, ref_lse);
   const crisp_gpu_test::ReferenceErrors worst = crisp_gpu_test::expect_matches_reference(
@@ -240,24 +248,19 @@ TEST_P(GpuHopper, GqaPackingRunsTheUnionOfEachGroupsLayouts) {
               worst.worst_lse);
 }
 
-// The device-built union rows (one warp per row, a bitmap in shared memory) are exactly the rows of
+// The device-built union rows of `plan` (one warp per row, a bitmap in shared memory) against
 // crisp::gqa_union on the host, for every (sequence, kv head, query block).
-TEST_P(GpuHopper, DeviceUnionRowsEqualTheHostUnion) {
-  SKIP_WITHOUT_HOPPER();
-  const Case& c = GetParam();
-  const int64_t group = c.num_q_heads / c.num_kv_heads, Hkv = c.num_kv_heads;
-  if (!crisp::cuda_detail::hopper::gqa_pack_applies(c.block_size, group, false, 1))
-    GTEST_SKIP() << "packing does not apply to this shape";
-  const Prepared p = prepare(c);
-  crisp::cuda::DevicePlan dplan(p.plan);
+void expect_device_union_equals_host(const crisp::Plan& plan) {
+  const int64_t Hkv = plan.num_kv_heads, group = plan.num_q_heads / plan.num_kv_heads;
+  crisp::cuda::DevicePlan dplan(plan);
   int64_t causal = 0;
-  for (const auto& seq : p.plan.sequences) causal += static_cast<int64_t>(seq.num_blocks) * (seq.num_blocks + 1) / 2;
+  for (const auto& seq : plan.sequences) causal += static_cast<int64_t>(seq.num_blocks) * (seq.num_blocks + 1) / 2;
   crisp::cuda_detail::hopper::PackedGqaLayout packed(crisp::cuda_detail::view_of(dplan), static_cast<int>(group),
                                                      causal, nullptr);
   std::vector<int32_t> col(packed.col_entries()), len(packed.len_entries());
   CUDA_OK(cudaMemcpy(col.data(), packed.col(), col.size() * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(len.data(), packed.len(), len.size() * 4, cudaMemcpyDeviceToHost));
-  const crisp::Plan union_plan = crisp::gqa_union(p.plan);
+  const crisp::Plan union_plan = crisp::gqa_union(plan);
   int64_t block_base = 0, col_base = 0;
   for (std::size_t s = 0; s < union_plan.sequences.size(); ++s) {
     const auto& seq = union_plan.sequences[s];
@@ -277,6 +280,24 @@ TEST_P(GpuHopper, DeviceUnionRowsEqualTheHostUnion) {
     block_base += N;
     col_base += N * (N + 1) / 2;
   }
+}
+
+TEST_P(GpuHopper, DeviceUnionRowsEqualTheHostUnion) {
+  SKIP_WITHOUT_HOPPER();
+  const Case& c = GetParam();
+  if (!crisp::cuda_detail::hopper::gqa_pack_applies(c.block_size, c.num_q_heads / c.num_kv_heads, false, 1))
+    GTEST_SKIP() << "packing does not apply to this shape";
+  expect_device_union_equals_host(prepare(c).plan);
+}
+
+// A long random plan: 1250 query blocks (160k tokens; a row's bitmap spans more than 32 words, so
+// the write-out takes several prefix-sum rounds) and 8 x 1250 = 10000 union rows (more than the
+// union kernel's 2048 CTAs x 4 warps, so warps reuse their bitmap for a second row). Plan only, no
+// attention.
+TEST(GpuHopperGqaPack, DeviceUnionRowsOfALongPlan) {
+  SKIP_WITHOUT_HOPPER();
+  const crisp::Plan dense = crisp::dense_plan(16, 8, 128, {0, 160000}, 128);
+  expect_device_union_equals_host(random_plan(dense, 0.02, 4242));
 }
 
 constexpr auto bf16 = crisp::DType::bf16;

@@ -88,51 +88,64 @@ bool gqa_pack_applies(int block_size, int64_t group, bool row_subset, int64_t nu
          num_work_items > 0 && num_work_items <= std::numeric_limits<int32_t>::max();
 }
 
+namespace {
+
+// The buffers of one packed launch, each 256-byte aligned, in this order: union columns, union
+// lengths, the work order, then the sort's keys in and out, its items in and cub's scratch.
+struct PackedBytes {
+  std::size_t col, len, order, keys, items, temp, total;
+};
+PackedBytes packed_bytes(std::size_t col_entries, std::size_t len_entries, int64_t rows) {
+  PackedBytes b{};
+  const std::size_t n = static_cast<std::size_t>(rows);
+  b.col = align256(col_entries * 4);
+  b.len = align256(len_entries * 4);
+  b.order = align256(n * 4);
+  b.keys = align256(n * 8);
+  b.items = align256(n * 4);
+  b.temp = work_order_temp_bytes(rows);
+  b.total = b.col + b.len + b.order + 2 * b.keys + b.items + align256(b.temp);
+  return b;
+}
+
+}  // namespace
+
+// Items: Hq x sum of N (view.num_work_items); union rows: Hkv x sum of N; union columns: Hkv x the
+// causal blocks of every sequence.
 PackedGqaLayout::PackedGqaLayout(const DevicePlanView& view, int group, int64_t causal_blocks_per_head,
                                  cudaStream_t stream)
-    : stream_(stream) {
-  const int64_t Hq = view.num_heads, Hkv = Hq / group;
-  const int64_t rows = view.num_work_items;  // Hq x sum of N: the packed items
-  const int64_t union_rows = rows / group;   // Hkv x sum of N
-  col_entries_ = static_cast<std::size_t>(Hkv * causal_blocks_per_head);
-  len_entries_ = static_cast<std::size_t>(union_rows);
-  const std::size_t temp_bytes = work_order_temp_bytes(rows);
-  const std::size_t n = static_cast<std::size_t>(rows);
-  const std::size_t col_bytes = align256(col_entries_ * 4), len_bytes = align256(len_entries_ * 4),
-                    order_bytes = align256(n * 4), keys_bytes = align256(n * 8), items_bytes = align256(n * 4);
-  const std::size_t total = col_bytes + len_bytes + order_bytes + 2 * keys_bytes + items_bytes + align256(temp_bytes);
-  CRISP_CUDA_CHECK(cudaMallocAsync(&storage_, total, stream_));
-  char* p = static_cast<char*>(storage_);
+    : col_entries_(static_cast<std::size_t>(view.num_heads / group * causal_blocks_per_head)),
+      len_entries_(static_cast<std::size_t>(view.num_work_items / group)),
+      storage_(packed_bytes(col_entries_, len_entries_, view.num_work_items).total, stream) {
+  const PackedBytes b = packed_bytes(col_entries_, len_entries_, view.num_work_items);
+  char* p = storage_.data();
   col_ = reinterpret_cast<int32_t*>(p);
-  p += col_bytes;
+  p += b.col;
   len_ = reinterpret_cast<int32_t*>(p);
-  p += len_bytes;
+  p += b.len;
   order_ = reinterpret_cast<int32_t*>(p);
-  p += order_bytes;
+  p += b.order;
   WorkOrderScratch scratch{};
   scratch.keys_in = reinterpret_cast<uint64_t*>(p);
-  p += keys_bytes;
+  p += b.keys;
   scratch.keys_out = reinterpret_cast<uint64_t*>(p);
-  p += keys_bytes;
+  p += b.keys;
   scratch.items_in = reinterpret_cast<int32_t*>(p);
-  p += items_bytes;
+  p += b.items;
   scratch.temp = p;
-  scratch.temp_bytes = temp_bytes;
+  scratch.temp_bytes = b.temp;
 
+  const int64_t union_rows = static_cast<int64_t>(len_entries_);
   const int32_t words_per_warp = (view.max_num_blocks + 31) / 32;
   const std::size_t smem = static_cast<std::size_t>(kUnionWarps) * words_per_warp * 4;
   if (smem > 48 * 1024)
     CRISP_CUDA_CHECK(cudaFuncSetAttribute(gqa_union_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
   const int64_t ctas = std::min<int64_t>((union_rows + kUnionWarps - 1) / kUnionWarps, kMaxUnionCtas);
-  gqa_union_kernel<<<static_cast<unsigned>(ctas), kUnionWarps * 32, smem, stream_>>>(view, group, union_rows,
-                                                                                     words_per_warp, col_, len_);
+  gqa_union_kernel<<<static_cast<unsigned>(ctas), kUnionWarps * 32, smem, stream>>>(view, group, union_rows,
+                                                                                    words_per_warp, col_, len_);
   CRISP_CUDA_CHECK_LAUNCH("gqa_union_kernel");
-  build_union_work_order(view, len_, group, scratch, order_, stream_);
-}
-
-PackedGqaLayout::~PackedGqaLayout() {
-  if (storage_ != nullptr) (void)cudaFreeAsync(storage_, stream_);
+  build_union_work_order(view, len_, group, scratch, order_, stream);
 }
 
 }  // namespace hopper

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "cuda/device_plan.h"
+#include "cuda/stream_buffer.h"
 
 namespace crisp {
 namespace cuda_detail {
@@ -38,7 +39,6 @@ class PackedGqaLayout {
  public:
   // causal_blocks_per_head: the sum over the sequences of N (N + 1) / 2.
   PackedGqaLayout(const DevicePlanView& view, int group, int64_t causal_blocks_per_head, cudaStream_t stream);
-  ~PackedGqaLayout();
   PackedGqaLayout(const PackedGqaLayout&) = delete;
   PackedGqaLayout& operator=(const PackedGqaLayout&) = delete;
 
@@ -51,12 +51,11 @@ class PackedGqaLayout {
   std::size_t len_entries() const { return len_entries_; }
 
  private:
-  cudaStream_t stream_;
-  void* storage_ = nullptr;
+  std::size_t col_entries_ = 0, len_entries_ = 0;
+  StreamBuffer storage_;  // every buffer below; freed on the stream (also when the constructor throws)
   int32_t* col_ = nullptr;
   int32_t* len_ = nullptr;
   int32_t* order_ = nullptr;
-  std::size_t col_entries_ = 0, len_entries_ = 0;
 };
 
 }  // namespace hopper

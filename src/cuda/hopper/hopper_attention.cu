@@ -17,6 +17,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/hopper/gqa_pack.h"
 #include "cuda/hopper/hopper_attention_kernel.cuh"
+#include "cuda/stream_buffer.h"
 
 namespace crisp {
 namespace cuda_detail {
@@ -129,28 +130,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
   return fn;
 }
 
-// The persistent launch's work counter: allocated and zeroed on the stream, freed on the stream
-// when the launch is done or when it throws.
-class WorkCounter {
- public:
-  explicit WorkCounter(cudaStream_t stream) : stream_(stream) {
-    CRISP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&counter_), sizeof(int32_t), stream_));
-    CRISP_CUDA_CHECK(cudaMemsetAsync(counter_, 0, sizeof(int32_t), stream_));
-  }
-  ~WorkCounter() {
-    if (counter_ != nullptr) (void)cudaFreeAsync(counter_, stream_);
-  }
-  WorkCounter(const WorkCounter&) = delete;
-  WorkCounter& operator=(const WorkCounter&) = delete;
-  int32_t* get() const { return counter_; }
-
- private:
-  cudaStream_t stream_;
-  int32_t* counter_ = nullptr;
-};
-
 // Sets the kernel's shared-memory size and returns how many of its CTAs fit on one SM (the
-// persistent launch's CTAs per SM: TileShape::kCtasPerSm unless the device holds fewer).
+// persistent launch's CTAs per SM: as many as fit, at least one).
 template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked>
 int prepare_kernel() {
   using Shape = TileShape<kDim, kBlock>;
@@ -187,11 +168,13 @@ void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const 
   const bool persistent = schedule_choice() == Schedule::persistent && num_ctas > resident && device.memory_pools;
   // Stream-ordered allocation (pooled, capturable in a CUDA graph as a memory node): every launch
   // has its own counter, so launches on different streams sharing one plan never share one.
-  std::unique_ptr<WorkCounter> counter;
+  // The persistent launch's work counter: zeroed on the stream, freed on the stream after the
+  // kernel (or when the launch throws).
+  std::unique_ptr<StreamBuffer> counter;
   if (persistent) {
     grid = resident;
-    counter = std::make_unique<WorkCounter>(stream);
-    run.work_counter = counter->get();
+    counter = std::make_unique<StreamBuffer>(sizeof(int32_t), stream, /*zero_fill=*/true);
+    run.work_counter = reinterpret_cast<int32_t*>(counter->data());
   }
   launch_kernel<T, kDim, kBlock, kPingPong, kPacked>(map_q, map_k, map_v, run, grid, stream);
 }
@@ -200,11 +183,13 @@ template <typename T, int kDim, int kBlock>
 void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_heads, int64_t num_ctas,
             int64_t causal_blocks_per_head, DType dtype, cudaStream_t stream) {
   const int64_t group = params.num_q_heads / num_kv_heads;
+  const bool pack = gqa_pack_choice();  // checked at every launch, used where it applies
   if constexpr (kBlock == 128) {
     // GQA packing (CRISP_HOPPER_GQA=pack) where it applies; its union layout and work order are
-    // built on the stream and freed after the kernel.
+    // built on the stream (stream-ordered allocation: memory pools) and freed after the kernel.
     const bool row_subset = params.row_items != nullptr;
-    if (gqa_pack_choice() && gqa_pack_applies(kBlock, group, row_subset, params.plan.num_work_items)) {
+    if (pack && current_device_traits().memory_pools &&
+        gqa_pack_applies(kBlock, group, row_subset, params.plan.num_work_items)) {
       PackedGqaLayout packed(params.plan, static_cast<int>(group), causal_blocks_per_head, stream);
       attention::Params run = params;
       run.packed_col = packed.col();
@@ -212,22 +197,22 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
       run.packed_group = static_cast<int32_t>(group);
       run.work_order = packed.order();
       run.num_items = static_cast<int32_t>(params.plan.num_work_items);
-      const CUtensorMap map_q = make_tensor_map(params.q, dtype, kDim, params.num_q_heads, tokens,
+      const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, tokens,
                                                 params.q_stride_head, params.q_stride_token, kBlock / group);
-      const CUtensorMap map_k = make_tensor_map(params.k, dtype, kDim, num_kv_heads, tokens, params.k_stride_head,
-                                                params.k_stride_token, kBlock);
-      const CUtensorMap map_v = make_tensor_map(params.v, dtype, kDim, num_kv_heads, tokens, params.v_stride_head,
-                                                params.v_stride_token, kBlock);
+      const CUtensorMap map_k = make_tensor_map("k", params.k, dtype, kDim, num_kv_heads, tokens,
+                                                params.k_stride_head, params.k_stride_token, kBlock);
+      const CUtensorMap map_v = make_tensor_map("v", params.v, dtype, kDim, num_kv_heads, tokens,
+                                                params.v_stride_head, params.v_stride_token, kBlock);
       (void)ping_pong_choice();  // checked, not used: the packed kernel runs unsynchronised consumers
       launch_scheduled<T, kDim, kBlock, false, true>(map_q, map_k, map_v, run, run.num_items, stream);
       return;
     }
   }
-  const CUtensorMap map_q = make_tensor_map(params.q, dtype, kDim, params.num_q_heads, tokens, params.q_stride_head,
-                                            params.q_stride_token, kBlock);
-  const CUtensorMap map_k = make_tensor_map(params.k, dtype, kDim, num_kv_heads, tokens, params.k_stride_head,
+  const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, tokens,
+                                            params.q_stride_head, params.q_stride_token, kBlock);
+  const CUtensorMap map_k = make_tensor_map("k", params.k, dtype, kDim, num_kv_heads, tokens, params.k_stride_head,
                                             params.k_stride_token, kBlock);
-  const CUtensorMap map_v = make_tensor_map(params.v, dtype, kDim, num_kv_heads, tokens, params.v_stride_head,
+  const CUtensorMap map_v = make_tensor_map("v", params.v, dtype, kDim, num_kv_heads, tokens, params.v_stride_head,
                                             params.v_stride_token, kBlock);
   // Ping-pong needs two consumer warpgroups in a CTA (B = 128); at B = 64 CRISP_HOPPER_PINGPONG is
   // still validated but has nothing to switch.
@@ -259,8 +244,8 @@ void launch_for_shape(const attention::Params& params, int64_t head_dim, int blo
 
 bool kernel_available() { return current_device_traits().hopper_kernel; }
 
-CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t head_dim, int64_t heads, int64_t tokens,
-                            int64_t stride_head, int64_t stride_token, int box_tokens) {
+CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int64_t head_dim, int64_t heads,
+                            int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens) {
   CUtensorMap map;
   std::memset(&map, 0, sizeof map);
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(tokens),
@@ -274,7 +259,7 @@ CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t head_dim, int
       const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS)
-    throw Error("q", "cannot be described as a TMA tensor map (cuTensorMapEncodeTiled error " +
+    throw Error(name, "cannot be described as a TMA tensor map (cuTensorMapEncodeTiled error " +
                          std::to_string(static_cast<int>(result)) + ")",
                 "16-byte aligned rows with head/token strides below 2^40 bytes");
   return map;

@@ -11,15 +11,16 @@
 // Tuning (environment variables, read at every launch of the Hopper kernel; for measurements —
 // the defaults are the measured best on the H200, bench/RESULTS.md):
 //   CRISP_HOPPER_SCHEDULE = persistent | grid: persistent CTAs (as many as fit on the SMs: one
-//        per SM at block size 128, two at 64) taking work items from a device counter, heaviest
-//        rows first, or one CTA per work item in that order;
+//        per SM at block size 128, two or more at 64) taking work items from a device counter,
+//        heaviest rows first, or one CTA per work item in that order;
 //   CRISP_HOPPER_PINGPONG = 1 | 0: the two consumer warpgroups take turns on the tensor cores
 //        (named barriers), or run unsynchronised. Block size 128 only (at 64 a CTA has one
 //        consumer warpgroup; the value is still checked).
 //   CRISP_HOPPER_GQA = separate | pack: one head per CTA tile, or each GQA group packed into the
 //        tile's rows running the union of the group's layouts (spec §10, gqa_pack.h; block size
-//        128, group size 2/4/8/16, whole-plan launches; elsewhere separate). Denser than the plan
-//        wherever the group's layouts differ: crisp::gqa_union gives the plan it computes.
+//        128, group size 2/4/8/16, whole-plan launches, a device with memory pools; elsewhere
+//        separate). Denser than the plan wherever the group's layouts differ: crisp::gqa_union
+//        gives the plan it computes (and its density).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -79,9 +80,9 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
 
 // A 3-D TMA map (dims, tokens, heads) over a [heads, tokens, head_dim] bf16/fp16 tensor with the
 // given element strides, boxes of 64 dims x box_tokens tokens x 1 head, 128-byte swizzle, zero fill
-// out of bounds.
-CUtensorMap make_tensor_map(const void* base, DType dtype, int64_t head_dim, int64_t heads, int64_t tokens,
-                            int64_t stride_head, int64_t stride_token, int box_tokens);
+// out of bounds. A tensor the driver cannot describe is a crisp::Error naming `name` (q, k or v).
+CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int64_t head_dim, int64_t heads,
+                            int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens);
 
 }  // namespace hopper
 }  // namespace cuda_detail

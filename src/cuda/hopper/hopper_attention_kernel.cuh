@@ -36,10 +36,10 @@
 // order, heaviest rows first (src/cuda/work_order.h), and hands each to the consumers through a
 // shared-memory slot published with the query block's barrier. Either one CTA per work item (the
 // hardware starts CTAs in list order), or persistent CTAs (as many as fit on the SMs: one per SM
-// at B = 128, two at B = 64) that take the next item from a device counter as soon as their
-// producer has issued the loads of the current one: the next query block and its first K/V tiles
-// then load while the consumers finish the current row and write its output. The host picks one
-// (CRISP_HOPPER_SCHEDULE, hopper_attention.h).
+// at B = 128, at least two at B = 64) that take the next item from a device counter as soon as
+// their producer has issued the loads of the current one: the next query block and its first K/V
+// tiles then load while the consumers finish the current row and write its output. The host picks
+// one (CRISP_HOPPER_SCHEDULE, hopper_attention.h).
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; nothing is linked from the driver library)
 #include <cuda_bf16.h>
@@ -69,9 +69,9 @@ constexpr int kSmemReservedPerCta = 1024;
 // tile is loaded once for 128 rows, the FA3 forward shape 128 x 128), plus a producer warpgroup:
 // one 384-thread CTA per SM, registers moved from the producer to the consumers with setmaxnreg.
 // NOTE (kBlock = 64): a plan row is 64 queries, one consumer warpgroup plus one producer warp:
-// two 160-thread CTAs share an SM, so two consumers still alternate on the tensor cores, each on
-// its own row and K/V stream (S is 64 x 64, wgmma m64n64k16). No setmaxnreg: the launch gives
-// every thread 200 registers. (With a whole producer warpgroup, 256 threads, two CTAs leave 128
+// at least two 160-thread CTAs share an SM, so two consumers still alternate on the tensor cores,
+// each on its own row and K/V stream (S is 64 x 64, wgmma m64n64k16). No setmaxnreg: the launch
+// bounds allow every thread 200 registers (d = 128 uses 149). (With a whole producer warpgroup, 256 threads, two CTAs leave 128
 // registers per thread, and the d = 128 consumer spilled 56 bytes.)
 template <int kDim, int kBlock>
 struct TileShape {
@@ -81,12 +81,14 @@ struct TileShape {
   static constexpr bool kSplitRegisters = kBlock == 128;  // setmaxnreg from a producer warpgroup
   static constexpr int kProducerThreads = kSplitRegisters ? 128 : 32;
   static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
+  // CTAs per SM the launch bounds and the shared-memory budget are made for (the occupancy API may
+  // fit more: d = 64, B = 64 takes 118 registers and 57 KB, three per SM).
   static constexpr int kCtasPerSm = 128 / kBlock;
   static constexpr int kHalfBytes = kBlock * kHalfCols * 2;       // one TMA box
   static constexpr int kTileBytes = kDim / kHalfCols * kHalfBytes;  // 32 KB at d = 128, B = 128
   // NOTE: ring stages of K and V: three where they fit beside the query tile in this CTA's share of
-  // the SM, else two (d = 128, B = 64: 3 stages would need 115.8 KB per CTA against the 113 KB
-  // each of two CTAs may take). Three let the producer run two tiles ahead, which matters when
+  // the SM, else two (d = 128, B = 64: 3 stages would need 115,832 bytes per CTA against the
+  // 115,712 each of two CTAs may take, 120 bytes over: the 1024-byte alignment slack). Three let the producer run two tiles ahead, which matters when
   // gathered sparse blocks come from HBM; at B = 128 on the H200 two and three measured within
   // run-to-run noise (dense 32k 648 vs 595, 128k 591 vs 594, random 10% at 128k 500 vs 493 TFLOP/s;
   // bench/RESULTS.md).
@@ -162,7 +164,8 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-// One 3-D box (64 dims x 128 tokens x 1 head) into shared memory, completing on `bar`.
+// One 3-D box (64 dims x the map's box tokens x 1 head: B, or 128 / g for a packed query tile)
+// into shared memory, completing on `bar`.
 __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int dim0, int token, int head,
                                          uint32_t bar) {
   asm volatile(
@@ -318,12 +321,13 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
   // running tile count t gives both the slot (t % kStages) and the barrier phase ((t / kStages) & 1).
   // B = 128: warpgroup 0 produces, warpgroups 1 and 2 consume; B = 64: warpgroup 0 consumes and
   // warp 4 produces (wgmma takes a warpgroup of four warps starting at a multiple of four).
+  const int thread = static_cast<int>(threadIdx.x);
   const int producer_thread0 = Shape::kSplitRegisters ? 0 : 128 * kConsumers;
-  if (threadIdx.x >= producer_thread0 && threadIdx.x < producer_thread0 + Shape::kProducerThreads) {
+  if (thread >= producer_thread0 && thread < producer_thread0 + Shape::kProducerThreads) {
     // ================================================================ producer
     if constexpr (Shape::kSplitRegisters)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Shape::kProducerRegisters));
-    if (threadIdx.x != producer_thread0) return;
+    if (thread != producer_thread0) return;
     uint32_t tiles_done = 0, items_done = 0;
     const uint32_t item_count = static_cast<uint32_t>(num_items);
     bool first = true;
@@ -358,7 +362,6 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
       const int32_t kv_head = it.h / p.q_per_kv;
       const int q_token = token0 + it.r * kBlock;
       mbar_expect_tx(bar_q, kTileBytes);
-#pragma unroll
       if constexpr (kPacked) {
         // Head i of the group: 128 / g queries from the tile's offset, at rows i 128 / g (a multiple
         // of 8 rows, so each box starts a 128-byte swizzle atom).
@@ -414,7 +417,7 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
   auto k_desc = [&](int stage) { return smem_descriptor(k_smem(stage), 16, 1024); };
   // For MN-major operands the leading offset is the stride between 64-element atoms along N (the
   // dims) and the stride offset the one between 8-row groups along K (the keys). (Checked on the
-  // H200 with bench/hopper_dev.cu: the swapped reading gives a relative error of ~1.)
+  // H200: the swapped reading gives a relative error of ~1.)
   auto v_desc = [&](int stage) { return smem_descriptor(v_smem(stage), kHalfBytes, 1024); };
   // Offsets are added to the start-address field (bytes >> 4).
   auto dim_step = [](int kk) { return static_cast<uint64_t>(((kk / 4) * kHalfBytes + (kk % 4) * 32) >> 4); };
