@@ -74,8 +74,8 @@ namespace {
 // runtime call of a launch's host path besides the launch itself).
 struct DeviceTraits {
   bool hopper_kernel = false;  // sm_90 with sm_90a code for this kernel in the binary
-  int multiprocessors = 0;     // persistent CTAs: as many per SM as fit (TileShape::kCtasPerSm)
-  bool memory_pools = false;   // cudaMallocAsync for the persistent work counter
+  int multiprocessors = 0;     // persistent CTAs: as many per SM as fit (the occupancy API)
+  bool memory_pools = false;   // cudaMallocAsync: the persistent work counter, GQA packing
 };
 
 DeviceTraits look_up_traits(int device) {
@@ -166,10 +166,9 @@ void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const 
   const DeviceTraits device = current_device_traits();
   const int64_t resident = static_cast<int64_t>(device.multiprocessors) * ctas_per_sm;
   const bool persistent = schedule_choice() == Schedule::persistent && num_ctas > resident && device.memory_pools;
-  // Stream-ordered allocation (pooled, capturable in a CUDA graph as a memory node): every launch
-  // has its own counter, so launches on different streams sharing one plan never share one.
-  // The persistent launch's work counter: zeroed on the stream, freed on the stream after the
-  // kernel (or when the launch throws).
+  // The work counter: a stream-ordered allocation (pooled, capturable in a CUDA graph as a memory
+  // node), zeroed on the stream and freed on it after the kernel (or when the launch throws).
+  // Every launch has its own, so launches on different streams sharing one plan never share one.
   std::unique_ptr<StreamBuffer> counter;
   if (persistent) {
     grid = resident;
