@@ -7,10 +7,11 @@
 //
 // Roles (B = 128: 384 threads, three warpgroups; B = 64: 160 threads, a warpgroup and a warp):
 //  - the producer (warpgroup 0 at B = 128, warp 4 at B = 64): one thread loads the query block
-//    once and then, for each listed key block, the K and the V tile (B keys x d dims each) into a 2- or 3-stage shared-memory ring
-//    with TMA (cp.async.bulk.tensor, 128-byte swizzle), completing on "full" mbarriers; it waits
-//    on the ring slot's "empty" mbarrier before reusing it. The walk over the CSR column list is the
-//    only place the sparsity appears: every load is a whole tile at a gathered block address.
+//    once and then, for each listed key block, the K and the V tile (B keys x d dims each) into a
+//    2- or 3-stage shared-memory ring with TMA (cp.async.bulk.tensor, 128-byte swizzle),
+//    completing on "full" mbarriers; it waits on the ring slot's "empty" mbarrier before reusing
+//    it. The walk over the CSR column list is the only place the sparsity appears: every load is a
+//    whole tile at a gathered block address.
 //    At B = 128 it keeps 32 registers (setmaxnreg) and gives the rest to the consumers.
 //  - the consumer warpgroups (1 and 2 at B = 128, 0 at B = 64): each owns 64 query rows of
 //    the block (wgmma's M = 64) and runs S = Q K^T (wgmma, Q and K from shared memory), the online
@@ -71,8 +72,8 @@ constexpr int kSmemReservedPerCta = 1024;
 // NOTE (kBlock = 64): a plan row is 64 queries, one consumer warpgroup plus one producer warp:
 // at least two 160-thread CTAs share an SM, so two consumers still alternate on the tensor cores,
 // each on its own row and K/V stream (S is 64 x 64, wgmma m64n64k16). No setmaxnreg: the launch
-// bounds allow every thread 200 registers (d = 128 uses 149). (With a whole producer warpgroup, 256 threads, two CTAs leave 128
-// registers per thread, and the d = 128 consumer spilled 56 bytes.)
+// bounds allow every thread 200 registers (d = 128 uses 149). (With a whole producer warpgroup,
+// 256 threads, two CTAs leave 128 registers per thread, and the d = 128 consumer spilled 56 bytes.)
 template <int kDim, int kBlock>
 struct TileShape {
   static_assert(kDim == 64 || kDim == 128, "head dim 64 or 128");
@@ -88,9 +89,9 @@ struct TileShape {
   static constexpr int kTileBytes = kDim / kHalfCols * kHalfBytes;  // 32 KB at d = 128, B = 128
   // NOTE: ring stages of K and V: three where they fit beside the query tile in this CTA's share of
   // the SM, else two (d = 128, B = 64: 3 stages would need 115,832 bytes per CTA against the
-  // 115,712 each of two CTAs may take, 120 bytes over: the 1024-byte alignment slack). Three let the producer run two tiles ahead, which matters when
-  // gathered sparse blocks come from HBM; at B = 128 on the H200 two and three measured within
-  // run-to-run noise (dense 32k 648 vs 595, 128k 591 vs 594, random 10% at 128k 500 vs 493 TFLOP/s;
+  // 115,712 each of two CTAs may take, 120 bytes over: the 1024-byte alignment slack). Three let
+  // the producer run two tiles ahead, which matters when gathered sparse blocks come from HBM; at
+  // B = 128 on the H200 two and three measured within run-to-run noise (dense 32k 648 vs 595, 128k 591 vs 594, random 10% at 128k 500 vs 493 TFLOP/s;
   // bench/RESULTS.md).
   static constexpr int bytes_for(int stages) {
     // query tile, K and V rings, barriers (q full, K/V full and empty per stage, q empty), the
@@ -121,7 +122,8 @@ struct TileShape {
   static constexpr int kConsumerRegisters =
       kSplitRegisters ? (kThreads * kLaunchRegisters - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8
                       : kLaunchRegisters;
-  static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= 200, "consumer registers (S, P and O in registers)");
+  static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= 200,
+                "consumer registers (S, P and O in registers)");
   static_assert(!kSplitRegisters || 128 * kProducerRegisters + kConsumers * 128 * kConsumerRegisters <=
                                         kThreads * kLaunchRegisters,
                 "setmaxnreg.inc would wait forever for registers the CTA was not launched with");
@@ -375,7 +377,8 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
         }
       } else {
 #pragma unroll
-        for (int x = 0; x < kHalves; ++x) tma_load(q_smem + x * kHalfBytes, &map_q, x * kHalfCols, q_token, it.h, bar_q);
+        for (int x = 0; x < kHalves; ++x)
+          tma_load(q_smem + x * kHalfBytes, &map_q, x * kHalfCols, q_token, it.h, bar_q);
       }
       for (int j = 0; j < num_tiles; ++j) {
         const uint32_t t = tiles_done + j;
@@ -537,7 +540,8 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
       for (int half = 0; half < 2; ++half) {
         float m = row_max[half];
 #pragma unroll
-        for (int g = 0; g < kColumnGroups; ++g) m = fmaxf(m, fmaxf(s_acc[g * 4 + 2 * half], s_acc[g * 4 + 2 * half + 1]));
+        for (int g = 0; g < kColumnGroups; ++g)
+          m = fmaxf(m, fmaxf(s_acc[g * 4 + 2 * half], s_acc[g * 4 + 2 * half + 1]));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         // From -inf (no allowed key yet) the correction is exp2(-inf) = 0; an unchanged max keeps 1.
