@@ -92,7 +92,8 @@ DeviceTraits look_up_traits(int device) {
   // The binary the runtime picked for this device must be sm_90a machine code compiled from
   // sm_90a PTX: a build without 90a has only the sm_80 stub (or PTX of it, JIT-compiled).
   cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, hopper_attention_kernel<__nv_bfloat16, 128, 128, kDefaultPingPong>) != cudaSuccess) {
+  const auto kernel = hopper_attention_kernel<__nv_bfloat16, 128, 128, kDefaultPingPong>;
+  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
     (void)cudaGetLastError();
     return t;
   }
