@@ -524,11 +524,16 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
 
+    // Only the row's last tile can need a mask: the columns ascend, the last is the diagonal block
+    // r (every row lists it), so every earlier key precedes every query of the block and lies
+    // inside the sequence. Its column is read once per item, not once per tile: a global load in
+    // the softmax's path stalls the consumers, on an L2 miss for a microsecond.
+    const int last_key0 = row_cols[num_tiles - 1] * kBlock;
     // Masks S of tile j (if it needs it) and turns it into exp2 values against the new row max;
     // returns through `correction` the factor for O and the row sums of earlier tiles.
     auto softmax = [&](int j, float (&correction)[2]) {
-      const int key0 = row_cols[j] * kBlock;
-      if (key0 + kBlock - 1 > wg_row0 || key0 + kBlock > n) {
+      const int key0 = last_key0;
+      if (j == num_tiles - 1 && (key0 + kBlock - 1 > wg_row0 || key0 + kBlock > n)) {
 #pragma unroll
         for (int i = 0; i < kScoreRegs; ++i) {
           const int key = key0 + (i / 4) * 8 + quad_lane * 2 + (i & 1);
