@@ -150,13 +150,7 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   // The sm_90a kernel (TMA + wgmma) when the device, the shape and CRISP_KERNEL allow it
   // (src/cuda/hopper/hopper_attention.h); otherwise the portable kernel below.
-  int64_t causal_blocks_per_head = 0;
-  const SeqLens& cu = plan.cu_seqlens();
-  for (std::size_t s = 0; s + 1 < cu.size(); ++s)
-    causal_blocks_per_head += rules::causal_blocks(static_cast<int32_t>((cu[s + 1] - cu[s] + block - 1) / block));
-  if (cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, Hkv, num_ctas, causal_blocks_per_head,
-                                              stream))
-    return;
+  if (cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, Hkv, num_ctas, stream)) return;
   if (q.dtype == DType::bf16)
     dispatch_dim_block<__nv_bfloat16>(params, d, block, num_ctas, stream);
   else

@@ -65,6 +65,7 @@ struct BufferOffsets {
   std::size_t work_order, sort_keys_in, sort_keys_out, sort_items_in, sort_temp, sort_temp_bytes;
   int64_t num_work_items;
   int32_t max_num_blocks;
+  int64_t causal_blocks;  // per head
   std::size_t total;
 };
 
@@ -73,9 +74,9 @@ BufferOffsets buffer_offsets(int64_t num_heads, const std::vector<layout::Sequen
   const std::size_t slots = bases.size() * static_cast<std::size_t>(num_heads);
   const std::size_t block_entries = static_cast<std::size_t>(last.block_base + last.num_blocks) * num_heads;
   const std::size_t row_ptr_entries = static_cast<std::size_t>(last.row_ptr_base + last.num_blocks + 1) * num_heads;
-  const std::size_t col_entries =
-      static_cast<std::size_t>(last.col_base + rules::causal_blocks(last.num_blocks)) * num_heads;
   BufferOffsets o{};
+  o.causal_blocks = last.col_base + rules::causal_blocks(last.num_blocks);
+  const std::size_t col_entries = static_cast<std::size_t>(o.causal_blocks) * num_heads;
   std::size_t at = 0;
   auto take = [&](std::size_t bytes) {
     const std::size_t here = at;
@@ -204,6 +205,7 @@ void bind(DevicePlan::Impl& impl, void* memory) {
   v.num_heads = static_cast<int32_t>(impl.num_q_heads);
   v.block_size = impl.block_size;
   v.max_num_blocks = o.max_num_blocks;
+  v.causal_blocks = o.causal_blocks;
   v.seqs = reinterpret_cast<const layout::SequenceBases*>(base + o.seqs);
   v.route = reinterpret_cast<int32_t*>(base + o.route);
   v.c_struct = reinterpret_cast<float*>(base + o.c_struct);

@@ -15,6 +15,7 @@ struct DevicePlanView {
   int32_t num_heads = 0;     // query heads
   int32_t block_size = 128;
   int32_t max_num_blocks = 0;  // max N over the sequences
+  int64_t causal_blocks = 0;   // sum over the sequences of N (N + 1) / 2: one head's column capacity
   const layout::SequenceBases* seqs = nullptr;  // device [num_sequences]
 
   // Per slot (s * num_heads + h):

@@ -172,7 +172,6 @@ inline void attend_poisoned(const RoundedInputs& in, const crisp::Plan& plan, st
   ASSERT_EQ(cudaMemcpy(lse.data(), dlse.ptr, lse_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
 }
 
-
 // The parity check of an attention kernel against the float64 CPU reference on the same plan and
 // the same rounded inputs, per (sequence, head) of an [Hq, tokens, d] output (dtype bits) and its
 // [Hq, tokens] LSE: relative Frobenius error of O <= 1e-2, |LSE - ref| <= 1e-3 (absolute: it is a

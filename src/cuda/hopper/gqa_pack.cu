@@ -112,9 +112,8 @@ PackedBytes packed_bytes(std::size_t col_entries, std::size_t len_entries, int64
 
 // Items: Hq x sum of N (view.num_work_items); union rows: Hkv x sum of N; union columns: Hkv x the
 // causal blocks of every sequence.
-PackedGqaLayout::PackedGqaLayout(const DevicePlanView& view, int group, int64_t causal_blocks_per_head,
-                                 cudaStream_t stream)
-    : col_entries_(static_cast<std::size_t>(view.num_heads / group * causal_blocks_per_head)),
+PackedGqaLayout::PackedGqaLayout(const DevicePlanView& view, int group, cudaStream_t stream)
+    : col_entries_(static_cast<std::size_t>(view.num_heads / group * view.causal_blocks)),
       len_entries_(static_cast<std::size_t>(view.num_work_items / group)),
       storage_(packed_bytes(col_entries_, len_entries_, view.num_work_items).total, stream) {
   const PackedBytes b = packed_bytes(col_entries_, len_entries_, view.num_work_items);

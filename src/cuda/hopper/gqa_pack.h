@@ -37,8 +37,7 @@ bool gqa_pack_applies(int block_size, int64_t group, bool row_subset, int64_t nu
 // and freed on `stream` by the destructor (after the kernels enqueued in between).
 class PackedGqaLayout {
  public:
-  // causal_blocks_per_head: the sum over the sequences of N (N + 1) / 2.
-  PackedGqaLayout(const DevicePlanView& view, int group, int64_t causal_blocks_per_head, cudaStream_t stream);
+  PackedGqaLayout(const DevicePlanView& view, int group, cudaStream_t stream);
   PackedGqaLayout(const PackedGqaLayout&) = delete;
   PackedGqaLayout& operator=(const PackedGqaLayout&) = delete;
 

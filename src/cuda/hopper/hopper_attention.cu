@@ -180,44 +180,36 @@ void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const 
 }
 
 template <typename T, int kDim, int kBlock>
-void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_heads, int64_t num_ctas,
-            int64_t causal_blocks_per_head, DType dtype, cudaStream_t stream) {
+void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, DType dtype,
+            cudaStream_t stream) {
   const int64_t group = params.num_q_heads / num_kv_heads;
-  const bool pack = gqa_pack_choice();  // checked at every launch, used where it applies
-  if constexpr (kBlock == 128) {
-    // GQA packing (CRISP_HOPPER_GQA=pack) where it applies; its union layout and work order are
-    // built on the stream (stream-ordered allocation: memory pools) and freed after the kernel.
-    const bool row_subset = params.row_items != nullptr;
-    if (pack && current_device_traits().memory_pools &&
-        gqa_pack_applies(kBlock, group, row_subset, params.plan.num_work_items)) {
-      PackedGqaLayout packed(params.plan, static_cast<int>(group), causal_blocks_per_head, stream);
-      attention::Params run = params;
-      run.packed_col = packed.col();
-      run.packed_len = packed.len();
-      run.packed_group = static_cast<int32_t>(group);
-      run.work_order = packed.order();
-      run.num_items = static_cast<int32_t>(params.plan.num_work_items);
-      const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, tokens,
-                                                params.q_stride_head, params.q_stride_token, kBlock / group);
-      const CUtensorMap map_k = make_tensor_map("k", params.k, dtype, kDim, num_kv_heads, tokens,
-                                                params.k_stride_head, params.k_stride_token, kBlock);
-      const CUtensorMap map_v = make_tensor_map("v", params.v, dtype, kDim, num_kv_heads, tokens,
-                                                params.v_stride_head, params.v_stride_token, kBlock);
-      (void)ping_pong_choice();  // checked, not used: the packed kernel runs unsynchronised consumers
-      launch_scheduled<T, kDim, kBlock, false, true>(map_q, map_k, map_v, run, run.num_items, stream);
-      return;
-    }
-  }
+  // Both settings are checked at every launch, used where they apply: packing (CRISP_HOPPER_GQA)
+  // at B = 128 for whole-plan launches on a device with memory pools (its union layout and work
+  // order are stream-ordered allocations), ping-pong with two consumer warpgroups (B = 128).
+  const bool pack = gqa_pack_choice();
+  const bool ping_pong = ping_pong_choice();
+  const bool packed = kBlock == 128 && pack && current_device_traits().memory_pools &&
+                      gqa_pack_applies(kBlock, group, params.row_items != nullptr, params.plan.num_work_items);
+  // A packed query tile is 128 / g tokens of each of the g heads of a group: one box per head.
   const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, tokens,
-                                            params.q_stride_head, params.q_stride_token, kBlock);
+                                            params.q_stride_head, params.q_stride_token,
+                                            packed ? static_cast<int>(kBlock / group) : kBlock);
   const CUtensorMap map_k = make_tensor_map("k", params.k, dtype, kDim, num_kv_heads, tokens, params.k_stride_head,
                                             params.k_stride_token, kBlock);
   const CUtensorMap map_v = make_tensor_map("v", params.v, dtype, kDim, num_kv_heads, tokens, params.v_stride_head,
                                             params.v_stride_token, kBlock);
-  // Ping-pong needs two consumer warpgroups in a CTA (B = 128); at B = 64 CRISP_HOPPER_PINGPONG is
-  // still validated but has nothing to switch.
-  const bool ping_pong = ping_pong_choice();
   if constexpr (kBlock == 128) {
+    if (packed) {  // the union rows and their work order, built on the stream, freed after the kernel
+      PackedGqaLayout layout(params.plan, static_cast<int>(group), stream);
+      attention::Params run = params;
+      run.packed_col = layout.col();
+      run.packed_len = layout.len();
+      run.packed_group = static_cast<int32_t>(group);
+      run.work_order = layout.order();
+      run.num_items = static_cast<int32_t>(params.plan.num_work_items);
+      launch_scheduled<T, kDim, kBlock, false, true>(map_q, map_k, map_v, run, run.num_items, stream);
+      return;
+    }
     if (ping_pong) {
       launch_scheduled<T, kDim, kBlock, true>(map_q, map_k, map_v, params, num_ctas, stream);
       return;
@@ -228,15 +220,13 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
 
 template <typename T>
 void launch_for_shape(const attention::Params& params, int64_t head_dim, int block_size, int64_t tokens,
-                      int64_t num_kv_heads, int64_t num_ctas, int64_t causal_blocks_per_head, DType dtype,
-                      cudaStream_t stream) {
-  const int64_t c = causal_blocks_per_head;
+                      int64_t num_kv_heads, int64_t num_ctas, DType dtype, cudaStream_t stream) {
   if (head_dim == 128) {
-    if (block_size == 128) launch<T, 128, 128>(params, tokens, num_kv_heads, num_ctas, c, dtype, stream);
-    else launch<T, 128, 64>(params, tokens, num_kv_heads, num_ctas, c, dtype, stream);
+    if (block_size == 128) launch<T, 128, 128>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+    else launch<T, 128, 64>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
   } else {
-    if (block_size == 128) launch<T, 64, 128>(params, tokens, num_kv_heads, num_ctas, c, dtype, stream);
-    else launch<T, 64, 64>(params, tokens, num_kv_heads, num_ctas, c, dtype, stream);
+    if (block_size == 128) launch<T, 64, 128>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+    else launch<T, 64, 64>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
   }
 }
 
@@ -266,8 +256,7 @@ CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int
 }
 
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
-                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, int64_t causal_blocks_per_head,
-                        cudaStream_t stream) {
+                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, cudaStream_t stream) {
   const KernelChoice choice = kernel_choice();
   if (choice == KernelChoice::portable) return false;
   const bool shape_ok = shape_supported(dtype, head_dim, block_size);
@@ -284,11 +273,9 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
   }
   if (num_ctas == 0) return true;
   if (dtype == DType::bf16)
-    launch_for_shape<__nv_bfloat16>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas,
-                                    causal_blocks_per_head, dtype, stream);
+    launch_for_shape<__nv_bfloat16>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, dtype, stream);
   else
-    launch_for_shape<__half>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, causal_blocks_per_head,
-                             dtype, stream);
+    launch_for_shape<__half>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, dtype, stream);
   return true;
 }
 

@@ -72,11 +72,8 @@ bool shape_supported(DType dtype, int64_t head_dim, int block_size);
 // Runs the Hopper kernel for `params` (the portable kernel's parameters, already checked) when the
 // kernel choice and the call allow it; returns false, launching nothing, when the portable kernel
 // should run. `tokens` is the token extent of q/k/v, `num_kv_heads` the kv head count.
-// causal_blocks_per_head: the sum over the sequences of N (N + 1) / 2 (the union layout's size
-// when GQA groups are packed).
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
-                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, int64_t causal_blocks_per_head,
-                        cudaStream_t stream);
+                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, cudaStream_t stream);
 
 // A 3-D TMA map (dims, tokens, heads) over a [heads, tokens, head_dim] bf16/fp16 tensor with the
 // given element strides, boxes of 64 dims x box_tokens tokens x 1 head, 128-byte swizzle, zero fill
