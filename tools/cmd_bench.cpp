@@ -182,16 +182,12 @@ void run_bench(const BenchArgs& a) {
     }
   };
   const auto use_kernel = [&](const std::string& kernel) {
+    // A plain kernel name runs with the caller's Hopper settings (a variant with none set), not
+    // those of a variant timed before.
+    const HopperVariant plain{kernel.c_str(), nullptr, nullptr, nullptr};
     const HopperVariant* variant = hopper_variant(kernel);
-    if (variant == nullptr) {
-      // A plain kernel name runs with the caller's Hopper settings, not those of a variant timed before.
-      setenv("CRISP_KERNEL", kernel.c_str(), 1);
-      restore_env("CRISP_HOPPER_SCHEDULE");
-      restore_env("CRISP_HOPPER_PINGPONG");
-      restore_env("CRISP_HOPPER_GQA");
-      return;
-    }
-    setenv("CRISP_KERNEL", "hopper", 1);
+    setenv("CRISP_KERNEL", variant != nullptr ? "hopper" : kernel.c_str(), 1);
+    if (variant == nullptr) variant = &plain;
     const auto set_or_restore = [&](const char* name, const char* value) {
       if (value != nullptr) setenv(name, value, 1);
       else restore_env(name);
