@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "crisp/error.h"
-#include "cuda/attention_kernel.cuh"
+#include "cuda/attention_params.h"
 #include "cuda/cuda_check.h"
 #include "cuda/hopper/gqa_pack.h"
 #include "cuda/hopper/hopper_attention_kernel.cuh"

@@ -1,0 +1,65 @@
+// src/cuda/hopper/shared_storage.cuh — the Hopper kernel's shared memory as addresses: the query
+// tile, the K and V rings, their mbarriers and the work-item slot (layout: TileShape), and the
+// pipeline's barrier set-up. Both roles walk the same items and tiles in the same order, so the
+// running tile count t gives the ring slot (t % kStages) and the barrier phase ((t / kStages) & 1).
+#pragma once
+#include <cstdint>
+
+#include "cuda/hopper/sm90_primitives.cuh"
+#include "cuda/hopper/tile_shape.h"
+
+namespace crisp {
+namespace cuda_detail {
+namespace hopper {
+
+#if defined(CRISP_HOPPER_DEVICE_CODE)
+
+template <int kDim, int kBlock>
+struct SharedStorage {
+  using Shape = TileShape<kDim, kBlock>;
+  static constexpr int kStages = Shape::kStages;
+
+  uint32_t base;  // shared-window address of the layout, 1024-byte aligned (the swizzle atom)
+  // The item the producer hands over: written before the query block's barrier completes, read by
+  // the consumers after they waited on it (mbarrier arrive/wait order the accesses), -1 = no more.
+  volatile int32_t* item_slot;
+
+  // Aligns the dynamic shared memory `smem_raw` to 1024 bytes.
+  __device__ __forceinline__ explicit SharedStorage(unsigned char* smem_raw)
+      : base((smem_u32(smem_raw) + 1023u) & ~1023u),
+        item_slot(reinterpret_cast<volatile int32_t*>(smem_raw + (base - smem_u32(smem_raw)) +
+                                                      Shape::kItemSlotOffset)) {}
+
+  __device__ __forceinline__ uint32_t q() const { return base + Shape::kQOffset; }
+  __device__ __forceinline__ uint32_t k(int stage) const { return base + Shape::kKOffset + stage * Shape::kTileBytes; }
+  __device__ __forceinline__ uint32_t v(int stage) const { return base + Shape::kVOffset + stage * Shape::kTileBytes; }
+  // Barriers: the query block loaded (q full), K and V tiles loaded (full) and released (empty) per
+  // stage, the query block released (q empty: every S = QK^T of its item is done).
+  __device__ __forceinline__ uint32_t bar_q() const { return base + Shape::kBarrierOffset; }
+  __device__ __forceinline__ uint32_t bar_k_full(int stage) const { return bar_q() + 8u * (1 + stage); }
+  __device__ __forceinline__ uint32_t bar_v_full(int stage) const { return bar_q() + 8u * (1 + kStages + stage); }
+  __device__ __forceinline__ uint32_t bar_k_empty(int stage) const { return bar_q() + 8u * (1 + 2 * kStages + stage); }
+  __device__ __forceinline__ uint32_t bar_v_empty(int stage) const { return bar_q() + 8u * (1 + 3 * kStages + stage); }
+  __device__ __forceinline__ uint32_t bar_q_empty() const { return bar_q() + 8u * (1 + 4 * kStages); }
+
+  // One thread initialises the barriers; the caller synchronises the CTA before any use.
+  __device__ __forceinline__ void init_barriers() const {
+    mbar_init(bar_q(), 1);
+    // NOTE: one arrival per consumer warp (each warp releases a buffer after its own wgmma wait).
+    mbar_init(bar_q_empty(), Shape::kConsumers * 4);
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(bar_k_full(st), 1);
+      mbar_init(bar_v_full(st), 1);
+      mbar_init(bar_k_empty(st), Shape::kConsumers * 4);
+      mbar_init(bar_v_empty(st), Shape::kConsumers * 4);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+};
+
+#endif  // CRISP_HOPPER_DEVICE_CODE
+
+}  // namespace hopper
+}  // namespace cuda_detail
+}  // namespace crisp

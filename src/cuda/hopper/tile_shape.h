@@ -1,0 +1,93 @@
+// src/cuda/hopper/tile_shape.h — what follows from the Hopper kernel's tile shape: thread roles,
+// shared-memory layout and ring depth, register split. Host and device code (the launch reads the
+// thread count and shared-memory size from here).
+#pragma once
+
+namespace crisp {
+namespace cuda_detail {
+namespace hopper {
+
+// NOTE: 64 columns (128 bytes) per TMA box: the 128-byte swizzle mode takes boxes of at most 128
+// bytes in the inner dimension, so a 128-dim tile is two halves (dims 0-63, 64-127) and a 64-dim
+// tile one.
+constexpr int kHalfCols = 64;
+// The most shared memory one SM holds on Hopper, and what the system reserves per CTA.
+constexpr int kSmemPerSm = 228 * 1024;
+constexpr int kSmemReservedPerCta = 1024;
+
+// Everything that follows from the tile shape: the plan's block size kBlock (query and key tiles
+// are blocks of the plan: 128 or 64 tokens) and the head dim kDim (64 or 128).
+// NOTE (kBlock = 128): two consumer warpgroups of 64 query rows share one K/V tile stream (each
+// tile is loaded once for 128 rows, the FA3 forward shape 128 x 128), plus a producer warpgroup:
+// one 384-thread CTA per SM, registers moved from the producer to the consumers with setmaxnreg.
+// NOTE (kBlock = 64): a plan row is 64 queries, one consumer warpgroup plus one producer warp:
+// at least two 160-thread CTAs share an SM, so two consumers still alternate on the tensor cores,
+// each on its own row and K/V stream (S is 64 x 64, wgmma m64n64k16). No setmaxnreg: the launch
+// bounds allow every thread 200 registers (d = 128 uses 149). (With a whole producer warpgroup,
+// 256 threads, two CTAs leave 128 registers per thread, and the d = 128 consumer spilled 56 bytes.)
+template <int kDim, int kBlock>
+struct TileShape {
+  static_assert(kDim == 64 || kDim == 128, "head dim 64 or 128");
+  static_assert(kBlock == 64 || kBlock == 128, "block size 64 or 128");
+  static constexpr int kConsumers = kBlock / 64;  // consumer warpgroups, 64 query rows each
+  static constexpr bool kSplitRegisters = kBlock == 128;  // setmaxnreg from a producer warpgroup
+  static constexpr int kProducerThreads = kSplitRegisters ? 128 : 32;
+  static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
+  // CTAs per SM the launch bounds and the shared-memory budget are made for (the occupancy API may
+  // fit more: d = 64, B = 64 takes 118 registers and 57 KB, three per SM).
+  static constexpr int kCtasPerSm = 128 / kBlock;
+  static constexpr int kHalfBytes = kBlock * kHalfCols * 2;       // one TMA box
+  static constexpr int kTileBytes = kDim / kHalfCols * kHalfBytes;  // 32 KB at d = 128, B = 128
+  // NOTE: ring stages of K and V: three where they fit beside the query tile in this CTA's share of
+  // the SM, else two (d = 128, B = 64: 3 stages would need 115,832 bytes per CTA against the
+  // 115,712 each of two CTAs may take, 120 bytes over: the 1024-byte alignment slack). Three let
+  // the producer run two tiles ahead, which matters when gathered sparse blocks come from HBM; at
+  // B = 128 on the H200 two and three measured within run-to-run noise (dense 32k 648 vs 595,
+  // 128k 591 vs 594, random 10% at 128k 500 vs 493 TFLOP/s; bench/RESULTS.md).
+  static constexpr int bytes_for(int stages) {
+    // query tile, K and V rings, barriers (q full, K/V full and empty per stage, q empty), the
+    // item slot, and 1024 bytes to align the base (the 128-byte swizzle pattern repeats every
+    // 8 rows of 128 bytes; TMA and wgmma both derive it from the shared-memory address).
+    return kTileBytes * (1 + 2 * stages) + 8 * (2 + 4 * stages) + 8 + 1024;
+  }
+  static constexpr int kBudget = kSmemPerSm / kCtasPerSm - kSmemReservedPerCta;
+  static constexpr int kStages = bytes_for(3) <= kBudget ? 3 : 2;
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kTileBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
+  static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
+  static constexpr int kNumBarriers = 2 + 4 * kStages;
+  // After the barriers: the work item the producer hands to the consumers (int32; the host launches
+  // fewer than 2^31 items).
+  static constexpr int kItemSlotOffset = kBarrierOffset + 8 * kNumBarriers;
+  static constexpr int kSmemBytes = kItemSlotOffset + 8 + 1024;
+  static_assert(kSmemBytes == bytes_for(kStages), "shared-memory layout");
+  static_assert(kSmemBytes <= kBudget && kSmemBytes <= 227 * 1024, "shared memory of one CTA on Hopper");
+  // NOTE: register split (B = 128): the launch gives every thread 65536 / 384 = 168 registers
+  // (rounded down to a multiple of 8), and setmaxnreg only moves registers inside that allocation:
+  // setmaxnreg.inc waits until other warpgroups of the CTA have released enough, so a split above
+  // the launch total would wait forever. 32 for the producer warpgroup (its scheduling loop spills
+  // at 24), the rest to the consumers: 128 x 32 + 2 x 128 x 232 = 63488 <= 64512.
+  static constexpr int kLaunchRegisters = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
+  static constexpr int kProducerRegisters = 32;
+  static constexpr int kConsumerRegisters =
+      kSplitRegisters ? (kThreads * kLaunchRegisters - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8
+                      : kLaunchRegisters;
+  static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= 200,
+                "consumer registers (S, P and O in registers)");
+  static_assert(!kSplitRegisters || 128 * kProducerRegisters + kConsumers * 128 * kConsumerRegisters <=
+                                        kThreads * kLaunchRegisters,
+                "setmaxnreg.inc would wait forever for registers the CTA was not launched with");
+};
+static_assert(TileShape<128, 128>::kStages == 3 && TileShape<128, 128>::kConsumerRegisters == 232, "B = 128 shape");
+static_assert(TileShape<128, 64>::kStages == 2 && TileShape<64, 64>::kStages == 3 &&
+                  TileShape<128, 64>::kConsumerRegisters == 200,
+              "B = 64 shapes");
+// Named hardware barriers of the ping-pong schedule (barrier 0 is __syncthreads): consumer c waits
+// on kPingPongBarrier + c before issuing its matmuls, and the other consumer arrives on it after
+// issuing its own; each involves the 256 consumer threads. Only with two consumers (B = 128).
+constexpr int kPingPongBarrier = 1;
+
+}  // namespace hopper
+}  // namespace cuda_detail
+}  // namespace crisp
