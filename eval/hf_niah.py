@@ -11,12 +11,13 @@ loader, which needs the `gguf` package):
     python3 eval/hf_niah.py --samples samples.jsonl --out outputs.jsonl              # this script
     crisp eval niah --score outputs.jsonl --json eval/results/niah_hf.json          # the table
 
-On the GPU machine, through scripts/py_gpu_run.sh (dump the samples here first: --dry-run needs
-only the tokenizer; carry the samples file, the gguf wheel in .whl/ and the model; bf16 on CUDA):
+On the GPU machine, through the model suite of scripts/gpu.sh (dump the samples here first:
+--dry-run needs only the tokenizer; carry the samples file, the gguf wheel in .whl/ and the model;
+bf16 on CUDA; docs/gpu.md):
 
     build/crisp eval niah --dry-run --dump-samples out/niah_samples.jsonl --lengths 2048,4096,8192
-    HF_NIAH_SAMPLES=out/niah_samples.jsonl HF_NIAH_MODEL=<the .gguf there> COMPARE_ARGS=skip \
-        SKIP_TESTS=1 scripts/py_gpu_run.sh      # -> $OUT/hf_niah_outputs.jsonl
+    CRISP_GPU_HF_NIAH_SAMPLES=out/niah_samples.jsonl CRISP_MODEL_PATH=<the .gguf there> \
+        scripts/gpu.sh model    # -> $OUT/hf_niah_outputs.jsonl
     build/crisp eval niah --score <fetched>/hf_niah_outputs.jsonl   # here
 
 Cost: every sample runs once per policy plus once for sdpa, with Python-level greedy decoding

@@ -8,7 +8,7 @@ greedy answers as sdpa on short prompts").
         [--prose ../shared/data/long_qa_prompts.json] [--json out.json]
 
 Needs torch, transformers and the `gguf` package (carried as a wheel to the GPU machine; see
-scripts/py_gpu_run.sh). Runs on CUDA in bfloat16 when a GPU is there, else on the CPU in float32.
+docs/gpu.md). Runs on CUDA in bfloat16 when a GPU is there, else on the CPU in float32.
 Exit status 1 when a crisp policy's greedy answer differs from sdpa's on any short prompt (the
 long prompt's logits are reported, not judged: past the short-sequence rule the crisp policy is
 sparse on purpose).

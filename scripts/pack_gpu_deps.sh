@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/pack_gpu_deps.sh — copies the header-only / source dependencies of the build into .deps/
-# so they can travel to a GPU machine that has no package registry (scripts/gpu_run.sh uses them
+# so they can travel to a GPU machine that has no package registry (scripts/gpu.sh uses them
 # when the machine lacks them): GoogleTest sources (built there), CLI11 and nlohmann-json headers
 # with their CMake package files. Run here, on a machine where the Debian packages libgtest-dev,
 # libcli11-dev and nlohmann-json3-dev are installed; .deps/ is kept out of git

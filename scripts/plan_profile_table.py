@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sums the kernel durations of an `ncu --csv --metrics gpu__time_duration.sum` log by kernel name.
 
-Used by scripts/hopper_gpu_run.sh (HR_PLAN_PROFILE=1). The first plan of the run is the crisp
+Used by scripts/gpu.sh (CRISP_GPU_PLAN_PROFILE=1). The first plan of the run is the crisp
 preset's plan_async; the random layout's upload adds one work-order build (work_key + sort), which
 is listed separately because it comes after the planner's last kernel.
 Usage: plan_profile_table.py LOG.csv

@@ -9,9 +9,9 @@
 #   here:   scripts/split_model_for_gpu.sh          # -> .modelcarry/part_a/, .modelcarry/part_b/
 #   call 1: run(carry=[".modelcarry/part_a"], command=
 #             "mkdir -p /tmp/modelstore && cp .modelcarry/part_a/* /tmp/modelstore/")
-#   call 2 (at once): run(carry=[".modelcarry/part_b", ".a4bin", ".whl"], command=
+#   call 2 (at once): run(carry=[".modelcarry/part_b", ".gpubin", ".whl"], command=
 #             "cp .modelcarry/part_b/* /tmp/modelstore/ && scripts/split_model_for_gpu.sh --join /tmp/modelstore &&
-#              CRISP_MODEL_PATH=/tmp/modelstore/SmolLM2-135M-Instruct.Q4_1.gguf scripts/gpu_model_eval.sh")
+#              CRISP_MODEL_PATH=/tmp/modelstore/SmolLM2-135M-Instruct.Q4_1.gguf CRISP_GPU_BIN=.gpubin scripts/gpu.sh model")
 #
 # --join DIR concatenates DIR/model.part_a + DIR/model.part_b into DIR/<model file name> and checks
 # its sha256 against DIR/model.sha256; it exits 1 (and removes the joined file) on a mismatch, so a
@@ -42,7 +42,7 @@ NAME=$(basename "$MODEL")
 SIZE=$(stat -c %s "$MODEL")
 # The first part takes what call 1 can carry: 64 MiB less the working tree that travels with every
 # call (tracked + untracked-not-ignored files) and a 2 MiB margin; the second part the rest, which
-# leaves call 2 room for the binaries (.a4bin: crisp + long_qa_prompts.json, ~13 MB) and .whl.
+# leaves call 2 room for the binaries (.gpubin: crisp + long_qa_prompts.json, ~13 MB) and .whl.
 LIMIT=$(( 64 * 1024 * 1024 ))
 TREE=$(git ls-files -co --exclude-standard -z | xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
 MARGIN=$(( 2 * 1024 * 1024 ))
@@ -62,11 +62,11 @@ cp .modelcarry/part_b/model.sha256 .modelcarry/part_b/model.name .modelcarry/par
 # Check the split here before anything travels.
 cat .modelcarry/part_a/model.part_a .modelcarry/part_b/model.part_b | cmp - "$MODEL"
 B=$(( SIZE - HALF ))
-BIN_BYTES=$(du -cb .a4bin .whl 2>/dev/null | tail -1 | cut -f1)
+BIN_BYTES=$(du -cb .gpubin .whl 2>/dev/null | tail -1 | cut -f1)
 echo "working tree $TREE bytes; call 1 carries $HALF + tree = $(( HALF + TREE )) bytes; call 2 carries $B + tree +" \
      "binaries/wheels $BIN_BYTES = $(( B + TREE + BIN_BYTES )) bytes (limit $LIMIT each)"
 if [ $(( HALF + TREE )) -gt "$LIMIT" ] || [ $(( B + TREE + BIN_BYTES )) -gt "$LIMIT" ]; then
-  echo "a call would exceed the 64 MiB limit: carry less (e.g. only crisp in .a4bin) or set PART_A_BYTES" >&2
+  echo "a call would exceed the 64 MiB limit: carry less (e.g. only crisp in .gpubin) or set PART_A_BYTES" >&2
   exit 1
 fi
 echo "ok: carry .modelcarry/part_a in one call and .modelcarry/part_b in the next (see the header)"

@@ -321,7 +321,7 @@ TEST(GpuModel, CaptureQkvMatchesCpu) {
 
 // Timings at SmolLM2-135M's shape (30 layers, 576 wide, 9/3 heads of 64, feed-forward 1536) with
 // random weights: what one NIAH sample costs per length on this GPU, for the budget of
-// scripts/gpu_model_eval.sh. Runs only with CRISP_MODEL_TIMING=1 (it writes a ~430 MB float32 file to the temp directory).
+// the model suite of scripts/gpu.sh. Runs only with CRISP_MODEL_TIMING=1 (it writes a ~430 MB float32 file to the temp directory).
 TEST(GpuModel, SmolLM2ShapeTimings) {
   SKIP_WITHOUT_GPU();
   const char* enabled = std::getenv("CRISP_MODEL_TIMING");

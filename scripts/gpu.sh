@@ -1,0 +1,507 @@
+#!/usr/bin/env bash
+# scripts/gpu.sh — the one driver for a GPU machine: one build, the named suites, every output
+# under one folder, and a summary table (suite, status, key figures) printed last.
+#
+#   scripts/gpu.sh [suite ...]          # no suite: tests sanitizers bench
+#
+# Suites:
+#   tests       the GPU tests (ctest -L gpu; with CRISP_GPU_BIN the crisp_gpu_tests binary)
+#   sanitizers  compute-sanitizer memcheck and racecheck on a selected set of GPU tests
+#   bench       crisp bench: plan time, attention time and TFLOP/s of dense, crisp and flexprefill
+#               (Hq 32 / Hkv 8, d 128, bf16); with CRISP_GPU_BASELINE the same bench of a second
+#               source tree and a before/after table
+#   python      pip install . (the Python package) and pytest tests/python
+#   compare     bench/compare.py: crisp against SDPA flash / cuDNN and FlexAttention (installs the
+#               Python package first unless the python suite did)
+#   model       the real-model evaluation: a short answer on the GPU, logits against transformers,
+#               crisp eval niah --backend cuda (needs CRISP_MODEL_PATH)
+#   cp          context parallelism over 2 GPUs: its tests and crisp bench --gpus 2 (skipped with
+#               fewer than 2 GPUs)
+# docs/gpu.md says how to bring the tree (and a model or prebuilt binaries) to a GPU machine.
+#
+# Knobs (environment; defaults in brackets):
+#   OUT or CRISP_GPU_OUT     output folder [out/gpu]: the summary, the main JSON of each suite,
+#                            details.tgz (every log and table)
+#   CRISP_GPU_DEADLINE_S     every step is cut to what is left of this many seconds from the start
+#                            [570: a 10-minute command less a margin]
+#   CRISP_GPU_ARCH [90a]  CRISP_GPU_JOBS [all cores]  CRISP_GPU_BUILD [build-gpu]
+#   CRISP_GPU_BIN            a folder with prebuilt `crisp` and `crisp_gpu_tests`: no build
+#   CRISP_GPU_CPU_TESTS=1    tests: also the CPU suite (ctest -L cpu)
+#   CRISP_GPU_TEST_FILTER    tests: a gtest filter [* ; with a build, ctest -L gpu takes -R from
+#                            CRISP_GPU_TEST_REGEX instead]
+#   CRISP_GPU_SANITIZE_TOOLS [memcheck,racecheck]  CRISP_GPU_SANITIZE_FILTER [three GpuPlanMatchesCpu cases]
+#   CRISP_GPU_BENCH_SEQ [32768,131072]  CRISP_GPU_BENCH_PRESETS [dense,crisp,flexprefill]
+#   CRISP_GPU_BENCH_DENSITIES [none; e.g. 0.1 for a 10% random layout]
+#   CRISP_GPU_BENCH_KERNELS  [bench's default: portable and hopper on sm_90; e.g.
+#                            hopper-persistent-pp,hopper-grid-nopp,hopper-gqa-pack for the variants]
+#   CRISP_GPU_BENCH_REPS [5]  CRISP_GPU_BENCH_ARGS (more flags, e.g. "--dim 64" or "--block 64")
+#   CRISP_GPU_BASELINE       bench: a second source tree (e.g. `git archive main`) built into
+#                            <build>-baseline and benched with the same flags
+#   CRISP_GPU_PLAN_PROFILE=1 bench: Nsight Compute times the planner kernels of one crisp plan at
+#                            CRISP_GPU_PROFILE_SEQ [131072] tokens (table by kernel name)
+#   CRISP_GPU_WHEEL          python/compare: install this wheel instead of building the package
+#   CRISP_GPU_PYTEST_K       python: a pytest -k expression
+#   CRISP_GPU_COMPARE_ARGS   compare [--seq 8192,32768,131072 --long]
+#   CRISP_MODEL_PATH         model: the GGUF file; CRISP_PROSE_PATH: long_qa_prompts.json for
+#                            niah_prose [beside the binary, else as crisp eval niah finds it]
+#   CRISP_GPU_NIAH_LENGTHS [2048,4096,8192,16384,32768]  CRISP_GPU_NIAH_DEPTHS [0.1,0.5,0.9]
+#   CRISP_GPU_NIAH_SEEDS [2]  CRISP_GPU_F16_TOLERANCE [2e-2]
+#   CRISP_GPU_HF_NIAH_SAMPLES model: also eval/hf_niah.py on these samples (from `crisp eval niah
+#                            --dry-run --dump-samples`), with CRISP_GPU_HF_NIAH_ARGS
+#   CRISP_GPU_CP_SEQ [131072]  CRISP_GPU_CP_PRESETS [dense,crisp]  CRISP_GPU_CP_REPS [3]
+# Python wheels in .whl/ (e.g. gguf, which the model suite's transformers reference needs) are
+# installed into /tmp/crisp-site first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+# NVLink multicast stays off on shared multi-GPU hosts (NCCL, PyTorch, NVSHMEM).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+
+ALL_SUITES="tests sanitizers bench python compare model cp"
+SUITES=("$@")
+[ ${#SUITES[@]} -eq 0 ] && SUITES=(tests sanitizers bench)
+for s in "${SUITES[@]}"; do
+  case " $ALL_SUITES " in
+    *" $s "*) ;;
+    *) echo "gpu.sh: error: unknown suite \"$s\" (expected one or more of: $ALL_SUITES)" >&2; exit 2 ;;
+  esac
+done
+wants() { case " ${SUITES[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+OUT=${OUT:-${CRISP_GPU_OUT:-$ROOT/out/gpu}}
+# The device tool brings back at most 8 files: the summary, each suite's main JSON and details.tgz
+# (everything else, packed at the end from $DETAIL).
+DETAIL=$OUT/detail
+mkdir -p "$OUT" "$DETAIL"
+JOBS=${CRISP_GPU_JOBS:-$(nproc)}
+ARCH=${CRISP_GPU_ARCH:-90a}
+BUILD=${CRISP_GPU_BUILD:-build-gpu}
+PY=${PYTHON:-python3}
+START=$(date +%s)
+# Seconds a step may take: at most $1, and no more than is left of CRISP_GPU_DEADLINE_S.
+left() {
+  local l=$(( ${CRISP_GPU_DEADLINE_S:-570} - ($(date +%s) - START) ))
+  [ "$l" -lt 1 ] && l=1
+  [ "$l" -lt "$1" ] && echo "$l" || echo "$1"
+}
+note() { echo "== $*"; }
+ROWS=()  # "suite|status|figures"
+BASELINE_TABLE=""  # bench: this tree against CRISP_GPU_BASELINE, printed under the summary
+record() { ROWS+=("$1|$2|$3"); }
+
+DEVICE=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
+echo "${DEVICE:-no GPU} (x$GPUS); $(date -u +%Y-%m-%dT%H:%M:%SZ); suites: ${SUITES[*]}"
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/crisp-site .whl/*.whl \
+    && export PYTHONPATH=/tmp/crisp-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+# ---------------------------------------------------------------- build (shared by every suite)
+# Binaries built elsewhere may miss libraries this machine has only in Python wheels (cuBLAS, the
+# runtime, NCCL): add those folders.
+use_wheel_libraries() {
+  local pkg dir
+  for pkg in nvidia.cublas nvidia.cuda_runtime nvidia.nccl; do
+    dir=$($PY -c "import $pkg, os; print(os.path.join(list($pkg.__path__)[0], 'lib'))" 2>/dev/null) \
+      && export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  done
+}
+build_tree() {  # source dir, build dir, targets...: configure + build, log to $DETAIL/build_<name>.log
+  local src=$1 dir=$2
+  shift 2
+  local log=$DETAIL/build_$(basename "$dir").log prefix=""
+  # A machine without a package registry: CLI11 / nlohmann-json / GoogleTest from .deps/
+  # (scripts/pack_gpu_deps.sh) when the system has none.
+  if [ ! -f /usr/include/CLI/CLI.hpp ] || [ ! -f /usr/include/nlohmann/json.hpp ]; then
+    [ -d "$ROOT/.deps/prefix" ] && prefix="$ROOT/.deps/prefix"
+  fi
+  if ! ls /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake /usr/lib/cmake/GTest/GTestConfig.cmake >/dev/null 2>&1 \
+     && [ -d "$ROOT/.deps/googletest" ]; then
+    if [ ! -d /tmp/crisp-gtest ]; then
+      { cmake -S "$ROOT/.deps/googletest" -B /tmp/crisp-gtest-build -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF \
+          -DCMAKE_INSTALL_PREFIX=/tmp/crisp-gtest && cmake --build /tmp/crisp-gtest-build -j"$JOBS" \
+          && cmake --install /tmp/crisp-gtest-build; } >>"$log" 2>&1
+    fi
+    prefix="/tmp/crisp-gtest${prefix:+;$prefix}"
+  fi
+  cmake -S "$src" -B "$dir" -DCRISP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_BUILD_TYPE=Release \
+    -DCRISP_BUILD_TESTS=ON ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"} >>"$log" 2>&1 \
+    && timeout "$(left 600)" cmake --build "$dir" -j"$JOBS" --target "$@" >>"$log" 2>&1
+}
+
+TARGETS=()
+{ wants bench || wants model || wants cp; } && TARGETS+=(crisp_cli)
+{ wants tests || wants sanitizers || wants cp; } && TARGETS+=(crisp_gpu_tests)
+wants tests && [ "${CRISP_GPU_CPU_TESTS:-0}" = 1 ] && TARGETS+=(crisp_tests)
+if [ -n "${CRISP_GPU_BIN:-}" ]; then
+  CRISP=$CRISP_GPU_BIN/crisp
+  GPU_TESTS=$CRISP_GPU_BIN/crisp_gpu_tests
+  for bin in "$CRISP" "$GPU_TESTS"; do
+    [ -x "$bin" ] && ldd "$bin" | grep -q "not found" && use_wheel_libraries
+  done
+  record build "prebuilt" "$CRISP_GPU_BIN"
+elif [ ${#TARGETS[@]} -gt 0 ]; then
+  note "configure + build ($BUILD, sm_$ARCH, -j$JOBS): ${TARGETS[*]}"
+  T0=$(date +%s)
+  if build_tree "$ROOT" "$BUILD" "${TARGETS[@]}"; then
+    # ptxas -v reports every kernel's spills: count the kernels that spill.
+    record build ok "$(( $(date +%s) - T0 )) s; kernels with spills: $(grep -E 'bytes spill stores' \
+      "$DETAIL/build_$(basename "$BUILD").log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads')"
+  else
+    grep -E "error" "$DETAIL/build_$(basename "$BUILD").log" | head -30
+    tail -20 "$DETAIL/build_$(basename "$BUILD").log"
+    record build FAILED "see detail/build_$(basename "$BUILD").log"
+    SUITES=()  # nothing to run
+  fi
+  CRISP=$ROOT/$BUILD/crisp
+  GPU_TESTS=$ROOT/$BUILD/tests/crisp_gpu_tests
+fi
+
+# ---------------------------------------------------------------- tests
+suite_tests() {
+  note "GPU tests"
+  local T0=$(date +%s) rc
+  if [ -z "${CRISP_GPU_BIN:-}" ]; then
+    (cd "$BUILD" && timeout "$(left 300)" ctest -L gpu -j4 --output-on-failure --timeout 200 \
+       ${CRISP_GPU_TEST_REGEX:+-R "$CRISP_GPU_TEST_REGEX"}) >"$DETAIL/tests_gpu.log" 2>&1
+    rc=$?
+    grep -E "tests passed|tests failed|Failed|\*\*\*" "$DETAIL/tests_gpu.log" | head -30
+    record tests "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" \
+      "$(grep -E 'tests passed' "$DETAIL/tests_gpu.log" | tail -1) ($(( $(date +%s) - T0 )) s)"
+  else
+    timeout "$(left 300)" "$GPU_TESTS" --gtest_filter="${CRISP_GPU_TEST_FILTER:-*}" --gtest_brief=1 \
+      >"$DETAIL/tests_gpu.log" 2>&1
+    rc=$?
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|tests ran" "$DETAIL/tests_gpu.log" | tail -25
+    record tests "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" \
+      "$(grep -E '^\[  PASSED|^\[  FAILED' "$DETAIL/tests_gpu.log" | tr '\n' ' ') ($(( $(date +%s) - T0 )) s)"
+  fi
+  if [ "${CRISP_GPU_CPU_TESTS:-0}" = 1 ] && [ -z "${CRISP_GPU_BIN:-}" ]; then
+    (cd "$BUILD" && timeout "$(left 300)" ctest -L cpu -j"$JOBS" --output-on-failure --timeout 120) \
+      >"$DETAIL/tests_cpu.log" 2>&1
+    rc=$?
+    record "tests cpu" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" "$(grep -E 'tests passed' "$DETAIL/tests_cpu.log" | tail -1)"
+  fi
+}
+
+# ---------------------------------------------------------------- sanitizers
+suite_sanitizers() {
+  if ! command -v compute-sanitizer >/dev/null; then
+    record sanitizers SKIPPED "no compute-sanitizer on PATH"
+    return
+  fi
+  local filter=${CRISP_GPU_SANITIZE_FILTER:-'*GpuPlanMatchesCpu*crisp_n3001*:*GpuPlanMatchesCpu*minference_n2500*:*GpuPlanMatchesCpu*flexprefill_varlen*'}
+  local tool rc figures="" status=ok
+  local tools=${CRISP_GPU_SANITIZE_TOOLS:-memcheck,racecheck}
+  for tool in ${tools//,/ }; do
+    note "compute-sanitizer --tool $tool ($filter)"
+    timeout "$(left 240)" compute-sanitizer --tool "$tool" --error-exitcode 3 "$GPU_TESTS" --gtest_filter="$filter" \
+      >"$DETAIL/sanitizer_$tool.log" 2>&1
+    rc=$?
+    tail -3 "$DETAIL/sanitizer_$tool.log"
+    [ $rc = 0 ] || status="FAILED"
+    figures+="$tool rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$DETAIL/sanitizer_$tool.log" | tail -1 | sed 's/^=* *//'); "
+  done
+  record sanitizers "$status" "$figures"
+}
+
+# ---------------------------------------------------------------- bench
+# TFLOP/s and plan time per (n, layout, kernel) of a bench JSON, one line each; with a second
+# JSON, before -> after side by side.
+bench_table() {
+  $PY - "$@" <<'PY'
+import json, sys
+def rows(path):
+    out = {}
+    for r in json.load(open(path)).get("runs", []):
+        out[(r["n"], r["layout"], r["kernel"])] = r
+    return out
+after = rows(sys.argv[1])
+before = rows(sys.argv[2]) if len(sys.argv) > 2 else None
+if before is None:
+    print("%8s %-14s %-22s %9s %9s %8s" % ("n", "layout", "kernel", "plan_ms", "attn_ms", "TFLOP/s"))
+    for key, r in after.items():
+        print("%8d %-14s %-22s %9.3f %9.3f %8.1f" % (*key, r["plan_ms"], r["attention_ms"], r["effective_tflops"]))
+else:
+    print("%8s %-14s %-22s %14s %14s %7s" % ("n", "layout", "kernel", "baseline TF/s", "this TF/s", "change"))
+    for key, r in after.items():
+        b = before.get(key)
+        if b is None:
+            continue
+        print("%8d %-14s %-22s %14.1f %14.1f %+6.1f%%" % (*key, b["effective_tflops"], r["effective_tflops"],
+              100.0 * (r["effective_tflops"] / b["effective_tflops"] - 1.0)))
+PY
+}
+# The suite's key figures: TFLOP/s of each kernel on each layout at the longest n, and the plan time.
+bench_figures() {
+  $PY - "$1" <<'PY'
+import json, sys
+runs = json.load(open(sys.argv[1])).get("runs", [])
+if runs:
+    n = max(r["n"] for r in runs)
+    parts = ["%s/%s %.0f" % (r["layout"], r["kernel"], r["effective_tflops"]) for r in runs if r["n"] == n]
+    plans = {r["layout"]: r["plan_ms"] for r in runs if r["n"] == n and r["plan_ms"] > 0 and r["layout"] != "dense"}
+    print("n=%d TFLOP/s %s; plan ms %s" % (n, ", ".join(parts), ", ".join("%s %.2f" % p for p in plans.items())))
+PY
+}
+run_bench() {  # binary, json path, log name
+  timeout "$(left 300)" "$1" bench --seq "${CRISP_GPU_BENCH_SEQ:-32768,131072}" \
+    --presets "${CRISP_GPU_BENCH_PRESETS:-dense,crisp,flexprefill}" \
+    ${CRISP_GPU_BENCH_DENSITIES:+--densities "$CRISP_GPU_BENCH_DENSITIES"} \
+    ${CRISP_GPU_BENCH_KERNELS:+--kernels "$CRISP_GPU_BENCH_KERNELS"} \
+    --reps "${CRISP_GPU_BENCH_REPS:-5}" --warmup 1 ${CRISP_GPU_BENCH_ARGS:-} --json "$2" \
+    >"$DETAIL/$3.txt" 2>"$DETAIL/$3_progress.log"
+}
+suite_bench() {
+  note "crisp bench"
+  local T0=$(date +%s) rc status
+  run_bench "$CRISP" "$OUT/bench.json" bench
+  rc=$?
+  cat "$DETAIL/bench.txt"
+  tail -3 "$DETAIL/bench_progress.log"
+  status=$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc$([ $rc = 124 ] && echo ' (deadline; rows so far kept)')")
+  record bench "$status" "$(bench_figures "$OUT/bench.json" 2>/dev/null) ($(( $(date +%s) - T0 )) s)"
+  if [ -n "${CRISP_GPU_BASELINE:-}" ]; then
+    note "baseline $CRISP_GPU_BASELINE: build ${BUILD}-baseline and the same bench"
+    T0=$(date +%s)
+    if build_tree "$CRISP_GPU_BASELINE" "$ROOT/${BUILD}-baseline" crisp_cli; then
+      run_bench "$ROOT/${BUILD}-baseline/crisp" "$OUT/bench_baseline.json" bench_baseline
+      rc=$?
+      BASELINE_TABLE=$(bench_table "$OUT/bench.json" "$OUT/bench_baseline.json")
+      echo "$BASELINE_TABLE"
+      record "bench baseline" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" \
+        "$(bench_figures "$OUT/bench_baseline.json" 2>/dev/null) ($(( $(date +%s) - T0 )) s)"
+    else
+      record "bench baseline" FAILED "build of $CRISP_GPU_BASELINE failed (detail/build_${BUILD}-baseline.log)"
+    fi
+  fi
+  if [ "${CRISP_GPU_PLAN_PROFILE:-0}" = 1 ]; then
+    # Nsight Compute times every planner kernel (and the work order's key kernel and cub sort) of
+    # one crisp plan, kernels serialised, clocks left alone; the attention kernels run unprofiled.
+    note "plan profile (ncu), n=${CRISP_GPU_PROFILE_SEQ:-131072}"
+    local ncu
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    timeout "$(left 240)" "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+      --kernel-name-base demangled --kernel-name regex:'planner|work_key|Radix' "$CRISP" bench \
+      --seq "${CRISP_GPU_PROFILE_SEQ:-131072}" --presets crisp --densities 0.1 --reps 1 --warmup 0 --kernels hopper \
+      --quiet >"$DETAIL/plan_profile.csv" 2>"$DETAIL/plan_profile.err"
+    rc=$?
+    $PY scripts/plan_profile_table.py "$DETAIL/plan_profile.csv" | tee "$DETAIL/plan_profile.txt"
+    record "plan profile" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" "$(tail -1 "$DETAIL/plan_profile.txt")"
+  fi
+}
+
+# ---------------------------------------------------------------- python / compare
+PY_INSTALLED=0
+install_python_package() {
+  [ "$PY_INSTALLED" = 1 ] && return 0
+  local T0=$(date +%s) rc
+  if [ -n "${CRISP_GPU_WHEEL:-}" ]; then
+    note "pip install $CRISP_GPU_WHEEL (prebuilt)"
+    $PY -m pip install --no-deps --no-index --force-reinstall "$CRISP_GPU_WHEEL" >"$DETAIL/pip_install.log" 2>&1
+  else
+    # No build isolation: the machine has no network; scikit-build-core, nanobind, cmake and ninja
+    # are installed there.
+    note "pip install . (CUDA arch $ARCH, -j$JOBS)"
+    CMAKE_BUILD_PARALLEL_LEVEL=$JOBS timeout "$(left 400)" $PY -m pip install -v --no-build-isolation --no-deps \
+      --force-reinstall -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$ARCH" . >"$DETAIL/pip_install.log" 2>&1
+  fi
+  rc=$?
+  if [ $rc != 0 ]; then
+    grep -E "error|Error" "$DETAIL/pip_install.log" | head -20
+    record "python install" "FAILED rc=$rc" "see detail/pip_install.log"
+    return 1
+  fi
+  # Imported from outside the tree: the tree's python/crisp has no native module.
+  (cd /tmp && $PY -c 'import crisp; print("crisp", crisp.__version__, "cuda", crisp.cuda_available())') \
+    | tee -a "$DETAIL/pip_install.log"
+  record "python install" ok "$(( $(date +%s) - T0 )) s"
+  PY_INSTALLED=1
+}
+suite_python() {
+  install_python_package || return
+  note "pytest tests/python"
+  local T0=$(date +%s) rc
+  timeout "$(left 150)" $PY -m pytest -q -rs -p no:cacheprovider ${CRISP_GPU_PYTEST_K:+-k "$CRISP_GPU_PYTEST_K"} \
+    tests/python >"$DETAIL/pytest.log" 2>&1
+  rc=$?
+  grep -E "passed|failed|FAILED|ERROR|SKIPPED" "$DETAIL/pytest.log" | tail -20
+  record python "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" "$(tail -1 "$DETAIL/pytest.log") ($(( $(date +%s) - T0 )) s)"
+}
+suite_compare() {
+  install_python_package || return
+  local args=${CRISP_GPU_COMPARE_ARGS:---seq 8192,32768,131072 --long}
+  note "bench/compare.py $args"
+  local T0=$(date +%s) rc
+  timeout "$(left 240)" $PY bench/compare.py $args --json "$OUT/compare.json" >"$DETAIL/compare.txt" \
+    2>"$DETAIL/compare_progress.log"
+  rc=$?
+  cat "$DETAIL/compare.txt"
+  [ $rc = 0 ] || tail -5 "$DETAIL/compare_progress.log"
+  local figures
+  figures=$($PY - "$OUT/compare.json" <<'PY' 2>/dev/null
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+n = max(r["n"] for r in rows if r["Hq"] == rows[0]["Hq"])
+print("n=%d TFLOP/s " % n + ", ".join("%s %.0f" % (r["method"], r["tflops"]) for r in rows if r["n"] == n and r.get("tflops")))
+PY
+)
+  record compare "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc$([ $rc = 124 ] && echo ' (deadline)')")" \
+    "${figures:-no rows} ($(( $(date +%s) - T0 )) s)"
+}
+
+# ---------------------------------------------------------------- model
+suite_model() {
+  if [ -z "${CRISP_MODEL_PATH:-}" ] || [ ! -f "$CRISP_MODEL_PATH" ]; then
+    record model SKIPPED "CRISP_MODEL_PATH does not name the model file (docs/gpu.md)"
+    return
+  fi
+  local prose=${CRISP_PROSE_PATH:-} rc status=ok figures=""
+  [ -z "$prose" ] && [ -f "$(dirname "$CRISP")/long_qa_prompts.json" ] && prose=$(dirname "$CRISP")/long_qa_prompts.json
+  # (b, background) a fresh reference: transformers on this machine's CPU (float32) while (a) runs.
+  # ref_logits.py writes tests/data/ref_logits_smollm2.json: the committed one is kept aside and put back.
+  cp tests/data/ref_logits_smollm2.json "$DETAIL/ref_logits_committed.json"
+  local ref_pid=""
+  if $PY -c 'import gguf' 2>/dev/null; then
+    ($PY scripts/ref_logits.py "$CRISP_MODEL_PATH" && cp tests/data/ref_logits_smollm2.json "$DETAIL/ref_logits_gpu_machine.json") \
+      >"$DETAIL/ref_logits.log" 2>&1 &
+    ref_pid=$!
+  else
+    figures+="fresh reference skipped (no gguf wheel in .whl/); "
+  fi
+  note "model (a): crisp run --backend cuda"
+  timeout "$(left 60)" "$CRISP" run --backend cuda --chat --prompt "What is the capital of France?" --max-new-tokens 24 \
+    --policy dense --json "$DETAIL/run_cuda.json" --quiet >"$DETAIL/run_cuda.txt" 2>&1
+  rc=$?
+  cat "$DETAIL/run_cuda.txt"
+  [ $rc = 0 ] || status=FAILED
+  figures+="answer $($PY -c "import json;print(repr(json.load(open('$DETAIL/run_cuda.json'))['answer'][:40]))" 2>/dev/null); "
+  # NOTE: f16 tolerance. crisp's kernel reads Q/K/V rounded to float16 (relative 2^-11 per
+  # element) and writes its output in float16; over 30 layers that moves the last position's logits
+  # by a small fraction of their spread. 2e-2 of the std (200x the float32 check) with 98% argmax
+  # agreement separates that rounding from a real fault (a wrong head, stride or block: O(std)).
+  local f16_tolerance=${CRISP_GPU_F16_TOLERANCE:-2e-2}
+  check_logits() {  # label, reference file, extra args...
+    local label=$1 ref=$2
+    shift 2
+    timeout "$(left 120)" "$CRISP" run --backend cuda --policy dense --check-logits "$ref" \
+      --json "$DETAIL/logits_$label.json" --quiet "$@" >"$DETAIL/logits_$label.txt" 2>&1
+    local r=$?
+    [ $r = 0 ] || status=FAILED
+    figures+="logits $label rc=$r; "
+  }
+  note "model (b): logits against the committed transformers reference"
+  check_logits committed_f32ref "$DETAIL/ref_logits_committed.json" --cuda-attention f32-reference
+  check_logits committed_f16 "$DETAIL/ref_logits_committed.json" --cuda-attention f16 \
+    --logits-tolerance "$f16_tolerance" --min-argmax-agreement 0.98
+  if [ -n "$ref_pid" ]; then
+    wait "$ref_pid"
+    rc=$?
+    cp "$DETAIL/ref_logits_committed.json" tests/data/ref_logits_smollm2.json
+    if [ $rc = 0 ] && [ -f "$DETAIL/ref_logits_gpu_machine.json" ]; then
+      note "model (b): logits against transformers run on this machine"
+      check_logits fresh_f32ref "$DETAIL/ref_logits_gpu_machine.json" --cuda-attention f32-reference
+      check_logits fresh_f16 "$DETAIL/ref_logits_gpu_machine.json" --cuda-attention f16 \
+        --logits-tolerance "$f16_tolerance" --min-argmax-agreement 0.98
+    else
+      status=FAILED
+      figures+="fresh reference FAILED (detail/ref_logits.log); "
+    fi
+  fi
+  # (c) NIAH: the JSON is rewritten after every sample, so a run stopped by the deadline keeps its rows.
+  local lengths=${CRISP_GPU_NIAH_LENGTHS:-2048,4096,8192,16384,32768}
+  note "model (c): crisp eval niah --backend cuda, lengths $lengths"
+  local json=$OUT/niah_gpu_$(date -u +%Y%m%d).json
+  timeout "$(left 600)" "$CRISP" eval niah --backend cuda --lengths "$lengths" \
+    --depths "${CRISP_GPU_NIAH_DEPTHS:-0.1,0.5,0.9}" --seeds "${CRISP_GPU_NIAH_SEEDS:-2}" ${prose:+--prose "$prose"} \
+    --json "$json" --dump-samples "$DETAIL/niah_samples.jsonl" >"$DETAIL/niah_table.txt" 2>"$DETAIL/niah_progress.log"
+  rc=$?
+  if [ $rc != 0 ] && [ -f "$json" ]; then
+    # Stopped early: the table from the rows the JSON holds so far.
+    $PY - "$json" >>"$DETAIL/niah_table.txt" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("NIAH rows so far (run stopped before the end; complete=%s)" % d.get("complete"))
+print("%-17s %6s  %-11s %5s %6s %8s %8s %4s" % ("task", "length", "policy", "acc", "dense", "density", "TTFT s", "n"))
+for r in d.get("rows", []):
+    dense = r.get("dense_accuracy")
+    print("%-17s %6d  %-11s %5.2f %6s %8.3f %8.2f %4d" % (r["task"], r["length"], r["policy"], r["accuracy"],
+          "-" if dense is None else "%.2f" % dense, r["mean_density"], r["mean_ttft_s"], r["samples"]))
+PY
+  fi
+  cat "$DETAIL/niah_table.txt"
+  [ $rc = 0 ] || status=FAILED
+  figures+="niah rc=$rc$([ $rc = 124 ] && echo ' (deadline; rows so far kept)'), $($PY -c "import json;print(len(json.load(open('$json')).get('rows', [])))" 2>/dev/null || echo 0) rows"
+  if [ -n "${CRISP_GPU_HF_NIAH_SAMPLES:-}" ]; then
+    # The same samples through transformers (eval/hf_niah.py); score them with
+    # `crisp eval niah --score hf_niah_outputs.jsonl`.
+    note "model: eval/hf_niah.py --samples $CRISP_GPU_HF_NIAH_SAMPLES"
+    timeout "$(left 300)" $PY eval/hf_niah.py --samples "$CRISP_GPU_HF_NIAH_SAMPLES" --model "$CRISP_MODEL_PATH" \
+      --out "$OUT/hf_niah_outputs.jsonl" ${CRISP_GPU_HF_NIAH_ARGS:-} >"$DETAIL/hf_niah.log" 2>&1
+    rc=$?
+    figures+="; hf_niah rc=$rc, $(wc -l <"$OUT/hf_niah_outputs.jsonl" 2>/dev/null || echo 0) outputs"
+  fi
+  record model "$status" "$figures"
+}
+
+# ---------------------------------------------------------------- cp
+suite_cp() {
+  if [ "$GPUS" -lt 2 ]; then
+    record cp SKIPPED "$GPUS GPU(s); context parallelism needs 2"
+    return
+  fi
+  # NCCL at run time: the CUDA toolkit's, else the nvidia-nccl-cu* Python wheel's.
+  local dir nccl=""
+  for dir in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu; do
+    [ -e "$dir/libnccl.so.2" ] && { nccl=$dir; break; }
+  done
+  [ -z "$nccl" ] && nccl=$($PY -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+  export LD_LIBRARY_PATH="${nccl:+$nccl:}${LD_LIBRARY_PATH:-}"
+  nvidia-smi topo -m 2>/dev/null | head -4
+  note "cp: GPU tests of context parallelism"
+  local T0=$(date +%s) rc status=ok figures=""
+  timeout "$(left 90)" "$GPU_TESTS" --gtest_filter='GpuContextParallel*' >"$DETAIL/cp_tests.log" 2>&1
+  rc=$?
+  grep -E "^\[  (PASSED|FAILED)|Failure" "$DETAIL/cp_tests.log" | head -10
+  [ $rc = 0 ] || status=FAILED
+  figures+="tests rc=$rc $(grep -E '^\[  PASSED' "$DETAIL/cp_tests.log" | tr -s ' ' | head -1); "
+  note "cp: crisp bench --gpus 2"
+  timeout "$(left 200)" "$CRISP" bench --gpus 2 --seq "${CRISP_GPU_CP_SEQ:-131072}" --presets "${CRISP_GPU_CP_PRESETS:-dense,crisp}" \
+    --partition contiguous,zigzag --reps "${CRISP_GPU_CP_REPS:-3}" --warmup 1 --json "$OUT/cp_bench.json" \
+    >"$DETAIL/cp_bench.txt" 2>"$DETAIL/cp_bench_progress.log"
+  rc=$?
+  cat "$DETAIL/cp_bench.txt"
+  [ $rc = 0 ] || status=FAILED
+  figures+="bench rc=$rc $($PY - "$OUT/cp_bench.json" <<'PY' 2>/dev/null
+import json, sys
+runs = json.load(open(sys.argv[1]))["runs"]
+print(", ".join("%s/%s x%.2f" % (r["preset"], r["partition"], r["speedup"]) for r in runs if r["n"] == max(x["n"] for x in runs)))
+PY
+) ($(( $(date +%s) - T0 )) s)"
+  record cp "$status" "$figures"
+}
+
+for s in "${SUITES[@]}"; do
+  if [ "$(left 1000)" -le 5 ]; then
+    record "$s" SKIPPED "CRISP_GPU_DEADLINE_S reached"
+    continue
+  fi
+  "suite_$s"
+done
+
+[ -d "$DETAIL" ] && tar czf "$OUT/details.tgz" -C "$OUT" detail && rm -rf "$DETAIL"
+{
+  echo
+  echo "==================== summary ($(date -u +%Y-%m-%dT%H:%MZ), ${DEVICE:-no GPU} x$GPUS, $(( $(date +%s) - START )) s)"
+  printf "%-16s %-10s %s\n" suite status "key figures"
+  for row in "${ROWS[@]}"; do
+    IFS='|' read -r suite status figures <<<"$row"
+    printf "%-16s %-10s %s\n" "$suite" "$status" "$figures"
+  done
+  [ -n "$BASELINE_TABLE" ] && printf "\nbench against the baseline (%s):\n%s\n" "$CRISP_GPU_BASELINE" "$BASELINE_TABLE"
+} | tee "$OUT/summary.txt"
+# Exit status: 1 when any suite failed.
+for row in "${ROWS[@]}"; do case "$row" in *"|FAILED"*) exit 1 ;; esac; done
+exit 0
