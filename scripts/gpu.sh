@@ -139,7 +139,7 @@ if [ -n "${CRISP_GPU_BIN:-}" ]; then
   CRISP=$CRISP_GPU_BIN/crisp
   GPU_TESTS=$CRISP_GPU_BIN/crisp_gpu_tests
   for bin in "$CRISP" "$GPU_TESTS"; do
-    [ -x "$bin" ] && ldd "$bin" | grep -q "not found" && use_wheel_libraries
+    [ -x "$bin" ] && ldd "$bin" 2>/dev/null | grep -q "not found" && use_wheel_libraries
   done
   record build "prebuilt" "$CRISP_GPU_BIN"
 elif [ ${#TARGETS[@]} -gt 0 ]; then

@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/attention_kernel.cuh"  // Mma<T>::pack
 #include "cuda/hopper/shared_storage.cuh"
@@ -34,35 +35,24 @@ namespace hopper {
 // The wgmma shapes of one element type: S = Q K^T (both from shared memory) and O += P V (P from
 // registers), for 128- and 64-wide tiles.
 template <typename T>
-struct Ops;
-template <>
-struct Ops<__nv_bfloat16> {
+struct Ops {
+  static_assert(std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value, "bf16 or fp16");
+  static constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
   static __device__ __forceinline__ void qk(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
-    wgmma_m64n128k16_ss_bf16(d, a, b, scale_d);
+    if constexpr (kBf16) wgmma_m64n128k16_ss_bf16(d, a, b, scale_d);
+    else wgmma_m64n128k16_ss_f16(d, a, b, scale_d);
   }
   static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
-    wgmma_m64n64k16_ss_bf16(d, a, b, scale_d);
+    if constexpr (kBf16) wgmma_m64n64k16_ss_bf16(d, a, b, scale_d);
+    else wgmma_m64n64k16_ss_f16(d, a, b, scale_d);
   }
   static __device__ __forceinline__ void pv(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-    wgmma_m64n128k16_rs_bf16(d, a, b);
+    if constexpr (kBf16) wgmma_m64n128k16_rs_bf16(d, a, b);
+    else wgmma_m64n128k16_rs_f16(d, a, b);
   }
   static __device__ __forceinline__ void pv(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-    wgmma_m64n64k16_rs_bf16(d, a, b);
-  }
-};
-template <>
-struct Ops<__half> {
-  static __device__ __forceinline__ void qk(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
-    wgmma_m64n128k16_ss_f16(d, a, b, scale_d);
-  }
-  static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
-    wgmma_m64n64k16_ss_f16(d, a, b, scale_d);
-  }
-  static __device__ __forceinline__ void pv(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-    wgmma_m64n128k16_rs_f16(d, a, b);
-  }
-  static __device__ __forceinline__ void pv(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-    wgmma_m64n64k16_rs_f16(d, a, b);
+    if constexpr (kBf16) wgmma_m64n64k16_rs_bf16(d, a, b);
+    else wgmma_m64n64k16_rs_f16(d, a, b);
   }
 };
 
@@ -233,6 +223,8 @@ class ConsumerMainloop {
     if constexpr (kPingPong) named_barrier_arrive(kPingPongBarrier + (1 - consumer_), 2 * 128);
   }
 
+  // A copy, not a reference: the compiler then keeps the addresses in registers from the start, and
+  // the loops compile as they did when they were written inside the kernel.
   const SharedStorage<kDim, kBlock> storage_;
   const int consumer_, lane_;
   const uint64_t q_desc_;

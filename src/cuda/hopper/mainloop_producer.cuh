@@ -58,7 +58,8 @@ class ProducerMainloop {
     const int32_t token0 = static_cast<int32_t>(bases.token_offset);  // TMA coordinates are int32
     const int32_t kv_head = it.h / p.q_per_kv;
     load_query(map_q, p, it, token0 + it.r * kBlock, kv_head);
-    for (int j = 0; j < num_tiles; ++j) load_key_value(map_k, map_v, tiles_done_ + j, token0 + row_cols[j] * kBlock, kv_head);
+    for (int j = 0; j < num_tiles; ++j)
+      load_key_value(map_k, map_v, tiles_done_ + j, token0 + row_cols[j] * kBlock, kv_head);
     tiles_done_ += num_tiles;
     ++items_done_;
   }
@@ -87,25 +88,32 @@ class ProducerMainloop {
     }
   }
 
-  // The K and V tiles of ring tile t (key block at `key_token`), each once its slot is free.
+  // The K and V tiles of ring tile t (key block at `key_token`), each once its slot is free (the
+  // first kStages tiles find the ring empty).
   __device__ __forceinline__ void load_key_value(const CUtensorMap& map_k, const CUtensorMap& map_v, uint32_t t,
                                                  int key_token, int32_t kv_head) const {
     const int stage = t % kStages;
     const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
-    if (t >= kStages) mbar_wait(storage_.bar_k_empty(stage), reuse_parity);
-    mbar_expect_tx(storage_.bar_k_full(stage), Shape::kTileBytes);
+    const bool reuse = t >= kStages;
+    load_ring_tile(map_k, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse,
+                   reuse_parity, key_token, kv_head);
+    load_ring_tile(map_v, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse,
+                   reuse_parity, key_token, kv_head);
+  }
+  // One tile into `dst`, completing on `bar_full`; with `reuse`, after the consumers released the
+  // slot's previous tile on `bar_empty`.
+  __device__ __forceinline__ void load_ring_tile(const CUtensorMap& map, uint32_t dst, uint32_t bar_full,
+                                                 uint32_t bar_empty, bool reuse, uint32_t reuse_parity,
+                                                 int key_token, int32_t kv_head) const {
+    if (reuse) mbar_wait(bar_empty, reuse_parity);
+    mbar_expect_tx(bar_full, Shape::kTileBytes);
 #pragma unroll
     for (int x = 0; x < kHalves; ++x)
-      tma_load(storage_.k(stage) + x * Shape::kHalfBytes, &map_k, x * kHalfCols, key_token, kv_head,
-               storage_.bar_k_full(stage));
-    if (t >= kStages) mbar_wait(storage_.bar_v_empty(stage), reuse_parity);
-    mbar_expect_tx(storage_.bar_v_full(stage), Shape::kTileBytes);
-#pragma unroll
-    for (int x = 0; x < kHalves; ++x)
-      tma_load(storage_.v(stage) + x * Shape::kHalfBytes, &map_v, x * kHalfCols, key_token, kv_head,
-               storage_.bar_v_full(stage));
+      tma_load(dst + x * Shape::kHalfBytes, &map, x * kHalfCols, key_token, kv_head, bar_full);
   }
 
+  // A copy, not a reference: the compiler then keeps the addresses in registers from the start, and
+  // the loops compile as they did when they were written inside the kernel.
   const SharedStorage<kDim, kBlock> storage_;
   uint32_t tiles_done_ = 0, items_done_ = 0;
 };
