@@ -1,7 +1,8 @@
 // src/cpu/cpu_plan.cpp — the CPU planner: §1 proxy map, §2 routing, §3 VS rules, §4 PE global
 // coverage, §5 layout and §7 short sequences of ../shared/crisp-spec.md, per (sequence, query head).
 //
-// Every decision goes through src/plan/rules.h; this file only decides how the data is streamed.
+// The selection pipeline is src/plan/select.h (over the rules of src/plan/rules.h); this file
+// computes the proxy map and supplies the pipeline's primitives as serial loops.
 // Precision::f64 runs everything in double (the reference). Precision::f32 computes dot products
 // and exponentials in float and accumulates the spec's sums (softmax denominators, the proxy
 // masses v/u/pv/ps, C_struct, JSD, block means, the coverage running sum) in double.
@@ -13,7 +14,9 @@
 
 #include "backend.h"
 #include "cpu/cpu_common.h"
+#include "plan/plan_params.h"
 #include "plan/rules.h"
+#include "plan/select.h"
 
 namespace crisp {
 namespace detail {
@@ -49,7 +52,7 @@ template <typename T>
 struct PlanInputs {
   const TensorView& q;
   const TensorView& k;
-  const Config& config;
+  const PlanParams& params;
   const SeqLens& cu;
   const BlockIndex& index;
   const PackedKeys<T>& keys;
@@ -82,7 +85,7 @@ struct ProxyMasses {
 
 template <typename T>
 ProxyMasses proxy_map(const PlanInputs<T>& in, int64_t s, int64_t h, std::vector<T>& proxy_queries) {
-  const int B = in.config.block_size;
+  const int B = in.params.block_size;
   const int64_t offset = in.cu[s];
   const int64_t n = in.cu[s + 1] - offset;
   const int32_t N = rules::num_blocks(n, B);
@@ -103,7 +106,7 @@ ProxyMasses proxy_map(const PlanInputs<T>& in, int64_t s, int64_t h, std::vector
   const int64_t lds = static_cast<int64_t>(N) * B;
   std::vector<T> scores(static_cast<size_t>(kProxyRowsPerChunk * lds));
   std::vector<T> exps(static_cast<size_t>(n));
-  const int64_t w_sink = in.config.w_sink, w_local = in.config.w_local;
+  const int64_t w_sink = in.params.w_sink, w_local = in.params.w_local;
   double c_struct_sum = 0.0;
 
   for (int64_t i0 = 0; i0 < L; i0 += kProxyRowsPerChunk) {
@@ -219,66 +222,93 @@ double js_distance(const PlanInputs<T>& in, const std::vector<T>& proxy_queries,
   return rules::js_distance(kl_pooled, kl_proxy);
 }
 
-// count(x, gamma) of §3 cumulative: entries of x sorted descending whose running sum is <= gamma,
-// plus one.
-int64_t cumulative_count(std::vector<double> x, double gamma) {
-  std::sort(x.begin(), x.end(), [](double a, double b) { return a > b; });
-  double running = 0.0;
-  int64_t count = 0;
-  for (double value : x) {
-    running += value;
-    if (!rules::cumulative_within(running, gamma)) break;
-    ++count;
+// The ordered walk of src/plan/select.h over values[first, len) in rank order (rules::ranks_before):
+// mark(i) for every kept entry; returns how many were kept.
+template <typename Mark>
+int64_t ranked_walk(const double* values, int64_t first, int64_t len, const select::WalkRule& walk, Mark mark) {
+  std::vector<int64_t> order(static_cast<size_t>(std::max<int64_t>(len - first, 0)));
+  std::iota(order.begin(), order.end(), first);
+  const auto before = [&](int64_t a, int64_t b) { return rules::ranks_before(values[a], a, values[b], b); };
+  auto walked = order.end();
+  if (walk.mode == select::kCount) {  // only the first k can be kept: a partial sort suffices
+    walked = order.begin() + std::min<int64_t>(walk.k, static_cast<int64_t>(order.size()));
+    std::partial_sort(order.begin(), walked, order.end(), before);
+  } else {
+    std::sort(order.begin(), order.end(), before);
   }
-  return count + 1;
+  double running = 0.0;
+  int64_t kept = 0;
+  for (auto it = order.begin(); it != walked; ++it) {
+    const double x = values[*it];
+    if (!select::walk_keeps(walk, running, kept, x)) break;
+    mark(*it);
+    running += x;
+    ++kept;
+  }
+  return kept;
 }
 
 int32_t count_flags(const std::vector<char>& flags) {
   return static_cast<int32_t>(std::count(flags.begin(), flags.end(), char(1)));
 }
 
-// Adds blocks in `order` until `target` blocks are flagged.
-void add_until(std::vector<char>& flags, const std::vector<int32_t>& order, int32_t target) {
-  int32_t kept = count_flags(flags);
-  for (int32_t b : order) {
-    if (kept >= target) break;
-    if (!flags[b]) {
-      flags[b] = 1;
-      ++kept;
+// One side (verticals with pv and v, or slashes with ps and u) of one head: the primitives of
+// src/plan/select.h as serial loops.
+class CpuSide {
+ public:
+  CpuSide(const std::vector<double>& pooled, const std::vector<double>& tokens, int block)
+      : pooled_(pooled), tokens_(tokens), order_(tie_order(pooled)), block_(block), flags_(pooled.size(), 0) {}
+
+  int32_t num_blocks() const { return static_cast<int32_t>(pooled_.size()); }
+  double mass(int32_t b) const { return pooled_[b]; }
+  double sum_mass(int32_t first, int32_t last) const {
+    double sum = 0.0;
+    for (int32_t b = first; b <= last; ++b) sum += pooled_[b];
+    return sum;
+  }
+  template <typename Pred>
+  void keep_where(Pred pred) {
+    for (int32_t b = 0; b < num_blocks(); ++b)
+      if (pred(b)) flags_[b] = 1;
+  }
+  void add_in_rank_order(int32_t target) {
+    int32_t kept = count_flags(flags_);
+    for (int32_t b : order_) {
+      if (kept >= target) break;
+      if (!flags_[b]) {
+        flags_[b] = 1;
+        ++kept;
+      }
     }
   }
-}
-
-// max_budget: keeps the anchor (block 0) and the first flagged blocks of `order` up to `limit`.
-void trim_to(std::vector<char>& flags, const std::vector<int32_t>& order, int32_t limit) {
-  if (count_flags(flags) <= limit) return;
-  std::vector<char> kept(flags.size(), 0);
-  kept[0] = 1;
-  int32_t count = 1;
-  for (int32_t b : order) {
-    if (count >= limit) break;
-    if (flags[b] && !kept[b]) {
-      kept[b] = 1;
-      ++count;
+  void trim_in_rank_order(int32_t limit) {
+    if (count_flags(flags_) <= limit) return;
+    std::vector<char> kept(flags_.size(), 0);
+    kept[0] = 1;
+    int32_t count = 1;
+    for (int32_t b : order_) {
+      if (count >= limit) break;
+      if (flags_[b] && !kept[b]) {
+        kept[b] = 1;
+        ++count;
+      }
     }
+    flags_.swap(kept);
   }
-  flags.swap(kept);
-}
+  int64_t walk_tokens(const select::TokenWalk& walk, bool mark_blocks) {
+    return ranked_walk(tokens_.data(), walk.first, static_cast<int64_t>(tokens_.size()), walk.rule, [&](int64_t t) {
+      if (mark_blocks) flags_[t / block_] = 1;
+    });
+  }
+  const std::vector<char>& flags() const { return flags_; }
 
-// §3 topk: forced tokens first, then the top tokens of `x` in tie order until `budget` tokens;
-// each token mapped to its block.
-void topk_blocks(const std::vector<double>& x, int64_t forced, int64_t budget, int B, std::vector<char>& flags) {
-  const int64_t n = static_cast<int64_t>(x.size());
-  forced = std::min(forced, n);
-  for (int64_t t = 0; t < forced; ++t) flags[t / B] = 1;
-  const int64_t extra = std::min(std::max<int64_t>(budget - forced, 0), n - forced);
-  if (extra <= 0) return;
-  std::vector<int64_t> candidates(static_cast<size_t>(n - forced));
-  std::iota(candidates.begin(), candidates.end(), forced);
-  std::partial_sort(candidates.begin(), candidates.begin() + extra, candidates.end(),
-                    [&](int64_t a, int64_t b) { return rules::ranks_before(x[a], a, x[b], b); });
-  for (int64_t i = 0; i < extra; ++i) flags[candidates[i] / B] = 1;
-}
+ private:
+  const std::vector<double>& pooled_;
+  const std::vector<double>& tokens_;
+  std::vector<int32_t> order_;
+  int block_;
+  std::vector<char> flags_;
+};
 
 std::vector<int32_t> flagged(const std::vector<char>& flags) {
   std::vector<int32_t> out;
@@ -287,10 +317,11 @@ std::vector<int32_t> flagged(const std::vector<char>& flags) {
   return out;
 }
 
-// §4 global coverage over the block-causal softmax of block means; returns [N][N] row flags.
+// §4 global coverage over the block-causal softmax of block means; returns the kept flags of the
+// causal entries, row r at r (r + 1) / 2.
 template <typename T>
 std::vector<char> pe_entries(const PlanInputs<T>& in, int64_t s, int64_t h, const std::vector<T>& key_means) {
-  const int B = in.config.block_size;
+  const int B = in.params.block_size;
   const int64_t offset = in.cu[s];
   const int64_t n = in.cu[s + 1] - offset;
   const int32_t N = rules::num_blocks(n, B);
@@ -299,7 +330,6 @@ std::vector<char> pe_entries(const PlanInputs<T>& in, int64_t s, int64_t h, cons
 
   const int64_t entries = rules::causal_blocks(N);
   std::vector<double> prob(static_cast<size_t>(entries));
-  std::vector<int64_t> linear(static_cast<size_t>(entries));
   std::vector<T> logits(N);
   int64_t e = 0;
   for (int32_t r = 0; r < N; ++r) {
@@ -313,122 +343,64 @@ std::vector<char> pe_entries(const PlanInputs<T>& in, int64_t s, int64_t h, cons
       prob[e + c] = static_cast<double>(static_cast<T>(std::exp(logits[c] - max_logit)));
       denominator += prob[e + c];
     }
-    for (int32_t c = 0; c <= r; ++c) {
-      prob[e + c] /= denominator;
-      linear[e + c] = static_cast<int64_t>(r) * N + c;
-    }
+    for (int32_t c = 0; c <= r; ++c) prob[e + c] /= denominator;
     e += r + 1;
   }
-  std::vector<int64_t> order(static_cast<size_t>(entries));
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return rules::ranks_before(prob[a], linear[a], prob[b], linear[b]);
-  });
-  std::vector<char> keep(static_cast<size_t>(N) * N, 0);
-  const double target = rules::pe_coverage_target(in.config.pe_gamma, N);
-  double running = 0.0;
-  for (int64_t idx : order) {
-    if (!rules::pe_keeps_next(running, target)) break;
-    keep[linear[idx]] = 1;
-    running += prob[idx];
-  }
+  // Entry order e = r (r + 1) / 2 + c ranks ties like the spec's r N + c.
+  std::vector<char> keep(static_cast<size_t>(entries), 0);
+  ranked_walk(prob.data(), 0, entries, select::pe_walk(in.params, N), [&](int64_t kept) { keep[kept] = 1; });
   return keep;
+}
+
+// The layout's CSR of one head from its side flags and PE entries (empty for VS heads).
+void layout_rows(const PlanParams& params, int32_t route, int32_t N, const std::vector<char>& vertical,
+                 const std::vector<char>& slash, const std::vector<char>& pe, HeadPlan& head) {
+  const std::vector<char> no_pe(N, 0);
+  head.row_ptr.resize(static_cast<size_t>(N) + 1);
+  head.row_ptr[0] = 0;
+  for (int32_t r = 0; r < N; ++r) {
+    const char* pe_row = pe.empty() ? no_pe.data() : pe.data() + rules::causal_blocks(r);
+    for (int32_t kb = 0; kb <= r; ++kb)
+      if (select::layout_keeps(params, route, r, kb, vertical, slash, pe_row)) head.col.push_back(kb);
+    head.row_ptr[r + 1] = static_cast<int32_t>(head.col.size());
+  }
+  head.density = rules::density(static_cast<int64_t>(head.col.size()), N);
 }
 
 template <typename T>
 HeadPlan plan_head(const PlanInputs<T>& in, int64_t s, int64_t h) {
-  const Config& cfg = in.config;
-  const int B = cfg.block_size;
+  const PlanParams& params = in.params;
+  const int B = params.block_size;
   const int64_t offset = in.cu[s];
   const int64_t n = in.cu[s + 1] - offset;
   const int32_t N = rules::num_blocks(n, B);
-  if (cfg.dense || rules::is_short_sequence(n, B, cfg.min_budget, cfg.dense_below))
-    return detail::make_dense_head(N);
+  if (!select::estimates(params, n)) return detail::make_dense_head(N);
 
   HeadPlan head;
   std::vector<T> proxy_queries;
-  ProxyMasses masses = proxy_map(in, s, h, proxy_queries);
+  const ProxyMasses masses = proxy_map(in, s, h, proxy_queries);
   head.c_struct = masses.c_struct;
 
   std::vector<T> key_means;
-  const bool need_jsd = cfg.routing == Routing::jsd;
-  if (need_jsd) {
+  if (select::needs_jsd(params)) {
     key_means = block_means<T>(in.k, h / in.group, offset, n, B, in.keys.dpad);
     head.jsd = js_distance(in, proxy_queries, rules::proxy_rows(n, B), key_means, masses.pv);
   }
-  const int32_t route = rules::route_head(static_cast<int32_t>(cfg.routing), head.c_struct, head.jsd, n, cfg.w_sink,
-                                          cfg.w_local, cfg.tau_proxy, cfg.rho, cfg.tau);
+  const int32_t route = select::decide_route(params, head.c_struct, head.jsd, n);
   head.route = route == rules::kRoutePe ? Route::pe : Route::vs;
 
-  // Verticals and slashes; anchors (vertical 0, slash 0) always kept.
-  std::vector<char> vertical(N, 0), slash(N, 0);
-  vertical[0] = 1;
-  slash[0] = 1;
-  const std::vector<int32_t> vertical_order = tie_order(masses.pv);
-  const std::vector<int32_t> slash_order = tie_order(masses.ps);
-  const int32_t min_blocks = rules::min_budget_blocks(cfg.min_budget, B, N);
-  const int32_t max_blocks = rules::max_budget_blocks(cfg.max_budget, B, N);
-
-  if (head.route == Route::vs) {
-    switch (cfg.vs_budget) {
-      case VsRule::noise_floor: {
-        const int32_t first = rules::noise_floor_first(N), last = rules::noise_floor_last(N);
-        double floor_v = 0.0, floor_s = 0.0;
-        for (int32_t b = first; b <= last; ++b) {
-          floor_v += masses.pv[b];
-          floor_s += masses.ps[b];
-        }
-        floor_v /= static_cast<double>(last - first + 1);
-        floor_s /= static_cast<double>(last - first + 1);
-        for (int32_t b = 1; b < N; ++b) {
-          if (rules::noise_floor_keeps(masses.pv[b], floor_v, cfg.alpha)) vertical[b] = 1;
-          if (rules::noise_floor_keeps(masses.ps[b], floor_s, cfg.alpha)) slash[b] = 1;
-        }
-        break;
-      }
-      case VsRule::cumulative: {
-        const int32_t n_v = rules::cumulative_blocks(cumulative_count(masses.v, cfg.gamma), B, min_blocks, N);
-        const int32_t n_s = rules::cumulative_blocks(cumulative_count(masses.u, cfg.gamma), B, min_blocks, N);
-        add_until(vertical, vertical_order, n_v);
-        add_until(slash, slash_order, n_s);
-        break;
-      }
-      case VsRule::topk:
-        topk_blocks(masses.v, rules::kTopkForcedVerticalTokens, cfg.vertical_tokens, B, vertical);
-        topk_blocks(masses.u, rules::kTopkForcedSlashTokens, cfg.slash_tokens, B, slash);
-        break;
-    }
-  }
-  // Budget clamps. min_budget applies to every VS rule and to PE heads (§4: "union with the
-  // min_budget verticals/slashes"); max_budget clamps the VS rules' selection only (§3), a PE head
-  // keeping exactly {0} plus its min_budget blocks.
-  add_until(vertical, vertical_order, min_blocks);
-  add_until(slash, slash_order, min_blocks);
-  if (head.route == Route::vs) {
-    trim_to(vertical, vertical_order, max_blocks);
-    trim_to(slash, slash_order, max_blocks);
-  }
-  head.vertical = flagged(vertical);
-  head.slash = flagged(slash);
+  CpuSide vertical(masses.pv, masses.v, B), slash(masses.ps, masses.u, B);
+  select::select_side(params, route, n, true, vertical);
+  select::select_side(params, route, n, false, slash);
+  head.vertical = flagged(vertical.flags());
+  head.slash = flagged(slash.flags());
 
   std::vector<char> pe;
-  if (head.route == Route::pe) {
+  if (route == rules::kRoutePe) {
     if (key_means.empty()) key_means = block_means<T>(in.k, h / in.group, offset, n, B, in.keys.dpad);
     pe = pe_entries(in, s, h, key_means);
   }
-  const std::vector<char> no_pe(N, 0);
-
-  // §5 layout as CSR.
-  const int32_t cover = static_cast<int32_t>(cfg.slash_cover);
-  head.row_ptr.resize(static_cast<size_t>(N) + 1);
-  head.row_ptr[0] = 0;
-  for (int32_t r = 0; r < N; ++r) {
-    const char* pe_row = pe.empty() ? no_pe.data() : pe.data() + static_cast<size_t>(r) * N;
-    for (int32_t kb = 0; kb <= r; ++kb)
-      if (rules::layout_has_block(r, kb, vertical, slash, pe_row, cover)) head.col.push_back(kb);
-    head.row_ptr[r + 1] = static_cast<int32_t>(head.col.size());
-  }
-  head.density = rules::density(static_cast<int64_t>(head.col.size()), N);
+  layout_rows(params, route, N, vertical.flags(), slash.flags(), pe, head);
   return head;
 }
 
@@ -453,11 +425,11 @@ Plan plan_all(const TensorView& q, const TensorView& k, const Config& config, co
     sp.num_blocks = rules::num_blocks(sp.n, config.block_size);
     sp.heads.resize(static_cast<size_t>(Hq));
   }
+  const PlanParams params = plan_params(config);
   // Keys are packed only when some head estimates (the dense preset and short sequences do not).
   bool any_estimation = false;
   for (const SequencePlan& sp : plan.sequences)
-    any_estimation |= !config.dense && !rules::is_short_sequence(sp.n, config.block_size, config.min_budget,
-                                                                 config.dense_below);
+    any_estimation |= select::estimates(params, sp.n);
   const BlockIndex index(cu, config.block_size);
   PackedKeys<T> keys;
   if (any_estimation) {
@@ -466,7 +438,7 @@ Plan plan_all(const TensorView& q, const TensorView& k, const Config& config, co
     keys.dpad = round_up(k.dim(), kDimAlign);
     keys.block = config.block_size;
   }
-  const PlanInputs<T> inputs{q, k, config, cu, index, keys, plan.softmax_scale, Hq / k.heads()};
+  const PlanInputs<T> inputs{q, k, params, cu, index, keys, plan.softmax_scale, Hq / k.heads()};
   parallel_for(sequences * Hq, threads, [&](int64_t task) {
     const int64_t s = task / Hq, h = task % Hq;
     plan.sequences[s].heads[h] = plan_head(inputs, s, h);

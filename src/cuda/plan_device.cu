@@ -38,6 +38,8 @@
 #include "cuda/plan_proxy.cuh"
 #include "cuda/plan_proxy_mma.cuh"
 #include "cuda/plan_select.cuh"
+#include "plan/plan_params.h"
+#include "plan/select.h"
 
 namespace crisp {
 namespace cuda_detail {
@@ -60,12 +62,12 @@ struct Needs {
   bool pe = false;           // PE heads possible
 };
 
-Needs needs_of(const Config& c) {
+Needs needs_of(const PlanParams& p) {
   Needs n;
-  if (c.dense) return n;
-  n.token_level = c.vs_budget == VsRule::cumulative || c.vs_budget == VsRule::topk;
-  n.pe = c.routing != Routing::none;
-  n.key_means = n.pe || c.routing == Routing::jsd;
+  if (p.dense) return n;
+  n.token_level = select::walks_tokens(p);
+  n.pe = p.routing != Routing::none;
+  n.key_means = n.pe || select::needs_jsd(p);
   return n;
 }
 
@@ -465,206 +467,236 @@ void proxy_on_tensor_cores(const Strided3<T>& qs, const Strided3<T>& ks, const P
   CRISP_CUDA_CHECK_LAUNCH("proxy_mma_finalize_kernel");
 }
 
+// The stages of one planning call (the launch sequence at the top of this file), sharing the
+// call's shape, workspace and kernel parameters.
 template <typename T>
-void plan_typed(const TensorView& q, const TensorView& k, const Config& cfg, const DevicePlanView& view,
-                PlanWorkspace& pw, double scale, cudaStream_t stream) {
-  const Shape& sh = pw.shape();
-  const Workspace& ws = pw.ws();
-  const int slots = static_cast<int>(pw.slots());
-  const int maxN = pw.max_blocks();
-  const Strided3<T> qs = strided<T>(q), ks = strided<T>(k);
-  const Needs needs = needs_of(cfg);
-  const bool estimate = pw.any_estimated();
-  StageTimer timer(stream);
+class PlanStages {
+ public:
+  PlanStages(const TensorView& q, const TensorView& k, const PlanParams& params, const DevicePlanView& view,
+             PlanWorkspace& pw, double scale, cudaStream_t stream)
+      : sh_(pw.shape()), ws_(pw.ws()), pw_(pw), view_(view), qs_(strided<T>(q)), ks_(strided<T>(k)),
+        needs_(needs_of(params)), slots_(static_cast<int>(pw.slots())), max_n_(pw.max_blocks()), scale_(scale),
+        stream_(stream) {
+    sp_.view = view;
+    sp_.ws = ws_;
+    sp_.estimated = pw.estimated();
+    sp_.num_kv_heads = static_cast<int32_t>(sh_.Hkv);
+    sp_.group = static_cast<int32_t>(sh_.H / sh_.Hkv);
+    sp_.head_dim = static_cast<int32_t>(sh_.d);
+    sp_.scale = static_cast<float>(scale);
+    sp_.plan = params;
+    sp_.walk_v = pw.states(0);
+    sp_.walk_u = pw.states(1);
+  }
 
-  SlotParams sp{};
-  sp.view = view;
-  sp.ws = ws;
-  sp.estimated = pw.estimated();
-  sp.num_kv_heads = static_cast<int32_t>(sh.Hkv);
-  sp.group = static_cast<int32_t>(sh.H / sh.Hkv);
-  sp.head_dim = static_cast<int32_t>(sh.d);
-  sp.scale = static_cast<float>(scale);
-  sp.routing = static_cast<int32_t>(cfg.routing);
-  sp.vs_rule = cfg.vs_budget == VsRule::noise_floor ? kRuleNoiseFloor
-               : cfg.vs_budget == VsRule::cumulative ? kRuleCumulative
-                                                     : kRuleTopk;
-  sp.cover = cfg.slash_cover == SlashCover::exact ? rules::kCoverExact : rules::kCoverSingle;
-  sp.tau_proxy = cfg.tau_proxy;
-  sp.rho = cfg.rho;
-  sp.tau = cfg.tau;
-  sp.alpha = cfg.alpha;
-  sp.gamma = cfg.gamma;
-  sp.pe_gamma = cfg.pe_gamma;
-  sp.w_sink = cfg.w_sink;
-  sp.w_local = cfg.w_local;
-  sp.vertical_tokens = cfg.vertical_tokens;
-  sp.slash_tokens = cfg.slash_tokens;
-  sp.min_budget = cfg.min_budget;
-  sp.max_budget = cfg.max_budget;
-  sp.count_v = pw.states(0);
-  sp.count_u = pw.states(1);
-
-  if (estimate) {
-    // 1. Proxy map.
+  // 1. Proxy map: pv, ps, C_struct (+ v, u for the token walks).
+  void proxy_map() {
     ProxyParams pp{};
-    pp.seqs = view.seqs;
-    pp.items = pw.items();
-    pp.num_q_heads = static_cast<int32_t>(sh.H);
-    pp.group = static_cast<int32_t>(sh.H / sh.Hkv);
-    pp.head_dim = static_cast<int32_t>(sh.d);
-    pp.block = sh.B;
-    pp.scale = static_cast<float>(scale);
-    pp.w_sink = cfg.w_sink;
-    pp.w_local = cfg.w_local;
-    pp.ws = ws;
+    pp.seqs = view_.seqs;
+    pp.items = pw_.items();
+    pp.num_q_heads = static_cast<int32_t>(sh_.H);
+    pp.group = sp_.group;
+    pp.head_dim = static_cast<int32_t>(sh_.d);
+    pp.block = sh_.B;
+    pp.scale = static_cast<float>(scale_);
+    pp.w_sink = sp_.plan.w_sink;
+    pp.w_local = sp_.plan.w_local;
+    pp.ws = ws_;
     ProxyCombineParams cp{};
-    cp.seqs = view.seqs;
-    cp.item_base = pw.item_base();
-    cp.splits = pw.splits();
-    cp.num_sequences = static_cast<int32_t>(sh.bases.size());
-    cp.num_q_heads = static_cast<int32_t>(sh.H);
-    cp.num_kv_heads = static_cast<int32_t>(sh.Hkv);
+    cp.seqs = view_.seqs;
+    cp.item_base = pw_.item_base();
+    cp.splits = pw_.splits();
+    cp.num_sequences = static_cast<int32_t>(sh_.bases.size());
+    cp.num_q_heads = static_cast<int32_t>(sh_.H);
+    cp.num_kv_heads = static_cast<int32_t>(sh_.Hkv);
     cp.group = pp.group;
-    cp.block = sh.B;
-    cp.ws = ws;
-    const dim3 combine_grid(grid_for(pp.group * sh.B, 256), static_cast<unsigned>(sh.Hkv),
-                            static_cast<unsigned>(sh.bases.size()));
-    const unsigned items = static_cast<unsigned>(pw.num_items());
-    bool proxy_done = false;
+    cp.block = sh_.B;
+    cp.ws = ws_;
+    const dim3 combine_grid(grid_for(pp.group * sh_.B, 256), static_cast<unsigned>(sh_.Hkv),
+                            static_cast<unsigned>(sh_.bases.size()));
+    const unsigned items = static_cast<unsigned>(pw_.num_items());
     if constexpr (kTwoByte<T>) {
-      if (sh.tensor_cores) {
+      if (sh_.tensor_cores) {
         // pv, ps and C_struct come as plain stores from the finalize kernel, v as plain stores
         // from pass 2; only u is accumulated with atomics.
-        if (needs.token_level)
-          CRISP_CUDA_CHECK(cudaMemsetAsync(ws.u_sum, 0, pw.token_entries() * sizeof(double), stream));
+        if (needs_.token_level)
+          CRISP_CUDA_CHECK(cudaMemsetAsync(ws_.u_sum, 0, pw_.token_entries() * sizeof(double), stream_));
         ProxyFinalizeParams fp{};
-        fp.seqs = view.seqs;
-        fp.items = pw.items();
-        fp.item_base = pw.item_base();
-        fp.splits = pw.splits();
-        fp.estimated = pw.estimated();
-        fp.records = pw.records();
-        fp.record_max = pw.record_max();
-        fp.bin_sums = pw.bin_sums();
-        fp.num_q_heads = static_cast<int32_t>(sh.H);
+        fp.seqs = view_.seqs;
+        fp.items = pw_.items();
+        fp.item_base = pw_.item_base();
+        fp.splits = pw_.splits();
+        fp.estimated = pw_.estimated();
+        fp.records = pw_.records();
+        fp.record_max = pw_.record_max();
+        fp.bin_sums = pw_.bin_sums();
+        fp.num_q_heads = static_cast<int32_t>(sh_.H);
         fp.group = pp.group;
-        fp.block = sh.B;
-        fp.ws = ws;
-        const ProxyMmaRecords records{pw.records(), pw.record_max()};
-        if (sh.d == 64)
-          proxy_on_tensor_cores<T, 64>(qs, ks, pp, records, cp, fp, combine_grid, items, slots, pw.max_blocks(),
-                                        needs.token_level, stream);
+        fp.block = sh_.B;
+        fp.ws = ws_;
+        const ProxyMmaRecords records{pw_.records(), pw_.record_max()};
+        if (sh_.d == 64)
+          proxy_on_tensor_cores<T, 64>(qs_, ks_, pp, records, cp, fp, combine_grid, items, slots_, max_n_,
+                                        needs_.token_level, stream_);
         else
-          proxy_on_tensor_cores<T, 128>(qs, ks, pp, records, cp, fp, combine_grid, items, slots, pw.max_blocks(),
-                                         needs.token_level, stream);
-        proxy_done = true;
+          proxy_on_tensor_cores<T, 128>(qs_, ks_, pp, records, cp, fp, combine_grid, items, slots_, max_n_,
+                                         needs_.token_level, stream_);
+        return;
       }
     }
-    if (!proxy_done) {
-      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.pv_sum, 0, pw.block_entries() * sizeof(double), stream));
-      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.ps_sum, 0, pw.block_entries() * sizeof(double), stream));
-      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.cs_sum, 0, slots * sizeof(double), stream));
-      if (needs.token_level) {
-        CRISP_CUDA_CHECK(cudaMemsetAsync(ws.v_sum, 0, pw.token_entries() * sizeof(double), stream));
-        CRISP_CUDA_CHECK(cudaMemsetAsync(ws.u_sum, 0, pw.token_entries() * sizeof(double), stream));
-      }
-      const std::size_t smem = proxy_smem_bytes(static_cast<int>(sh.d));
-      set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 1, false>), smem);
-      proxy_kernel<T, 1, false><<<items, kProxyThreads, smem, stream>>>(qs, ks, pp);
-      CRISP_CUDA_CHECK_LAUNCH("proxy_kernel (pass 1)");
-      proxy_combine_kernel<kProxyTileRows, false><<<combine_grid, 256, 0, stream>>>(cp);
-      CRISP_CUDA_CHECK_LAUNCH("proxy_combine_kernel");
-      if (needs.token_level) {
-        set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 2, true>), smem);
-        proxy_kernel<T, 2, true><<<items, kProxyThreads, smem, stream>>>(qs, ks, pp);
-      } else {
-        set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 2, false>), smem);
-        proxy_kernel<T, 2, false><<<items, kProxyThreads, smem, stream>>>(qs, ks, pp);
-      }
-      CRISP_CUDA_CHECK_LAUNCH("proxy_kernel (pass 2)");
+    CRISP_CUDA_CHECK(cudaMemsetAsync(ws_.pv_sum, 0, pw_.block_entries() * sizeof(double), stream_));
+    CRISP_CUDA_CHECK(cudaMemsetAsync(ws_.ps_sum, 0, pw_.block_entries() * sizeof(double), stream_));
+    CRISP_CUDA_CHECK(cudaMemsetAsync(ws_.cs_sum, 0, slots_ * sizeof(double), stream_));
+    if (needs_.token_level) {
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws_.v_sum, 0, pw_.token_entries() * sizeof(double), stream_));
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws_.u_sum, 0, pw_.token_entries() * sizeof(double), stream_));
     }
-
-    timer.mark("proxy");
-    // 2. Key block means, routing.
-    if (needs.key_means) {
-      const dim3 grid(maxN, static_cast<unsigned>(sh.Hkv), static_cast<unsigned>(sh.bases.size()));
-      with_means_variant<T>(sh, [&](auto vec_dim) {
-        key_means_kernel<T, vec_dim.value><<<grid, means_threads(vec_dim.value), 0, stream>>>(ks, sp);
-      });
-      CRISP_CUDA_CHECK_LAUNCH("key_means_kernel");
-    }
-  }
-  const std::size_t route_smem = (static_cast<std::size_t>(maxN) + sh.d) * sizeof(float);
-  set_smem(reinterpret_cast<const void*>(&route_kernel<T>), route_smem);
-  route_kernel<T><<<slots, 256, route_smem, stream>>>(qs, sp);
-  CRISP_CUDA_CHECK_LAUNCH("route_kernel");
-
-  timer.mark("means+route");
-  // 3. Token-level selections for the VS heads.
-  if (estimate && needs.token_level) {
-    if (cfg.vs_budget == VsRule::cumulative) {
-      for (int side = 0; side < 2; ++side) {
-        SelectState* st = pw.states(side);
-        init_token_select_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(st, sp, kMassInclusive, 0, 0, cfg.gamma,
-                                                                            slots);
-        CRISP_CUDA_CHECK_LAUNCH("init_token_select_kernel");
-        run_select<TopkMark>(pw, side == 0 ? ws.v_sum : ws.u_sum, st, pw.max_tokens(), nullptr, stream);
-      }
+    const std::size_t smem = proxy_smem_bytes(static_cast<int>(sh_.d));
+    set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 1, false>), smem);
+    proxy_kernel<T, 1, false><<<items, kProxyThreads, smem, stream_>>>(qs_, ks_, pp);
+    CRISP_CUDA_CHECK_LAUNCH("proxy_kernel (pass 1)");
+    proxy_combine_kernel<kProxyTileRows, false><<<combine_grid, 256, 0, stream_>>>(cp);
+    CRISP_CUDA_CHECK_LAUNCH("proxy_combine_kernel");
+    if (needs_.token_level) {
+      set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 2, true>), smem);
+      proxy_kernel<T, 2, true><<<items, kProxyThreads, smem, stream_>>>(qs_, ks_, pp);
     } else {
-      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.topk_vertical, 0, pw.block_entries(), stream));
-      CRISP_CUDA_CHECK(cudaMemsetAsync(ws.topk_slash, 0, pw.block_entries(), stream));
-      for (int side = 0; side < 2; ++side) {
-        SelectState* st = pw.states(side);
-        const int64_t forced = side == 0 ? rules::kTopkForcedVerticalTokens : rules::kTopkForcedSlashTokens;
-        const int64_t budget = side == 0 ? cfg.vertical_tokens : cfg.slash_tokens;
-        init_token_select_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(st, sp, kCount, forced, budget, 0.0, slots);
-        CRISP_CUDA_CHECK_LAUNCH("init_token_select_kernel");
-        const TopkMark mark{side == 0 ? ws.topk_vertical : ws.topk_slash, view.seqs, static_cast<int32_t>(sh.H), sh.B,
-                            forced};
-        run_select(pw, side == 0 ? ws.v_sum : ws.u_sum, st, pw.max_tokens(), &mark, stream);
+      set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 2, false>), smem);
+      proxy_kernel<T, 2, false><<<items, kProxyThreads, smem, stream_>>>(qs_, ks_, pp);
+    }
+    CRISP_CUDA_CHECK_LAUNCH("proxy_kernel (pass 2)");
+  }
+
+  // 2a. Block means of K (jsd routing and PE heads).
+  void key_means() {
+    if (!needs_.key_means) return;
+    const dim3 grid(max_n_, static_cast<unsigned>(sh_.Hkv), static_cast<unsigned>(sh_.bases.size()));
+    with_means_variant<T>(sh_, [&](auto vec_dim) {
+      key_means_kernel<T, vec_dim.value><<<grid, means_threads(vec_dim.value), 0, stream_>>>(ks_, sp_);
+    });
+    CRISP_CUDA_CHECK_LAUNCH("key_means_kernel");
+  }
+
+  // 2b. Routing (+ JS distance); dense for the slots of unestimated sequences.
+  void route() {
+    const std::size_t route_smem = (static_cast<std::size_t>(max_n_) + sh_.d) * sizeof(float);
+    set_smem(reinterpret_cast<const void*>(&route_kernel<T>), route_smem);
+    route_kernel<T><<<slots_, 256, route_smem, stream_>>>(qs_, sp_);
+    CRISP_CUDA_CHECK_LAUNCH("route_kernel");
+  }
+
+  // 3. The token walks of the VS heads (§3 cumulative / topk), both sides.
+  void token_walks() {
+    if (!needs_.token_level) return;
+    const bool topk = sp_.plan.vs_rule == VsRule::topk;
+    if (topk) {
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws_.topk_vertical, 0, pw_.block_entries(), stream_));
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws_.topk_slash, 0, pw_.block_entries(), stream_));
+    }
+    for (int side = 0; side < 2; ++side) {
+      const bool vertical = side == 0;
+      SelectState* st = pw_.states(side);
+      init_token_select_kernel<<<grid_for(slots_, 128), 128, 0, stream_>>>(st, sp_, vertical, slots_);
+      CRISP_CUDA_CHECK_LAUNCH("init_token_select_kernel");
+      const double* tokens = vertical ? ws_.v_sum : ws_.u_sum;
+      if (topk) {
+        const TopkMark mark{vertical ? ws_.topk_vertical : ws_.topk_slash, view_.seqs, static_cast<int32_t>(sh_.H),
+                            sh_.B, vertical};
+        run_select(pw_, tokens, st, pw_.max_tokens(), &mark, stream_);
+      } else {
+        run_select<TopkMark>(pw_, tokens, st, pw_.max_tokens(), nullptr, stream_);
       }
     }
   }
 
-  timer.mark("token_select");
-  // 4. Verticals and slashes.
-  const std::size_t vs_smem = static_cast<std::size_t>(maxN) * (sizeof(double) + 2) + 16;
-  set_smem(reinterpret_cast<const void*>(&vs_flags_kernel), vs_smem);
-  vs_flags_kernel<<<slots, 1024, vs_smem, stream>>>(sp);
-  CRISP_CUDA_CHECK_LAUNCH("vs_flags_kernel");
+  // 4. Verticals and slashes: the per-side pipeline of src/plan/select.h.
+  void vs_flags() {
+    const std::size_t vs_smem = static_cast<std::size_t>(max_n_) * (sizeof(double) + 2) + 16;
+    set_smem(reinterpret_cast<const void*>(&vs_flags_kernel), vs_smem);
+    vs_flags_kernel<<<slots_, 1024, vs_smem, stream_>>>(sp_);
+    CRISP_CUDA_CHECK_LAUNCH("vs_flags_kernel");
+  }
 
-  timer.mark("vs_flags");
-  // 5. PE heads.
-  if (estimate && needs.pe) {
-    const dim3 grid(maxN, slots);
-    with_means_variant<T>(sh, [&](auto vec_dim) {
-      query_means_kernel<T, vec_dim.value><<<grid, means_threads(vec_dim.value), 0, stream>>>(qs, sp);
+  // 5a. PE heads: block means of Q.
+  void query_means() {
+    const dim3 grid(max_n_, slots_);
+    with_means_variant<T>(sh_, [&](auto vec_dim) {
+      query_means_kernel<T, vec_dim.value><<<grid, means_threads(vec_dim.value), 0, stream_>>>(qs_, sp_);
     });
     CRISP_CUDA_CHECK_LAUNCH("query_means_kernel");
-    timer.mark("pe_qmeans");
-    const auto pe_tiles = static_cast<unsigned>(layout::triangle_tiles(grid_for(maxN, kPeTile)));
-    pe_logit_kernel<<<dim3(pe_tiles, slots), kPeThreads, 0, stream>>>(sp);
-    CRISP_CUDA_CHECK_LAUNCH("pe_logit_kernel");
-    pe_softmax_kernel<<<dim3(grid_for(maxN, kPeSoftmaxWarps), slots), kPeSoftmaxWarps * 32, 0, stream>>>(sp);
-    CRISP_CUDA_CHECK_LAUNCH("pe_softmax_kernel");
-    timer.mark("pe_prob");
-    SelectState* st = pw.states(2);
-    init_pe_select_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(st, sp, slots);
-    CRISP_CUDA_CHECK_LAUNCH("init_pe_select_kernel");
-    const PeMark mark{ws.pe_keep, view.seqs, static_cast<int32_t>(sh.H)};
-    run_select(pw, ws.pe_prob, st, pw.max_causal(), &mark, stream);
   }
 
+  // 5b. PE heads: the block-causal softmax P.
+  void pe_prob() {
+    const auto pe_tiles = static_cast<unsigned>(layout::triangle_tiles(grid_for(max_n_, kPeTile)));
+    pe_logit_kernel<<<dim3(pe_tiles, slots_), kPeThreads, 0, stream_>>>(sp_);
+    CRISP_CUDA_CHECK_LAUNCH("pe_logit_kernel");
+    pe_softmax_kernel<<<dim3(grid_for(max_n_, kPeSoftmaxWarps), slots_), kPeSoftmaxWarps * 32, 0, stream_>>>(sp_);
+    CRISP_CUDA_CHECK_LAUNCH("pe_softmax_kernel");
+  }
+
+  // 5c. PE heads: global coverage (select::pe_walk) into pe_keep.
+  void pe_coverage() {
+    SelectState* st = pw_.states(2);
+    init_pe_select_kernel<<<grid_for(slots_, 128), 128, 0, stream_>>>(st, sp_, slots_);
+    CRISP_CUDA_CHECK_LAUNCH("init_pe_select_kernel");
+    const PeMark mark{ws_.pe_keep, view_.seqs, static_cast<int32_t>(sh_.H)};
+    run_select(pw_, ws_.pe_prob, st, pw_.max_causal(), &mark, stream_);
+  }
+
+  // 6. Layout: row counts, scan into row_ptr + nnz, columns.
+  void layout() {
+    const dim3 layout_grid(grid_for(max_n_, kLayoutWarps), slots_);
+    layout_kernel<false><<<layout_grid, kLayoutWarps * 32, 0, stream_>>>(sp_);
+    CRISP_CUDA_CHECK_LAUNCH("layout_kernel (count)");
+    layout_scan_kernel<<<slots_, 1024, 0, stream_>>>(sp_);
+    CRISP_CUDA_CHECK_LAUNCH("layout_scan_kernel");
+    layout_kernel<true><<<layout_grid, kLayoutWarps * 32, 0, stream_>>>(sp_);
+    CRISP_CUDA_CHECK_LAUNCH("layout_kernel (fill)");
+  }
+
+  bool needs_pe() const { return needs_.pe; }
+
+ private:
+  const Shape& sh_;
+  const Workspace& ws_;
+  PlanWorkspace& pw_;
+  const DevicePlanView& view_;
+  const Strided3<T> qs_, ks_;
+  const Needs needs_;
+  const int slots_;
+  const int max_n_;
+  const double scale_;
+  const cudaStream_t stream_;
+  SlotParams sp_{};
+};
+
+template <typename T>
+void plan_typed(const TensorView& q, const TensorView& k, const PlanParams& params, const DevicePlanView& view,
+                PlanWorkspace& pw, double scale, cudaStream_t stream) {
+  PlanStages<T> stages(q, k, params, view, pw, scale, stream);
+  const bool estimate = pw.any_estimated();
+  StageTimer timer(stream);
+  if (estimate) {
+    stages.proxy_map();
+    timer.mark("proxy");
+    stages.key_means();
+  }
+  stages.route();
+  timer.mark("means+route");
+  if (estimate) stages.token_walks();
+  timer.mark("token_select");
+  stages.vs_flags();
+  timer.mark("vs_flags");
+  if (estimate && stages.needs_pe()) {
+    stages.query_means();
+    timer.mark("pe_qmeans");
+    stages.pe_prob();
+    timer.mark("pe_prob");
+    stages.pe_coverage();
+  }
   timer.mark("pe_select");
-  // 6. Layout.
-  const dim3 layout_grid(grid_for(maxN, kLayoutWarps), slots);
-  layout_kernel<false><<<layout_grid, kLayoutWarps * 32, 0, stream>>>(sp);
-  CRISP_CUDA_CHECK_LAUNCH("layout_kernel (count)");
-  layout_scan_kernel<<<slots, 1024, 0, stream>>>(sp);
-  CRISP_CUDA_CHECK_LAUNCH("layout_scan_kernel");
-  layout_kernel<true><<<layout_grid, kLayoutWarps * 32, 0, stream>>>(sp);
-  CRISP_CUDA_CHECK_LAUNCH("layout_kernel (fill)");
+  stages.layout();
   timer.mark("layout");
   timer.report();
 }
@@ -715,17 +747,16 @@ void plan_on_device(const TensorView& q, const TensorView& k, const Config& conf
   sh.B = plan.block_size();
   sh.bases = sequence_bases(plan.cu_seqlens(), sh.B);
   sh.tensor_cores = tensor_core_proxy(q, k, sh.d);
+  const PlanParams params = plan_params(config);
   sh.estimated.resize(sh.bases.size());
-  for (std::size_t s = 0; s < sh.bases.size(); ++s)
-    sh.estimated[s] = !config.dense && !rules::is_short_sequence(sh.bases[s].n, sh.B, config.min_budget,
-                                                                 config.dense_below);
-  pw.ensure(sh, needs_of(config));
+  for (std::size_t s = 0; s < sh.bases.size(); ++s) sh.estimated[s] = select::estimates(params, sh.bases[s].n);
+  pw.ensure(sh, needs_of(params));
   const double scale = plan.softmax_scale();
   switch (q.dtype) {
-    case DType::f32: plan_typed<float>(q, k, config, view, pw, scale, stream); break;
-    case DType::f64: plan_typed<double>(q, k, config, view, pw, scale, stream); break;
-    case DType::f16: plan_typed<__half>(q, k, config, view, pw, scale, stream); break;
-    case DType::bf16: plan_typed<__nv_bfloat16>(q, k, config, view, pw, scale, stream); break;
+    case DType::f32: plan_typed<float>(q, k, params, view, pw, scale, stream); break;
+    case DType::f64: plan_typed<double>(q, k, params, view, pw, scale, stream); break;
+    case DType::f16: plan_typed<__half>(q, k, params, view, pw, scale, stream); break;
+    case DType::bf16: plan_typed<__nv_bfloat16>(q, k, params, view, pw, scale, stream); break;
   }
   build_work_order(mutable_view_of(plan), stream);
 }

@@ -1,9 +1,12 @@
 // src/cuda/plan_kernels.cuh — §2 routing, §3 VS rules, §4 PE path and §5 layout on the device.
-// Every decision is a call into src/plan/rules.h; these kernels only arrange the data.
+// Every decision is the selection pipeline of src/plan/select.h; these kernels arrange the data
+// and supply the pipeline's primitives as thread-block cooperative code.
 #pragma once
 #include "cuda/device_plan.h"
 #include "cuda/plan_common.cuh"
 #include "cuda/plan_select.cuh"
+#include "plan/plan_params.h"
+#include "plan/select.h"
 
 namespace crisp {
 namespace cuda_detail {
@@ -16,15 +19,10 @@ struct SlotParams {
   const int8_t* estimated;  // [seq] 1 = the proxy was computed (not dense, not short)
   int32_t num_kv_heads, group, head_dim;
   float scale;
-  // Config (host-resolved).
-  int32_t routing, vs_rule, cover;
-  double tau_proxy, rho, tau, alpha, gamma, pe_gamma;
-  int64_t w_sink, w_local, vertical_tokens, slash_tokens, min_budget, max_budget;
-  const SelectState* count_v;  // cumulative counts (kMassInclusive), per slot
-  const SelectState* count_u;
+  PlanParams plan;
+  const SelectState* walk_v;  // the token walks (§3 cumulative / topk) of the VS slots, per slot
+  const SelectState* walk_u;
 };
-
-enum VsRuleCode : int32_t { kRuleNoiseFloor = 0, kRuleCumulative = 1, kRuleTopk = 2 };
 
 __device__ __forceinline__ int64_t key_mean_index(const layout::SequenceBases& sb, int64_t kv, int64_t c,
                                                   int64_t num_kv_heads) {
@@ -133,7 +131,7 @@ __global__ void route_kernel(Strided3<T> q, SlotParams P) {
   const double inv_L = 1.0 / static_cast<double>(L);
   const double c_struct = P.ws.cs_sum[slot] * inv_L;
   double jsd = NAN;
-  if (P.routing == rules::kRoutingJsd) {
+  if (select::needs_jsd(P.plan)) {
     float* logits = route_smem;
     float* mean_query = route_smem + N;
     for (int x = threadIdx.x; x < d; x += blockDim.x) {
@@ -170,7 +168,7 @@ __global__ void route_kernel(Strided3<T> q, SlotParams P) {
     jsd = rules::js_distance(kl_pooled, kl_proxy);
   }
   if (threadIdx.x == 0) {
-    P.view.route[slot] = rules::route_head(P.routing, c_struct, jsd, n, P.w_sink, P.w_local, P.tau_proxy, P.rho, P.tau);
+    P.view.route[slot] = select::decide_route(P.plan, c_struct, jsd, n);
     P.view.c_struct[slot] = static_cast<float>(c_struct);
     P.view.jsd[slot] = static_cast<float>(jsd);
   }
@@ -222,45 +220,64 @@ __device__ void trim_to(const double* mass, int8_t* flags, int8_t* temp, int N, 
   __syncthreads();
 }
 
-// One side (vertical with pv, or slash with ps) of one slot.
+// One side (verticals with pv, or slashes with ps) of one slot: the primitives of
+// src/plan/select.h, one thread block cooperating over the side's mass and flags in shared memory.
+class BlockSide {
+ public:
+  __device__ BlockSide(double* mass, int8_t* flags, int8_t* temp, int N, int* i_scratch, double* d_scratch,
+                       const int8_t* walked_blocks, const SelectState* walk)
+      : mass_(mass), flags_(flags), temp_(temp), N_(N), i_scratch_(i_scratch), d_scratch_(d_scratch),
+        walked_blocks_(walked_blocks), walk_(walk) {}
+
+  __device__ int32_t num_blocks() const { return N_; }
+  __device__ double mass(int32_t b) const { return mass_[b]; }
+  __device__ double sum_mass(int32_t first, int32_t last) const {
+    double local = 0.0;
+    for (int b = first + threadIdx.x; b <= last; b += blockDim.x) local += mass_[b];
+    return block_reduce(local, d_scratch_, SumOp());
+  }
+  template <typename Pred>
+  __device__ void keep_where(Pred pred) {
+    for (int b = threadIdx.x; b < N_; b += blockDim.x)
+      if (pred(b)) flags_[b] = 1;
+    __syncthreads();
+  }
+  __device__ void add_in_rank_order(int32_t target) { add_until(mass_, flags_, temp_, N_, target, i_scratch_); }
+  __device__ void trim_in_rank_order(int32_t limit) { trim_to(mass_, flags_, temp_, N_, limit, i_scratch_); }
+  // The token walk ran before this kernel, grid-wide (init_token_select_kernel with the same
+  // select::token_walk, then run_select): its kept count, and the blocks TopkMark marked.
+  __device__ int64_t walk_tokens(const select::TokenWalk& /*walk*/, bool mark_blocks) {
+    if (mark_blocks) keep_where([&](int32_t b) { return walked_blocks_[b] != 0; });
+    return walk_->kept;
+  }
+
+ private:
+  double* mass_;
+  int8_t* flags_;
+  int8_t* temp_;
+  int N_;
+  int* i_scratch_;
+  double* d_scratch_;
+  const int8_t* walked_blocks_;  // [N] blocks of the kept tokens (topk)
+  const SelectState* walk_;      // this slot's token walk
+};
+
 __device__ void vs_side(const SlotParams& P, int64_t slot, const layout::SequenceBases& sb, int64_t h, int32_t route,
-                        const double* mass_sum, const int8_t* topk_blocks, const SelectState* counts,
-                        int64_t forced_tokens, int8_t* out, double* mass, int8_t* flags, int8_t* temp,
-                        int* i_scratch, double* d_scratch) {
-  const int B = P.view.block_size, N = sb.num_blocks;
+                        bool vertical, int8_t* out, double* mass, int8_t* flags, int8_t* temp, int* i_scratch,
+                        double* d_scratch) {
+  const int N = sb.num_blocks;
   const int64_t n = sb.n;
-  const double inv_L = 1.0 / static_cast<double>(rules::proxy_rows(n, B));
+  const double inv_L = 1.0 / static_cast<double>(rules::proxy_rows(n, P.view.block_size));
   const int64_t base = layout::block_array_offset(sb, h, P.view.num_heads);
+  const double* mass_sum = vertical ? P.ws.pv_sum : P.ws.ps_sum;
   for (int b = threadIdx.x; b < N; b += blockDim.x) {
     mass[b] = mass_sum[base + b] * inv_L;
-    flags[b] = b == 0;  // the anchor
+    flags[b] = 0;
   }
   __syncthreads();
-  const int min_blocks = rules::min_budget_blocks(P.min_budget, B, N);
-  const int max_blocks = rules::max_budget_blocks(P.max_budget, B, N);
-  if (route == rules::kRouteVs) {
-    if (P.vs_rule == kRuleNoiseFloor) {
-      const int first = rules::noise_floor_first(N), last = rules::noise_floor_last(N);
-      double local = 0.0;
-      for (int b = first + threadIdx.x; b <= last; b += blockDim.x) local += mass[b];
-      const double floor_mean = block_reduce(local, d_scratch, SumOp()) / static_cast<double>(last - first + 1);
-      for (int b = 1 + threadIdx.x; b < N; b += blockDim.x)
-        if (rules::noise_floor_keeps(mass[b], floor_mean, P.alpha)) flags[b] = 1;
-      __syncthreads();
-    } else if (P.vs_rule == kRuleCumulative) {
-      const int64_t count = counts[slot].kept + 1;  // count(x, gamma): entries within gamma, plus one
-      add_until(mass, flags, temp, N, rules::cumulative_blocks(count, B, min_blocks, N), i_scratch);
-    } else {
-      const int64_t forced = forced_tokens < n ? forced_tokens : n;
-      for (int b = threadIdx.x; b < N; b += blockDim.x)
-        if (topk_blocks[base + b] || (forced > 0 && b <= (forced - 1) / B)) flags[b] = 1;
-      __syncthreads();
-    }
-  }
-  // min_budget applies to every VS rule and to PE heads; max_budget clamps the VS rules only
-  // (a PE head keeps {0} plus its min_budget blocks), as the CPU reference.
-  add_until(mass, flags, temp, N, min_blocks, i_scratch);
-  if (route == rules::kRouteVs) trim_to(mass, flags, temp, N, max_blocks, i_scratch);
+  BlockSide side(mass, flags, temp, N, i_scratch, d_scratch, (vertical ? P.ws.topk_vertical : P.ws.topk_slash) + base,
+                 (vertical ? P.walk_v : P.walk_u) + slot);
+  select::select_side(P.plan, route, n, vertical, side);
   for (int b = threadIdx.x; b < N; b += blockDim.x) out[base + b] = flags[b];
   __syncthreads();
 }
@@ -287,48 +304,41 @@ __global__ void __launch_bounds__(1024) vs_flags_kernel(SlotParams P) {
   double* mass = vs_smem;
   int8_t* flags = reinterpret_cast<int8_t*>(mass + N);
   int8_t* temp = flags + N;
-  vs_side(P, slot, sb, h, route, P.ws.pv_sum, P.ws.topk_vertical, P.count_v, rules::kTopkForcedVerticalTokens,
-          P.view.vertical_flags, mass, flags, temp, i_scratch, d_scratch);
-  vs_side(P, slot, sb, h, route, P.ws.ps_sum, P.ws.topk_slash, P.count_u, rules::kTopkForcedSlashTokens,
-          P.view.slash_flags, mass, flags, temp, i_scratch, d_scratch);
+  vs_side(P, slot, sb, h, route, true, P.view.vertical_flags, mass, flags, temp, i_scratch, d_scratch);
+  vs_side(P, slot, sb, h, route, false, P.view.slash_flags, mass, flags, temp, i_scratch, d_scratch);
 }
 
-// Token-level selections (§3 cumulative / topk) for the VS slots.
-__global__ void init_token_select_kernel(SelectState* states, SlotParams P, int32_t mode, int64_t forced,
-                                         int64_t budget, double gamma, int num_slots) {
+// The token walks (§3 cumulative / topk, select::token_walk) of one side for the VS slots.
+__global__ void init_token_select_kernel(SelectState* states, SlotParams P, bool vertical, int num_slots) {
   const int slot = blockIdx.x * blockDim.x + threadIdx.x;
   if (slot >= num_slots) return;
   const int H = P.view.num_heads;
   const layout::SequenceBases sb = P.view.seqs[slot / H];
   const int64_t h = slot % H, n = sb.n;
+  const select::TokenWalk walk = select::token_walk(P.plan, vertical, n);
   SelectState st{};
-  const int64_t first = mode == kCount ? (forced < n ? forced : n) : 0;
-  st.base = sb.token_offset * H + h * n + first;
-  st.len = n - first;
+  st.base = sb.token_offset * H + h * n + walk.first;
+  st.len = n - walk.first;
   st.scale = 1.0 / static_cast<double>(rules::proxy_rows(n, P.view.block_size));
-  st.mode = mode;
-  st.target = gamma;
+  st.walk = walk.rule;
   st.active = P.view.route[slot] == rules::kRouteVs;
-  if (mode == kCount) {
-    int64_t extra = budget - first;
-    if (extra < 0) extra = 0;
-    if (extra > n - first) extra = n - first;
-    st.k = extra;
-    if (extra == 0) st.active = 0;
-    else if (extra >= st.len) st.all = 1;
+  if (walk.rule.mode == select::kCount) {
+    if (walk.rule.k == 0) st.active = 0;
+    else if (walk.rule.k >= st.len) st.all = 1;
   }
   states[slot] = st;
 }
 
+// Marks the blocks of the tokens a topk walk kept.
 struct TopkMark {
   int8_t* blocks;
   const layout::SequenceBases* seqs;
   int32_t num_heads, block;
-  int64_t forced;
+  bool vertical;
   __device__ __forceinline__ void operator()(int64_t slot, int64_t e, bool kept) const {
     if (!kept) return;
     const layout::SequenceBases& sb = seqs[slot / num_heads];
-    const int64_t first = forced < sb.n ? forced : sb.n;
+    const int64_t first = select::topk_forced_tokens(vertical, sb.n);
     blocks[layout::block_array_offset(sb, slot % num_heads, num_heads) + (first + e) / block] = 1;
   }
 };
@@ -452,8 +462,7 @@ __global__ void init_pe_select_kernel(SelectState* states, SlotParams P, int num
   st.base = layout::col_offset(sb, slot % H, H);
   st.len = rules::causal_blocks(sb.num_blocks);
   st.scale = 1.0;
-  st.mode = kMassBefore;
-  st.target = rules::pe_coverage_target(P.pe_gamma, sb.num_blocks);
+  st.walk = select::pe_walk(P.plan, sb.num_blocks);
   st.active = P.view.route[slot] == rules::kRoutePe;
   states[slot] = st;
 }
@@ -500,8 +509,7 @@ __global__ void __launch_bounds__(kLayoutWarps * 32) layout_kernel(SlotParams P)
   int32_t written = kFill ? row_ptr[r] : 0;
   for (int kb0 = 0; kb0 <= r; kb0 += 32) {
     const int kb = kb0 + lane;
-    const bool has = kb <= r && (route == rules::kRouteDense ||
-                                 rules::layout_has_block(r, kb, vflags, sflags, pe_row, P.cover));
+    const bool has = kb <= r && select::layout_keeps(P.plan, route, r, kb, vflags, sflags, pe_row);
     const unsigned ballot = __ballot_sync(0xffffffffu, has);
     if (kFill && has) col[written + __popc(ballot & ((1u << lane) - 1u))] = kb;
     written += __popc(ballot);

@@ -1,27 +1,23 @@
 // src/cuda/plan_select.cuh — ordered selection on the device without a sort: MSB-first radix
 // select over the bits of non-negative doubles, segmented by slot.
 //
+// The device's ordered walk primitive for the walks of src/plan/select.h: the stopping rule of a
+// digit bucket and of its ties is select::walk_stops_within / walk_ties_kept.
 // The spec's orderings are "larger value first, then smaller index" (rules::ranks_before). For
 // non-negative doubles the IEEE bit pattern orders like the value, so 8 passes of an 8-bit digit
 // histogram (count and mass per digit) find the value x* of the entry where the rule stops, the
 // mass G and count C of the entries strictly above it, and the ties T (entries equal to x*).
-// The ties are then walked in index order exactly as a sorted walk would. Three stopping rules:
-//  - kMassBefore (§4 global coverage): an entry is kept while the running sum BEFORE it is
-//    < target (rules::pe_keeps_next);
-//  - kMassInclusive (§3 cumulative count): an entry counts while the running sum INCLUDING it is
-//    <= target (rules::cumulative_within);
-//  - kCount (§3 topk): the first k entries.
+// The ties are then walked in index order exactly as a sorted walk would.
 // Result per slot: kept = C + m (m ties, the first m of them in index order), or every entry.
 // Sums are double; they add the same numbers as a sorted walk in another order (the tests use
 // inputs with margins; a running sum landing within rounding of the target can differ).
 #pragma once
 #include "cuda/plan_common.cuh"
+#include "plan/select.h"
 
 namespace crisp {
 namespace cuda_detail {
 namespace planner {
-
-enum SelectMode : int32_t { kMassBefore = 0, kMassInclusive = 1, kCount = 2 };
 
 // NOTE: 8-bit digits: 256-bin shared histograms of (count, mass), 8 passes over a double key.
 constexpr int kSelectDigitBits = 8;
@@ -36,9 +32,7 @@ struct SelectState {
   int64_t base;       // first entry of the slot in `values`
   int64_t len;        // entries
   double scale;       // value = values[base + e] * scale
-  double target;      // mass modes
-  int64_t k;          // kCount
-  int32_t mode;
+  select::WalkRule walk;
   int32_t active;     // 0: slot not selected (nothing marked, kept = 0)
   // Progress.
   uint64_t prefix, mask;
@@ -106,7 +100,7 @@ select_histogram_kernel(const double* values, SelectState* states, unsigned long
     if (digit != run_digit) {
       if (run_count != 0) {
         atomicAdd(&warp_count[run_digit], run_count);
-        if (st.mode != kCount) atomicAdd(&warp_mass[run_digit], run_mass);
+        if (st.walk.mode != select::kCount) atomicAdd(&warp_mass[run_digit], run_mass);
       }
       run_digit = digit;
       run_count = 0;
@@ -117,7 +111,7 @@ select_histogram_kernel(const double* values, SelectState* states, unsigned long
   }
   if (run_count != 0) {
     atomicAdd(&warp_count[run_digit], run_count);
-    if (st.mode != kCount) atomicAdd(&warp_mass[run_digit], run_mass);
+    if (st.walk.mode != select::kCount) atomicAdd(&warp_mass[run_digit], run_mass);
   }
   __syncthreads();
   for (int b = threadIdx.x; b < kSelectBins; b += blockDim.x) {
@@ -129,17 +123,7 @@ select_histogram_kernel(const double* values, SelectState* states, unsigned long
     }
     if (count == 0) continue;
     atomicAdd(&hist_count[slot * kSelectBins + b], static_cast<unsigned long long>(count));
-    if (st.mode != kCount) atomicAdd(&hist_mass[slot * kSelectBins + b], mass);
-  }
-}
-
-// Does the stopping point lie in a digit whose entries start after mass G / count C?
-__device__ __forceinline__ bool select_crosses(const SelectState& st, double G, double mass, int64_t C,
-                                               int64_t count) {
-  switch (st.mode) {
-    case kMassBefore: return G < st.target && G + mass >= st.target;
-    case kMassInclusive: return G <= st.target && G + mass > st.target;
-    default: return C < st.k && C + count >= st.k;
+    if (st.walk.mode != select::kCount) atomicAdd(&hist_mass[slot * kSelectBins + b], mass);
   }
 }
 
@@ -210,7 +194,7 @@ __global__ void __launch_bounds__(kSelectBins) select_scan_kernel(SelectState* s
   const double G = st.mass_before + (before_m + excl_m);
   const int64_t C = st.count_before + static_cast<int64_t>(before_c + excl_c);
   if (c != 0) {
-    if (select_crosses(st, G, m, C, c)) atomicMin(&s_found, rank);
+    if (select::walk_stops_within(st.walk, G, m, C, c)) atomicMin(&s_found, rank);
     atomicMax(&s_last, rank);
   }
   __syncthreads();
@@ -248,22 +232,7 @@ __global__ void select_finish_kernel(SelectState* states, int num_slots) {
     return;
   }
   const double x = __longlong_as_double(static_cast<long long>(st.prefix));
-  int64_t m = 0;
-  double running = st.mass_before;
-  if (st.mode == kMassBefore) {
-    while (m < st.ties && rules::pe_keeps_next(running, st.target)) {
-      running += x;
-      ++m;
-    }
-  } else if (st.mode == kMassInclusive) {
-    while (m < st.ties) {
-      running += x;
-      if (!rules::cumulative_within(running, st.target)) break;
-      ++m;
-    }
-  } else {
-    m = st.k - st.count_before;
-  }
+  const int64_t m = select::walk_ties_kept(st.walk, st.mass_before, st.count_before, x, st.ties);
   st.ties_kept = m;
   st.kept = st.count_before + m;
 }

@@ -126,7 +126,7 @@ Plan cp_rows_of_rank(const Plan& plan, CpPartition partition, int rank, int worl
   Plan out = plan;
   SequencePlan& os = out.sequences[0];
   const int32_t N = seq.num_blocks;
-  const int32_t cover = plan.config.slash_cover == SlashCover::exact ? rules::kCoverExact : rules::kCoverSingle;
+  const int32_t cover = rules::code_of(plan.config.slash_cover);
   const std::vector<char> no_pe(static_cast<std::size_t>(N), 0);
   for (HeadPlan& head : os.heads) {
     // Flags of the head's own sets: the least row they imply is what a well-formed plan must hold.

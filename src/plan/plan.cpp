@@ -60,7 +60,7 @@ void check_side_set(const std::vector<int32_t>& set, const char* name, int32_t N
 
 void Plan::check_well_formed() const {
   if (block_size <= 0) throw Error("plan", "block_size " + std::to_string(block_size) + " is not positive", "64 or 128");
-  const int32_t cover = config.slash_cover == SlashCover::exact ? rules::kCoverExact : rules::kCoverSingle;
+  const int32_t cover = rules::code_of(config.slash_cover);
   for (size_t s = 0; s < sequences.size(); ++s) {
     const SequencePlan& seq = sequences[s];
     if (seq.n < 0 || seq.num_blocks != rules::num_blocks(seq.n, block_size))

@@ -2,10 +2,12 @@
 //
 // Small, pure functions usable from host and device code, so the CPU and CUDA planners cannot
 // drift apart: a backend only decides how it streams the data, never what a rule means. Section
-// numbers refer to ../shared/crisp-spec.md.
+// numbers refer to the algorithm specification (docs/algorithm.md).
 #pragma once
 #include <cmath>
 #include <cstdint>
+
+#include "crisp/config.h"
 
 #if defined(__CUDACC__)
 #define CRISP_HD __host__ __device__ __forceinline__
@@ -16,12 +18,22 @@
 namespace crisp {
 namespace rules {
 
-// Route codes shared by host and device (match crisp::Route).
-enum RouteCode : int32_t { kRouteVs = 0, kRoutePe = 1, kRouteDense = 2 };
-// Routing codes (match crisp::Routing).
-enum RoutingCode : int32_t { kRoutingCstruct = 0, kRoutingCstructRel = 1, kRoutingJsd = 2, kRoutingNone = 3 };
-// Slash cover codes (match crisp::SlashCover).
-enum SlashCoverCode : int32_t { kCoverExact = 0, kCoverSingle = 1 };
+// Int32 codes of Config's enums, for device arrays and the rule functions below; derived from
+// the enums themselves (crisp/config.h), never numbered a second time.
+template <typename Enum>
+constexpr int32_t code_of(Enum e) { return static_cast<int32_t>(e); }
+enum RouteCode : int32_t {
+  kRouteVs = code_of(Route::vs),
+  kRoutePe = code_of(Route::pe),
+  kRouteDense = code_of(Route::dense),
+};
+enum RoutingCode : int32_t {
+  kRoutingCstruct = code_of(Routing::cstruct),
+  kRoutingCstructRel = code_of(Routing::cstruct_rel),
+  kRoutingJsd = code_of(Routing::jsd),
+  kRoutingNone = code_of(Routing::none),
+};
+enum SlashCoverCode : int32_t { kCoverExact = code_of(SlashCover::exact), kCoverSingle = code_of(SlashCover::single) };
 
 // ---------------------------------------------------------------- Notation
 // N = ceil(n / B).
