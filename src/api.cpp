@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/shape_rules.h"
 #include "backend.h"
 #include "cpu/cpu_common.h"
 #include "crisp/crisp.h"
@@ -59,24 +60,6 @@ void check_view(const TensorView& t, const std::string& name, int rank, const st
   }
 }
 
-void check_options(const Options& options) {
-  if (options.num_threads < 0)
-    throw Error("options.num_threads", "is " + str(options.num_threads), "0 (all hardware threads) or a positive count");
-  if (options.precision != Precision::f32 && options.precision != Precision::f64)
-    throw Error("options.precision", "is not a Precision value", "Precision::f32 or Precision::f64");
-}
-
-// Rejects NaN/Inf in a CPU view, naming the first bad element.
-void check_finite(const TensorView& t, const std::string& name, const Options& options) {
-  if (t.device != Device::cpu) return;  // device memory: the CUDA backend's responsibility
-  const int64_t bad = cpu_first_nonfinite(t, options.num_threads);
-  if (bad < 0) return;
-  const int64_t dim = t.dim(), tokens = t.tokens();
-  const int64_t h = bad / (tokens * dim), tt = (bad / dim) % tokens, x = bad % dim;
-  throw Error(name, "contains a non-finite value (NaN or Inf) at [" + str(h) + ", " + str(tt) + ", " + str(x) + "]",
-              "finite values only");
-}
-
 Plan plan_validated(const TensorView& q, const TensorView& k, const Config& config, const SeqLens& cu,
                     const Options& options) {
   if (q.device == Device::cuda) return cuda_plan(q, k, config, cu, options);
@@ -93,6 +76,16 @@ void attend_validated(const TensorView& q, const TensorView& k, const TensorView
 }
 
 }  // namespace
+
+void check_finite(const TensorView& t, const std::string& name, const Options& options) {
+  if (t.device != Device::cpu) return;  // device memory: the CUDA backend's responsibility
+  const int64_t bad = cpu_first_nonfinite(t, options.num_threads);
+  if (bad < 0) return;
+  const int64_t dim = t.dim(), tokens = t.tokens();
+  const int64_t h = bad / (tokens * dim), tt = (bad / dim) % tokens, x = bad % dim;
+  throw Error(name, "contains a non-finite value (NaN or Inf) at [" + str(h) + ", " + str(tt) + ", " + str(x) + "]",
+              "finite values only");
+}
 
 SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens) {
   if (cu_seqlens.empty()) return SeqLens{0, tokens};
@@ -172,8 +165,8 @@ void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& pla
   if (plan.head_dim != q.dim())
     throw Error("plan", "was made for head dim " + str(plan.head_dim) + " but q has " + str(q.dim()),
                 "the plan of these tensors");
-  if (plan.block_size != 64 && plan.block_size != 128)
-    throw Error("plan", "has block size " + str(plan.block_size), "64 or 128");
+  if (!shape_rules::valid_block_size(plan.block_size))
+    throw Error("plan", "has block size " + str(plan.block_size), shape_rules::kBlockSizeExpected);
   if (!(plan.softmax_scale > 0.0) || !std::isfinite(plan.softmax_scale))
     throw Error("plan", "has softmax scale " + std::to_string(plan.softmax_scale), "a finite scale > 0");
   if (plan.sequences.empty()) throw Error("plan", "has no sequences", "one entry per sequence");
@@ -230,6 +223,7 @@ Plan plan(const TensorView& q, const TensorView& k, const Config& config, const 
           const Options& options) {
   detail::check_options(options);
   detail::validate_qkv(q, k, nullptr);
+  detail::check_backend(options, q);
   config.validate();
   const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
   detail::check_finite(q, "q", options);
@@ -241,6 +235,7 @@ void attend(const TensorView& q, const TensorView& k, const TensorView& v, const
             const TensorView& out, const TensorView& lse, const Options& options) {
   detail::check_options(options);
   detail::validate_qkv(q, k, &v);
+  detail::check_backend(options, q);
   detail::validate_outputs(q, out, lse);
   detail::validate_plan_for(q, k, plan);
   detail::check_finite(q, "q", options);
@@ -254,6 +249,7 @@ Plan prefill(const TensorView& q, const TensorView& k, const TensorView& v, cons
   // Everything is validated before the (expensive) plan, so a bad output view fails fast.
   detail::check_options(options);
   detail::validate_qkv(q, k, &v);
+  detail::check_backend(options, q);
   detail::validate_outputs(q, out, lse);
   config.validate();
   const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
@@ -276,8 +272,8 @@ Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, con
                 "Hq to be a multiple of Hkv");
   if (head_dim < 1 || head_dim > detail::kMaxHeadDim)
     throw Error("head_dim", "is " + std::to_string(head_dim), "1 <= d <= " + std::to_string(detail::kMaxHeadDim));
-  if (block_size != 64 && block_size != 128)
-    throw Error("block_size", "is " + std::to_string(block_size), "64 or 128");
+  if (!shape_rules::valid_block_size(block_size))
+    throw Error("block_size", "is " + std::to_string(block_size), shape_rules::kBlockSizeExpected);
   if (!(softmax_scale >= 0.0) || !std::isfinite(softmax_scale))
     throw Error("softmax_scale", "is " + std::to_string(softmax_scale), "0 (1/sqrt(d)) or a finite scale > 0");
   if (cu_seqlens.empty())
@@ -293,7 +289,7 @@ Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, con
   result.num_q_heads = num_q_heads;
   result.num_kv_heads = num_kv_heads;
   result.head_dim = head_dim;
-  result.softmax_scale = softmax_scale > 0.0 ? softmax_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+  result.softmax_scale = shape_rules::resolve_softmax_scale(softmax_scale, head_dim);
   for (size_t s = 0; s + 1 < cu.size(); ++s) {
     SequencePlan sp;
     sp.token_offset = cu[s];

@@ -14,13 +14,28 @@
 //  - for attend: plan matches the shapes (heads, head dim, sequences, block size), and out
 //    [Hq, tokens, d] / lse [Hq, tokens] have a supported dtype.
 #pragma once
+#include <memory>
+
 #include "crisp/config.h"
 #include "crisp/crisp.h"
 #include "crisp/plan.h"
 #include "crisp/tensor.h"
 
+#include <string>
+
 namespace crisp {
 namespace detail {
+
+// ---------------------------------------------------------------- options (src/options.cpp)
+// Throws crisp::Error naming the first bad field ("options.num_threads", "options.cuda.kernel").
+void check_options(const Options& options);
+void check_cuda_options(const CudaOptions& cuda);
+// Throws crisp::Error naming "q" when options.backend names a backend other than q's device.
+void check_backend(const Options& options, const TensorView& q);
+// `cuda` checked, with Kernel::automatic replaced by the CRISP_KERNEL environment variable when it
+// is set: the one place that variable is read. Throws crisp::Error naming "CRISP_KERNEL" for a
+// value other than auto, portable or hopper.
+CudaOptions resolve_kernel_override(const CudaOptions& cuda);
 
 // ---------------------------------------------------------------- validation (src/api.cpp)
 // Returns {0, tokens} for an empty list; otherwise checks cu_seqlens against `tokens` and
@@ -34,10 +49,25 @@ void validate_outputs(const TensorView& q, const TensorView& out, const TensorVi
 // Checks that the plan fits q/k (heads, head dim, block size, sequences covering every token)
 // and is well-formed CSR (bounds included), so a backend may index with it freely.
 void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& plan);
+// Rejects NaN/Inf in a CPU view (device views: the CUDA backend's responsibility), naming `name`
+// and the first bad element.
+void check_finite(const TensorView& t, const std::string& name, const Options& options);
 
 // The dense head of a sequence with N blocks: route dense, every causal block, c_struct/jsd NaN,
 // density 1 (src/cpu/cpu_plan.cpp; shared by dense_plan, the dense preset and short sequences).
 HeadPlan make_dense_head(int32_t num_blocks);
+
+// ---------------------------------------------------------------- plan once, run many times
+// The backend half of a crisp::Attention (src/attention.cpp validates and dispatches). plan() has
+// the preconditions of cpu_plan; run() those of cpu_attend except that the plan is its own.
+class PlannedAttention {
+ public:
+  virtual ~PlannedAttention() = default;
+  virtual void plan(const TensorView& q, const TensorView& k, const SeqLens& normalized_cu_seqlens) = 0;
+  virtual void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                   const TensorView& lse) const = 0;
+  virtual Plan host_plan() const = 0;
+};
 
 // ---------------------------------------------------------------- CPU backend (src/cpu/)
 // The plan of every (sequence, query head): §1–§5 and §7 of the spec.
@@ -60,6 +90,9 @@ Plan cuda_plan(const TensorView& q, const TensorView& k, const Config& config,
 // Same contract as cpu_attend, views on Device::cuda.
 void cuda_attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
                  const TensorView& out, const TensorView& lse, const Options& options);
+// A crisp::Attention's CUDA half: a DevicePlan kept while the batch shape stays the same,
+// plan_async / attend_async on options.stream with options.cuda.
+std::unique_ptr<PlannedAttention> make_cuda_planned_attention(const Config& config, const Options& options);
 
 }  // namespace detail
 }  // namespace crisp

@@ -32,7 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cpu/half.h"
+#include "common/half.h"
 #include "crisp/context_parallel.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"

@@ -9,15 +9,14 @@
 // diagonal blocks is not counted; a partial last block is counted as full).
 // Recall per query: exp(LSE_sparse - LSE_dense) against the dense path of the same run (LSE read
 // back from the GPU), mean and minimum over all queries and heads.
-// Kernels (--kernels): every layout is timed with each listed attention kernel (CRISP_KERNEL set
+// Kernels (--kernels): every layout is timed with each listed attention kernel (crisp::CudaOptions
 // per run: portable, hopper or auto; default portable and, on an sm_90 device, hopper); the layout
 // column then reads "<layout>/<kernel>" and speedups are against the dense path of the same kernel.
 // The Hopper kernel's scheduling variants are kernels of their own here: hopper-persistent-pp,
-// hopper-persistent-nopp, hopper-grid-pp, hopper-grid-nopp (CRISP_HOPPER_SCHEDULE x
-// CRISP_HOPPER_PINGPONG, see src/cuda/hopper/hopper_attention.h); "hopper" is the default variant.
-// hopper-gqa-pack packs each GQA group into the kernel's tiles (CRISP_HOPPER_GQA=pack): it computes
-// the union of the group's layouts, so its rows report the density, TFLOP/s and recall of
-// crisp::gqa_union(plan), what it computed.
+// hopper-persistent-nopp, hopper-grid-pp, hopper-grid-nopp (Schedule x PingPong, crisp/options.h);
+// "hopper" is the default variant. hopper-gqa-pack packs each GQA group into the kernel's tiles
+// (GqaPacking::pack): it computes the union of the group's layouts, so its rows report the
+// density, TFLOP/s and recall of crisp::gqa_union(plan), what it computed.
 #include "commands.h"
 
 #if defined(CRISP_WITH_CUDA)
@@ -37,13 +36,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cpu/half.h"
+#include "common/half.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
-#if defined(CRISP_WITH_CUDA)
-#include "cuda/hopper/gqa_pack.h"
-#include "cuda/hopper/hopper_attention.h"
-#endif
 #include "bench_context_parallel.h"
 #include "gpu_timing.h"
 #include "io_util.h"
@@ -51,29 +46,31 @@
 
 namespace {
 
-// The Hopper kernel's scheduling variants, each a --kernels name.
-struct HopperVariant {
+// Every --kernels name and the kernel options it runs with.
+struct KernelVariant {
   const char* name;
-  const char* schedule;   // CRISP_HOPPER_SCHEDULE (nullptr: the caller's setting)
-  const char* ping_pong;  // CRISP_HOPPER_PINGPONG (nullptr: the caller's setting)
-  const char* gqa;        // CRISP_HOPPER_GQA (nullptr: the caller's setting)
+  crisp::CudaOptions options;
 };
-constexpr HopperVariant kHopperVariants[] = {{"hopper-persistent-pp", "persistent", "1", nullptr},
-                                             {"hopper-persistent-nopp", "persistent", "0", nullptr},
-                                             {"hopper-grid-pp", "grid", "1", nullptr},
-                                             {"hopper-grid-nopp", "grid", "0", nullptr},
-                                             {"hopper-gqa-pack", nullptr, nullptr, "pack"}};
-constexpr const char* kGqaPackKernel = "hopper-gqa-pack";
+const KernelVariant kKernelVariants[] = {
+    {"portable", {crisp::Kernel::portable}},
+    {"hopper", {crisp::Kernel::hopper}},
+    {"auto", {crisp::Kernel::automatic}},
+    {"hopper-persistent-pp", {crisp::Kernel::hopper, crisp::Schedule::persistent, crisp::PingPong::on}},
+    {"hopper-persistent-nopp", {crisp::Kernel::hopper, crisp::Schedule::persistent, crisp::PingPong::off}},
+    {"hopper-grid-pp", {crisp::Kernel::hopper, crisp::Schedule::grid, crisp::PingPong::on}},
+    {"hopper-grid-nopp", {crisp::Kernel::hopper, crisp::Schedule::grid, crisp::PingPong::off}},
+    {"hopper-gqa-pack",
+     {crisp::Kernel::hopper, crisp::Schedule::automatic, crisp::PingPong::automatic, crisp::GqaPacking::pack}}};
 
-const HopperVariant* hopper_variant(const std::string& kernel) {
-  for (const HopperVariant& v : kHopperVariants)
-    if (kernel == v.name) return &v;
-  return nullptr;
+const crisp::CudaOptions& kernel_options(const std::string& kernel) {
+  for (const KernelVariant& v : kKernelVariants)
+    if (kernel == v.name) return v.options;
+  throw crisp::Error("--kernels", "has \"" + kernel + "\"", "a kernel name listed by --help");
 }
 
 std::vector<std::string> kernel_names() {
-  std::vector<std::string> names = {"portable", "hopper", "auto"};
-  for (const HopperVariant& v : kHopperVariants) names.push_back(v.name);
+  std::vector<std::string> names;
+  for (const KernelVariant& v : kKernelVariants) names.push_back(v.name);
   return names;
 }
 
@@ -160,42 +157,8 @@ void run_bench(const BenchArgs& a) {
   std::vector<std::string> kernels = a.kernels;
   if (kernels.empty()) {
     kernels = {"portable"};
-    if (crisp::cuda_detail::hopper::kernel_available()) kernels.push_back("hopper");
+    if (crisp::cuda::hopper_kernel_available()) kernels.push_back("hopper");
   }
-  // CRISP_KERNEL (and, for a Hopper variant, CRISP_HOPPER_SCHEDULE / CRISP_HOPPER_PINGPONG) are
-  // set per run and restored at the end.
-  struct SavedEnv {
-    const char* name;
-    bool had;
-    std::string value;
-  };
-  std::vector<SavedEnv> saved_env;
-  for (const char* name : {"CRISP_KERNEL", "CRISP_HOPPER_SCHEDULE", "CRISP_HOPPER_PINGPONG", "CRISP_HOPPER_GQA"}) {
-    const char* value = std::getenv(name);
-    saved_env.push_back({name, value != nullptr, value != nullptr ? value : ""});
-  }
-  const auto restore_env = [&](const char* name) {
-    for (const SavedEnv& e : saved_env) {
-      if (std::strcmp(e.name, name) != 0) continue;
-      if (e.had) setenv(e.name, e.value.c_str(), 1);
-      else unsetenv(e.name);
-    }
-  };
-  const auto use_kernel = [&](const std::string& kernel) {
-    // A plain kernel name runs with the caller's Hopper settings (a variant with none set), not
-    // those of a variant timed before.
-    const HopperVariant plain{kernel.c_str(), nullptr, nullptr, nullptr};
-    const HopperVariant* variant = hopper_variant(kernel);
-    setenv("CRISP_KERNEL", variant != nullptr ? "hopper" : kernel.c_str(), 1);
-    if (variant == nullptr) variant = &plain;
-    const auto set_or_restore = [&](const char* name, const char* value) {
-      if (value != nullptr) setenv(name, value, 1);
-      else restore_env(name);
-    };
-    set_or_restore("CRISP_HOPPER_SCHEDULE", variant->schedule);
-    set_or_restore("CRISP_HOPPER_PINGPONG", variant->ping_pong);
-    set_or_restore("CRISP_HOPPER_GQA", variant->gqa);
-  };
 
   nlohmann::json out;
   out["device"] = prop.name;
@@ -259,8 +222,8 @@ void run_bench(const BenchArgs& a) {
     const auto report = [&](const std::string& layout_name, const std::string& kernel, double plan_ms, double attn_ms,
                             const crisp::Plan& planned, bool with_recall) {
       // What the kernel computed: the plan, or with GQA packing the union of each group's layouts.
-      const bool packed = kernel == kGqaPackKernel &&
-                          crisp::cuda_detail::hopper::gqa_pack_applies(a.block, H / Hkv, false, 1);
+      const bool packed = kernel_options(kernel).gqa_packing == crisp::GqaPacking::pack &&
+                          crisp::cuda::gqa_packing_applies(a.block, H / Hkv);
       const crisp::Plan computed = packed ? crisp::gqa_union(planned) : crisp::Plan{};
       const crisp::Plan& plan = packed ? computed : planned;
       const std::string layout = kernels.size() > 1 ? layout_name + "/" + kernel : layout_name;
@@ -332,9 +295,9 @@ void run_bench(const BenchArgs& a) {
       const crisp::Plan host = dplan.to_host(stream);
       progress.done();
       for (const std::string& kernel : kernels) {
-        use_kernel(kernel);
-        const double attn_ms =
-            time_ms(stream, a.warmup, a.reps, [&] { crisp::cuda::attend_async(q, k, v, dplan, o, lse, stream); });
+        const crisp::CudaOptions& options = kernel_options(kernel);
+        const double attn_ms = time_ms(stream, a.warmup, a.reps,
+                                       [&] { crisp::cuda::attend_async(q, k, v, dplan, o, lse, stream, options); });
         if (is_dense) {
           dense_ms_by_kernel[kernel] = attn_ms;
           check(cudaMemcpy(lse_dense_host.data(), ld.data, lse_dense_host.size() * 4, cudaMemcpyDeviceToHost),
@@ -351,14 +314,13 @@ void run_bench(const BenchArgs& a) {
       crisp::cuda::DevicePlan dplan(layout, stream);
       progress.done();
       for (const std::string& kernel : kernels) {
-        use_kernel(kernel);
-        const double attn_ms =
-            time_ms(stream, a.warmup, a.reps, [&] { crisp::cuda::attend_async(q, k, v, dplan, o, ls, stream); });
+        const crisp::CudaOptions& options = kernel_options(kernel);
+        const double attn_ms = time_ms(stream, a.warmup, a.reps,
+                                       [&] { crisp::cuda::attend_async(q, k, v, dplan, o, ls, stream, options); });
         report(name, kernel, 0.0, attn_ms, layout, false);
       }
     }
   }
-  for (const SavedEnv& e : saved_env) restore_env(e.name);
   cudaStreamDestroy(stream);
   write_json();
 }

@@ -4,31 +4,23 @@
 //   crisp::Plan plan  = crisp::plan(q, k, cfg);            // per head: route, layout, density
 //   crisp::attend(q, k, v, plan, out, lse);                  // block-sparse attention
 //   // or both at once: crisp::prefill(q, k, v, cfg, out, lse);
+//   // or plan once, run many times, on either backend: crisp::Attention (crisp/attention.h)
 //
-// Backends: the device of the views picks it (Device::cpu today; Device::cuda with the CUDA
-// backend, see crisp/cuda.h). All views of one call must be on one device.
+// Backends: the device of the views picks it (Device::cpu; Device::cuda with the CUDA backend, see
+// crisp/cuda.h), or options.backend names it (crisp/options.h). All views of one call must be on
+// one device.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "crisp/attention.h"
 #include "crisp/config.h"
 #include "crisp/error.h"
+#include "crisp/options.h"
 #include "crisp/plan.h"
 #include "crisp/tensor.h"
 
 namespace crisp {
-
-// Arithmetic of the CPU backend.
-enum class Precision {
-  f32,  // float32 compute, float64 accumulation of the spec's sums (proxy masses, coverage sums)
-  f64,  // float64 everywhere: the reference the tests compare every backend with
-};
-
-struct Options {
-  Precision precision = Precision::f32;
-  int num_threads = 0;      // CPU threads; 0 = all hardware threads
-  void* stream = nullptr;   // cudaStream_t for the CUDA backend (nullptr = default stream)
-};
 
 // Validates the inputs (shapes, dtypes, head counts, d <= 256, finite values, seqlens) and builds
 // the plan of every (sequence, query head). Throws crisp::Error on bad input.
@@ -56,7 +48,7 @@ Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
 // head) into one tile: every head's layout replaced by the union of its group's layouts (a
 // superset, so never less accurate). Its density() is the density such a kernel computes; route,
 // statistics and the VS choices of each head are kept. The CUDA backend runs it in place of the
-// plan under CRISP_HOPPER_GQA=pack (crisp/cuda.h); the Plan that prefill() returns stays the
+// plan under options.cuda.gqa_packing = pack (crisp/options.h); the Plan that prefill() returns stays the
 // planned one. Throws crisp::Error("plan", ...) for a plan whose kv heads do not divide its query
 // heads or that is not well formed.
 Plan gqa_union(const Plan& plan);

@@ -10,6 +10,8 @@
 //   crisp::cuda::attend_async(q, k, v, dplan, out, lse, stream);       // block-sparse attention
 //   crisp::Plan host = dplan.to_host(stream);                          // optional: inspect it
 //
+// crisp::Attention (crisp/attention.h) does the same behind one object, on either backend.
+//
 // The host crisp::Plan and the device plan carry the same information, so a plan made by either
 // backend can be run and checked on the other (DevicePlan::upload / DevicePlan::to_host).
 #pragma once
@@ -19,6 +21,7 @@
 
 #include "crisp/config.h"
 #include "crisp/error.h"
+#include "crisp/options.h"
 #include "crisp/plan.h"
 #include "crisp/tensor.h"
 
@@ -28,6 +31,15 @@ namespace cuda {
 // True when the library was built with the CUDA backend and at least one CUDA device is visible.
 // Never throws.
 bool available();
+
+// True when the current device can run the Hopper kernel (Kernel::hopper): an sm_90 device and a
+// library built with sm_90a code. Throws crisp::Error when the CUDA runtime fails.
+bool hopper_kernel_available();
+
+// Whether GqaPacking::pack packs a whole-plan launch of this block size and GQA group size
+// (Hq / Hkv); elsewhere the heads run separately and the launch
+// computes the plan as planned (crisp/options.h).
+bool gqa_packing_applies(int block_size, int64_t group_size);
 
 // The plan of a whole batch, kept on the device in buffers of fixed capacity (the causal worst
 // case, src/plan/plan_layout.h), so planning never has to read a size back before attention.
@@ -128,17 +140,19 @@ void plan_async(const TensorView& q, const TensorView& k, const Config& config, 
 //   row start must be 16-byte aligned (base pointers and the head/token strides).
 // Every element of out and lse is written. Throws crisp::Error naming the offending argument for
 // an unsupported dtype, head dim, layout or a shape that does not match the plan.
+// `options` picks the kernel and its schedule (crisp/options.h; CRISP_KERNEL may stand in for
+// Kernel::automatic).
 // Graph capture: the Hopper kernel's persistent launch (the default on sm_90 when there are more
 // work items than SMs) allocates a 4-byte work counter with cudaMallocAsync and frees it after the
 // kernel, so a captured graph holds memory allocation/free nodes, with the restrictions CUDA
-// places on graphs with memory nodes; CRISP_HOPPER_SCHEDULE=grid captures kernel nodes only.
-// CRISP_HOPPER_GQA=pack (off by default, src/cuda/hopper/hopper_attention.h) also allocates, per
-// launch, its union layout and work order the same way: about 4 bytes per causal block per kv
-// head (1.1 GB at 1M tokens, B = 128, 8 kv heads). It computes crisp::gqa_union(plan), not the
-// plan: that plan's density() is the density of such a run.
+// places on graphs with memory nodes; Schedule::grid captures kernel nodes only.
+// GqaPacking::pack also allocates, per launch, its union layout and work order the same way:
+// about 4 bytes per causal block per kv head (1.1 GB at 1M tokens, B = 128, 8 kv heads). It
+// computes crisp::gqa_union(plan), not the plan: that plan's density() is the density of such a
+// run.
 void attend_async(const TensorView& q, const TensorView& k, const TensorView& v,
                   const DevicePlan& plan, const TensorView& out, const TensorView& lse,
-                  void* stream = nullptr);
+                  void* stream = nullptr, const CudaOptions& options = {});
 
 }  // namespace cuda
 }  // namespace crisp

@@ -3,6 +3,7 @@
     import crisp
     out, lse = crisp.prefill(q, k, v, policy="crisp")      # q/k/v: [batch, heads, seq, dim]
     plan = crisp.plan(q, k, policy="crisp")                 # routes, densities, block CSR
+    attention = crisp.Attention("crisp"); attention.plan(q, k); out, lse = attention.run(q, k, v)
 
 ``crisp.hf.register()`` adds ``attn_implementation="crisp"`` to transformers.
 The native module ``crisp._C`` takes raw pointers and links no libtorch.
@@ -20,6 +21,7 @@ except ImportError:
 from . import _C  # noqa: E402
 from ._C import Error  # noqa: E402
 from ._plan import Plan, SequencePlan  # noqa: E402
+from .attention import Attention  # noqa: E402
 from .ops import attend, gqa_union, plan, prefill  # noqa: E402
 
 __version__ = "0.1.0"
@@ -36,5 +38,5 @@ def make_workload(num_q_heads=8, num_kv_heads=2, head_dim=128, seq_lens=(8192,),
     return _C.make_workload(num_q_heads, num_kv_heads, head_dim, list(seq_lens), seed, diffuse_head_share)
 
 
-__all__ = ["Error", "Plan", "SequencePlan", "attend", "gqa_union", "plan", "prefill", "make_workload",
+__all__ = ["Attention", "Error", "Plan", "SequencePlan", "attend", "gqa_union", "plan", "prefill", "make_workload",
            "built_with_cuda", "cuda_available", "presets", "parameter_names"]

@@ -357,7 +357,7 @@ def plan(q, k, policy: str = "crisp", cu_seqlens=None, **params) -> Plan:
 
 def gqa_union(plan: Plan) -> Plan:
     """Spec §10: the plan a kernel runs when it packs each GQA group into one tile (the Hopper
-    kernel with CRISP_HOPPER_GQA=pack): every query head's layout replaced by the union of its
+    kernel with gqa_packing="pack", crisp.Attention): every query head's layout replaced by the union of its
     group's layouts. Its ``density`` is what such a kernel computes."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: got {type(plan).__name__}; expected a crisp.Plan (from crisp.plan)")

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,6 +86,33 @@ crisp::Options make_options(int num_threads, const std::string& precision, uintp
     throw Error("precision", "is '" + precision + "'", "'f32' or 'f64'");
   }
   o.stream = reinterpret_cast<void*>(stream);
+  return o;
+}
+
+// The enumerator of `E` whose to_string is `name` ("auto", "portable", ...); `argument` names the
+// option in the error for any other name.
+template <typename E>
+E parse_choice(const std::string& argument, const std::string& name, std::initializer_list<E> choices) {
+  std::string expected;
+  for (const E choice : choices) {
+    if (name == crisp::to_string(choice)) return choice;
+    expected += (expected.empty() ? "'" : ", '") + std::string(crisp::to_string(choice)) + "'";
+  }
+  throw Error(argument, "is '" + name + "'", "one of " + expected);
+}
+
+crisp::CudaOptions make_cuda_options(const std::string& kernel, const std::string& schedule,
+                                     const std::string& ping_pong, const std::string& gqa_packing) {
+  using crisp::GqaPacking;
+  using crisp::Kernel;
+  using crisp::PingPong;
+  using crisp::Schedule;
+  crisp::CudaOptions o;
+  o.kernel = parse_choice("kernel", kernel, {Kernel::automatic, Kernel::portable, Kernel::hopper});
+  o.schedule = parse_choice("schedule", schedule, {Schedule::automatic, Schedule::persistent, Schedule::grid});
+  o.ping_pong = parse_choice("ping_pong", ping_pong, {PingPong::automatic, PingPong::on, PingPong::off});
+  o.gqa_packing =
+      parse_choice("gqa_packing", gqa_packing, {GqaPacking::automatic, GqaPacking::separate, GqaPacking::pack});
   return o;
 }
 
@@ -247,6 +275,49 @@ NB_MODULE(_C, m) {
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("config"), nb::arg("out"), nb::arg("lse"),
       nb::arg("cu_seqlens"), nb::arg("num_threads") = 0, nb::arg("precision") = "f32", nb::arg("stream") = 0);
 
+  // ------------------------------------------------------------------ plan once, run many times
+  nb::class_<crisp::Attention>(m, "Attention",
+                               "crisp::Attention: a Config and typed options; plan(q, k, cu_seqlens) once, then "
+                               "run(q, k, v, out, lse) any number of times, on the CPU or the GPU.")
+      .def(
+          "__init__",
+          [](crisp::Attention* self, const crisp::Config& config, const std::string& backend, const std::string& kernel,
+             const std::string& schedule, const std::string& ping_pong, const std::string& gqa_packing,
+             int num_threads, const std::string& precision, uintptr_t stream) {
+            crisp::Options o = make_options(num_threads, precision, stream);
+            o.backend = parse_choice("backend", backend,
+                                     {crisp::Backend::automatic, crisp::Backend::cpu, crisp::Backend::cuda});
+            o.cuda = make_cuda_options(kernel, schedule, ping_pong, gqa_packing);
+            new (self) crisp::Attention(config, o);
+          },
+          nb::arg("config"), nb::arg("backend") = "auto", nb::arg("kernel") = "auto", nb::arg("schedule") = "auto",
+          nb::arg("ping_pong") = "auto", nb::arg("gqa_packing") = "auto", nb::arg("num_threads") = 0,
+          nb::arg("precision") = "f32", nb::arg("stream") = 0)
+      .def(
+          "plan",
+          [](crisp::Attention& self, const TensorView& q, const TensorView& k, const std::vector<int64_t>& cu_seqlens) {
+            nb::gil_scoped_release release;
+            self.plan(q, k, cu_seqlens);
+          },
+          nb::arg("q"), nb::arg("k"), nb::arg("cu_seqlens") = std::vector<int64_t>{})
+      .def(
+          "run",
+          [](const crisp::Attention& self, const TensorView& q, const TensorView& k, const TensorView& v,
+             const TensorView& out, const TensorView& lse) {
+            nb::gil_scoped_release release;
+            self.run(q, k, v, out, lse);
+          },
+          nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"))
+      .def(
+          "host_plan",
+          [](const crisp::Attention& self) {
+            nb::gil_scoped_release release;
+            return self.host_plan();
+          },
+          "The last plan as a host Plan (CUDA: copied back, synchronising the stream).")
+      .def_prop_ro("planned", &crisp::Attention::planned)
+      .def_prop_ro("backend", [](const crisp::Attention& self) { return std::string(crisp::to_string(self.backend())); });
+
   m.def("dense_plan", &crisp::dense_plan, nb::arg("num_q_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"),
         nb::arg("cu_seqlens"), nb::arg("block_size") = 128, nb::arg("softmax_scale") = 0.0);
   m.def("gqa_union", &crisp::gqa_union, nb::arg("plan"));
@@ -282,11 +353,15 @@ NB_MODULE(_C, m) {
       .def(
           "attend_async",
           [](const crisp::cuda::DevicePlan& self, const TensorView& q, const TensorView& k, const TensorView& v,
-             const TensorView& out, const TensorView& lse, uintptr_t stream) {
+             const TensorView& out, const TensorView& lse, uintptr_t stream, const std::string& kernel,
+             const std::string& schedule, const std::string& ping_pong, const std::string& gqa_packing) {
             nb::gil_scoped_release release;
-            crisp::cuda::attend_async(q, k, v, self, out, lse, reinterpret_cast<void*>(stream));
+            crisp::cuda::attend_async(q, k, v, self, out, lse, reinterpret_cast<void*>(stream),
+                                      make_cuda_options(kernel, schedule, ping_pong, gqa_packing));
           },
-          nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("stream") = 0)
+          nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("stream") = 0,
+          nb::arg("kernel") = "auto", nb::arg("schedule") = "auto", nb::arg("ping_pong") = "auto",
+          nb::arg("gqa_packing") = "auto")
       .def(
           "upload",
           [](crisp::cuda::DevicePlan& self, const crisp::Plan& plan, uintptr_t stream) {

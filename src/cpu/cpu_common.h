@@ -10,27 +10,13 @@
 #include <mutex>
 #include <vector>
 
-#include "cpu/half.h"
+#include "common/fast_exp.h"
+#include "common/half.h"
 #include "crisp/crisp.h"
 #include "crisp/tensor.h"
 
 #if defined(_OPENMP)
 #include <omp.h>
-#endif
-
-// Hot loops are compiled once per instruction set and picked at load time (GCC function
-// multi-versioning), so one portable binary still runs AVX-512/AVX2 code where the CPU has it.
-// Every helper called from a multi-versioned function is CRISP_CPU_INLINE so it is compiled with
-// the caller's instruction set.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-#define CRISP_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define CRISP_CPU_CLONES
-#endif
-#if defined(__GNUC__)
-#define CRISP_CPU_INLINE inline __attribute__((always_inline))
-#else
-#define CRISP_CPU_INLINE inline
 #endif
 
 namespace crisp {
@@ -287,30 +273,6 @@ CRISP_CPU_INLINE void pv_tile(const T* p, int ldp, int rows_pad, const T* v, int
     }
   }
 }
-
-// exp for the float path, vectorizable inside `omp simd` loops (std::exp is not).
-// Cody-Waite range reduction x = k ln2 + r, |r| <= ln2/2, and a degree-6 Taylor polynomial:
-// relative error below 2e-7 (about 2 ulp). Arguments below -87 return ~1e-38 instead of a
-// denormal or zero; callers only pass x <= 0 and mask excluded keys explicitly.
-CRISP_CPU_INLINE float fast_exp(float x) {
-  x = std::max(x, -87.0f);
-  x = std::min(x, 88.0f);
-  const float k = std::nearbyint(x * 1.44269504088896341f);
-  float r = x - k * 0.693145751953125f;  // ln2 high part (exact in float)
-  r = r - k * 1.42860682030941723212e-6f;  // ln2 low part
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-CRISP_CPU_INLINE double fast_exp(double x) { return std::exp(x); }
 
 }  // namespace cpu
 }  // namespace crisp

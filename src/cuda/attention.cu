@@ -9,11 +9,14 @@
 #include <cmath>
 #include <string>
 
+#include "common/shape_rules.h"
+#include "backend.h"
 #include "crisp/cuda.h"
 #include "cuda/attention_kernel.cuh"
 #include "cuda/attention_rows.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_plan_internal.h"
+#include "cuda/hopper/gqa_pack.h"
 #include "cuda/hopper/hopper_attention.h"
 
 namespace crisp {
@@ -80,7 +83,8 @@ void dispatch_dim_block(const att::Params& params, int64_t head_dim, int block, 
 // the plan's tokens) and attend_rows_async (the listed rows into out/lse of out_tokens tokens).
 void launch_attention(const TensorView& q, const TensorView& k, const TensorView& v, const DevicePlan& plan,
                       const TensorView& out, const TensorView& lse, const att::RowItem* items, int64_t num_items,
-                      int64_t out_tokens, void* stream_ptr) {
+                      int64_t out_tokens, void* stream_ptr, const CudaOptions& options) {
+  const CudaOptions kernel_options = detail::resolve_kernel_override(options);
   const cuda_detail::DevicePlanView& view = cuda_detail::view_of(plan);
   const int64_t Hq = plan.num_q_heads(), Hkv = plan.num_kv_heads(), d = plan.head_dim();
   const int64_t tokens = plan.total_tokens();
@@ -100,10 +104,10 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
                 std::string(to_string(q.dtype)) + " (the input dtype, on the CUDA backend)");
   if (lse.dtype != DType::f32)
     throw Error("lse", std::string("has dtype ") + to_string(lse.dtype), "f32 on the CUDA backend");
-  if (d != 64 && d != 128)
-    throw Error("q", "has head dim " + std::to_string(d), "64 or 128 on the CUDA backend");
-  if (block != 64 && block != 128)
-    throw Error("plan", "has block size " + std::to_string(block), "64 or 128");
+  if (!shape_rules::cuda_head_dim_supported(d))
+    throw Error("q", "has head dim " + std::to_string(d), shape_rules::kCudaHeadDimExpected);
+  if (!shape_rules::valid_block_size(block))
+    throw Error("plan", "has block size " + std::to_string(block), shape_rules::kBlockSizeExpected);
   check_rows("q", q);
   check_rows("k", k);
   check_rows("v", v);
@@ -148,9 +152,10 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   if (num_ctas == 0) return;
   params.num_items = static_cast<int32_t>(num_ctas);
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  // The sm_90a kernel (TMA + wgmma) when the device, the shape and CRISP_KERNEL allow it
+  // The sm_90a kernel (TMA + wgmma) when the device, the shape and the kernel options allow it
   // (src/cuda/hopper/hopper_attention.h); otherwise the portable kernel below.
-  if (cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, Hkv, num_ctas, stream)) return;
+  if (cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, Hkv, num_ctas, kernel_options, stream))
+    return;
   if (q.dtype == DType::bf16)
     dispatch_dim_block<__nv_bfloat16>(params, d, block, num_ctas, stream);
   else
@@ -159,9 +164,15 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
 
 }  // namespace
 
+bool hopper_kernel_available() { return cuda_detail::hopper::kernel_available(); }
+
+bool gqa_packing_applies(int block_size, int64_t group_size) {
+  return cuda_detail::hopper::gqa_pack_applies(block_size, group_size, /*row_subset=*/false, /*num_work_items=*/1);
+}
+
 void attend_async(const TensorView& q, const TensorView& k, const TensorView& v, const DevicePlan& plan,
-                  const TensorView& out, const TensorView& lse, void* stream) {
-  launch_attention(q, k, v, plan, out, lse, nullptr, 0, plan.empty() ? 0 : plan.total_tokens(), stream);
+                  const TensorView& out, const TensorView& lse, void* stream, const CudaOptions& options) {
+  launch_attention(q, k, v, plan, out, lse, nullptr, 0, plan.empty() ? 0 : plan.total_tokens(), stream, options);
 }
 
 }  // namespace cuda
@@ -178,7 +189,7 @@ void attend_rows_async(const TensorView& q, const TensorView& k, const TensorVie
   // overflowing first.
   if (num_items > 0x7fffffffLL) throw Error("num_items", "is " + std::to_string(num_items), "fewer than 2^31");
   if (num_items == 0) return;
-  cuda::launch_attention(q, k, v, plan, out, lse, device_items, num_items, out.shape[1], stream);
+  cuda::launch_attention(q, k, v, plan, out, lse, device_items, num_items, out.shape[1], stream, CudaOptions{});
 }
 
 }  // namespace cuda_detail

@@ -17,8 +17,43 @@ void cuda_attend(const TensorView& q, const TensorView& k, const TensorView& v, 
   // NOTE: a DevicePlan (one cudaMalloc + upload) per call keeps this synchronous entry point
   // simple; callers that run many times keep a crisp::cuda::DevicePlan and call attend_async.
   cuda::DevicePlan device_plan(plan, options.stream);
-  cuda::attend_async(q, k, v, device_plan, out, lse, options.stream);
+  cuda::attend_async(q, k, v, device_plan, out, lse, options.stream, options.cuda);
   CRISP_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(options.stream)));
+}
+
+namespace {
+
+class CudaPlannedAttention final : public PlannedAttention {
+ public:
+  CudaPlannedAttention(const Config& config, const Options& options) : config_(config), options_(options) {}
+
+  void plan(const TensorView& q, const TensorView& k, const SeqLens& normalized_cu_seqlens) override {
+    // The device buffers are sized for one batch shape; a new shape needs new ones (the old are
+    // freed first: cudaFree synchronises the device, as at any reshape).
+    const bool same_shape = !plan_.empty() && plan_.num_q_heads() == q.heads() && plan_.num_kv_heads() == k.heads() &&
+                            plan_.head_dim() == q.dim() && plan_.cu_seqlens() == normalized_cu_seqlens;
+    if (!same_shape) {
+      plan_ = cuda::DevicePlan();
+      plan_ = cuda::DevicePlan(q.heads(), k.heads(), q.dim(), normalized_cu_seqlens, config_);
+    }
+    cuda::plan_async(q, k, config_, plan_, options_.stream);
+  }
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+           const TensorView& lse) const override {
+    cuda::attend_async(q, k, v, plan_, out, lse, options_.stream, options_.cuda);
+  }
+  Plan host_plan() const override { return plan_.to_host(options_.stream); }
+
+ private:
+  Config config_;
+  Options options_;
+  cuda::DevicePlan plan_;
+};
+
+}  // namespace
+
+std::unique_ptr<PlannedAttention> make_cuda_planned_attention(const Config& config, const Options& options) {
+  return std::make_unique<CudaPlannedAttention>(config, options);
 }
 
 }  // namespace detail

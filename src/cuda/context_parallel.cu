@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/shape_rules.h"
 #include "crisp/context_parallel.h"
 #include "crisp/cuda.h"
 #include "cuda/attention_rows.h"
@@ -174,8 +175,8 @@ ContextParallelPrefill::ContextParallelPrefill(int64_t num_q_heads, int64_t num_
   if (num_q_heads < 1 || num_kv_heads < 1 || num_q_heads % num_kv_heads != 0)
     throw Error("num_kv_heads", std::to_string(num_q_heads) + " query / " + std::to_string(num_kv_heads) + " kv heads",
                 "positive head counts with num_q_heads a multiple of num_kv_heads");
-  if (head_dim != 64 && head_dim != 128)
-    throw Error("head_dim", "is " + std::to_string(head_dim), "64 or 128 on the CUDA backend");
+  if (!shape_rules::cuda_head_dim_supported(head_dim))
+    throw Error("head_dim", "is " + std::to_string(head_dim), shape_rules::kCudaHeadDimExpected);
   if (dtype != DType::bf16 && dtype != DType::f16)
     throw Error("dtype", std::string("is ") + to_string(dtype), "bf16 or f16 on the CUDA backend");
   config.validate();

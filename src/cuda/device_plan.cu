@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/shape_rules.h"
 #include "crisp/cuda.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_plan.h"
@@ -22,8 +23,8 @@ namespace crisp {
 namespace cuda_detail {
 
 std::vector<layout::SequenceBases> sequence_bases(const SeqLens& cu_seqlens, int block_size) {
-  if (block_size != 64 && block_size != 128)
-    throw Error("config.block_size", "is " + std::to_string(block_size), "64 or 128");
+  if (!shape_rules::valid_block_size(block_size))
+    throw Error("config.block_size", "is " + std::to_string(block_size), shape_rules::kBlockSizeExpected);
   if (cu_seqlens.size() < 2)
     throw Error("cu_seqlens", "has " + std::to_string(cu_seqlens.size()) + " entries",
                 "the full offsets {0, ..., tokens} of at least one sequence");
@@ -111,7 +112,7 @@ BufferOffsets buffer_offsets(int64_t num_heads, const std::vector<layout::Sequen
 }
 
 double resolve_scale(const Config& config, int64_t head_dim) {
-  return config.softmax_scale > 0.0 ? config.softmax_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+  return shape_rules::resolve_softmax_scale(config.softmax_scale, head_dim);
 }
 
 Route route_from_code(int32_t code) {

@@ -27,7 +27,7 @@
 #include <limits>
 #include <string>
 
-#include "cpu/half.h"
+#include "common/half.h"
 #include "crisp/error.h"
 
 namespace crisp {

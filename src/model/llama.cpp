@@ -7,7 +7,7 @@
 #include <cstring>
 #include <ctime>
 
-#include "cpu/cpu_common.h"  // fast_exp, CRISP_CPU_CLONES
+#include "common/fast_exp.h"  // fast_exp, CRISP_CPU_CLONES
 #include "model/matmul.h"
 #include "model/tokenizer.h"
 

@@ -23,5 +23,9 @@ void cuda_attend(const TensorView&, const TensorView&, const TensorView&, const 
   throw_unavailable("q");
 }
 
+std::unique_ptr<PlannedAttention> make_cuda_planned_attention(const Config&, const Options&) {
+  throw_unavailable("q");
+}
+
 }  // namespace detail
 }  // namespace crisp

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/half.h"
+#include "common/half.h"
 #include "crisp/crisp.h"
 #include "crisp/cuda.h"
 #include "crisp/plan.h"
@@ -36,7 +36,7 @@ struct DeviceBuffer {
 };
 
 // Sets (value != nullptr) or unsets an environment variable for the lifetime of the object and
-// restores the previous value (CRISP_KERNEL, CRISP_HOPPER_SCHEDULE, CRISP_HOPPER_PINGPONG).
+// restores the previous value (CRISP_KERNEL, the one override of the kernel options).
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
@@ -144,10 +144,10 @@ inline void reference_f64(RoundedInputs& in, const crisp::Plan& plan, std::vecto
 
 // crisp::cuda::attend_async of `plan` on the device copies of the inputs, with O and LSE poisoned
 // with NaN before the launch (0xffff is NaN in f16 and bf16, 0xffffffff in f32), so an element the
-// kernel leaves unwritten shows as NaN; returns O (dtype bits) and LSE. The kernel is whatever
-// CRISP_KERNEL (and the Hopper settings) select at the call.
+// kernel leaves unwritten shows as NaN; returns O (dtype bits) and LSE. The kernel is the one
+// `options` select (Kernel::automatic: CRISP_KERNEL when set).
 inline void attend_poisoned(const RoundedInputs& in, const crisp::Plan& plan, std::vector<uint16_t>& out_bits,
-                            std::vector<float>& lse) {
+                            std::vector<float>& lse, const crisp::CudaOptions& options = {}) {
   const int64_t Hq = in.num_q_heads, Hkv = in.num_kv_heads, T = in.tokens, d = in.head_dim;
   const std::size_t q_bytes = in.q_bits.size() * 2, kv_bytes = in.k_bits.size() * 2;
   const std::size_t lse_bytes = static_cast<std::size_t>(Hq * T) * sizeof(float);
@@ -164,7 +164,8 @@ inline void attend_poisoned(const RoundedInputs& in, const crisp::Plan& plan, st
                             crisp::TensorView::contiguous(dk.ptr, in.dtype, Hkv, T, d, dev),
                             crisp::TensorView::contiguous(dv.ptr, in.dtype, Hkv, T, d, dev), dplan,
                             crisp::TensorView::contiguous(dout.ptr, in.dtype, Hq, T, d, dev),
-                            crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, Hq, T, dev));
+                            crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, Hq, T, dev), nullptr,
+                            options);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   out_bits.resize(in.q_bits.size());
   lse.resize(static_cast<std::size_t>(Hq * T));

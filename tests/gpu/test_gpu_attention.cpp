@@ -1,5 +1,5 @@
 // tests/gpu/test_gpu_attention.cpp — the portable CUDA block-sparse attention kernel (forced with
-// CRISP_KERNEL=portable, so it is checked on sm_90 too, where auto dispatch runs the Hopper kernel:
+// Kernel::portable, so it is checked on sm_90 too, where auto dispatch runs the Hopper kernel:
 // that one is checked in test_gpu_hopper.cpp) against the CPU float64 reference on the same plan
 // and the same (bf16/fp16-rounded) inputs, plus the DevicePlan round trip and the argument checks.
 // Every test skips itself when no CUDA device is present.
@@ -12,11 +12,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "cpu/half.h"
+#include "common/half.h"
 #include "crisp/crisp.h"
 #include "crisp/cuda.h"
 #include "gpu/gpu_test_util.h"
@@ -87,8 +88,9 @@ TEST_P(GpuAttention, MatchesFloat64ReferenceAndWritesEveryElement) {
   std::vector<uint16_t> out_bits;
   std::vector<float> lse;
   {
-    crisp_gpu_test::ScopedEnv portable("CRISP_KERNEL", "portable");
-    crisp_gpu_test::attend_poisoned(in, plan, out_bits, lse);
+    crisp::CudaOptions portable;
+    portable.kernel = crisp::Kernel::portable;
+    crisp_gpu_test::attend_poisoned(in, plan, out_bits, lse, portable);
   }
   if (HasFatalFailure()) return;
 
@@ -335,13 +337,14 @@ TEST(GpuAttentionApi, PublicAttendOnDeviceViewsMatchesCpu) {
 // cudaMallocAsync, a graph memory node). 8 heads x 47 query blocks = 376 work items, more than an
 // H200 has SMs, so the persistent CTAs take most rows from the counter. The replay, started on a
 // dense plan and NaN-poisoned outputs, must give bit for bit the outputs of a direct run. Twice:
-// one head per tile, and GQA packing (CRISP_HOPPER_GQA=pack on sm_90: the union rows, the packed
+// one head per tile, and GQA packing (GqaPacking::pack on sm_90: the union rows, the packed
 // work order's sort and their cudaMallocAsync block are captured too; elsewhere it has no effect).
-class GpuAttentionGraph : public ::testing::TestWithParam<const char*> {};
+class GpuAttentionGraph : public ::testing::TestWithParam<crisp::GqaPacking> {};
 
 TEST_P(GpuAttentionGraph, PlanAndAttendCaptureInOneCudaGraph) {
   SKIP_WITHOUT_GPU();
-  crisp_gpu_test::ScopedEnv packing("CRISP_HOPPER_GQA", GetParam());
+  crisp::CudaOptions options;
+  options.gqa_packing = GetParam();
   crisp::WorkloadSpec spec = crisp_test::workload_spec(8, 2, 128, {6000}, 33);
   const crisp::Workload w = crisp::make_workload(spec);
   const int64_t T = w.total_tokens, d = 128;
@@ -374,7 +377,7 @@ TEST_P(GpuAttentionGraph, PlanAndAttendCaptureInOneCudaGraph) {
   };
   // Direct run (also the warm-up that sizes the planning workspace).
   crisp::cuda::plan_async(q, k, cfg, dplan, stream);
-  crisp::cuda::attend_async(q, k, v, dplan, out, lse, stream);
+  crisp::cuda::attend_async(q, k, v, dplan, out, lse, stream, options);
   CUDA_OK(cudaStreamSynchronize(stream));
   std::vector<uint16_t> direct_out, graph_out;
   std::vector<float> direct_lse, graph_lse;
@@ -383,7 +386,7 @@ TEST_P(GpuAttentionGraph, PlanAndAttendCaptureInOneCudaGraph) {
   cudaGraph_t graph = nullptr;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   crisp::cuda::plan_async(q, k, cfg, dplan, stream);
-  crisp::cuda::attend_async(q, k, v, dplan, out, lse, stream);
+  crisp::cuda::attend_async(q, k, v, dplan, out, lse, stream, options);
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec = nullptr;
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
@@ -403,8 +406,73 @@ TEST_P(GpuAttentionGraph, PlanAndAttendCaptureInOneCudaGraph) {
   cudaStreamDestroy(stream);
 }
 
-INSTANTIATE_TEST_SUITE_P(GqaPacking, GpuAttentionGraph, ::testing::Values("separate", "pack"),
-                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(GqaPacking, GpuAttentionGraph,
+                         ::testing::Values(crisp::GqaPacking::separate, crisp::GqaPacking::pack),
+                         [](const ::testing::TestParamInfo<crisp::GqaPacking>& info) {
+                           return std::string(crisp::to_string(info.param));
+                         });
+
+// crisp::Attention on the device: one plan, two runs, the same bits, and the same bits as the
+// DevicePlan + plan_async + attend_async path it wraps; then a plan of another shape on the same
+// object.
+TEST(GpuAttentionObject, PlanOnceRunTwiceMatchesTheDevicePlanPath) {
+  SKIP_WITHOUT_GPU();
+  const int64_t Hq = 4, Hkv = 2, d = 128;
+  const crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Options options;
+  options.backend = crisp::Backend::cuda;
+  crisp::Attention attention(cfg, options);  // kept across both shapes
+  for (const int64_t n : {int64_t{3000}, int64_t{1200}}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const crisp::Workload w = crisp::make_workload(crisp_test::workload_spec(Hq, Hkv, d, {n}, 41 + n));
+    std::vector<uint16_t> qb, kb, vb;
+    std::vector<float> unused;
+    round_to(w.q, bf16, qb, unused);
+    round_to(w.k, bf16, kb, unused);
+    round_to(w.v, bf16, vb, unused);
+    const int64_t T = w.total_tokens;
+    DeviceBuffer dq(qb.size() * 2), dk(kb.size() * 2), dv(vb.size() * 2), dout(qb.size() * 2), dlse(Hq * T * 4);
+    ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr);
+    CUDA_OK(cudaMemcpy(dq.ptr, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dk.ptr, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv.ptr, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice));
+    const auto dev = crisp::Device::cuda;
+    const auto q = crisp::TensorView::contiguous(dq.ptr, bf16, Hq, T, d, dev);
+    const auto k = crisp::TensorView::contiguous(dk.ptr, bf16, Hkv, T, d, dev);
+    const auto v = crisp::TensorView::contiguous(dv.ptr, bf16, Hkv, T, d, dev);
+    const auto out = crisp::TensorView::contiguous(dout.ptr, bf16, Hq, T, d, dev);
+    const auto lse = crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, Hq, T, dev);
+    auto run_and_download = [&](const std::function<void()>& run, std::vector<uint16_t>& o, std::vector<float>& l) {
+      CUDA_OK(cudaMemset(dout.ptr, 0xff, qb.size() * 2));  // NaN
+      CUDA_OK(cudaMemset(dlse.ptr, 0xff, Hq * T * 4));
+      run();
+      CUDA_OK(cudaDeviceSynchronize());
+      o.resize(qb.size());
+      l.resize(static_cast<std::size_t>(Hq * T));
+      CUDA_OK(cudaMemcpy(o.data(), dout.ptr, o.size() * 2, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(l.data(), dlse.ptr, l.size() * 4, cudaMemcpyDeviceToHost));
+    };
+    attention.plan(q, k);
+    EXPECT_EQ(attention.backend(), crisp::Backend::cuda);
+    std::vector<uint16_t> first_out, second_out, direct_out;
+    std::vector<float> first_lse, second_lse, direct_lse;
+    run_and_download([&] { attention.run(q, k, v, out, lse); }, first_out, first_lse);
+    run_and_download([&] { attention.run(q, k, v, out, lse); }, second_out, second_lse);
+    EXPECT_EQ(first_out, second_out);
+    EXPECT_EQ(first_lse, second_lse);
+    crisp::cuda::DevicePlan dplan(Hq, Hkv, d, w.cu_seqlens, cfg);
+    run_and_download(
+        [&] {
+          crisp::cuda::plan_async(q, k, cfg, dplan);
+          crisp::cuda::attend_async(q, k, v, dplan, out, lse);
+        },
+        direct_out, direct_lse);
+    EXPECT_EQ(first_out, direct_out);
+    EXPECT_EQ(first_lse, direct_lse);
+    const crisp::Plan host = attention.host_plan();
+    EXPECT_EQ(host.density(), dplan.to_host().density());
+  }
+}
 
 // ------------------------------------------------------------------ timing (not a test)
 // Run with --gtest_also_run_disabled_tests --gtest_filter='*Timing*'. Hq=32, Hkv=8, d=128, bf16,

@@ -16,7 +16,7 @@
 #include <nccl.h>
 #endif
 
-#include "cpu/half.h"
+#include "common/half.h"
 #include "crisp/context_parallel.h"
 #include "crisp/cuda.h"
 #include "gpu/gpu_test_util.h"

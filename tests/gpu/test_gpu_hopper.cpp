@@ -1,9 +1,9 @@
 // tests/gpu/test_gpu_hopper.cpp — the Hopper (sm_90a, TMA + wgmma) attention kernel (head dim 64
-// and 128, block size 128 and 64), forced with CRISP_KERNEL=hopper, against the CPU float64 reference on
+// and 128, block size 128 and 64), forced with Kernel::hopper, against the CPU float64 reference on
 // the same plan and the same rounded inputs (the tolerances of test_gpu_attention.cpp: relative
 // Frobenius error of O <= 1e-2 per (sequence, head), |LSE - ref| <= 1e-3), with NaN-poisoned
-// outputs; the Hopper kernel against the portable kernel on the same inputs; and the CRISP_KERNEL
-// dispatch. Every test skips itself without an sm_90 device whose binary carries the sm_90a code.
+// outputs; the Hopper kernel against the portable kernel on the same inputs; and the kernel
+// options' dispatch. Every test skips itself without an sm_90 device whose binary carries the sm_90a code.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/half.h"
+#include "common/half.h"
 #include "crisp/crisp.h"
 #include "crisp/cuda.h"
 #include "gpu/gpu_test_util.h"
@@ -41,13 +41,16 @@ using crisp_gpu_test::random_plan;
 
 using crisp_gpu_test::ScopedEnv;
 
-// The Hopper kernel's schedule and ping-pong settings (nullptr = the library default).
+// The Hopper kernel's schedule and ping-pong settings (automatic = the library default).
 struct Variant {
-  const char* schedule;
-  const char* ping_pong;
+  crisp::Schedule schedule;
+  crisp::PingPong ping_pong;
 };
-constexpr Variant kDefaultVariant{nullptr, nullptr};
-constexpr Variant kAllVariants[] = {{"persistent", "1"}, {"persistent", "0"}, {"grid", "1"}, {"grid", "0"}};
+constexpr Variant kDefaultVariant{crisp::Schedule::automatic, crisp::PingPong::automatic};
+constexpr Variant kAllVariants[] = {{crisp::Schedule::persistent, crisp::PingPong::on},
+                                    {crisp::Schedule::persistent, crisp::PingPong::off},
+                                    {crisp::Schedule::grid, crisp::PingPong::on},
+                                    {crisp::Schedule::grid, crisp::PingPong::off}};
 
 enum class Layout { dense, crisp_plan, random };
 
@@ -97,15 +100,17 @@ Prepared prepare(const Case& c) {
   return p;
 }
 
-// Runs attend_async with CRISP_KERNEL = `kernel` (and the Hopper variant) on NaN-poisoned
-// outputs; returns O bits and LSE.
-void run_device(const Prepared& p, const char* kernel, std::vector<uint16_t>& out_bits, std::vector<float>& lse,
-                Variant variant = kDefaultVariant, const char* gqa = nullptr) {
-  ScopedEnv choice("CRISP_KERNEL", kernel);
-  ScopedEnv packing("CRISP_HOPPER_GQA", gqa);
-  ScopedEnv schedule("CRISP_HOPPER_SCHEDULE", variant.schedule);
-  ScopedEnv ping_pong("CRISP_HOPPER_PINGPONG", variant.ping_pong);
-  crisp_gpu_test::attend_poisoned(p.in, p.plan, out_bits, lse);
+// Runs attend_async with `kernel` (and the Hopper variant) on NaN-poisoned outputs; returns O bits
+// and LSE. CRISP_KERNEL is unset so that Kernel::automatic means the library's own choice.
+void run_device(const Prepared& p, crisp::Kernel kernel, std::vector<uint16_t>& out_bits, std::vector<float>& lse,
+                Variant variant = kDefaultVariant, crisp::GqaPacking gqa = crisp::GqaPacking::automatic) {
+  ScopedEnv no_override("CRISP_KERNEL", nullptr);
+  crisp::CudaOptions options;
+  options.kernel = kernel;
+  options.schedule = variant.schedule;
+  options.ping_pong = variant.ping_pong;
+  options.gqa_packing = gqa;
+  crisp_gpu_test::attend_poisoned(p.in, p.plan, out_bits, lse, options);
 }
 
 class GpuHopper : public ::testing::TestWithParam<Case> {};
@@ -121,7 +126,7 @@ TEST_P(GpuHopper, MatchesFloat64ReferenceAndWritesEveryElement) {
 
   std::vector<uint16_t> out_bits;
   std::vector<float> lse;
-  run_device(p, "hopper", out_bits, lse);
+  run_device(p, crisp::Kernel::hopper, out_bits, lse);
   if (HasFatalFailure()) return;
 
   const crisp_gpu_test::ReferenceErrors worst = crisp_gpu_test::expect_matches_reference(
@@ -142,11 +147,11 @@ TEST_P(GpuHopper, AgreesWithPortableKernelAndAutoDispatchPicksIt) {
   const int64_t Hq = c.num_q_heads, T = p.in.tokens;
   std::vector<uint16_t> hopper_out, portable_out, auto_out;
   std::vector<float> hopper_lse, portable_lse, auto_lse;
-  run_device(p, "hopper", hopper_out, hopper_lse);
+  run_device(p, crisp::Kernel::hopper, hopper_out, hopper_lse);
   if (HasFatalFailure()) return;
-  run_device(p, "portable", portable_out, portable_lse);
+  run_device(p, crisp::Kernel::portable, portable_out, portable_lse);
   if (HasFatalFailure()) return;
-  run_device(p, nullptr, auto_out, auto_lse);
+  run_device(p, crisp::Kernel::automatic, auto_out, auto_lse);
   if (HasFatalFailure()) return;
   EXPECT_EQ(auto_out, hopper_out);
   EXPECT_EQ(auto_lse, hopper_lse);
@@ -185,9 +190,10 @@ TEST_P(GpuHopper, EverySchedulingVariantWritesIdenticalOutputs) {
   for (const Variant& variant : kAllVariants) {
     std::vector<uint16_t> out;
     std::vector<float> lse;
-    run_device(p, "hopper", out, lse, variant);
+    run_device(p, crisp::Kernel::hopper, out, lse, variant);
     if (HasFatalFailure()) return;
-    const std::string label = std::string("schedule ") + variant.schedule + ", ping-pong " + variant.ping_pong;
+    const std::string label =
+        std::string("schedule ") + crisp::to_string(variant.schedule) + ", ping-pong " + crisp::to_string(variant.ping_pong);
     for (std::size_t i = 0; i < lse.size(); ++i)
       ASSERT_FALSE(std::isnan(lse[i])) << label << ": LSE element " << i << " not written";
     if (first_out.empty()) {
@@ -200,10 +206,10 @@ TEST_P(GpuHopper, EverySchedulingVariantWritesIdenticalOutputs) {
   }
 }
 
-// GQA packing (CRISP_HOPPER_GQA=pack): where it applies (block size 128, group size 2/4/8/16) the
+// GQA packing (GqaPacking::pack): where it applies (block size 128, group size 2/4/8/16) the
 // kernel runs the union of each group's layouts, so it must match the float64 reference of
 // crisp::gqa_union(plan) with the same tolerances, every element written; where it does not
-// (group size 1, block size 64) the launch runs unpacked: bit-identical to CRISP_HOPPER_GQA=separate.
+// (group size 1, block size 64) the launch runs unpacked: bit-identical to GqaPacking::separate.
 TEST_P(GpuHopper, GqaPackingRunsTheUnionOfEachGroupsLayouts) {
   SKIP_WITHOUT_HOPPER();
   const Case& c = GetParam();
@@ -211,9 +217,9 @@ TEST_P(GpuHopper, GqaPackingRunsTheUnionOfEachGroupsLayouts) {
   Prepared p = prepare(c);
   std::vector<uint16_t> packed_out, separate_out;
   std::vector<float> packed_lse, separate_lse;
-  run_device(p, "hopper", packed_out, packed_lse, kDefaultVariant, "pack");
+  run_device(p, crisp::Kernel::hopper, packed_out, packed_lse, kDefaultVariant, crisp::GqaPacking::pack);
   if (HasFatalFailure()) return;
-  run_device(p, "hopper", separate_out, separate_lse, kDefaultVariant, "separate");
+  run_device(p, crisp::Kernel::hopper, separate_out, separate_lse, kDefaultVariant, crisp::GqaPacking::separate);
   if (HasFatalFailure()) return;
   if (!crisp::cuda_detail::hopper::gqa_pack_applies(c.block_size, group, false, 1)) {
     EXPECT_EQ(packed_out, separate_out);
@@ -230,7 +236,8 @@ TEST_P(GpuHopper, GqaPackingRunsTheUnionOfEachGroupsLayouts) {
   // One CTA per item gives the same bits as the persistent CTAs.
   std::vector<uint16_t> grid_out;
   std::vector<float> grid_lse;
-  run_device(p, "hopper", grid_out, grid_lse, Variant{"grid", "0"}, "pack");
+  run_device(p, crisp::Kernel::hopper, grid_out, grid_lse, Variant{crisp::Schedule::grid, crisp::PingPong::off},
+             crisp::GqaPacking::pack);
   if (HasFatalFailure()) return;
   EXPECT_EQ(grid_out, packed_out);
   EXPECT_EQ(grid_lse, packed_lse);
@@ -330,53 +337,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16_d128_b64_crisp_many_items", bf16, 128, 16, 4, {6000}, Layout::crisp_plan, 0, 125, 64}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
-// The environment choices are parsed on the host and need no device, so this test runs everywhere
-// the CUDA backend is built (CI included): defaults when unset or empty, each listed value, and
-// a crisp::Error naming the variable and listing the values otherwise.
-TEST(GpuHopperDispatch, EnvironmentChoicesParseWithoutADevice) {
+// The launch rules are host code and need no device, so this test runs everywhere the CUDA
+// backend is built (CI included).
+TEST(GpuHopperDispatch, LaunchRulesNeedNoDevice) {
   namespace hop = crisp::cuda_detail::hopper;
-  {
-    ScopedEnv unset_kernel("CRISP_KERNEL", nullptr);
-    ScopedEnv unset_schedule("CRISP_HOPPER_SCHEDULE", nullptr);
-    ScopedEnv empty_ping_pong("CRISP_HOPPER_PINGPONG", "");
-    ScopedEnv unset_gqa("CRISP_HOPPER_GQA", nullptr);
-    EXPECT_EQ(hop::gqa_pack_choice(), hop::kDefaultGqaPack);
-    EXPECT_EQ(hop::kernel_choice(), hop::KernelChoice::automatic);
-    EXPECT_EQ(hop::schedule_choice(), hop::kDefaultSchedule);
-    EXPECT_EQ(hop::ping_pong_choice(), hop::kDefaultPingPong);
-  }
-  {
-    ScopedEnv kernel("CRISP_KERNEL", "portable");
-    ScopedEnv schedule("CRISP_HOPPER_SCHEDULE", "grid");
-    ScopedEnv ping_pong("CRISP_HOPPER_PINGPONG", "1");
-    ScopedEnv gqa("CRISP_HOPPER_GQA", "pack");
-    EXPECT_TRUE(hop::gqa_pack_choice());
-    EXPECT_EQ(hop::kernel_choice(), hop::KernelChoice::portable);
-    EXPECT_EQ(hop::schedule_choice(), hop::Schedule::grid);
-    EXPECT_TRUE(hop::ping_pong_choice());
-  }
-  {
-    ScopedEnv kernel("CRISP_KERNEL", "hopper");
-    ScopedEnv schedule("CRISP_HOPPER_SCHEDULE", "persistent");
-    ScopedEnv ping_pong("CRISP_HOPPER_PINGPONG", "0");
-    EXPECT_EQ(hop::kernel_choice(), hop::KernelChoice::hopper);
-    EXPECT_EQ(hop::schedule_choice(), hop::Schedule::persistent);
-    EXPECT_FALSE(hop::ping_pong_choice());
-  }
-  const auto expect_error = [](const char* name, const char* value, const char* listed, auto parse) {
-    ScopedEnv bad(name, value);
-    try {
-      parse();
-      ADD_FAILURE() << "no error for " << name << "=" << value;
-    } catch (const crisp::Error& e) {
-      EXPECT_EQ(e.argument(), name) << e.what();
-      EXPECT_NE(std::string(e.what()).find(listed), std::string::npos) << e.what();
-    }
-  };
-  expect_error("CRISP_KERNEL", "fastest", "auto, portable or hopper", [] { hop::kernel_choice(); });
-  expect_error("CRISP_HOPPER_SCHEDULE", "static", "persistent or grid", [] { hop::schedule_choice(); });
-  expect_error("CRISP_HOPPER_PINGPONG", "yes", "1 or 0", [] { hop::ping_pong_choice(); });
-  expect_error("CRISP_HOPPER_GQA", "packed", "separate or pack", [] { hop::gqa_pack_choice(); });
   // Packing applies at block size 128 to groups of 2, 4, 8 or 16 heads, on whole-plan launches.
   EXPECT_TRUE(hop::gqa_pack_applies(128, 4, false, 100));
   EXPECT_FALSE(hop::gqa_pack_applies(64, 4, false, 100));
@@ -392,10 +356,10 @@ TEST(GpuHopperDispatch, EnvironmentChoicesParseWithoutADevice) {
   EXPECT_FALSE(hop::shape_supported(bf16, 128, 32));
 }
 
-// CRISP_KERNEL: an unknown value is an error naming CRISP_KERNEL; "hopper", "portable" and "auto"
-// all run block size 64 (the Hopper kernel covers every shape the CUDA backend takes).
-// Unknown CRISP_HOPPER_SCHEDULE / CRISP_HOPPER_PINGPONG values are errors naming them.
-TEST(GpuHopperDispatch, KernelChoiceErrorsNameTheVariable) {
+// The kernel options at a launch: "hopper", "portable" and "auto" all run block size 64 (the
+// Hopper kernel covers every shape the CUDA backend takes); a Hopper setting with the portable
+// kernel, an invalid enumerator or an unknown CRISP_KERNEL is an error naming it.
+TEST(GpuHopperDispatch, KernelChoiceErrorsNameTheOption) {
   SKIP_WITHOUT_HOPPER();
   const int64_t H = 2, T = 256, d = 128;
   const crisp::Plan plan = crisp::dense_plan(H, H, d, {0, T}, 64);
@@ -408,44 +372,33 @@ TEST(GpuHopperDispatch, KernelChoiceErrorsNameTheVariable) {
   const auto dev = crisp::Device::cuda;
   auto view = [&](void* ptr) { return crisp::TensorView::contiguous(ptr, bf16, H, T, d, dev); };
   const auto lse = crisp::TensorView::contiguous2d(l.ptr, crisp::DType::f32, H, T, dev);
-  auto call = [&] { crisp::cuda::attend_async(view(q.ptr), view(k.ptr), view(v.ptr), dplan, view(o.ptr), lse); };
-  auto expect_error = [&](const char* value) {
-    ScopedEnv choice("CRISP_KERNEL", value);
+  ScopedEnv no_override("CRISP_KERNEL", nullptr);
+  const auto call_with = [&](const crisp::CudaOptions& options) {
+    crisp::cuda::attend_async(view(q.ptr), view(k.ptr), view(v.ptr), dplan, view(o.ptr), lse, nullptr, options);
+  };
+  const auto expect_error = [&](const crisp::CudaOptions& options, const char* argument) {
     try {
-      call();
-      ADD_FAILURE() << "no error for CRISP_KERNEL=" << value;
+      call_with(options);
+      ADD_FAILURE() << "no error naming " << argument;
     } catch (const crisp::Error& e) {
-      EXPECT_EQ(e.argument(), "CRISP_KERNEL") << e.what();
+      EXPECT_EQ(e.argument(), argument) << e.what();
     }
   };
-  expect_error("fastest");
-  {
-    ScopedEnv choice("CRISP_KERNEL", "hopper");
-    EXPECT_NO_THROW(call());
+  for (const crisp::Kernel kernel : {crisp::Kernel::hopper, crisp::Kernel::portable, crisp::Kernel::automatic}) {
+    crisp::CudaOptions options;
+    options.kernel = kernel;
+    EXPECT_NO_THROW(call_with(options)) << crisp::to_string(kernel);
   }
+  crisp::CudaOptions portable_grid;
+  portable_grid.kernel = crisp::Kernel::portable;
+  portable_grid.schedule = crisp::Schedule::grid;
+  expect_error(portable_grid, "options.cuda.schedule");
+  crisp::CudaOptions bad_ping_pong;
+  bad_ping_pong.ping_pong = static_cast<crisp::PingPong>(7);
+  expect_error(bad_ping_pong, "options.cuda.ping_pong");
   {
-    ScopedEnv hopper("CRISP_KERNEL", "auto");
-    for (const auto& [name, value] : {std::pair<const char*, const char*>{"CRISP_HOPPER_SCHEDULE", "fastest"},
-                                      {"CRISP_HOPPER_PINGPONG", "yes"}}) {
-      ScopedEnv bad(name, value);
-      // A dense 128-block plan of the same shape: the Hopper kernel applies, so its settings are read.
-      const crisp::Plan plan128 = crisp::dense_plan(H, H, d, {0, T}, 128);
-      crisp::cuda::DevicePlan dplan128(plan128);
-      try {
-        crisp::cuda::attend_async(view(q.ptr), view(k.ptr), view(v.ptr), dplan128, view(o.ptr), lse);
-        ADD_FAILURE() << "no error for " << name << "=" << value;
-      } catch (const crisp::Error& e) {
-        EXPECT_EQ(e.argument(), name) << e.what();
-      }
-    }
-  }
-  {
-    ScopedEnv choice("CRISP_KERNEL", "portable");
-    EXPECT_NO_THROW(call());
-  }
-  {
-    ScopedEnv choice("CRISP_KERNEL", "auto");
-    EXPECT_NO_THROW(call());
+    ScopedEnv bad("CRISP_KERNEL", "fastest");
+    expect_error(crisp::CudaOptions{}, "CRISP_KERNEL");
   }
   CUDA_OK(cudaDeviceSynchronize());
 }

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/half.h"
+#include "common/half.h"
 #include "crisp/crisp.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"

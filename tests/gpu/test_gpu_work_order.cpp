@@ -14,7 +14,7 @@
 #include "crisp/crisp.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
-#include "cpu/half.h"
+#include "common/half.h"
 #include "cuda/device_plan.h"
 #include "cuda/device_plan_internal.h"
 #include "gpu/gpu_test_util.h"

@@ -156,3 +156,35 @@ def test_gqa_union_is_a_superset_shared_by_each_group():
     assert np.isfinite(out).all() and np.isfinite(lse).all()
     with pytest.raises(TypeError, match="plan"):
         crisp.gqa_union("not a plan")
+
+
+def test_attention_plans_once_and_runs_twice_identically():
+    q, k, v, cu = workload_varlen(4, 2, 32, [700, 300], seed=5)
+    attention = crisp.Attention("crisp", backend="cpu")
+    attention.plan(q, k, cu_seqlens=cu)
+    assert attention.backend == "cpu"
+    out1, lse1 = attention.run(q, k, v)
+    out2, lse2 = attention.run(q, k, v)
+    np.testing.assert_array_equal(out1, out2)
+    np.testing.assert_array_equal(lse1, lse2)
+    out, lse = crisp.prefill(q, k, v, policy="crisp", cu_seqlens=cu)
+    np.testing.assert_array_equal(out1, out)
+    np.testing.assert_array_equal(lse1, lse)
+    assert attention.host_plan().density == crisp.plan(q, k, policy="crisp", cu_seqlens=cu).density
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(kernel="fastest"), "kernel"),
+    (dict(backend="tpu"), "backend"),
+    (dict(kernel="portable", schedule="grid"), "options.cuda.schedule"),
+    (dict(backend="cpu", gqa_packing="pack"), "options.cuda"),
+])
+def test_attention_bad_options_name_the_option(kwargs, words):
+    with pytest.raises(crisp.Error, match=words.replace(".", r"\.")):
+        crisp.Attention("crisp", **kwargs)
+
+
+def test_attention_run_before_plan_names_the_plan():
+    q, k, v = random_batched(1, 2, 2, 64, 16)
+    with pytest.raises(crisp.Error, match="plan"):
+        crisp.Attention("dense").run(q, k, v)

@@ -1,5 +1,5 @@
 // src/cuda/hopper/gqa_pack.h — GQA packing for the Hopper kernel (spec §10), chosen with
-// CRISP_HOPPER_GQA=pack (hopper_attention.h).
+// crisp::GqaPacking::pack (crisp/options.h, hopper_attention.h).
 //
 // The g = Hq / Hkv query heads of a group share their K/V tiles. Packed, a CTA tile of 128 rows is
 // 128 / g queries of each of the g heads (instead of 128 queries of one head), so each K/V tile it

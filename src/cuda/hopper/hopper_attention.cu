@@ -1,12 +1,10 @@
 // src/cuda/hopper/hopper_attention.cu — host side of the Hopper attention kernel: kernel choice
-// (CRISP_KERNEL), TMA tensor maps through the driver entry point (no libcuda link), launch.
+// (crisp::CudaOptions), TMA tensor maps through the driver entry point (no libcuda link), launch.
 #include "cuda/hopper/hopper_attention.h"
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
-#include <cstdlib>
 #include <cstring>
-#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,43 +23,18 @@ namespace hopper {
 
 namespace {
 
-// The value of environment variable `name` among `choices`, `fallback` when it is unset or empty;
-// any other value is a crisp::Error naming the variable and listing the choices.
-template <typename T>
-T env_choice(const char* name, std::initializer_list<std::pair<const char*, T>> choices, T fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || value[0] == '\0') return fallback;
-  std::string expected;
-  std::size_t i = 0;
-  for (const auto& [text, choice] : choices) {
-    if (std::strcmp(value, text) == 0) return choice;
-    expected += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + std::string(text);
-    ++i;
-  }
-  throw Error(name, std::string("is \"") + value + "\"", expected);
+// The settings of `options` with `automatic` replaced by the kernel's defaults.
+bool persistent_schedule(const CudaOptions& options) {
+  return (options.schedule == Schedule::automatic ? kDefaultSchedule : options.schedule) == Schedule::persistent;
+}
+bool ping_pong(const CudaOptions& options) {
+  return options.ping_pong == PingPong::automatic ? kDefaultPingPong : options.ping_pong == PingPong::on;
+}
+bool gqa_pack(const CudaOptions& options) {
+  return options.gqa_packing == GqaPacking::automatic ? kDefaultGqaPack : options.gqa_packing == GqaPacking::pack;
 }
 
 }  // namespace
-
-KernelChoice kernel_choice() {
-  return env_choice<KernelChoice>(
-      "CRISP_KERNEL",
-      {{"auto", KernelChoice::automatic}, {"portable", KernelChoice::portable}, {"hopper", KernelChoice::hopper}},
-      KernelChoice::automatic);
-}
-
-Schedule schedule_choice() {
-  return env_choice<Schedule>("CRISP_HOPPER_SCHEDULE", {{"persistent", Schedule::persistent}, {"grid", Schedule::grid}},
-                              kDefaultSchedule);
-}
-
-bool gqa_pack_choice() {
-  return env_choice<bool>("CRISP_HOPPER_GQA", {{"separate", false}, {"pack", true}}, kDefaultGqaPack);
-}
-
-bool ping_pong_choice() {
-  return env_choice<bool>("CRISP_HOPPER_PINGPONG", {{"1", true}, {"0", false}}, kDefaultPingPong);
-}
 
 bool shape_supported(DType dtype, int64_t head_dim, int block_size) {
   return (dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 64 || head_dim == 128) &&
@@ -125,7 +98,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
     cudaDriverEntryPointQueryResult status{};
     CRISP_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
     if (status != cudaDriverEntryPointSuccess || ptr == nullptr)
-      throw Error("CRISP_KERNEL", "the driver has no cuTensorMapEncodeTiled", "a CUDA 12+ driver for the Hopper kernel");
+      throw Error("options.cuda.kernel", "the driver has no cuTensorMapEncodeTiled", "a CUDA 12+ driver for the Hopper kernel");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
   }();
   return fn;
@@ -157,7 +130,8 @@ void launch_kernel(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUt
 // work counter, or one CTA per item.
 template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked = false>
 void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
-                      const attention::Params& params, int64_t num_ctas, cudaStream_t stream) {
+                      const attention::Params& params, int64_t num_ctas, bool persistent_allowed,
+                      cudaStream_t stream) {
   const int ctas_per_sm = prepare_kernel<T, kDim, kBlock, kPingPong, kPacked>();
   attention::Params run = params;
   run.work_counter = nullptr;
@@ -166,7 +140,7 @@ void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const 
   // counter.
   const DeviceTraits device = current_device_traits();
   const int64_t resident = static_cast<int64_t>(device.multiprocessors) * ctas_per_sm;
-  const bool persistent = schedule_choice() == Schedule::persistent && num_ctas > resident && device.memory_pools;
+  const bool persistent = persistent_allowed && num_ctas > resident && device.memory_pools;
   // The work counter: a stream-ordered allocation (pooled, capturable in a CUDA graph as a memory
   // node), zeroed on the stream and freed on it after the kernel (or when the launch throws).
   // Every launch has its own, so launches on different streams sharing one plan never share one.
@@ -181,14 +155,13 @@ void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const 
 
 template <typename T, int kDim, int kBlock>
 void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, DType dtype,
-            cudaStream_t stream) {
+            const CudaOptions& options, cudaStream_t stream) {
   const int64_t group = params.num_q_heads / num_kv_heads;
-  // Both settings are checked at every launch, used where they apply: packing (CRISP_HOPPER_GQA)
-  // at B = 128 for whole-plan launches on a device with memory pools (its union layout and work
-  // order are stream-ordered allocations), ping-pong with two consumer warpgroups (B = 128).
-  const bool pack = gqa_pack_choice();
-  const bool ping_pong = ping_pong_choice();
-  const bool packed = kBlock == 128 && pack && current_device_traits().memory_pools &&
+  // Each setting is used where it applies: packing at B = 128 for whole-plan launches on a device
+  // with memory pools (its union layout and work order are stream-ordered allocations), ping-pong
+  // with two consumer warpgroups (B = 128).
+  const bool persistent = persistent_schedule(options);
+  const bool packed = kBlock == 128 && gqa_pack(options) && current_device_traits().memory_pools &&
                       gqa_pack_applies(kBlock, group, params.row_items != nullptr, params.plan.num_work_items);
   // A packed query tile is 128 / g tokens of each of the g heads of a group: one box per head.
   const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, tokens,
@@ -207,26 +180,27 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
       run.packed_group = static_cast<int32_t>(group);
       run.work_order = layout.order();
       run.num_items = static_cast<int32_t>(params.plan.num_work_items);
-      launch_scheduled<T, kDim, kBlock, false, true>(map_q, map_k, map_v, run, run.num_items, stream);
+      launch_scheduled<T, kDim, kBlock, false, true>(map_q, map_k, map_v, run, run.num_items, persistent, stream);
       return;
     }
-    if (ping_pong) {
-      launch_scheduled<T, kDim, kBlock, true>(map_q, map_k, map_v, params, num_ctas, stream);
+    if (ping_pong(options)) {
+      launch_scheduled<T, kDim, kBlock, true>(map_q, map_k, map_v, params, num_ctas, persistent, stream);
       return;
     }
   }
-  launch_scheduled<T, kDim, kBlock, false>(map_q, map_k, map_v, params, num_ctas, stream);
+  launch_scheduled<T, kDim, kBlock, false>(map_q, map_k, map_v, params, num_ctas, persistent, stream);
 }
 
 template <typename T>
 void launch_for_shape(const attention::Params& params, int64_t head_dim, int block_size, int64_t tokens,
-                      int64_t num_kv_heads, int64_t num_ctas, DType dtype, cudaStream_t stream) {
+                      int64_t num_kv_heads, int64_t num_ctas, DType dtype, const CudaOptions& options,
+                      cudaStream_t stream) {
   if (head_dim == 128) {
-    if (block_size == 128) launch<T, 128, 128>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
-    else launch<T, 128, 64>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+    if (block_size == 128) launch<T, 128, 128>(params, tokens, num_kv_heads, num_ctas, dtype, options, stream);
+    else launch<T, 128, 64>(params, tokens, num_kv_heads, num_ctas, dtype, options, stream);
   } else {
-    if (block_size == 128) launch<T, 64, 128>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
-    else launch<T, 64, 64>(params, tokens, num_kv_heads, num_ctas, dtype, stream);
+    if (block_size == 128) launch<T, 64, 128>(params, tokens, num_kv_heads, num_ctas, dtype, options, stream);
+    else launch<T, 64, 64>(params, tokens, num_kv_heads, num_ctas, dtype, options, stream);
   }
 }
 
@@ -256,26 +230,28 @@ CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int
 }
 
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
-                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, cudaStream_t stream) {
-  const KernelChoice choice = kernel_choice();
-  if (choice == KernelChoice::portable) return false;
+                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, const CudaOptions& options,
+                        cudaStream_t stream) {
+  if (options.kernel == Kernel::portable) return false;
   const bool shape_ok = shape_supported(dtype, head_dim, block_size);
   const bool device_ok = kernel_available();
   if (!shape_ok || !device_ok) {
-    if (choice == KernelChoice::automatic) return false;
-    throw Error("CRISP_KERNEL",
+    if (options.kernel == Kernel::automatic) return false;
+    throw Error("options.cuda.kernel",
                 !device_ok ? std::string("is hopper but the device is not sm_90 or the build has no sm_90a code")
                            : "is hopper but the call has dtype " +
                                  std::string(dtype == DType::bf16 ? "bf16" : dtype == DType::f16 ? "f16" : "other") +
                                  ", head dim " +
                                  std::to_string(head_dim) + ", block size " + std::to_string(block_size),
-                "bf16/f16, head dim 64 or 128, block size 64 or 128 on an sm_90 device (or CRISP_KERNEL=auto)");
+                "bf16/f16, head dim 64 or 128, block size 64 or 128 on an sm_90 device (or kernel auto, also "
+                "in CRISP_KERNEL)");
   }
   if (num_ctas == 0) return true;
   if (dtype == DType::bf16)
-    launch_for_shape<__nv_bfloat16>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, dtype, stream);
+    launch_for_shape<__nv_bfloat16>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, dtype, options,
+                                    stream);
   else
-    launch_for_shape<__half>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, dtype, stream);
+    launch_for_shape<__half>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, dtype, options, stream);
   return true;
 }
 

@@ -1,22 +1,23 @@
 // src/cuda/hopper/hopper_attention.h — host side of the Hopper (sm_90a) attention kernel: which
 // kernel attend_async runs, the TMA tensor maps, the launch.
 //
-// Kernel choice (environment variable CRISP_KERNEL, read at every attention launch):
-//   auto (default, or unset): the Hopper kernel when the device is sm_90, the library carries its
-//        sm_90a code, and the call is bf16/fp16 with head dim 64 or 128 and block size 64 or 128;
-//        otherwise the portable kernel;
+// Kernel choice (crisp::CudaOptions, crisp/options.h; the caller resolves the CRISP_KERNEL override):
+//   automatic: the Hopper kernel when the device is sm_90, the library carries its sm_90a code,
+//        and the call is bf16/fp16 with head dim 64 or 128 and block size 64 or 128; otherwise
+//        the portable kernel;
 //   portable: always the portable (sm_80-class) kernel;
-//   hopper:   the Hopper kernel, and a crisp::Error naming CRISP_KERNEL when it cannot run this call.
+//   hopper:   the Hopper kernel, and a crisp::Error naming options.cuda.kernel when it cannot run
+//        this call.
 //
-// Tuning (environment variables, read at every launch of the Hopper kernel; for measurements —
-// the defaults are the measured best on the H200, bench/RESULTS.md):
-//   CRISP_HOPPER_SCHEDULE = persistent | grid: persistent CTAs (as many as fit on the SMs: one
-//        per SM at block size 128, two or more at 64) taking work items from a device counter,
-//        heaviest rows first, or one CTA per work item in that order;
-//   CRISP_HOPPER_PINGPONG = 1 | 0: the two consumer warpgroups take turns on the tensor cores
-//        (named barriers), or run unsynchronised. Block size 128 only (at 64 a CTA has one
-//        consumer warpgroup; the value is still checked).
-//   CRISP_HOPPER_GQA = separate | pack: one head per CTA tile, or each GQA group packed into the
+// Settings of the Hopper kernel (crisp::CudaOptions; `automatic` takes the defaults below, the
+// measured best on the H200, bench/RESULTS.md):
+//   schedule = persistent | grid: persistent CTAs (as many as fit on the SMs: one per SM at block
+//        size 128, two or more at 64) taking work items from a device counter, heaviest rows
+//        first, or one CTA per work item in that order;
+//   ping_pong = on | off: the two consumer warpgroups take turns on the tensor cores (named
+//        barriers), or run unsynchronised. Block size 128 only (at 64 a CTA has one consumer
+//        warpgroup);
+//   gqa_packing = separate | pack: one head per CTA tile, or each GQA group packed into the
 //        tile's rows running the union of the group's layouts (spec §10, gqa_pack.h; block size
 //        128, group size 2/4/8/16, whole-plan launches, a device with memory pools; elsewhere
 //        separate). Denser than the plan wherever the group's layouts differ: crisp::gqa_union
@@ -27,6 +28,7 @@
 
 #include <cstdint>
 
+#include "crisp/options.h"
 #include "crisp/tensor.h"
 
 namespace crisp {
@@ -36,8 +38,6 @@ struct Params;
 }
 namespace hopper {
 
-enum class KernelChoice { automatic, portable, hopper };
-enum class Schedule { persistent, grid };
 // NOTE: defaults from the H200 measurement of 2026-11-29 (bench/RESULTS.md, `crisp bench --kernels
 // hopper-{persistent,grid}-{pp,nopp}`, Hq 32 / Hkv 8, d 128): ping-pong costs 5-8% on dense and
 // crisp layouts at 128k (dense 585 vs 617 TFLOP/s, crisp 566 vs 615) and 1-20% at 32k: with two 64-row consumers
@@ -53,15 +53,6 @@ constexpr bool kDefaultPingPong = false;
 // it computes the union of the group's layouts (2.1-2.5x the blocks on the structured workload).
 constexpr bool kDefaultGqaPack = false;
 
-// CRISP_HOPPER_SCHEDULE / CRISP_HOPPER_PINGPONG parsed (the defaults when unset); throw
-// crisp::Error naming the variable for any other value.
-Schedule schedule_choice();
-bool ping_pong_choice();
-bool gqa_pack_choice();  // CRISP_HOPPER_GQA
-
-// CRISP_KERNEL parsed; throws crisp::Error("CRISP_KERNEL", ...) for any other value.
-KernelChoice kernel_choice();
-
 // True when the current device is sm_90 and the loaded binary of the Hopper kernel is sm_90a code
 // (a build without the 90a architecture carries only a stub).
 bool kernel_available();
@@ -69,11 +60,13 @@ bool kernel_available();
 // The shapes the Hopper kernel is compiled for.
 bool shape_supported(DType dtype, int64_t head_dim, int block_size);
 
-// Runs the Hopper kernel for `params` (the portable kernel's parameters, already checked) when the
-// kernel choice and the call allow it; returns false, launching nothing, when the portable kernel
-// should run. `tokens` is the token extent of q/k/v, `num_kv_heads` the kv head count.
+// Runs the Hopper kernel for `params` (the portable kernel's parameters, already checked) when
+// `options` (checked, the CRISP_KERNEL override resolved) and the call allow it; returns false,
+// launching nothing, when the portable kernel should run. `tokens` is the token extent of q/k/v,
+// `num_kv_heads` the kv head count.
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
-                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, cudaStream_t stream);
+                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, const CudaOptions& options,
+                        cudaStream_t stream);
 
 // A 3-D TMA map (dims, tokens, heads) over a [heads, tokens, head_dim] bf16/fp16 tensor with the
 // given element strides, boxes of 64 dims x box_tokens tokens x 1 head, 128-byte swizzle, zero fill

@@ -8,6 +8,7 @@
 // The prefill attention reads Q/K/V through strided views into `qkv` (no transposes), exactly
 // as the CPU runner hands crisp::prefill views into its buffers.
 #include "model/cuda/llama_cuda.h"
+#include "common/shape_rules.h"
 
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -495,8 +496,7 @@ class CudaContext final : public detail::ContextBackend {
       poison(k_cache_, dm_->stream);
       poison(v_cache_, dm_->stream);
     }
-    scale_ = static_cast<float>(options.attention.softmax_scale > 0.0 ? options.attention.softmax_scale
-                                                                      : 1.0 / std::sqrt(static_cast<double>(hp.head_dim)));
+    scale_ = static_cast<float>(shape_rules::resolve_softmax_scale(options.attention.softmax_scale, hp.head_dim));
   }
 
   PrefillResult prefill(const std::vector<int32_t>& tokens, bool all_logits, const QkvObserver& observer) override {

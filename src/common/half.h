@@ -1,5 +1,6 @@
-// src/cpu/half.h — IEEE half (f16) and bfloat16 <-> float conversions for the CPU backend and the
-// I/O code. Round-to-nearest-even, infinities and NaN preserved, f16 subnormals handled.
+// src/common/half.h — IEEE half (f16) and bfloat16 <-> float conversions for host code (the CPU
+// backend, the model runner, the I/O code, tools and tests). Round-to-nearest-even, infinities
+// and NaN preserved, f16 subnormals handled.
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -1,0 +1,60 @@
+// crisp/attention.h — one object that plans once and runs as often as wanted, on either backend.
+//
+//   crisp::Options options;                 // backend, kernel, schedule, GQA packing, stream ...
+//   options.cuda.kernel = crisp::Kernel::portable;
+//   crisp::Attention attention(crisp::Config::from_preset("crisp"), options);
+//   attention.plan(q, k, cu_seqlens);        // route, layout, density of every (sequence, head)
+//   attention.run(q, k, v, out, lse);        // block-sparse attention following that plan
+//   attention.run(q, k, v2, out2, lse2);     // again, with the same plan
+//
+// On the CPU the plan is a crisp::Plan; on CUDA it stays on the device (a crisp::cuda::DevicePlan,
+// kept and refilled while the batch shape stays the same) and plan/run are enqueued on
+// options.stream without synchronising the host. The free functions crisp::plan / attend /
+// prefill (crisp/crisp.h) and crisp::cuda::plan_async / attend_async (crisp/cuda.h) remain for
+// callers who hold a plan themselves.
+#pragma once
+#include <memory>
+
+#include "crisp/config.h"
+#include "crisp/options.h"
+#include "crisp/plan.h"
+#include "crisp/tensor.h"
+
+namespace crisp {
+
+class Attention {
+ public:
+  // Validates config and options; throws crisp::Error naming the offending field ("config.alpha",
+  // "options.cuda.kernel", ...). Allocates nothing.
+  explicit Attention(const Config& config, const Options& options = {});
+  ~Attention();
+  Attention(Attention&&) noexcept;  // a moved-from Attention may only be assigned or destroyed
+  Attention& operator=(Attention&&) noexcept;
+  Attention(const Attention&) = delete;
+  Attention& operator=(const Attention&) = delete;
+
+  // Plans q [Hq, tokens, d] and k [Hkv, tokens, d] (the same checks as crisp::plan). The backend
+  // is options.backend, or the views' device when automatic. Replaces any earlier plan.
+  void plan(const TensorView& q, const TensorView& k, const SeqLens& cu_seqlens = {});
+
+  // Attention of q/k/v following the last plan (the same checks as crisp::attend; q/k/v of the
+  // shape that was planned, on the planned backend). Throws crisp::Error naming "plan" before
+  // any plan() call.
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+           const TensorView& lse) const;
+
+  bool planned() const;
+  // The backend of the last plan (automatic before any).
+  Backend backend() const;
+  // The last plan as a host crisp::Plan (CUDA: copied back, synchronising options.stream).
+  Plan host_plan() const;
+  const Config& config() const;
+  const Options& options() const;
+
+  struct Impl;  // src/attention.cpp
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace crisp

@@ -1,0 +1,91 @@
+"""crisp.Attention: plan once, run many times (crisp::Attention), for torch tensors and numpy arrays.
+
+    attention = crisp.Attention("crisp", kernel="portable", alpha=1.5)
+    attention.plan(q, k)                 # route, layout, density of every (sequence, query head)
+    out, lse = attention.run(q, k, v)    # block-sparse attention following that plan
+    out2, lse2 = attention.run(q, k, v2) # again, same plan
+
+Layouts, outputs and errors are those of crisp.prefill (crisp.ops). Options (all "auto" by default;
+crisp/options.h): ``backend`` "cpu" / "cuda"; ``kernel`` "portable" / "hopper"; the Hopper kernel's
+``schedule`` "persistent" / "grid", ``ping_pong`` "on" / "off", ``gqa_packing`` "separate" / "pack".
+CUDA tensors are planned and run on the torch stream current at ``plan()`` (the device plan lives
+in memory the library allocates once per batch shape); ``run`` must be called on that stream.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from . import _C
+from ._plan import Plan
+from .ops import (_allocate_outputs, _is_torch, _num_threads, _output_views, _policy_name, _precision, _prepare,
+                  _stream, settings_from_params, torch)
+
+__all__ = ["Attention"]
+
+
+class Attention:
+    def __init__(self, policy: str = "crisp", *, backend: str = "auto", kernel: str = "auto", schedule: str = "auto",
+                 ping_pong: str = "auto", gqa_packing: str = "auto", **params):
+        self._config = _C.Config(_policy_name(policy), settings_from_params(params))
+        self._choices = dict(backend=backend, kernel=kernel, schedule=schedule, ping_pong=ping_pong,
+                             gqa_packing=gqa_packing)
+        _C.Attention(self._config, **self._choices)  # the options' errors now, not at the first plan
+        self._native: Optional[_C.Attention] = None
+        self._run_key = None  # (device, stream, precision) the native object was made for
+        self._cu = None
+
+    @staticmethod
+    def _key(q):
+        device = q.device if _is_torch(q) else "cpu"
+        return (str(device), _stream(q), _precision(q))
+
+    def _device_scope(self, q):
+        if _is_torch(q) and q.device.type == "cuda":
+            return torch.cuda.device(q.device)
+        return _NoScope()
+
+    def plan(self, q, k, cu_seqlens=None) -> None:
+        """Plans q/k (the layouts of crisp.prefill); replaces any earlier plan."""
+        _, (q, k, _), (qv, kv, _), cu = _prepare(q, k, k, cu_seqlens)
+        key = self._key(q)
+        if self._native is None or key != self._run_key:
+            self._native = _C.Attention(self._config, **self._choices, num_threads=_num_threads(q),
+                                        precision=key[2], stream=key[1])
+            self._run_key = key
+        with self._device_scope(q):
+            self._native.plan(qv, kv, cu)
+        self._cu = cu
+
+    def run(self, q, k, v):
+        """Attention of q/k/v following the last plan; returns ``(out, lse)`` as crisp.prefill."""
+        if self._native is None or not self._native.planned:
+            raise _C.Error("plan: has not been made (Attention.run before Attention.plan); expected plan(q, k) first")
+        cu_seqlens = None if getattr(q, "ndim", 0) == 4 else (self._cu or None)
+        layout, (q, k, v), (qv, kv, vv), _ = _prepare(q, k, v, cu_seqlens)
+        if self._key(q) != self._run_key:
+            raise _C.Error(f"q: device/stream/precision {self._key(q)} differ from the plan's {self._run_key}; "
+                           "expected the device, current stream and dtype class of plan()")
+        out, lse = _allocate_outputs(q, layout)
+        ov, lv = _output_views(out, lse, layout)
+        with self._device_scope(q):
+            self._native.run(qv, kv, vv, ov, lv)
+        return out, lse
+
+    def host_plan(self) -> Plan:
+        """The last plan as a crisp.Plan (CUDA: copied back, synchronising the stream)."""
+        if self._native is None:
+            raise _C.Error("plan: has not been made (Attention.host_plan before Attention.plan); expected plan(q, k) first")
+        return Plan.from_native(self._native.host_plan())
+
+    @property
+    def backend(self) -> str:
+        """The backend of the last plan ("cpu" or "cuda"; "auto" before any)."""
+        return self._native.backend if self._native is not None else "auto"
+
+
+class _NoScope:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

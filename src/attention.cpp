@@ -1,0 +1,104 @@
+// src/attention.cpp — crisp::Attention (crisp/attention.h): the checks of crisp::plan / attend,
+// made once per call, and the backend's PlannedAttention that keeps the plan between runs.
+#include <utility>
+
+#include "backend.h"
+#include "crisp/attention.h"
+#include "crisp/error.h"
+
+namespace crisp {
+namespace detail {
+namespace {
+
+// The CPU half: the host plan itself.
+class CpuPlannedAttention final : public PlannedAttention {
+ public:
+  CpuPlannedAttention(const Config& config, const Options& options) : config_(config), options_(options) {}
+
+  void plan(const TensorView& q, const TensorView& k, const SeqLens& normalized_cu_seqlens) override {
+    plan_ = cpu_plan(q, k, config_, normalized_cu_seqlens, options_);
+  }
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+           const TensorView& lse) const override {
+    validate_plan_for(q, k, plan_);
+    cpu_attend(q, k, v, plan_, out, lse, options_);
+  }
+  Plan host_plan() const override { return plan_; }
+
+ private:
+  Config config_;
+  Options options_;
+  Plan plan_;
+};
+
+}  // namespace
+}  // namespace detail
+
+struct Attention::Impl {
+  Config config;
+  Options options;
+  Backend backend = Backend::automatic;  // of the last plan
+  std::unique_ptr<detail::PlannedAttention> planned;
+};
+
+Attention::Attention(const Config& config, const Options& options) : impl_(std::make_unique<Impl>()) {
+  config.validate();
+  detail::check_options(options);
+  impl_->config = config;
+  impl_->options = options;
+}
+
+Attention::~Attention() = default;
+Attention::Attention(Attention&&) noexcept = default;
+Attention& Attention::operator=(Attention&&) noexcept = default;
+
+void Attention::plan(const TensorView& q, const TensorView& k, const SeqLens& cu_seqlens) {
+  detail::validate_qkv(q, k, nullptr);
+  detail::check_backend(impl_->options, q);
+  const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
+  detail::check_finite(q, "q", impl_->options);
+  detail::check_finite(k, "k", impl_->options);
+  const Backend backend = q.device == Device::cuda ? Backend::cuda : Backend::cpu;
+  // A backend's state (the CUDA device plan's buffers) is kept while the backend stays the same.
+  if (!impl_->planned || impl_->backend != backend) {
+    impl_->planned.reset();
+    impl_->backend = Backend::automatic;
+    if (backend == Backend::cuda) {
+      impl_->planned = detail::make_cuda_planned_attention(impl_->config, impl_->options);
+    } else {
+      impl_->planned = std::make_unique<detail::CpuPlannedAttention>(impl_->config, impl_->options);
+    }
+  }
+  impl_->backend = Backend::automatic;  // not planned unless the backend's plan succeeds
+  impl_->planned->plan(q, k, cu);
+  impl_->backend = backend;
+}
+
+void Attention::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                    const TensorView& lse) const {
+  if (!planned()) throw Error("plan", "has not been made (Attention::run before Attention::plan)", "plan(q, k) first");
+  detail::validate_qkv(q, k, &v);
+  detail::validate_outputs(q, out, lse);
+  const Device planned_device = impl_->backend == Backend::cuda ? Device::cuda : Device::cpu;
+  if (q.device != planned_device)
+    throw Error("q", std::string("is on ") + to_string(q.device) + " but the plan was made on " +
+                         to_string(planned_device),
+                "the views of the backend that planned");
+  detail::check_finite(q, "q", impl_->options);
+  detail::check_finite(k, "k", impl_->options);
+  detail::check_finite(v, "v", impl_->options);
+  impl_->planned->run(q, k, v, out, lse);
+}
+
+bool Attention::planned() const { return impl_ && impl_->backend != Backend::automatic; }
+Backend Attention::backend() const { return impl_ ? impl_->backend : Backend::automatic; }
+
+Plan Attention::host_plan() const {
+  if (!planned()) throw Error("plan", "has not been made (Attention::host_plan before Attention::plan)", "plan(q, k) first");
+  return impl_->planned->host_plan();
+}
+
+const Config& Attention::config() const { return impl_->config; }
+const Options& Attention::options() const { return impl_->options; }
+
+}  // namespace crisp
