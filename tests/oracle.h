@@ -1,9 +1,9 @@
 // tests/oracle.h — a second, deliberately naive float64 implementation of the CRISP spec
-// (../shared/crisp-spec.md §1–§7, with the decisions of .team/BRIEF.md), written straight from the
-// spec text. It shares NOTHING with the library's planner: it does not include src/plan/rules.h or
-// any backend, it materialises the proxy map A, sorts with std::sort and builds the layout by
-// testing every (r, c) pair. Its only job is to be an independent second opinion that the tests
-// compare crisp::plan / crisp::attend with.
+// (docs/spec.md §1–§7, with the project's decisions recorded in docs/algorithm.md), written
+// straight from the spec text. It shares NOTHING with the library's planner: it does not include
+// src/plan/rules.h or any backend, it materialises the proxy map A, sorts with std::sort and builds
+// the layout by testing every (r, c) pair. Its only job is to be an independent second opinion that
+// the tests compare crisp::plan / crisp::attend with.
 //
 // Besides the answer it reports *fragile* decisions: threshold comparisons or sort boundaries whose
 // outcome would flip under a relative perturbation `tol` of the compared values. A float32 backend

@@ -1,4 +1,4 @@
-// crisp/config.h — every decision of the CRISP spec (../shared/crisp-spec.md §2–§8) as a named,
+// crisp/config.h — every decision of the CRISP spec (docs/spec.md §2–§8) as a named,
 // validated parameter, plus the four presets.
 #pragma once
 #include <cstdint>

@@ -42,7 +42,7 @@ namespace attention {
 constexpr int kKeyTile = 64;
 // NOTE: each warp owns two 16-row mma tiles (32 query rows): K and V fragments read from shared
 // memory are reused for both, halving shared-memory traffic per FLOP against 16 rows per warp
-// (measured on the H200: 16 rows per warp, 8 warps, reached 216 TFLOP/s dense at 128k).
+// (the measured gain is in bench/RESULTS.md).
 constexpr int kRowTilesPerWarp = 2;
 constexpr int kRowsPerWarp = 16 * kRowTilesPerWarp;
 
@@ -51,8 +51,8 @@ constexpr int threads_per_cta() { return kBlock / kRowsPerWarp * 32; }
 // NOTE: 5 ring slots of one 64-key tile each (K and V tiles take turns): with the query block
 // this is 112 KB at d = 128, so two CTAs still fit the 228 KB of a Hopper SM (2 x (112 + 1 KB
 // reserved)), and the ring holds the tile being read plus four in flight, i.e. K and V two key
-// tiles ahead (the 4-slot double buffer it replaces ran one tile ahead: 283 TFLOP/s dense but
-// 264 on 10% random layouts at 128k, where the gathered blocks miss L2 more often).
+// tiles ahead rather than one: gathered sparse blocks miss L2 more often than dense ones and need
+// the longer lead (bench/RESULTS.md).
 constexpr int kRingSlots = 5;
 // Dynamic shared memory: the K/V ring plus the query block.
 template <typename T, int kDim, int kBlock>
