@@ -1,5 +1,5 @@
 // src/cpu/cpu_plan.cpp — the CPU planner: §1 proxy map, §2 routing, §3 VS rules, §4 PE global
-// coverage, §5 layout and §7 short sequences (docs/algorithm.md), per (sequence, query head).
+// coverage, §5 layout and §7 short sequences (docs/spec.md), per (sequence, query head).
 //
 // The selection pipeline is src/plan/select.h (over the rules of src/plan/rules.h); this file
 // computes the proxy map and supplies the pipeline's primitives as serial loops.

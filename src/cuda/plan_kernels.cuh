@@ -36,8 +36,8 @@ __device__ __forceinline__ int64_t key_mean_index(const layout::SequenceBases& s
 // kVecDim = 0: any dtype and strides; one thread per dim walks the block's tokens (2-byte loads
 // at bf16, a warp reads 64 bytes of 32 rows per instruction), blocks of kMeansScalarThreads.
 // kVecDim = 64 / 128: bf16 / fp16 with contiguous, 16-byte aligned rows (the tensor-core proxy's
-// layout): each thread loads 8 dims (16 bytes) of a token, a warp two whole 256-byte rows (1.6x
-// the bandwidth at 128k on the H200: key means 116 -> 71 us). The two sum in different orders: a
+// layout): each thread loads 8 dims (16 bytes) of a token, a warp two whole 256-byte rows (more
+// bandwidth than the scalar path: bench/RESULTS.md, session 4). The two sum in different orders: a
 // double sum of up to B fp16 values is exact in any order, and of bf16 values unless one block's
 // column spans more than ~2^38 in magnitude (then the sums may differ in the last double bit,
 // which the rounding to float almost always absorbs), so both give the same means.

@@ -130,8 +130,8 @@ __device__ __forceinline__ void reduce_scatter_half(float (&vals)[16], int lane)
 // kPass 1: softmax partials; kPass 2: masses (+ v, u when kTokenLevel); kFusedPass: both, the
 // masses per row relative to its running maximum.
 // NOTE: the fused pass holds 16 more floats per thread (four masses of four rows) than pass 1 and
-// spills ~60 bytes under the 128-register cap of 512 threads; it still ran 1.5x faster than
-// pass 1 + pass 2 (128k on the H200: 1427 -> 957 us), so the spill is accepted.
+// spills ~60 bytes under the 128-register cap of 512 threads; it still runs faster than pass 1 +
+// pass 2 (bench/RESULTS.md, session 4), so the spill is accepted.
 template <typename T, int kDim, int kPass, bool kTokenLevel>
 __global__ void __launch_bounds__(kMmaThreads, 1)
     proxy_mma_kernel(Strided3<T> q, Strided3<T> k, ProxyParams P, ProxyMmaRecords R) {

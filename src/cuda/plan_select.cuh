@@ -75,7 +75,7 @@ select_histogram_kernel(const double* values, SelectState* states, unsigned long
   }
   // One histogram per warp: the digits below the top one spread over many bins, where 256 threads
   // sharing one histogram serialise on its shared-memory atomics (the double adds are CAS loops);
-  // a warp's own copy sees 32 (the PE selection's second pass at 128k on the H200: 136 -> 73 us).
+  // a warp's own copy sees 32 (bench/RESULTS.md, session 4, has the selection's timings).
   constexpr int kWarps = kSelectThreads / 32;
   __shared__ unsigned int s_count[kWarps][kSelectBins];
   __shared__ double s_mass[kWarps][kSelectBins];

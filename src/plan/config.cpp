@@ -224,9 +224,8 @@ Config Config::from_preset(const std::string& name) {
   if (name == "crisp") {
     // NOTE: routing calibrated on real captures (docs/evaluation.md, "Routing agreement and
     // calibration"): the relative form with rho = 2.2 reproduced FlexPrefill's JSD decisions best
-    // across 2k-8k (97.0% of 1350 heads vs 93.6% for cstruct at tau_proxy = 0.25, whose best
-    // threshold drifts 0.27 -> 0.15 -> <= 0.05 with length), and kept more of dense attention's
-    // NIAH answers at 8k-32k on the H200 (spec §2: "the crisp preset takes the better one").
+    // across lengths (the best absolute tau_proxy drifts with length) and kept more of dense
+    // attention's NIAH answers (spec §2: the crisp preset takes the better form).
     c.routing = Routing::cstruct_rel;
     c.rho = 2.2;
     c.tau_proxy = 0.25;  // used only if a caller switches routing back to cstruct

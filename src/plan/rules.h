@@ -2,7 +2,7 @@
 //
 // Small, pure functions usable from host and device code, so the CPU and CUDA planners cannot
 // drift apart: a backend only decides how it streams the data, never what a rule means. Section
-// numbers refer to the algorithm specification (docs/algorithm.md).
+// numbers refer to the algorithm specification (docs/spec.md).
 #pragma once
 #include <cmath>
 #include <cstdint>

@@ -38,14 +38,12 @@ struct Params;
 }
 namespace hopper {
 
-// NOTE: defaults from the H200 measurement of 2026-11-29 (bench/RESULTS.md, `crisp bench --kernels
-// hopper-{persistent,grid}-{pp,nopp}`, Hq 32 / Hkv 8, d 128): ping-pong costs 5-8% on dense and
-// crisp layouts at 128k (dense 585 vs 617 TFLOP/s, crisp 566 vs 615) and 1-20% at 32k: with two 64-row consumers
-// that already overlap their own softmax with PV, forcing turns only adds waiting. Persistent and
-// one-CTA-per-item scheduling are within 1% of each other at 128k (dense 617 vs 615, crisp 615
-// vs 616, random 10% 511 vs 510) and 2% apart at 32k (crisp 626 vs 638); the heaviest-first work
-// order is what gains (crisp at 128k: 56.2 ms, 510 TFLOP/s before it; 46.6 ms, 615 with it). Persistent is the
-// default: it also overlaps a row's epilogue with the next row's loads.
+// NOTE: defaults from the H200 measurements in bench/RESULTS.md (`crisp bench --kernels
+// hopper-{persistent,grid}-{pp,nopp}`, Hq 32 / Hkv 8, d 128): ping-pong costs time on dense and
+// crisp layouts (two 64-row consumers already overlap their own softmax with PV, so forced turns
+// only add waiting); persistent and one-CTA-per-item scheduling are within noise of each other,
+// the heaviest-first work order being what gains. Persistent is the default: it also overlaps a
+// row's epilogue with the next row's loads.
 constexpr Schedule kDefaultSchedule = Schedule::persistent;
 constexpr bool kDefaultPingPong = false;
 // NOTE: packing is off by default: the tile's M is 128 rows either way, so packing loads as many

@@ -33,7 +33,7 @@
 // B = 64) that take the next item from a device counter as soon as their producer has issued the
 // loads of the current one: the next query block and its first K/V tiles then load while the
 // consumers finish the current row and write its output. The host picks one
-// (CRISP_HOPPER_SCHEDULE, hopper_attention.h).
+// (crisp::Schedule, hopper_attention.h).
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; nothing is linked from the driver library)
 #include <cuda_runtime.h>
@@ -58,7 +58,7 @@ namespace hopper {
 // attention parameters shared with the portable kernel (the same work items, row subsets included).
 //
 // kPingPong: the two consumer warpgroups take turns on the tensor cores (B = 128 only); the host
-// picks it (CRISP_HOPPER_PINGPONG, hopper_attention.h).
+// picks it (crisp::PingPong, hopper_attention.h).
 // kPacked (GQA packing, src/cuda/hopper/gqa_pack.h): an item's 128 rows are 128 / g queries of each
 // of the g query heads of one kv head, its key blocks the group's union row; map_q then has boxes
 // of 128 / g tokens.

@@ -42,8 +42,7 @@ struct TileShape {
   // the SM, else two (d = 128, B = 64: 3 stages would need 115,832 bytes per CTA against the
   // 115,712 each of two CTAs may take, 120 bytes over: the 1024-byte alignment slack). Three let
   // the producer run two tiles ahead, which matters when gathered sparse blocks come from HBM; at
-  // B = 128 on the H200 two and three measured within run-to-run noise (dense 32k 648 vs 595,
-  // 128k 591 vs 594, random 10% at 128k 500 vs 493 TFLOP/s; bench/RESULTS.md).
+  // B = 128 on the H200 two and three measured within run-to-run noise (bench/RESULTS.md).
   static constexpr int bytes_for(int stages) {
     // query tile, K and V rings, barriers (q full, K/V full and empty per stage, q empty), the
     // item slot, and 1024 bytes to align the base (the 128-byte swizzle pattern repeats every
