@@ -176,25 +176,7 @@ TEST(AttentionObject, BackendMustMatchTheViews) {
                       "q");
 }
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value == nullptr) unsetenv(name);
-    else setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
-    else unsetenv(name_.c_str());
-  }
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
+using crisp_test::ScopedEnv;
 
 TEST(AttentionObject, KernelOverrideStandsInForAutomaticOnly) {
   crisp::CudaOptions automatic;

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -53,6 +54,31 @@ inline std::vector<float> gaussian(uint64_t seed, std::size_t count, double sigm
   for (auto& x : out) x = static_cast<float>(dist(rng));
   return out;
 }
+
+// ---------------------------------------------------------------- environment
+// Sets (value != nullptr) or unsets an environment variable for the lifetime of the object and
+// restores the previous value (CRISP_KERNEL, the one override of the kernel options).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_old_ = old != nullptr;
+    if (had_old_) old_ = old;
+    if (value == nullptr) unsetenv(name);
+    else setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_old_) setenv(name_.c_str(), old_.c_str(), 1);
+    else unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  bool had_old_ = false;
+  std::string old_;
+};
 
 // ---------------------------------------------------------------- the structured workload
 // Its spec with the shape and seed of a test (other knobs at their defaults).

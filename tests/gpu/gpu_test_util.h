@@ -35,29 +35,7 @@ struct DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
 
-// Sets (value != nullptr) or unsets an environment variable for the lifetime of the object and
-// restores the previous value (CRISP_KERNEL, the one override of the kernel options).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_old_ = old != nullptr;
-    if (had_old_) old_ = old;
-    if (value == nullptr) unsetenv(name);
-    else setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_old_) setenv(name_.c_str(), old_.c_str(), 1);
-    else unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_;
-  bool had_old_ = false;
-  std::string old_;
-};
+using crisp_test::ScopedEnv;
 
 // A random layout of the plan's shape: per (sequence, head, row) the anchors (block 0, and blocks
 // r and r-1 that the local slash anchor reaches under the exact cover) plus each other block c

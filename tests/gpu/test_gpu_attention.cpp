@@ -332,6 +332,48 @@ TEST(GpuAttentionApi, PublicAttendOnDeviceViewsMatchesCpu) {
   }
 }
 
+// A workload's q/k/v rounded to bf16 and copied to the device, out and lse allocated, and the
+// device views of all five. `ok` is false when an allocation or a copy failed.
+struct DeviceProblem {
+  int64_t q_heads, tokens, dim;
+  std::size_t q_elements;
+  DeviceBuffer dq, dk, dv, dout, dlse;
+  crisp::TensorView q, k, v, out, lse;
+  bool ok = false;
+  DeviceProblem(const crisp::Workload& w, int64_t Hq, int64_t Hkv, int64_t d)
+      : q_heads(Hq), tokens(w.total_tokens), dim(d), q_elements(w.q.size()), dq(w.q.size() * 2),
+        dk(w.k.size() * 2), dv(w.v.size() * 2), dout(w.q.size() * 2), dlse(Hq * w.total_tokens * 4) {
+    std::vector<uint16_t> qb, kb, vb;
+    std::vector<float> unused;
+    round_to(w.q, bf16, qb, unused);
+    round_to(w.k, bf16, kb, unused);
+    round_to(w.v, bf16, vb, unused);
+    ok = dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr &&
+         cudaMemcpy(dq.ptr, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaMemcpy(dk.ptr, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaMemcpy(dv.ptr, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess;
+    const auto dev = crisp::Device::cuda;
+    const int64_t T = tokens;
+    q = crisp::TensorView::contiguous(dq.ptr, bf16, Hq, T, d, dev);
+    k = crisp::TensorView::contiguous(dk.ptr, bf16, Hkv, T, d, dev);
+    v = crisp::TensorView::contiguous(dv.ptr, bf16, Hkv, T, d, dev);
+    out = crisp::TensorView::contiguous(dout.ptr, bf16, Hq, T, d, dev);
+    lse = crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, Hq, T, dev);
+  }
+  // NaN-poisons out and lse on `stream` (0xffff is NaN in bf16, 0xffffffff in f32).
+  cudaError_t poison(cudaStream_t stream = nullptr) {
+    const cudaError_t e = cudaMemsetAsync(dout.ptr, 0xff, q_elements * 2, stream);
+    return e != cudaSuccess ? e : cudaMemsetAsync(dlse.ptr, 0xff, q_heads * tokens * 4, stream);
+  }
+  // Copies out (bf16 bits) and lse back (synchronous).
+  void download(std::vector<uint16_t>& o, std::vector<float>& l) {
+    o.resize(q_elements);
+    l.resize(static_cast<std::size_t>(q_heads * tokens));
+    ASSERT_EQ(cudaMemcpy(o.data(), dout.ptr, o.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(l.data(), dlse.ptr, l.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+};
+
 // plan_async + attend_async make no host synchronisation: both can be captured in one CUDA graph
 // and replayed (the Hopper kernel's persistent launch allocates its work counter with
 // cudaMallocAsync, a graph memory node). 8 heads x 47 query blocks = 376 work items, more than an
@@ -347,41 +389,22 @@ TEST_P(GpuAttentionGraph, PlanAndAttendCaptureInOneCudaGraph) {
   options.gqa_packing = GetParam();
   crisp::WorkloadSpec spec = crisp_test::workload_spec(8, 2, 128, {6000}, 33);
   const crisp::Workload w = crisp::make_workload(spec);
-  const int64_t T = w.total_tokens, d = 128;
-  std::vector<uint16_t> qb, kb, vb;
-  std::vector<float> unused;
-  round_to(w.q, bf16, qb, unused);
-  round_to(w.k, bf16, kb, unused);
-  round_to(w.v, bf16, vb, unused);
-  DeviceBuffer dq(qb.size() * 2), dk(kb.size() * 2), dv(vb.size() * 2), dout(qb.size() * 2), dlse(8 * T * 4);
-  ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr);
-  CUDA_OK(cudaMemcpy(dq.ptr, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(dk.ptr, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(dv.ptr, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice));
-  const auto dev = crisp::Device::cuda;
-  const auto q = crisp::TensorView::contiguous(dq.ptr, bf16, 8, T, d, dev);
-  const auto k = crisp::TensorView::contiguous(dk.ptr, bf16, 2, T, d, dev);
-  const auto v = crisp::TensorView::contiguous(dv.ptr, bf16, 2, T, d, dev);
-  const auto out = crisp::TensorView::contiguous(dout.ptr, bf16, 8, T, d, dev);
-  const auto lse = crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, 8, T, dev);
+  const int64_t d = 128;
+  DeviceProblem problem(w, 8, 2, d);
+  ASSERT_TRUE(problem.ok);
+  const auto &q = problem.q, &k = problem.k, &v = problem.v, &out = problem.out, &lse = problem.lse;
   const crisp::Config cfg = crisp::Config::from_preset("crisp");
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   crisp::cuda::DevicePlan dplan(8, 2, d, w.cu_seqlens, cfg);
 
-  auto download = [&](std::vector<uint16_t>& o, std::vector<float>& l) {
-    o.resize(qb.size());
-    l.resize(static_cast<std::size_t>(8 * T));
-    CUDA_OK(cudaMemcpy(o.data(), dout.ptr, o.size() * 2, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(l.data(), dlse.ptr, l.size() * 4, cudaMemcpyDeviceToHost));
-  };
   // Direct run (also the warm-up that sizes the planning workspace).
   crisp::cuda::plan_async(q, k, cfg, dplan, stream);
   crisp::cuda::attend_async(q, k, v, dplan, out, lse, stream, options);
   CUDA_OK(cudaStreamSynchronize(stream));
   std::vector<uint16_t> direct_out, graph_out;
   std::vector<float> direct_lse, graph_lse;
-  download(direct_out, direct_lse);
+  problem.download(direct_out, direct_lse);
 
   cudaGraph_t graph = nullptr;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -393,11 +416,10 @@ TEST_P(GpuAttentionGraph, PlanAndAttendCaptureInOneCudaGraph) {
   for (int replay = 0; replay < 2; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
     dplan.upload(crisp::dense_plan(8, 2, d, w.cu_seqlens, cfg.block_size), stream);
-    CUDA_OK(cudaMemsetAsync(dout.ptr, 0xff, qb.size() * 2, stream));  // NaN
-    CUDA_OK(cudaMemsetAsync(dlse.ptr, 0xff, 8 * T * 4, stream));
+    CUDA_OK(problem.poison(stream));
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
-    download(graph_out, graph_lse);
+    problem.download(graph_out, graph_lse);
     EXPECT_EQ(graph_out, direct_out);
     EXPECT_EQ(graph_lse, direct_lse);
   }
@@ -425,32 +447,14 @@ TEST(GpuAttentionObject, PlanOnceRunTwiceMatchesTheDevicePlanPath) {
   for (const int64_t n : {int64_t{3000}, int64_t{1200}}) {
     SCOPED_TRACE("n = " + std::to_string(n));
     const crisp::Workload w = crisp::make_workload(crisp_test::workload_spec(Hq, Hkv, d, {n}, 41 + n));
-    std::vector<uint16_t> qb, kb, vb;
-    std::vector<float> unused;
-    round_to(w.q, bf16, qb, unused);
-    round_to(w.k, bf16, kb, unused);
-    round_to(w.v, bf16, vb, unused);
-    const int64_t T = w.total_tokens;
-    DeviceBuffer dq(qb.size() * 2), dk(kb.size() * 2), dv(vb.size() * 2), dout(qb.size() * 2), dlse(Hq * T * 4);
-    ASSERT_TRUE(dq.ptr && dk.ptr && dv.ptr && dout.ptr && dlse.ptr);
-    CUDA_OK(cudaMemcpy(dq.ptr, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(dk.ptr, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(dv.ptr, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice));
-    const auto dev = crisp::Device::cuda;
-    const auto q = crisp::TensorView::contiguous(dq.ptr, bf16, Hq, T, d, dev);
-    const auto k = crisp::TensorView::contiguous(dk.ptr, bf16, Hkv, T, d, dev);
-    const auto v = crisp::TensorView::contiguous(dv.ptr, bf16, Hkv, T, d, dev);
-    const auto out = crisp::TensorView::contiguous(dout.ptr, bf16, Hq, T, d, dev);
-    const auto lse = crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, Hq, T, dev);
+    DeviceProblem problem(w, Hq, Hkv, d);
+    ASSERT_TRUE(problem.ok);
+    const auto &q = problem.q, &k = problem.k, &v = problem.v, &out = problem.out, &lse = problem.lse;
     auto run_and_download = [&](const std::function<void()>& run, std::vector<uint16_t>& o, std::vector<float>& l) {
-      CUDA_OK(cudaMemset(dout.ptr, 0xff, qb.size() * 2));  // NaN
-      CUDA_OK(cudaMemset(dlse.ptr, 0xff, Hq * T * 4));
+      CUDA_OK(problem.poison());
       run();
       CUDA_OK(cudaDeviceSynchronize());
-      o.resize(qb.size());
-      l.resize(static_cast<std::size_t>(Hq * T));
-      CUDA_OK(cudaMemcpy(o.data(), dout.ptr, o.size() * 2, cudaMemcpyDeviceToHost));
-      CUDA_OK(cudaMemcpy(l.data(), dlse.ptr, l.size() * 4, cudaMemcpyDeviceToHost));
+      problem.download(o, l);
     };
     attention.plan(q, k);
     EXPECT_EQ(attention.backend(), crisp::Backend::cuda);
