@@ -12,6 +12,7 @@
 #include <numeric>
 #include <vector>
 
+#include "common/shape_rules.h"
 #include "backend.h"
 #include "cpu/cpu_common.h"
 #include "plan/plan_params.h"
@@ -414,7 +415,7 @@ Plan plan_all(const TensorView& q, const TensorView& k, const Config& config, co
   plan.num_q_heads = q.heads();
   plan.num_kv_heads = k.heads();
   plan.head_dim = q.dim();
-  plan.softmax_scale = config.softmax_scale > 0.0 ? config.softmax_scale : 1.0 / std::sqrt(static_cast<double>(q.dim()));
+  plan.softmax_scale = shape_rules::resolve_softmax_scale(config.softmax_scale, q.dim());
   const int64_t sequences = static_cast<int64_t>(cu.size()) - 1;
   const int64_t Hq = q.heads();
   plan.sequences.resize(static_cast<size_t>(sequences));

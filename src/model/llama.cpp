@@ -7,6 +7,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "common/shape_rules.h"
 #include "common/fast_exp.h"  // fast_exp, CRISP_CPU_CLONES
 #include "model/matmul.h"
 #include "model/tokenizer.h"
@@ -418,9 +419,7 @@ std::vector<float> LlamaContext::decode(int32_t token) {
   const int64_t pos = position_, keys = pos + 1;
   const int T = threads_;
   // Decode attention is the model's own: scale 1/sqrt(d) unless the config sets one.
-  const float scale = static_cast<float>(options_.attention.softmax_scale > 0.0
-                                             ? options_.attention.softmax_scale
-                                             : 1.0 / std::sqrt(static_cast<double>(hd)));
+  const float scale = static_cast<float>(shape_rules::resolve_softmax_scale(options_.attention.softmax_scale, hd));
 
   std::vector<float> x(model_.token_embedding(token), model_.token_embedding(token) + E);
   std::vector<float> xn(E), qkv(qkv_dim), attn(q_dim), delta(E), gate_up(2 * F), act(F);

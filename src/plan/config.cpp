@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/shape_rules.h"
 #include "crisp/config.h"
 #include "crisp/error.h"
 
@@ -194,7 +195,8 @@ const std::vector<Parameter>& parameters() {
                   return true;
                 },
                 [](const Config& c) { return std::to_string(c.block_size); },
-                [](const Config& c) { return c.block_size == 64 || c.block_size == 128; }, "64 or 128"},
+                [](const Config& c) { return shape_rules::valid_block_size(c.block_size); },
+                shape_rules::kBlockSizeExpected},
       CRISP_DOUBLE_PARAM(softmax_scale, x >= 0.0, "a finite number >= 0 (0 = 1/sqrt(d))"),
   };
   return table;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/shape_rules.h"
 #include "crisp/context_parallel.h"
 #include "crisp/error.h"
 #include "plan/partition.h"
@@ -23,8 +24,8 @@ void check_partition_args(int64_t n, int block_size, CpPartition partition, int 
     throw Error("partition", "is not a named choice", "CpPartition::contiguous or CpPartition::zigzag");
   if (world < 1) throw Error("world", "is " + std::to_string(world), "at least 1 rank");
   if (n < 1) throw Error("n", "is " + std::to_string(n), "at least 1 token");
-  if (block_size != 64 && block_size != 128)
-    throw Error("block_size", "is " + std::to_string(block_size), "64 or 128");
+  if (!shape_rules::valid_block_size(block_size))
+    throw Error("block_size", "is " + std::to_string(block_size), shape_rules::kBlockSizeExpected);
   const int32_t N = rules::num_blocks(n, block_size);
   const int32_t chunks = partition::num_chunks(code_of(partition), world);
   if (N < chunks)
