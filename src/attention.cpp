@@ -31,6 +31,10 @@ class CpuPlannedAttention final : public PlannedAttention {
   Plan plan_;
 };
 
+void require_plan(bool planned) {
+  if (!planned) throw Error("plan", "has not been made (no Attention::plan call has succeeded)", "plan(q, k) first");
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -76,7 +80,7 @@ void Attention::plan(const TensorView& q, const TensorView& k, const SeqLens& cu
 
 void Attention::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                     const TensorView& lse) const {
-  if (!planned()) throw Error("plan", "has not been made (Attention::run before Attention::plan)", "plan(q, k) first");
+  detail::require_plan(planned());
   detail::validate_qkv(q, k, &v);
   detail::validate_outputs(q, out, lse);
   const Device planned_device = impl_->backend == Backend::cuda ? Device::cuda : Device::cpu;
@@ -94,7 +98,7 @@ bool Attention::planned() const { return impl_ && impl_->backend != Backend::aut
 Backend Attention::backend() const { return impl_ ? impl_->backend : Backend::automatic; }
 
 Plan Attention::host_plan() const {
-  if (!planned()) throw Error("plan", "has not been made (Attention::host_plan before Attention::plan)", "plan(q, k) first");
+  detail::require_plan(planned());
   return impl_->planned->host_plan();
 }
 
