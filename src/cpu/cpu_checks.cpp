@@ -18,7 +18,7 @@ int64_t cpu_first_nonfinite(const TensorView& view, int num_threads) {
   // Each chunk reports its first bad flat index; the smallest over all chunks is the first one in
   // (h, t, x) order, whatever the thread count.
   std::atomic<int64_t> first_bad{-1};
-  cpu::parallel_for(heads * chunks, cpu::thread_count(Options{Precision::f32, num_threads}), [&](int64_t item) {
+  cpu::parallel_for(heads * chunks, cpu::thread_count(num_threads), [&](int64_t item) {
     const int64_t h = item / chunks;
     const int64_t begin = (item % chunks) * kRowsPerItem;
     const int64_t end = std::min(begin + kRowsPerItem, tokens);

@@ -33,15 +33,16 @@ constexpr int kColBlock = 16;
 
 inline int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
-// Threads for a call: options.num_threads, or every hardware thread when 0.
-inline int thread_count(const Options& options) {
+// Threads for a call: num_threads, or every hardware thread when 0.
+inline int thread_count(int num_threads) {
 #if defined(_OPENMP)
-  return options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
+  return num_threads > 0 ? num_threads : omp_get_max_threads();
 #else
-  (void)options;
+  (void)num_threads;
   return 1;
 #endif
 }
+inline int thread_count(const Options& options) { return thread_count(options.num_threads); }
 
 // Runs body(i) for i in [0, count) on `threads` threads with dynamic scheduling. An exception
 // thrown by any iteration is rethrown on the calling thread after the loop (an exception may
