@@ -2,7 +2,11 @@
 # scripts/test.sh — installs what is missing, builds everything and runs the whole test suite:
 #  1. build/      Release, CUDA backend when nvcc exists: CPU tests (label cpu), then the GPU
 #                 tests (label gpu; they skip themselves on a machine without a GPU);
-#  2. build-asan/ CPU only, AddressSanitizer + UndefinedBehaviorSanitizer, the CPU tests again.
+#  2. build-install/ `cmake --install build`, then tests/consumer (a project of its own) built in
+#                 build-consumer/ against it with find_package(crisp) and run;
+#  3. build-asan/ CPU only, AddressSanitizer + UndefinedBehaviorSanitizer, the CPU tests again
+#                 (the fuzz harnesses of tests/fuzz among them);
+#  4. build-python/ the Python package and its tests.
 # The real model is fetched first (scripts/fetch_model.sh) so that its tests run too.
 # Exits non-zero if any build or test fails. CRISP_JOBS sets the build parallelism.
 set -euo pipefail
@@ -24,6 +28,17 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -LE gpu -j "$jobs" || failed+=("cpu tests (build/)")
 ctest --test-dir build --output-on-failure -L gpu || failed+=("gpu tests (build/)")
+
+echo "== build-install/ (cmake --install build) and tests/consumer against it (find_package(crisp))"
+rm -rf build-install
+if cmake --install build --prefix build-install >/dev/null &&
+   cmake -S tests/consumer -B build-consumer -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/build-install" &&
+   cmake --build build-consumer -j "$jobs" &&
+   build-consumer/crisp_consumer; then
+  :
+else
+  failed+=("installed package consumer (build-install/, build-consumer/)")
+fi
 
 echo "== build-asan/ (ASan + UBSan, CPU only)"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRISP_SANITIZE=ON -DCRISP_CUDA=OFF
