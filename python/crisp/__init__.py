@@ -1,11 +1,13 @@
 """crisp: cliff-aware input-adaptive sparse prefill attention, for PyTorch (CUDA and CPU) and numpy.
 
     import crisp
-    out, lse = crisp.prefill(q, k, v, policy="crisp")      # q/k/v: [batch, heads, seq, dim]
-    plan = crisp.plan(q, k, policy="crisp")                 # routes, densities, block CSR
+    out, lse = crisp.prefill(q, k, v, layout="bhsd", policy="crisp")   # or "bshd", "thd" (varlen)
+    plan = crisp.plan(q, k, layout="bhsd", policy="crisp")              # routes, densities, block CSR
     attention = crisp.Attention("crisp"); attention.plan(q, k); out, lse = attention.run(q, k, v)
 
-``crisp.hf.register()`` adds ``attn_implementation="crisp"`` to transformers.
+``crisp.hf.register()`` adds ``attn_implementation="crisp"`` to transformers (extra ``hf``);
+``crisp.flex.block_mask(plan)`` gives a plan as a FlexAttention BlockMask (extra ``torch``). Both
+are imported on first use, with an ImportError naming the extra if its packages are missing.
 The native module ``crisp._C`` takes raw pointers and links no libtorch.
 """
 # torch, when installed, is imported before the native module: torch's wheels carry their own
@@ -36,6 +38,21 @@ def make_workload(num_q_heads=8, num_kv_heads=2, head_dim=128, seq_lens=(8192,),
     ``q`` [Hq, T, d], ``k`` / ``v`` [Hkv, T, d], ``cu_seqlens``, ``needle_positions`` and
     ``head_is_diffuse``. docs/workload.md describes it."""
     return _C.make_workload(num_q_heads, num_kv_heads, head_dim, list(seq_lens), seed, diffuse_head_share)
+
+
+# Submodules that need optional packages, imported on first access (crisp.hf, crisp.flex).
+_LAZY_SUBMODULES = ("hf", "flex")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+        return importlib.import_module(f".{name}", __name__)  # binds crisp.<name> for next time
+    raise AttributeError(f"module 'crisp' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
 
 
 __all__ = ["Attention", "Error", "Plan", "SequencePlan", "attend", "gqa_union", "plan", "prefill", "make_workload",

@@ -39,6 +39,8 @@ class SequencePlan:
     col_offsets: np.ndarray
     vertical: List[np.ndarray]
     slash: List[np.ndarray]
+    block_size: int = 128  # B of the plan it belongs to
+    device: str = "cpu"    # where it was planned ("cpu", "cuda:0", ...)
 
     @property
     def num_heads(self) -> int:
@@ -92,9 +94,10 @@ class Plan:
     vs_share: float
     sequences: List[SequencePlan]
     native: "_C.Plan" = field(repr=False, default=None)
+    device: str = "cpu"  # where it was planned ("cpu", "cuda:0", ...)
 
     @classmethod
-    def from_native(cls, native: "_C.Plan") -> "Plan":
+    def from_native(cls, native: "_C.Plan", device: str = "cpu") -> "Plan":
         sequences = []
         for s in range(native.num_sequences):
             d = native.sequence(s)
@@ -112,6 +115,8 @@ class Plan:
                     col_offsets=d["col_offsets"],
                     vertical=list(d["vertical"]),
                     slash=list(d["slash"]),
+                    block_size=int(native.block_size),
+                    device=str(device),
                 )
             )
         return cls(
@@ -125,6 +130,7 @@ class Plan:
             vs_share=float(native.vs_share()),
             sequences=sequences,
             native=native,
+            device=str(device),
         )
 
     @property

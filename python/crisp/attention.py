@@ -17,8 +17,8 @@ from typing import Optional
 
 from . import _C
 from ._plan import Plan
-from .ops import (_allocate_outputs, _is_torch, _num_threads, _output_views, _policy_name, _precision, _prepare,
-                  _stream, settings_from_params, torch)
+from .ops import (_caller_outputs, _check_causal, _check_no_grad, _is_torch, _num_threads, _output_buffers,
+                  _output_views, _policy_name, _precision, _prepare, _stream, settings_from_params, torch)
 
 __all__ = ["Attention"]
 
@@ -44,9 +44,10 @@ class Attention:
             return torch.cuda.device(q.device)
         return _NoScope()
 
-    def plan(self, q, k, cu_seqlens=None) -> None:
-        """Plans q/k (the layouts of crisp.prefill); replaces any earlier plan."""
-        _, (q, k, _), (qv, kv, _), cu = _prepare(q, k, k, cu_seqlens)
+    def plan(self, q, k, cu_seqlens=None, *, layout: Optional[str] = None, causal=True) -> None:
+        """Plans q/k (the layouts and ``causal`` of crisp.prefill); replaces any earlier plan."""
+        _check_causal(causal)
+        _, (q, k, _), (qv, kv, _), cu = _prepare(q, k, k, cu_seqlens, layout)
         key = self._key(q)
         if self._native is None or key != self._run_key:
             self._native = _C.Attention(self._config, **self._choices, num_threads=_num_threads(q),
@@ -56,26 +57,29 @@ class Attention:
             self._native.plan(qv, kv, cu)
         self._cu = cu
 
-    def run(self, q, k, v):
-        """Attention of q/k/v following the last plan; returns ``(out, lse)`` as crisp.prefill."""
+    def run(self, q, k, v, *, layout: Optional[str] = None, causal=True):
+        """Attention of q/k/v following the last plan; returns ``(out, lse)`` as crisp.prefill.
+        No backward: inputs that require grad are refused while grad mode is on."""
         if self._native is None or not self._native.planned:
             raise _C.Error("plan: has not been made (Attention.run before Attention.plan); expected plan(q, k) first")
+        _check_causal(causal)
+        _check_no_grad("Attention.run", q, k, v)
         cu_seqlens = None if getattr(q, "ndim", 0) == 4 else (self._cu or None)
-        layout, (q, k, v), (qv, kv, vv), _ = _prepare(q, k, v, cu_seqlens)
+        layout, _, (qv, kv, vv), _ = _prepare(q, k, v, cu_seqlens, layout)
         if self._key(q) != self._run_key:
             raise _C.Error(f"q: device/stream/precision {self._key(q)} differ from the plan's {self._run_key}; "
                            "expected the device, current stream and dtype class of plan()")
-        out, lse = _allocate_outputs(q, layout)
+        out, lse = _output_buffers(q, layout)
         ov, lv = _output_views(out, lse, layout)
         with self._device_scope(q):
             self._native.run(qv, kv, vv, ov, lv)
-        return out, lse
+        return _caller_outputs(out, lse, layout)
 
     def host_plan(self) -> Plan:
         """The last plan as a crisp.Plan (CUDA: copied back, synchronising the stream)."""
         if self._native is None:
             raise _C.Error("plan: has not been made (Attention.host_plan before Attention.plan); expected plan(q, k) first")
-        return Plan.from_native(self._native.host_plan())
+        return Plan.from_native(self._native.host_plan(), device=self._run_key[0])
 
     @property
     def backend(self) -> str:

@@ -1,19 +1,24 @@
 """crisp's layout as a FlexAttention BlockMask (torch.nn.attention.flex_attention).
 
-    p = crisp.plan(q, k)
-    mask = crisp.flex.block_mask(p.sequences[0], device=q.device)
+    p = crisp.plan(q, k, layout="bhsd")
+    mask = crisp.flex.block_mask(p)        # p's block size, on the device p was planned on
     out = torch.compile(flex_attention)(q, k, v, block_mask=mask, enable_gqa=True)
 
 computes exactly the blocks crisp computes (per query head), so FlexAttention and crisp can be
 compared on one layout (bench/compare.py). Only the compiled flex_attention honours the block
-structure; the eager one evaluates the mask_mod alone (dense causal).
+structure; the eager one evaluates the mask_mod alone (dense causal). Needs PyTorch >= 2.5
+(``pip install 'crisp-attention[torch]'``).
 """
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import Optional, Union
 
-from ._plan import SequencePlan
+import numpy as np
+
+from ._extras import require
+from ._plan import Plan, SequencePlan
+
+torch = require("torch", "torch", "crisp.flex")
 
 __all__ = ["block_mask"]
 
@@ -22,10 +27,25 @@ def _causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-def block_mask(seq: SequencePlan, block_size: int = 128, device="cuda"):
-    """Every off-diagonal block of the plan is a "full" block (no mask_mod call), the diagonal
-    block the one "partial" block (causal mask_mod). Batch 1, one mask per query head."""
-    from torch.nn.attention.flex_attention import BlockMask
+def block_mask(plan: Union[Plan, SequencePlan], block_size: Optional[int] = None, device=None):
+    """The BlockMask of one sequence's plan (a crisp.Plan of one sequence, or one of its
+    ``sequences``): every off-diagonal block is a "full" block (no mask_mod call), the diagonal
+    block the one "partial" block (causal mask_mod). Batch 1, one mask per query head.
+    The block size and the device are the plan's; ``device`` moves the mask elsewhere;
+    ``block_size``, if given, must be the plan's."""
+    flex_attention = require("torch.nn.attention.flex_attention", "torch", "crisp.flex.block_mask (PyTorch >= 2.5)")
+    if isinstance(plan, Plan):
+        if len(plan.sequences) != 1:
+            raise ValueError(f"plan: {len(plan.sequences)} sequences; expected one (pass plan.sequences[i])")
+        seq = plan.sequences[0]
+    elif isinstance(plan, SequencePlan):
+        seq = plan
+    else:
+        raise TypeError(f"plan: got {type(plan).__name__}; expected a crisp.Plan or one of its sequences")
+    if block_size is not None and block_size != seq.block_size:
+        raise ValueError(f"block_size: {block_size} differs from the plan's {seq.block_size}; "
+                         "expected the plan's (or leave it out)")
+    device = seq.device if device is None else device
 
     counts, indices = seq.kv_blocks()  # [H, N], [H, N, N]; the diagonal is each row's last entry
     H, N = counts.shape
@@ -35,5 +55,6 @@ def block_mask(seq: SequencePlan, block_size: int = 128, device="cuda"):
     def t(a):
         return torch.from_numpy(np.ascontiguousarray(a)).to(device).unsqueeze(0)
 
-    return BlockMask.from_kv_blocks(t(np.ones((H, N), np.int32)), t(partial_indices), t(counts - 1), t(indices),
-                                    BLOCK_SIZE=block_size, mask_mod=_causal, seq_lengths=(seq.n, seq.n))
+    return flex_attention.BlockMask.from_kv_blocks(
+        t(np.ones((H, N), np.int32)), t(partial_indices), t(counts - 1), t(indices),
+        BLOCK_SIZE=seq.block_size, mask_mod=_causal, seq_lengths=(seq.n, seq.n))

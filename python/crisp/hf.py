@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-import torch
-
+from ._extras import require
 from .ops import prefill
+
+torch = require("torch", "hf", "crisp.hf")
+require("transformers", "hf", "crisp.hf")
 
 __all__ = ["register", "stats", "reset_stats"]
 
@@ -82,10 +84,12 @@ def _make_forward(policy: str, params: Dict[str, Any]):
         call_params = dict(params)
         if scaling is not None:
             call_params["softmax_scale"] = float(scaling)
-        # query [B, Hq, S, D], key/value [B, Hkv, S, D] (GQA handled by crisp, no repeat).
-        out, _ = prefill(query, key, value, policy=policy, **call_params)
-        # out is a [B, Hq, S, D] view of a [B, S, Hq, D] buffer: the transpose is free.
-        return out.transpose(1, 2), None
+        # query [B, Hq, S, D], key/value [B, Hkv, S, D] (GQA handled by crisp, no repeat), passed as
+        # their free [B, S, H, D] transposes: the output is then the contiguous [B, S, Hq, D]
+        # transformers wants from an attention function.
+        out, _ = prefill(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), policy=policy,
+                         layout="bshd", **call_params)
+        return out, None
 
     crisp_attention_forward.__name__ = f"crisp_attention_forward_{policy}"
     return crisp_attention_forward

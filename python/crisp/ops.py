@@ -1,18 +1,27 @@
 """crisp.prefill / crisp.plan / crisp.attend for torch tensors (CUDA or CPU) and numpy arrays (CPU).
 
-Layouts (the same for q, k and v):
-  * batched ``[batch, heads, seq, dim]``: every batch row is one causal sequence of ``seq`` tokens;
-  * varlen ``[total, heads, dim]`` with ``cu_seqlens`` = ``[0, n_0, n_0 + n_1, ..., total]``
-    (FlashAttention's varlen convention); without ``cu_seqlens`` one sequence of ``total`` tokens.
+Layouts (one for q, k and v), named by the ``layout`` argument:
+  * ``"bhsd"``: ``[batch, heads, seq, dim]`` (SDPA's); every batch row is one causal sequence;
+  * ``"bshd"``: ``[batch, seq, heads, dim]`` (flash-attn's ``flash_attn_func``);
+  * ``"thd"``: varlen ``[total, heads, dim]`` with ``cu_seqlens`` = ``[0, n_0, n_0 + n_1, ..., total]``
+    (flash-attn's varlen convention); without ``cu_seqlens`` one sequence of ``total`` tokens.
+``layout=None`` states nothing, so it is accepted only where the shapes leave no choice: rank 3 is
+``"thd"``; rank 4 is the one of ``"bhsd"`` / ``"bshd"`` that q, k and v fit (with GQA, k's head
+count differs from q's and picks it). Where both fit (every rank-4 MHA input, e.g.
+``torch.randn(1, 2048, 4, 64)``), ``layout`` is required: a ValueError names it.
 GQA: k and v may have fewer heads than q (``Hq % Hkv == 0``; query head h reads kv head
-``h // (Hq // Hkv)``).
+``h // (Hq // Hkv)``). ``causal=True`` is the only attention crisp computes; ``causal=False`` is
+refused.
 
-Outputs: ``out`` in q's layout and dtype; ``lse`` (natural log, float32; float64 for float64 inputs
-on the CPU) is ``[batch, Hq, seq]`` or, varlen, ``[Hq, total]``.
+Outputs, contiguous like SDPA's: ``out`` in q's layout and dtype; ``lse`` (natural log, float32;
+float64 for float64 inputs on the CPU) is ``[batch, Hq, seq]`` or, varlen, ``[Hq, total]``.
 
 The library sees ``[heads, tokens, dim]`` strided views: tensors are passed as raw pointers with
 their strides, so nothing is copied unless a batched input cannot be expressed as one such view
-(then it is copied once into a ``[batch, seq, heads, dim]`` buffer).
+(then it is copied once into a ``[batch, seq, heads, dim]`` buffer). A ``"bhsd"`` output of a
+batch of more than one row is written token-major and copied once into ``[batch, heads, seq, dim]``.
+
+crisp has no backward: gradients through it raise an error that says so.
 """
 from __future__ import annotations
 
@@ -35,9 +44,12 @@ __all__ = ["prefill", "plan", "attend", "settings_from_params"]
 
 # ---------------------------------------------------------------- arguments
 def settings_from_params(params: Dict[str, Any]) -> List[str]:
-    """``{"alpha": 1.5, "routing": "jsd"}`` -> ``["alpha=1.5", "routing=jsd"]`` (Config::set)."""
+    """``{"alpha": 1.5, "routing": "jsd"}`` -> ``["alpha=1.5", "routing=jsd"]`` (Config::set).
+    A value of None keeps the preset's value (as flash-attn's ``softmax_scale=None``)."""
     settings = []
     for key, value in params.items():
+        if value is None:
+            continue
         if isinstance(value, bool):
             raise TypeError(f"{key}: got a bool ({value!r}); expected a number or a name")
         if isinstance(value, (float, np.floating)):
@@ -101,9 +113,129 @@ def _view(name: str, x, shape: Sequence[int], stride: Sequence[int]) -> "_C.View
     return _C.View(name, _data_ptr(x), _dtype_name(name, x), _device_name(x), list(shape), list(stride))
 
 
-def _check_inputs(q, k, v, cu_seqlens) -> str:
+LAYOUTS = {"bhsd": "[batch, heads, seq, dim]", "bshd": "[batch, seq, heads, dim]",
+           "thd": "[total, heads, dim] (varlen, with cu_seqlens)"}
+_LAYOUT_CHOICES = ", ".join(f"{name!r} {shape}" for name, shape in LAYOUTS.items())
+
+
+def _as_bhsd(x, layout: str):
+    """A [batch, heads, seq, dim] view of a "bshd" input (free: a transpose); others as they are."""
+    if layout != "bshd":
+        return x
+    return x.transpose(1, 2) if _is_torch(x) else x.transpose(0, 2, 1, 3)
+
+
+def _fits_batched(q, k, v, layout: str) -> bool:
+    """Whether rank-4 q, k, v are consistent shapes in `layout` (same batch, seq and dim; k and v
+    of one head count dividing q's)."""
+    q, k, v = (_as_bhsd(x, layout) for x in (q, k, v))
+    B, Hq, S, D = q.shape
+    return (all(x.shape[0] == B and x.shape[2] == S and x.shape[3] == D for x in (k, v))
+            and k.shape[1] == v.shape[1] and k.shape[1] > 0 and Hq % k.shape[1] == 0)
+
+
+def _resolve_layout(q, k, v, layout) -> str:
+    """The layout named (checked against the ranks) or, for layout=None, the only one that fits."""
+    if layout is not None:
+        if not isinstance(layout, str) or layout not in LAYOUTS:
+            raise ValueError(f"layout: got {layout!r}; expected one of {_LAYOUT_CHOICES}")
+        rank = 3 if layout == "thd" else 4
+        if q.ndim != rank:
+            raise ValueError(f"q: rank {q.ndim} (shape {tuple(q.shape)}) with layout={layout!r}; "
+                             f"expected rank {rank}, {LAYOUTS[layout]}")
+        return layout
+    if q.ndim == 3:
+        return "thd"
+    if q.ndim != 4:
+        return "bhsd"  # the rank check names the layouts
+    fits = [name for name in ("bhsd", "bshd") if _fits_batched(q, k, v, name)]
+    if len(fits) == 1:
+        return fits[0]
+    if len(fits) == 2:
+        raise ValueError(f"layout: q {tuple(q.shape)}, k {tuple(k.shape)} fit both 'bhsd' {LAYOUTS['bhsd']} "
+                         f"and 'bshd' {LAYOUTS['bshd']}; pass layout='bhsd' or layout='bshd'")
+    return "bhsd"  # fits neither: the shape checks below say what does not match
+
+
+def _check_causal(causal) -> None:
+    if causal is True:
+        return
+    if causal is False:
+        raise ValueError("causal: False is not supported; crisp computes causal attention only "
+                         "(expected causal=True)")
+    raise TypeError(f"causal: got {type(causal).__name__} {causal!r}; expected True")
+
+
+# flash-attn's and SDPA's keyword arguments, so that a call ported from flash_attn_func /
+# flash_attn_varlen_func / scaled_dot_product_attention gets an answer instead of an "unknown
+# parameter" (or a type error on a tensor): each is either accepted (with the value it must have)
+# or refused with the reason. The value each keyword must have to be accepted:
+_INERT_KEYWORDS = {
+    "dropout_p": (0, 0.0), "window_size": ((-1, -1), [-1, -1]), "softcap": (0, 0.0), "alibi_slopes": (None,),
+    "return_attn_probs": (False,), "return_softmax": (False,), "attn_mask": (None,),
+}
+_REFUSED_BECAUSE = {
+    "dropout_p": "dropout is not supported (crisp is an inference kernel)",
+    "window_size": "sliding-window attention is not supported",
+    "softcap": "logit soft-capping is not supported",
+    "alibi_slopes": "ALiBi position bias is not supported",
+    "return_attn_probs": "attention probabilities are not returned (crisp.prefill returns (out, lse))",
+    "return_softmax": "attention probabilities are not returned (crisp.prefill returns (out, lse))",
+    "attn_mask": "an explicit mask is not supported (causal only; use cu_seqlens for a padded batch)",
+}
+
+
+def _take_foreign_keywords(params: Dict[str, Any], cu_seqlens, causal):
+    """Removes flash-attn / SDPA keywords from ``params``; returns (cu_seqlens, causal)."""
+    for name in list(params):
+        if name not in _INERT_KEYWORDS:
+            continue
+        value = params.pop(name)
+        if not any(value is ok or (type(value) is type(ok) and value == ok) for ok in _INERT_KEYWORDS[name]):
+            raise ValueError(f"{name}: {value!r}: {_REFUSED_BECAUSE[name]}; expected {_INERT_KEYWORDS[name][0]!r}")
+    if "is_causal" in params:  # SDPA's spelling
+        causal = params.pop("is_causal")
+    if "scale" in params:  # SDPA's spelling of softmax_scale
+        if params.get("softmax_scale") is not None:
+            raise ValueError("scale, softmax_scale: both given; expected one of them")
+        params["softmax_scale"] = params.pop("scale")
+    if params.pop("enable_gqa", True) is not True:
+        raise ValueError("enable_gqa: False; expected True (crisp always reads k/v with fewer heads as GQA)")
+    params.pop("deterministic", None)  # crisp's results do not depend on scheduling
+    cu_q, cu_k = params.pop("cu_seqlens_q", None), params.pop("cu_seqlens_k", None)
+    if cu_q is not None or cu_k is not None:
+        if cu_seqlens is not None:
+            raise ValueError("cu_seqlens, cu_seqlens_q: both given; expected one of them")
+        if cu_q is None or cu_k is None:
+            raise ValueError("cu_seqlens_q, cu_seqlens_k: only one given; expected both (or cu_seqlens)")
+        lq, lk = _seqlens_list(cu_q, -1), _seqlens_list(cu_k, -1)
+        if lq != lk:
+            raise ValueError(f"cu_seqlens_q: {lq} differs from cu_seqlens_k {lk}; expected queries and keys "
+                             "of the same sequences (crisp runs a whole prompt's prefill)")
+        cu_seqlens = cu_q
+    for name in ("max_seqlen_q", "max_seqlen_k"):  # flash-attn needs them; crisp reads cu_seqlens
+        value = params.pop(name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
+            raise TypeError(f"{name}: got {value!r}; expected a non-negative int")
+    return cu_seqlens, causal
+
+
+_NO_BACKWARD = ("crisp's attention has no backward; use it for inference (under torch.no_grad() or "
+                "torch.inference_mode())")
+
+
+def _check_no_grad(function: str, *tensors) -> None:
+    """For calls outside the custom op (attend): an output that silently carries no gradient would
+    train nothing, so inputs that require one are refused while grad mode is on."""
+    if torch is not None and torch.is_grad_enabled():
+        for name, x in zip(("q", "k", "v"), tensors):
+            if _is_torch(x) and x.requires_grad:
+                raise RuntimeError(f"crisp.{function}: {name} requires grad: {_NO_BACKWARD}")
+
+
+def _check_inputs(q, k, v, cu_seqlens, layout=None) -> str:
     """Type/rank/layout checks shared by the real and the fake (meta) implementation.
-    Returns the layout: "batched" or "varlen"."""
+    Returns the layout: "bhsd", "bshd" or "thd"."""
     kinds = {_kind("q", q), _kind("k", k), _kind("v", v)}
     if len(kinds) != 1:
         raise TypeError("q, k, v: mixed torch tensors and numpy arrays; expected all three of one kind")
@@ -117,20 +249,23 @@ def _check_inputs(q, k, v, cu_seqlens) -> str:
             raise ValueError(f"q: on {q.device}; expected a cpu or cuda tensor")
     if q.ndim != k.ndim or q.ndim != v.ndim:
         raise ValueError(f"k, v: ranks {k.ndim} / {v.ndim} differ from q's {q.ndim}; expected one layout for q, k, v")
+    layout = _resolve_layout(q, k, v, layout)
     if q.ndim == 4:
         if cu_seqlens is not None:
-            raise ValueError("cu_seqlens: given with the batched layout [batch, heads, seq, dim]; "
-                             "expected cu_seqlens only with the varlen layout [total, heads, dim]")
-        B, Hq, S, D = q.shape
-        for name, x in (("k", k), ("v", v)):
+            raise ValueError(f"cu_seqlens: given with the batched layout {layout!r} {LAYOUTS[layout]}; "
+                             f"expected cu_seqlens only with layout='thd' {LAYOUTS['thd']}")
+        qb, kb, vb = (_as_bhsd(x, layout) for x in (q, k, v))
+        B, Hq, S, D = qb.shape
+        where = {"bhsd": f"[batch={B}, Hkv, seq={S}, dim={D}]", "bshd": f"[batch={B}, seq={S}, Hkv, dim={D}]"}[layout]
+        for name, x in (("k", kb), ("v", vb)):
             if x.shape[0] != B or x.shape[2] != S or x.shape[3] != D:
-                raise ValueError(f"{name}: shape {tuple(x.shape)} does not match q's {tuple(q.shape)}; "
-                                 f"expected [batch={B}, Hkv, seq={S}, dim={D}]")
-        if k.shape[1] != v.shape[1]:
-            raise ValueError(f"v: {v.shape[1]} heads but k has {k.shape[1]}; expected the same head count")
+                raise ValueError(f"{name}: shape {tuple(_as_bhsd(x, layout).shape)} does not match q's "
+                                 f"{tuple(q.shape)} in layout {layout!r}; expected {where}")
+        if kb.shape[1] != vb.shape[1]:
+            raise ValueError(f"v: {vb.shape[1]} heads but k has {kb.shape[1]}; expected the same head count")
         if B < 1 or S < 1:
             raise ValueError(f"q: shape {tuple(q.shape)} is empty; expected batch >= 1 and seq >= 1")
-        return "batched"
+        return layout
     if q.ndim == 3:
         T, Hq, D = q.shape
         for name, x in (("k", k), ("v", v)):
@@ -139,9 +274,8 @@ def _check_inputs(q, k, v, cu_seqlens) -> str:
                                  f"expected [total={T}, Hkv, dim={D}]")
         if k.shape[1] != v.shape[1]:
             raise ValueError(f"v: {v.shape[1]} heads but k has {k.shape[1]}; expected the same head count")
-        return "varlen"
-    raise ValueError(f"q: rank {q.ndim} (shape {tuple(q.shape)}); expected [batch, heads, seq, dim] or "
-                     "[total, heads, dim] with cu_seqlens")
+        return "thd"
+    raise ValueError(f"q: rank {q.ndim} (shape {tuple(q.shape)}); expected one of the layouts {_LAYOUT_CHOICES}")
 
 
 def _seqlens_list(cu_seqlens, total: int) -> List[int]:
@@ -173,13 +307,13 @@ def _token_major(x):
 
 
 def _heads_tokens_view(name: str, x, layout: str):
-    """The library's [heads, tokens, dim] view of a batched or varlen input."""
+    """The library's [heads, tokens, dim] view of a [B, H, S, D] (token-major) or [T, H, D] input."""
     st = _strides(x)
-    if layout == "batched":
-        B, H, S, D = x.shape
-        return _view(name, x, (H, B * S, D), (st[1], st[2], st[3]))
-    T, H, D = x.shape
-    return _view(name, x, (H, T, D), (st[1], st[0], st[2]))
+    if layout == "thd":
+        T, H, D = x.shape
+        return _view(name, x, (H, T, D), (st[1], st[0], st[2]))
+    B, H, S, D = x.shape
+    return _view(name, x, (H, B * S, D), (st[1], st[2], st[3]))
 
 
 def _empty(like, shape, dtype_torch=None, dtype_numpy=None):
@@ -194,45 +328,61 @@ def _lse_dtypes(q):
     return None, (np.float64 if np.dtype(q.dtype) == np.float64 else np.float32)
 
 
-def _allocate_outputs(q, layout: str):
-    """(out, lse) as returned to the caller, plus their [H, tokens, dim] / [H, tokens] storage.
+def _contiguous(x):
+    return x.contiguous() if _is_torch(x) else np.ascontiguousarray(x)
+
+
+def _output_buffers(q, layout: str):
+    """(out, lse) buffers the library writes through one [H, tokens, dim] / [H, tokens] view each:
+    out is [T, H, D] (thd), [1, H, S, D] (bhsd, one row) or token-major [B, S, H, D]; lse [H, tokens].
     Depends only on q's shape/dtype/device, so the fake implementation makes the same tensors."""
     lse_t, lse_n = _lse_dtypes(q)
-    if layout == "batched":
-        B, H, S, D = q.shape
-        out_storage = _empty(q, (B, S, H, D), q.dtype, q.dtype)  # token-major, like FlashAttention
-        lse_storage = _empty(q, (H, B * S), lse_t, lse_n)
-        out = out_storage.transpose(1, 2) if _is_torch(q) else out_storage.transpose(0, 2, 1, 3)
-        lse = lse_storage.reshape(H, B, S)
-        lse = lse.permute(1, 0, 2) if _is_torch(q) else lse.transpose(1, 0, 2)
-        return out, lse
-    T, H, D = q.shape
-    return _empty(q, (T, H, D), q.dtype, q.dtype), _empty(q, (H, T), lse_t, lse_n)
+    if layout == "thd":
+        T, H, D = q.shape
+        return _empty(q, (T, H, D), q.dtype, q.dtype), _empty(q, (H, T), lse_t, lse_n)
+    B, H, S, D = _as_bhsd(q, layout).shape
+    shape = (1, H, S, D) if layout == "bhsd" and B == 1 else (B, S, H, D)
+    return _empty(q, shape, q.dtype, q.dtype), _empty(q, (H, B * S), lse_t, lse_n)
 
 
 def _output_views(out, lse, layout: str):
-    if layout == "batched":
-        B, H, S, D = out.shape
-        so = _strides(out)
-        out_view = _view("out", out, (H, B * S, D), (so[1], so[2], so[3]))
-        sl = _strides(lse)  # [B, H, S] permuted view of [H, B*S]
-        lse_view = _view("lse", lse, (H, B * S), (sl[1], sl[2]))
-        return out_view, lse_view
-    T, H, D = out.shape
     so = _strides(out)
-    return _view("out", out, (H, T, D), (so[1], so[0], so[2])), _view("lse", lse, (H, T), _strides(lse))
+    if layout == "thd":
+        T, H, D = out.shape
+        return _view("out", out, (H, T, D), (so[1], so[0], so[2])), _view("lse", lse, (H, T), _strides(lse))
+    H, tokens = lse.shape
+    if layout == "bhsd" and out.shape[0] == 1:  # [1, H, S, D]
+        out_view = _view("out", out, (H, tokens, out.shape[3]), (so[1], so[2], so[3]))
+    else:  # [B, S, H, D]
+        out_view = _view("out", out, (H, tokens, out.shape[3]), (so[2], so[1], so[3]))
+    return out_view, _view("lse", lse, (H, tokens), _strides(lse))
 
 
-def _prepare(q, k, v, cu_seqlens):
-    layout = _check_inputs(q, k, v, cu_seqlens)
-    if layout == "batched":
-        q, k, v = _token_major(q), _token_major(k), _token_major(v)
+def _caller_outputs(out, lse, layout: str):
+    """The buffers as returned, contiguous like SDPA's: out in the caller's layout, lse [B, H, S]
+    (batched) or [H, T] (thd)."""
+    if layout == "thd":
+        return out, lse
+    H = lse.shape[0]
+    B = out.shape[0]
+    lse = lse.reshape(H, B, -1)
+    lse = _contiguous(lse.permute(1, 0, 2) if _is_torch(lse) else lse.transpose(1, 0, 2))
+    if layout == "bhsd" and B > 1:  # token-major buffer -> [B, H, S, D]
+        out = _contiguous(out.transpose(1, 2) if _is_torch(out) else out.transpose(0, 2, 1, 3))
+    return out, lse
+
+
+def _prepare(q, k, v, cu_seqlens, layout):
+    """Checks; returns (layout, token-major q, k, v, their library views, cu_seqlens list)."""
+    layout = _check_inputs(q, k, v, cu_seqlens, layout)
+    if layout == "thd":
+        cu = _seqlens_list(cu_seqlens, q.shape[0])
+    else:
+        q, k, v = (_token_major(_as_bhsd(x, layout)) for x in (q, k, v))
         B, _, S, _ = q.shape
         cu = [b * S for b in range(B + 1)] if B > 1 else []
-    else:
-        cu = _seqlens_list(cu_seqlens, q.shape[0])
-    qv, kv, vv = (_heads_tokens_view(n, x, layout) for n, x in (("q", q), ("k", k), ("v", v)))
-    return layout, (q, k, v), (qv, kv, vv), cu
+    views = tuple(_heads_tokens_view(n, x, layout) for n, x in (("q", q), ("k", k), ("v", v)))
+    return layout, (q, k, v), views, cu
 
 
 def _precision(q) -> str:
@@ -284,11 +434,11 @@ def _device_plan(q, hq: int, hkv: int, d: int, cu: List[int], config: "_C.Config
     return dplan
 
 
-def _run_prefill(q, k, v, cu_seqlens, policy: str, settings: List[str]):
+def _run_prefill(q, k, v, cu_seqlens, policy: str, settings: List[str], layout):
     """The real implementation: returns (out, lse) in the caller's layout."""
     config = _C.Config(_policy_name(policy), list(settings))
-    layout, (q, k, v), (qv, kv, vv), cu = _prepare(q, k, v, cu_seqlens)
-    out, lse = _allocate_outputs(q, layout)
+    layout, _, (qv, kv, vv), cu = _prepare(q, k, v, cu_seqlens, layout)
+    out, lse = _output_buffers(q, layout)
     ov, lv = _output_views(out, lse, layout)
     if _is_torch(q) and q.device.type == "cuda":
         stream = _stream(q)
@@ -299,7 +449,7 @@ def _run_prefill(q, k, v, cu_seqlens, policy: str, settings: List[str]):
             dplan.attend_async(qv, kv, vv, ov, lv, stream)
     else:
         _C.prefill(qv, kv, vv, config, ov, lv, cu, _num_threads(q), _precision(q), 0)
-    return out, lse
+    return _caller_outputs(out, lse, layout)
 
 
 # ---------------------------------------------------------------- torch custom op
@@ -307,52 +457,74 @@ if torch is not None:
 
     @torch.library.custom_op("crisp::prefill", mutates_args=())
     def _prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[torch.Tensor],
-                    policy: str, settings: str) -> Tuple[torch.Tensor, torch.Tensor]:
+                    policy: str, settings: str, layout: str) -> Tuple[torch.Tensor, torch.Tensor]:
         # settings: "key=value" pairs joined by ';' (a custom op takes no list of str).
-        return _run_prefill(q, k, v, cu_seqlens, policy, settings.split(";") if settings else [])
+        return _run_prefill(q, k, v, cu_seqlens, policy, settings.split(";") if settings else [], layout)
 
     @_prefill_op.register_fake
-    def _prefill_fake(q, k, v, cu_seqlens, policy, settings):
-        layout = _check_inputs(q, k, v, cu_seqlens)
-        return _allocate_outputs(q, layout)
+    def _prefill_fake(q, k, v, cu_seqlens, policy, settings, layout):
+        layout = _check_inputs(q, k, v, cu_seqlens, layout)
+        return _caller_outputs(*_output_buffers(q, layout), layout)
+
+    def _prefill_backward(ctx, grad_out, grad_lse):
+        raise RuntimeError(f"crisp.prefill: {_NO_BACKWARD}")
+
+    # Without it autograd would say only "no autograd formula"; with it a forward pass under grad
+    # still runs (evaluation without no_grad) and backward says what is missing.
+    _prefill_op.register_autograd(_prefill_backward)
 
 
 # ---------------------------------------------------------------- public API
-def prefill(q, k, v, policy: str = "crisp", cu_seqlens=None, **params):
+def prefill(q, k, v, policy: str = "crisp", cu_seqlens=None, *, layout: Optional[str] = None, causal=True,
+            **params):
     """Causal block-sparse prefill attention. Returns ``(out, lse)``.
 
+    ``layout``: ``"bhsd"``, ``"bshd"`` or ``"thd"`` (varlen, with ``cu_seqlens``); required for
+    rank-4 inputs whose shapes fit both batched layouts (the module docstring has the rule).
+    ``causal``: True (False is refused: crisp computes causal attention only).
     ``policy``: a preset (``"crisp"``, ``"flexprefill"``, ``"minference"``, ``"dense"``);
     ``params``: any Config parameter by its spec name (``alpha=1.5``, ``tau_proxy=0.3``,
-    ``block_size=64``, ``softmax_scale=0.125``, ...). Torch tensors run through the custom op
-    ``torch.ops.crisp.prefill`` (CUDA tensors on ``torch.cuda.current_stream()``; works under
-    ``torch.compile(fullgraph=True)``); numpy arrays run on the CPU backend.
-    ``cu_seqlens`` (varlen only) is read on the host: a CUDA tensor is copied back, which
-    synchronises; pass a CPU tensor or a list to avoid that.
+    ``block_size=64``, ``softmax_scale=0.125``, ...; None keeps the preset's value). flash-attn's
+    and SDPA's keywords are understood: ``cu_seqlens_q`` / ``cu_seqlens_k`` (equal) for
+    ``cu_seqlens``, ``max_seqlen_q`` / ``max_seqlen_k`` (ignored), ``is_causal``, ``scale``, and
+    the features crisp lacks (``dropout_p``, ``window_size``, ``softcap``, ``alibi_slopes``,
+    ``attn_mask``, ``return_attn_probs``) at their neutral values, refused with the reason otherwise.
+    Torch tensors run through the custom op ``torch.ops.crisp.prefill`` (CUDA tensors on
+    ``torch.cuda.current_stream()``; works under ``torch.compile(fullgraph=True)``); numpy arrays
+    run on the CPU backend. ``cu_seqlens`` is read on the host: a CUDA tensor is copied back, which
+    synchronises; pass a CPU tensor or a list to avoid that. There is no backward: gradients
+    through the outputs raise a RuntimeError saying so.
     Bad input raises TypeError / ValueError (``crisp.Error``, a ValueError, for what the library
     rejects) naming the argument and what was expected.
     """
     policy = _policy_name(policy)
+    cu_seqlens, causal = _take_foreign_keywords(params, cu_seqlens, causal)
+    _check_causal(causal)
     settings = settings_from_params(params)
     if _is_torch(q):
-        _check_inputs(q, k, v, cu_seqlens)  # Python errors before the dispatcher's own
+        layout = _check_inputs(q, k, v, cu_seqlens, layout)  # Python errors before the dispatcher's own
         if cu_seqlens is not None and not _is_torch(cu_seqlens):
             cu_seqlens = torch.tensor(_seqlens_list(cu_seqlens, q.shape[0]), dtype=torch.int64)
-        return torch.ops.crisp.prefill(q, k, v, cu_seqlens, policy, ";".join(settings))
-    return _run_prefill(q, k, v, cu_seqlens, policy, settings)
+        return torch.ops.crisp.prefill(q, k, v, cu_seqlens, policy, ";".join(settings), layout)
+    return _run_prefill(q, k, v, cu_seqlens, policy, settings, layout)
 
 
-def plan(q, k, policy: str = "crisp", cu_seqlens=None, **params) -> Plan:
+def plan(q, k, policy: str = "crisp", cu_seqlens=None, *, layout: Optional[str] = None, causal=True,
+         **params) -> Plan:
     """The plan crisp would run for these inputs (route, statistics, block CSR per sequence and
     query head), as a crisp.Plan of numpy arrays. CUDA tensors are planned on the GPU (on the
-    current stream, which is synchronised), CPU tensors / numpy arrays on the CPU."""
+    current stream, which is synchronised), CPU tensors / numpy arrays on the CPU. ``layout``,
+    ``causal`` and the keywords as for prefill; the plan records its block size and device."""
+    cu_seqlens, causal = _take_foreign_keywords(params, cu_seqlens, causal)
+    _check_causal(causal)
     config = _C.Config(_policy_name(policy), settings_from_params(params))
-    layout, (q, k, _), (qv, kv, _), cu = _prepare(q, k, k, cu_seqlens)
+    layout, (q, k, _), (qv, kv, _), cu = _prepare(q, k, k, cu_seqlens, layout)
     if _is_torch(q) and q.device.type == "cuda":
         with torch.cuda.device(q.device):
             native = _C.plan(qv, kv, config, cu, 0, "f32", _stream(q))
     else:
         native = _C.plan(qv, kv, config, cu, _num_threads(q), _precision(q), 0)
-    return Plan.from_native(native)
+    return Plan.from_native(native, device=str(q.device) if _is_torch(q) else "cpu")
 
 
 def gqa_union(plan: Plan) -> Plan:
@@ -361,22 +533,25 @@ def gqa_union(plan: Plan) -> Plan:
     group's layouts. Its ``density`` is what such a kernel computes."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: got {type(plan).__name__}; expected a crisp.Plan (from crisp.plan)")
-    return Plan.from_native(_C.gqa_union(plan.native))
+    return Plan.from_native(_C.gqa_union(plan.native), device=plan.device)
 
 
-def attend(q, k, v, plan: Plan):
+def attend(q, k, v, plan: Plan, *, layout: Optional[str] = None, causal=True):
     """Block-sparse attention following a given plan (e.g. one made on the other backend).
-    Same layouts and outputs as prefill; the plan must match the shapes."""
+    Same layouts and outputs as prefill; the plan must match the shapes. No backward: inputs that
+    require grad are refused while grad mode is on."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: got {type(plan).__name__}; expected a crisp.Plan (from crisp.plan)")
+    _check_causal(causal)
+    _check_no_grad("attend", q, k, v)
     # Batched inputs carry their sequence offsets in the shape; varlen ones take the plan's.
     cu_seqlens = None if getattr(q, "ndim", 0) == 4 else plan.cu_seqlens
-    layout, (q, k, v), (qv, kv, vv), cu = _prepare(q, k, v, cu_seqlens)
-    out, lse = _allocate_outputs(q, layout)
+    layout, _, (qv, kv, vv), cu = _prepare(q, k, v, cu_seqlens, layout)
+    out, lse = _output_buffers(q, layout)
     ov, lv = _output_views(out, lse, layout)
     if _is_torch(q) and q.device.type == "cuda":
         with torch.cuda.device(q.device):  # synchronous: uploads the plan, runs, syncs the stream
             _C.attend(qv, kv, vv, plan.native, ov, lv, 0, "f32", _stream(q))
     else:
         _C.attend(qv, kv, vv, plan.native, ov, lv, _num_threads(q), _precision(q), 0)
-    return out, lse
+    return _caller_outputs(out, lse, layout)

@@ -38,8 +38,8 @@ def test_noncontiguous_batched_input_equals_contiguous():
     q, k, v = random_batched(3, 2, 2, 130, 16)
     # A [B, S, H, d] buffer seen as [B, H, S, d] (zero-copy path) vs the contiguous [B, H, S, d].
     tm = [np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for x in (q, k, v)]
-    a, la = crisp.prefill(q, k, v, policy="dense")
-    b, lb = crisp.prefill(*tm, policy="dense")
+    a, la = crisp.prefill(q, k, v, policy="dense", layout="bhsd")  # MHA shapes fit both layouts
+    b, lb = crisp.prefill(*tm, policy="dense", layout="bhsd")
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(la, lb)
 

@@ -48,11 +48,11 @@ def test_cpu_varlen_tensor_offsets():
 
 def test_custom_op_schema_and_fake_impl():
     q, k, v = random_batched(2, 4, 2, 130, 16)
-    torch.library.opcheck(torch.ops.crisp.prefill.default, (q, k, v, None, "crisp", "alpha=1.5"),
+    torch.library.opcheck(torch.ops.crisp.prefill.default, (q, k, v, None, "crisp", "alpha=1.5", "bhsd"),
                           test_utils=("test_schema", "test_faketensor"))
     qv, kv, vv = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))
     cu = torch.tensor([0, 50, 130])
-    torch.library.opcheck(torch.ops.crisp.prefill.default, (qv, kv, vv, cu, "dense", ""),
+    torch.library.opcheck(torch.ops.crisp.prefill.default, (qv, kv, vv, cu, "dense", "", "thd"),
                           test_utils=("test_schema", "test_faketensor"))
 
 
