@@ -51,7 +51,7 @@ def block_means(x, n):
     return out
 
 
-def head_stats(q, k, scale):
+def head_stats(q, k, scale, dense=True):
     """q, k: [n, d] float64. Proxy stats (spec 1-2, 4) and the dense block-mass map."""
     n, d = q.shape
     N = (n + B - 1) // B
@@ -87,9 +87,11 @@ def head_stats(q, k, scale):
     M = np.zeros((N, N))
     Mmin_row = np.zeros(N)  # per query block: the min over its queries is computed later per layout
     Qb = np.zeros((n, N))  # per-query block masses (kept for min recall), float32 to save space
-    for r in range(N):
+    # float32 is ample for block masses and halves the cost of the n^2 pass.
+    q32, k32 = (scale * q).astype(np.float32), k.astype(np.float32)
+    for r in range(N if dense else 0):
         lo, hi = r * B, min((r + 1) * B, n)
-        s = scale * q[lo:hi] @ k[:hi].T
+        s = q32[lo:hi] @ k32[:hi].T
         s[np.arange(hi)[None, :] > np.arange(lo, hi)[:, None]] = -np.inf
         a = softmax_rows(s)
         bm = np.add.reduceat(a, np.arange(0, hi, B), axis=1)
@@ -237,6 +239,9 @@ def select_vs(h, rule, k):
         return tuple(out)
     if rule == "abs_uniform":  # keep iff x > alpha / N (the uniform per-block level)
         return keep_above(pv, k["alpha"] / N), keep_above(ps, k["alpha"] / N)
+    if rule == "abs_and_mean":  # keep iff x > max(alpha / N, beta * mean non-anchor mass)
+        return (keep_above(pv, max(k["alpha"] / N, k["beta"] * floor_mean(pv))),
+                keep_above(ps, max(k["alpha"] / N, k["beta"] * floor_mean(ps))))
     if rule == "cumulative":
         min_blocks = min(-(-k.get("min_budget", 0) // B), N)
         vert = np.zeros(N, bool)
@@ -256,6 +261,10 @@ def plan_head(h, policy):
     if N <= 2 or n <= mb:
         return np.tril(np.ones((N, N), bool)), "dense"
     route = policy["route"]
+    if route == "oracle":  # upper bound: the true block map thresholded at theta / N per row
+        lay = (h["M"] > policy["theta"] / N) | np.eye(N, dtype=bool)
+        lay[:, 0] = True
+        return lay & np.tril(np.ones((N, N), bool)), "oracle"
     if route == "cstruct_rel":
         is_vs = h["c_struct"] * n / (W_SINK + W_LOCAL) >= policy.get("rho", 2.2)
     elif route == "jsd":
@@ -358,6 +367,23 @@ def candidate_policies():
                                        for a in (1, 1.5, 2, 3, 4, 6)]
     P["abs_uniform(alpha),none"] = [(f"alpha={a}", crisp_base(vs="abs_uniform", alpha=a, route="none"))
                                     for a in (1, 1.5, 2, 3, 4, 6)]
+    P["abs_uniform(alpha)"] = [(f"alpha={a}", crisp_base(vs="abs_uniform", alpha=a))
+                               for a in (0.4, 0.5, 0.6, 0.75, 0.9, 1, 1.25, 1.5, 2, 3, 4)]
+    P["abs_uniform(alpha),single"] = [(f"alpha={a}", crisp_base(vs="abs_uniform", alpha=a, cover="single"))
+                                      for a in (0.25, 0.35, 0.5, 0.6, 0.75, 1, 1.5, 2)]
+    for beta in (1.0, 1.5, 2.0):
+        P[f"abs_and_mean(alpha,beta={beta})"] = [(f"alpha={a}", crisp_base(vs="abs_and_mean", alpha=a, beta=beta))
+                                                 for a in (0.3, 0.4, 0.5, 0.6, 0.75, 1, 1.5)]
+    P["oracle(theta*N)"] = [(f"theta={t}", dict(route="oracle", theta=t)) for t in (0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2)]
+    P["abs_uniform(alpha),pe_floor"] = [(f"alpha={a}", crisp_base(vs="abs_uniform", alpha=a, pe="row_floor", beta=a))
+                                        for a in (1, 1.5, 2, 3, 4, 6)]
+    P["crisp(alpha),pe_floor"] = [(f"alpha={a}", crisp_base(alpha=a, pe="row_floor", beta=a))
+                                  for a in (1, 1.5, 2, 3, 4)]
+    P["median(alpha),cvs=0.9"] = [(f"alpha={a}", crisp_base(vs="floor_median", alpha=a, route="cvs", theta=0.9,
+                                                             pe="row_floor", beta=a))
+                                  for a in (1, 1.5, 2, 3, 4, 6)]
+    P["cliff(ratio),fallback=mean*2"] = [(f"ratio={r}", crisp_base(vs="cliff", top=16, ratio=r, fallback_alpha=2.0))
+                                          for r in (1.5, 2, 3, 5)]
     return P
 
 
@@ -415,7 +441,8 @@ def check(args):
             return 2
         plan = json.load(open(tmp))
         for h in range(hq):
-            st = head_stats(Q[h].astype(np.float64), K[h // (hq // hk)].astype(np.float64), 1 / 8.0)
+            st = head_stats(Q[h].astype(np.float64), K[h // (hq // hk)].astype(np.float64),
+                            1 / np.sqrt(Q.shape[2]), dense=False)
             lay, route = plan_head(st, pol)
             ph = plan["heads"][h]
             N = lay.shape[0]
@@ -427,6 +454,92 @@ def check(args):
             print(f"{name} head {h}: route {route}/{ph.get('route')} density {lay.sum() / (N * (N + 1) / 2):.4f}"
                   f"/{ph.get('density'):.4f} layout {'same' if same else 'DIFFERENT'}")
     return 1 if bad else 0
+
+
+def named_points(spec):
+    """'name@knob;name@knob' -> [(label, policy)] from candidate_policies()."""
+    cands = candidate_policies()
+    out = []
+    for item in spec.split(";"):
+        name, knob = item.rsplit("@", 1)
+        pol = dict(cands[name])[knob]
+        out.append((item, pol))
+    return out
+
+
+def outerr(args):
+    """Relative output error ||O_sparse - O_dense||_F / ||O_dense||_F per head for chosen points."""
+    points = named_points(args.points)
+    cache = {os.path.basename(f)[:-4]: f for f in glob.glob(os.path.join(args.cache, "*.npz"))}
+    tag = os.path.basename(os.path.normpath(args.capture))
+    res = {label: [] for label, _ in points}
+    for layer in [int(x) for x in args.layers.split(",")]:
+        Q = np.load(os.path.join(args.capture, f"layer_{layer:02d}_q.npy"))
+        K = np.load(os.path.join(args.capture, f"layer_{layer:02d}_k.npy"))
+        V = np.load(os.path.join(args.capture, f"layer_{layer:02d}_v.npy"))
+        hq, hk = Q.shape[0], K.shape[0]
+        for h in range(hq):
+            z = np.load(cache[f"{tag}_L{layer:02d}_H{h}"])
+            st = {key: z[key] for key in z.files}
+            lays = [plan_head(st, pol)[0] for _, pol in points]
+            n, d = Q.shape[1], Q.shape[2]
+            q = Q[h] / np.float32(np.sqrt(d))
+            k, v = K[h // (hq // hk)], V[h // (hq // hk)]
+            N = (n + B - 1) // B
+            num = np.zeros(len(points))
+            den = 0.0
+            for r in range(N):
+                lo, hi = r * B, min((r + 1) * B, n)
+                s_ = q[lo:hi] @ k[:hi].T
+                s_[np.arange(hi)[None, :] > np.arange(lo, hi)[:, None]] = -np.inf
+                e = np.exp(s_ - s_.max(axis=1, keepdims=True))
+                od = (e @ v[:hi]) / e.sum(axis=1, keepdims=True)
+                den += float((od.astype(np.float64) ** 2).sum())
+                blk = np.arange(hi) // B
+                for i, lay in enumerate(lays):
+                    es = e * lay[r, blk][None, :]
+                    os_ = (es @ v[:hi]) / es.sum(axis=1, keepdims=True)
+                    num[i] += float(((os_ - od).astype(np.float64) ** 2).sum())
+            for i, (label, _) in enumerate(points):
+                res[label].append(float(np.sqrt(num[i] / den)))
+            print(f"outerr L{layer} H{h} " + " ".join(f"{x:.4f}" for x in np.sqrt(num / den)), file=sys.stderr, flush=True)
+    out = {label: dict(mean=float(np.mean(v)), max=float(np.max(v)), heads=len(v)) for label, v in res.items()}
+    json.dump(dict(capture=tag, layers=args.layers, points=out), open(args.json, "w"), indent=1)
+    for label, m in out.items():
+        print(f"{label:50s} rel_err mean {m['mean']:.4f} max {m['max']:.4f} ({m['heads']} heads)")
+
+
+def summarize(args):
+    """Markdown rows: each frontier against the flexprefill preset point (gamma = 0.95).
+
+    'density at equal recall': the density at which the frontier (linear between its knob points,
+    sorted by density) reaches the preset's mass recall, and its ratio to the preset's density;
+    'recall at 0.75x': the frontier's recall at 0.75 times the preset's density (the acceptance
+    bar of issue 14)."""
+    data = json.load(open(args.json))
+    ref = next(r for r in data["frontiers"]["flexprefill(gamma)"] if r["knob"] == "gamma=0.95")
+
+    def interp(xs, ys, x):
+        order = np.argsort(xs)
+        xs, ys = np.asarray(xs)[order], np.asarray(ys)[order]
+        if x < xs[0] or x > xs[-1]:
+            return float("nan")
+        return float(np.interp(x, xs, ys))
+
+    print(f"flexprefill gamma=0.95: density {ref['density']:.3f}, recall {ref['recall']:.4f}, "
+          f"top-block recall {ref['top_recall']:.3f} ({data['heads']} heads: {', '.join(data['captures'])})")
+    print("| rule (knob swept) | density at flexprefill's recall | ratio | recall at 0.75x density | "
+          "top-block recall at 0.75x |")
+    print("|---|---|---|---|---|")
+    for name, rows in data["frontiers"].items():
+        d = [r["density"] for r in rows]
+        rec = [r["recall"] for r in rows]
+        top = [r["top_recall"] for r in rows]
+        # recall rises with density along every sweep here; invert by interpolation
+        d_eq = interp(rec, d, ref["recall"])
+        x = 0.75 * ref["density"]
+        print(f"| {name} | {d_eq:.3f} | {d_eq / ref['density']:.2f} | {interp(d, rec, x):.4f} | "
+              f"{interp(d, top, x):.3f} |")
 
 
 def plot(args):
@@ -470,6 +583,14 @@ def main():
     c.add_argument("capture")
     c.add_argument("--layer", type=int, default=0)
     c.add_argument("--crisp", default="build/crisp")
+    m = sub.add_parser("summarize")
+    m.add_argument("--json", required=True)
+    o = sub.add_parser("outerr")
+    o.add_argument("capture")
+    o.add_argument("--layers", required=True)
+    o.add_argument("--cache", required=True)
+    o.add_argument("--points", required=True, help="'name@knob;...' from the sweep's names")
+    o.add_argument("--json", required=True)
     g = sub.add_parser("plot")
     g.add_argument("--json", required=True)
     g.add_argument("--png", required=True)
@@ -480,6 +601,10 @@ def main():
         prep(a)
     elif a.cmd == "sweep":
         sweep(a)
+    elif a.cmd == "summarize":
+        summarize(a)
+    elif a.cmd == "outerr":
+        outerr(a)
     elif a.cmd == "plot":
         plot(a)
     else:
