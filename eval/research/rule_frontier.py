@@ -239,6 +239,9 @@ def select_vs(h, rule, k):
         return tuple(out)
     if rule == "abs_uniform":  # keep iff x > alpha / N (the uniform per-block level)
         return keep_above(pv, k["alpha"] / N), keep_above(ps, k["alpha"] / N)
+    if rule == "abs_or_mean":  # keep iff x > min(alpha / N, beta * mean non-anchor mass)
+        return (keep_above(pv, min(k["alpha"] / N, k["beta"] * floor_mean(pv))),
+                keep_above(ps, min(k["alpha"] / N, k["beta"] * floor_mean(ps))))
     if rule == "abs_and_mean":  # keep iff x > max(alpha / N, beta * mean non-anchor mass)
         return (keep_above(pv, max(k["alpha"] / N, k["beta"] * floor_mean(pv))),
                 keep_above(ps, max(k["alpha"] / N, k["beta"] * floor_mean(ps))))
@@ -346,19 +349,19 @@ def candidate_policies():
     """name -> list of (knob label, policy). The frontier of each name is its knob sweep."""
     P = {}
     P["flexprefill(gamma)"] = [(f"gamma={g}", flex_base(gamma=g, pe_gamma=g))
-                               for g in (0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.99)]
+                               for g in (0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.99)]
     P["flexprefill(gamma,tau=0.2)"] = [(f"gamma={g}", flex_base(gamma=g, pe_gamma=g, tau=0.2))
-                                       for g in (0.8, 0.9, 0.95)]
+                                       for g in (0.7, 0.8, 0.9, 0.95, 0.97, 0.99)]
     P["crisp(alpha)"] = [(f"alpha={a}", crisp_base(alpha=a)) for a in (0.5, 0.75, 1, 1.5, 2, 3, 4, 6)]
     P["crisp(alpha,single)"] = [(f"alpha={a}", crisp_base(alpha=a, cover="single"))
                                 for a in (0.5, 0.75, 1, 1.5, 2, 3, 4)]
     P["median(alpha)"] = [(f"alpha={a}", crisp_base(vs="floor_median", alpha=a))
-                          for a in (1, 1.5, 2, 3, 4, 6, 8)]
+                          for a in (0.75, 1, 1.5, 2, 3, 4, 6, 8)]
     P["trimmed(alpha)"] = [(f"alpha={a}", crisp_base(vs="floor_trimmed", alpha=a))
                            for a in (1, 1.5, 2, 3, 4, 6)]
     P["log_mad(z)"] = [(f"z={z}", crisp_base(vs="log_mad", z=z)) for z in (0, 0.5, 1, 1.5, 2, 3)]
     P["cliff(ratio)"] = [(f"ratio={r}", crisp_base(vs="cliff", top=16, ratio=r, fallback_alpha=None))
-                         for r in (1.2, 1.5, 2, 3)]
+                         for r in (1.02, 1.05, 1.1, 1.2, 1.5, 2, 3)]
     P["median(alpha),single"] = [(f"alpha={a}", crisp_base(vs="floor_median", alpha=a, cover="single"))
                                  for a in (1, 1.5, 2, 3, 4, 6)]
     P["median(alpha),pe_floor"] = [(f"alpha={a}", crisp_base(vs="floor_median", alpha=a, pe="row_floor", beta=2.0))
@@ -366,19 +369,23 @@ def candidate_policies():
     P["median(alpha),routing=none"] = [(f"alpha={a}", crisp_base(vs="floor_median", alpha=a, route="none"))
                                        for a in (1, 1.5, 2, 3, 4, 6)]
     P["abs_uniform(alpha),none"] = [(f"alpha={a}", crisp_base(vs="abs_uniform", alpha=a, route="none"))
-                                    for a in (1, 1.5, 2, 3, 4, 6)]
+                                    for a in (0.3, 0.4, 0.5, 0.6, 0.75, 1, 1.5, 2)]
     P["abs_uniform(alpha)"] = [(f"alpha={a}", crisp_base(vs="abs_uniform", alpha=a))
-                               for a in (0.4, 0.5, 0.6, 0.75, 0.9, 1, 1.25, 1.5, 2, 3, 4)]
+                               for a in (0.3, 0.4, 0.5, 0.6, 0.75, 0.9, 1, 1.25, 1.5, 2, 3, 4)]
     P["abs_uniform(alpha),single"] = [(f"alpha={a}", crisp_base(vs="abs_uniform", alpha=a, cover="single"))
                                       for a in (0.25, 0.35, 0.5, 0.6, 0.75, 1, 1.5, 2)]
     for beta in (1.0, 1.5, 2.0):
         P[f"abs_and_mean(alpha,beta={beta})"] = [(f"alpha={a}", crisp_base(vs="abs_and_mean", alpha=a, beta=beta))
-                                                 for a in (0.3, 0.4, 0.5, 0.6, 0.75, 1, 1.5)]
-    P["oracle(theta*N)"] = [(f"theta={t}", dict(route="oracle", theta=t)) for t in (0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2)]
+                                                 for a in (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 1, 1.5)]
+    for beta in (1.5, 2.0, 3.0):
+        P[f"abs_or_mean(alpha,beta={beta})"] = [(f"alpha={a}", crisp_base(vs="abs_or_mean", alpha=a, beta=beta))
+                                                for a in (0.3, 0.5, 0.75, 1, 1.5, 2)]
+    P["oracle(theta*N)"] = [(f"theta={t}", dict(route="oracle", theta=t))
+                            for t in (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3)]
     P["abs_uniform(alpha),pe_floor"] = [(f"alpha={a}", crisp_base(vs="abs_uniform", alpha=a, pe="row_floor", beta=a))
-                                        for a in (1, 1.5, 2, 3, 4, 6)]
+                                        for a in (0.3, 0.4, 0.5, 0.6, 0.75, 1, 1.5, 2)]
     P["crisp(alpha),pe_floor"] = [(f"alpha={a}", crisp_base(alpha=a, pe="row_floor", beta=a))
-                                  for a in (1, 1.5, 2, 3, 4)]
+                                  for a in (0.5, 0.75, 1, 1.5, 2, 3, 4)]
     P["median(alpha),cvs=0.9"] = [(f"alpha={a}", crisp_base(vs="floor_median", alpha=a, route="cvs", theta=0.9,
                                                              pe="row_floor", beta=a))
                                   for a in (1, 1.5, 2, 3, 4, 6)]
@@ -399,8 +406,10 @@ def sweep(args):
     heads = load_heads(args.cache)
     if args.captures_filter:
         heads = [h for h in heads if str(h["capture"]) in args.captures_filter.split(",")]
+    if args.layers:
+        heads = [h for h in heads if int(h["layer"]) in [int(x) for x in args.layers.split(",")]]
     print(f"{len(heads)} heads", file=sys.stderr)
-    out = {"heads": len(heads), "captures": sorted({str(h["capture"]) for h in heads}), "frontiers": {}}
+    out = {"heads": len(heads), "layers": sorted({int(h["layer"]) for h in heads}), "captures": sorted({str(h["capture"]) for h in heads}), "frontiers": {}}
     for name, points in candidate_policies().items():
         if args.only and not any(s in name for s in args.only.split(";")):
             continue
@@ -549,11 +558,13 @@ def plot(args):
     import matplotlib.pyplot as plt
     data = json.load(open(args.json))
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
-    for name, rows in data["frontiers"].items():
-        if args.only and not any(s in name for s in args.only.split(";")):
-            continue
+    names = [nm for nm in data["frontiers"] if not args.only or nm in args.only.split(";")]  # exact names
+    colors = plt.get_cmap("tab10").colors
+    for i, name in enumerate(names):
+        rows = data["frontiers"][name]
         style = dict(marker="o", ms=3, lw=2.5 if name.startswith("flexprefill") else 1.2,
-                     color="k" if name == "flexprefill(gamma)" else None)
+                     color="k" if name == "flexprefill(gamma)" else colors[i % 10],
+                     ls="--" if name.startswith("oracle") else "-")
         dens = [r["density"] for r in rows]
         for ax, key in zip(axes, ("recall", "top_recall")):
             ax.plot(dens, [r[key] for r in rows], label=name, **style)
@@ -579,6 +590,7 @@ def main():
     s.add_argument("--json", required=True)
     s.add_argument("--only", default="")
     s.add_argument("--captures-filter", default="")
+    s.add_argument("--layers", default="", help="only these layers (default: every cached one)")
     c = sub.add_parser("check")
     c.add_argument("capture")
     c.add_argument("--layer", type=int, default=0)
