@@ -19,6 +19,8 @@ Two stages, so the expensive dense pass runs once per head:
   outerr CAPTURE_DIR --layers ... --rules name:knob,...  relative output error of chosen
          rule points (recomputes the dense attention; slow, so only for final candidates).
 
+Requirements: eval/research/requirements.txt (numpy, matplotlib; pinned). docs/rule_research.md has the results.
+
 Layouts follow spec section 5 exactly: row r keeps {0, r} + verticals <= r + slash cover + PE row.
 `check` compares this file's crisp/flexprefill layouts with `crisp plan --json` on a capture.
 Numbers: float64 throughout (the C++ planner estimates in fp32, so a knob at a tie can differ).
