@@ -23,7 +23,11 @@ Requirements: eval/research/requirements.txt (numpy, matplotlib; pinned). docs/r
 
 Layouts follow spec section 5 exactly: row r keeps {0, r} + verticals <= r + slash cover + PE row.
 `check` compares this file's crisp/flexprefill layouts with `crisp plan --json` on a capture.
-Numbers: float64 throughout (the C++ planner estimates in fp32, so a knob at a tie can differ).
+Numbers: proxy statistics in float64, the dense pass in float32 (ample for block masses); the C++
+planner estimates in fp32, so a block exactly at a threshold could differ.
+
+  summarize --json F    the frontiers of a sweep against the flexprefill preset (markdown rows)
+  plot --json F --png P  the frontiers as a figure
 """
 import argparse
 import glob
