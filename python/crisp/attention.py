@@ -65,7 +65,8 @@ class Attention:
         _check_causal(causal)
         _check_no_grad("Attention.run", q, k, v)
         cu_seqlens = None if getattr(q, "ndim", 0) == 4 else (self._cu or None)
-        layout, _, (qv, kv, vv), _ = _prepare(q, k, v, cu_seqlens, layout)
+        # `prepared` holds the token-major copies the views point into: they must outlive the run.
+        layout, prepared, (qv, kv, vv), _ = _prepare(q, k, v, cu_seqlens, layout)
         if self._key(q) != self._run_key:
             raise _C.Error(f"q: device/stream/precision {self._key(q)} differ from the plan's {self._run_key}; "
                            "expected the device, current stream and dtype class of plan()")
@@ -73,6 +74,7 @@ class Attention:
         ov, lv = _output_views(out, lse, layout)
         with self._device_scope(q):
             self._native.run(qv, kv, vv, ov, lv)
+        del prepared  # after the run (CUDA: enqueued on the stream, so the allocator's reuse is ordered after it)
         return _caller_outputs(out, lse, layout)
 
     def host_plan(self) -> Plan:

@@ -145,6 +145,20 @@ def test_attention_object_takes_layout_and_causal():
         attention.run(q, k, v, layout="bshd", causal=False)
 
 
+def test_attention_object_runs_a_copied_batched_layout():
+    """A "bhsd" batch of several rows is copied token-major before the library sees it: the copies
+    must outlive the run (a freed copy's memory is reused for the outputs)."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 4, 256, 32)).astype(np.float32) for _ in range(3))
+    attention = crisp.Attention("dense")
+    attention.plan(q, k, layout="bhsd")
+    ref_out, ref_lse = crisp.prefill(q, k, v, policy="dense", layout="bhsd")
+    for _ in range(2):
+        out, lse = attention.run(q, k, v, layout="bhsd")
+        np.testing.assert_array_equal(out, ref_out)
+        np.testing.assert_array_equal(lse, ref_lse)
+
+
 @pytest.mark.parametrize("module,extra,missing", [("hf", "hf", "transformers"), ("flex", "torch", "torch")])
 def test_lazy_submodule_names_the_missing_extra(module, extra, missing):
     """crisp.hf / crisp.flex without their packages: an ImportError naming the pip extra. A fresh
