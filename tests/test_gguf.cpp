@@ -196,6 +196,78 @@ Quantised make_q6_k(int blocks) {
   return q;
 }
 
+// Q2_K: {scales[16], qs[64], f16 d, f16 dmin}; x = d * (scales[s] & 15) * code - dmin *
+// (scales[s] >> 4) for the 2-bit code of element e in sub-block s = e / 16. Element e: half
+// h = e/128, r = e%128, step = r/32, l = r%32; its code is bits 2*step.. of qs[32h + l].
+Quantised make_q2_k(int blocks) {
+  Quantised q;
+  for (int b = 0; b < blocks; ++b) {
+    std::vector<uint8_t> blk(84, 0);
+    for (int k = 0; k < 16; ++k) blk[k] = static_cast<uint8_t>(code_of(k, b + 7, 256));
+    put16(blk, 80, kF16Eighth);
+    put16(blk, 82, kF16Quarter);
+    for (int e = 0; e < 256; ++e) {
+      const int code = code_of(e, b, 4);
+      const int h = e / 128, r = e % 128, step = r / 32, l = r % 32;
+      blk[16 + 32 * h + l] |= static_cast<uint8_t>(code << (2 * step));
+      const int sc = blk[e / 16];
+      q.values.push_back(0.125f * static_cast<float>((sc & 15) * code) - 0.25f * static_cast<float>(sc >> 4));
+    }
+    q.bytes.insert(q.bytes.end(), blk.begin(), blk.end());
+  }
+  return q;
+}
+
+// Q3_K: {hmask[32], qs[64], scales[12], f16 d}; x = d * (s - 32) * (code - 4) for the 3-bit
+// code of element e and the 6-bit scale s of its sub-block e / 16. The low 2 bits of the code sit
+// as in Q2_K; its bit 2 is bit 4h + step of hmask[l]. Scale k: low 4 bits in nibble k/8 of byte
+// k%8, top 2 bits in bits 2*(k/4).. of byte 8 + k%4 of the 12 scale bytes.
+Quantised make_q3_k(int blocks) {
+  Quantised q;
+  for (int b = 0; b < blocks; ++b) {
+    std::vector<uint8_t> blk(110, 0);
+    int scale[16];
+    for (int k = 0; k < 16; ++k) {
+      scale[k] = code_of(k, b + 3, 64);
+      blk[96 + k % 8] |= static_cast<uint8_t>((scale[k] & 15) << (4 * (k / 8)));
+      blk[104 + k % 4] |= static_cast<uint8_t>((scale[k] >> 4) << (2 * (k / 4)));
+    }
+    put16(blk, 108, kF16Sixteenth);
+    for (int e = 0; e < 256; ++e) {
+      const int code = code_of(e, b, 8);
+      const int h = e / 128, r = e % 128, step = r / 32, l = r % 32;
+      blk[32 + 32 * h + l] |= static_cast<uint8_t>((code & 3) << (2 * step));
+      blk[l] |= static_cast<uint8_t>((code >> 2) << (4 * h + step));
+      q.values.push_back(0.0625f * static_cast<float>((scale[e / 16] - 32) * (code - 4)));
+    }
+    q.bytes.insert(q.bytes.end(), blk.begin(), blk.end());
+  }
+  return q;
+}
+
+// Q8_K: {float32 d, int8 qs[256], int16 bsums[16]}; x = d * code.
+Quantised make_q8_k(int blocks) {
+  Quantised q;
+  for (int b = 0; b < blocks; ++b) {
+    std::vector<uint8_t> blk(292, 0);
+    const float d = -0.375f;
+    std::memcpy(blk.data(), &d, 4);
+    for (int e = 0; e < 256; ++e) {
+      const int code = code_of(e, b, 256) - 128;  // -128 .. 127
+      blk[4 + e] = static_cast<uint8_t>(static_cast<int8_t>(code));
+      q.values.push_back(d * static_cast<float>(code));
+    }
+    for (int k = 0; k < 16; ++k) {  // bsums: the sum of each group of 16 codes
+      int sum = 0;
+      for (int e = 16 * k; e < 16 * k + 16; ++e) sum += static_cast<int8_t>(blk[4 + e]);
+      const auto v = static_cast<uint16_t>(static_cast<int16_t>(sum));
+      put16(blk, 260 + 2 * static_cast<std::size_t>(k), v);
+    }
+    q.bytes.insert(q.bytes.end(), blk.begin(), blk.end());
+  }
+  return q;
+}
+
 Quantised make_f32(int count) {
   Quantised q;
   for (int i = 0; i < count; ++i) {
@@ -261,6 +333,9 @@ std::vector<TensorCase> tensor_cases() {
       {"t.q4_k", GgmlType::Q4_K, {256, 2}, make_qk(2, false)},
       {"t.q5_k", GgmlType::Q5_K, {256, 2}, make_qk(2, true)},
       {"t.q6_k", GgmlType::Q6_K, {512}, make_q6_k(2)},
+      {"t.q2_k", GgmlType::Q2_K, {256, 2}, make_q2_k(2)},
+      {"t.q3_k", GgmlType::Q3_K, {256, 2}, make_q3_k(2)},
+      {"t.q8_k", GgmlType::Q8_K, {512}, make_q8_k(2)},
   };
 }
 
@@ -415,6 +490,23 @@ TEST(Gguf, AccessorsNameTheKeyOnError) {
   EXPECT_EQ(f.find_tensor("no.such.tensor"), nullptr);
 }
 
+// Every tensor type the parser accepts has a case in tensor_cases(), so the exact-value test below
+// and the corruption test further down dequantise each of them.
+TEST(Gguf, EveryAcceptedTypeHasATensorCase) {
+  std::set<GgmlType> covered;
+  for (const auto& c : tensor_cases()) covered.insert(c.type);
+  for (uint32_t raw = 0; raw < 256; ++raw) {
+    const auto type = static_cast<GgmlType>(raw);
+    bool accepted = true;
+    try {
+      (void)crisp::model::ggml_row_bytes(type, 0);
+    } catch (const crisp::Error&) {
+      accepted = false;
+    }
+    if (accepted) EXPECT_EQ(covered.count(type), 1u) << "type " << raw << " (" << crisp::model::to_string(type) << ")";
+  }
+}
+
 TEST(Gguf, TensorDirectoryAndExactDequantisation) {
   for (uint64_t alignment : {32ull, 64ull, 256ull}) {
     SCOPED_TRACE("alignment " + std::to_string(alignment));
@@ -453,7 +545,8 @@ TEST(Gguf, TensorDirectoryAndExactDequantisation) {
 // Fixed blocks (byte k of block b = (37k + 11b + 5) mod 256, f16 scales overwritten) checked
 // against values printed by an independent implementation: gguf-py 0.19 (the `gguf` package of
 // llama.cpp), gguf.quants.dequantize. Guards the reading of the K-quant layouts, which the
-// hand-quantised test above shares with the reader.
+// hand-quantised test above shares with the reader. (gguf-py does not dequantise Q8_K, whose
+// layout is one float and 256 plain int8 codes.)
 TEST(Gguf, KQuantsMatchIndependentImplementation) {
   struct Golden {
     GgmlType type;
@@ -471,6 +564,12 @@ TEST(Gguf, KQuantsMatchIndependentImplementation) {
       {GgmlType::Q6_K, {{208, 0x2800}}, -91.375,
        {{0, 20.28125f}, {17, -6.875f}, {63, -52.0f}, {100, 84.28125f}, {129, -5.9375f},
         {200, 103.1875f}, {255, -3.0f}, {256, 48.0f}, {300, 22.75f}, {511, -0.9375f}}},
+      {GgmlType::Q2_K, {{80, 0x3000}, {82, 0x2C00}}, 508.375,
+       {{0, 0.625f}, {17, 2.375f}, {63, -0.4375f}, {100, 0.25f}, {129, 3.125f}, {200, -0.625f},
+        {255, -0.1875f}, {256, -0.0625f}, {300, 3.4375f}, {511, 1.1875f}}},
+      {GgmlType::Q3_K, {{108, 0x2C00}}, 44.0,
+       {{0, -0.6875f}, {17, -1.25f}, {63, 7.0f}, {100, 0.0f}, {129, 2.25f}, {200, 3.125f},
+        {255, -0.375f}, {256, 8.0f}, {300, -0.625f}, {511, 2.8125f}}},
   };
   for (const Golden& g : goldens) {
     SCOPED_TRACE(crisp::model::to_string(g.type));
@@ -499,10 +598,13 @@ TEST(Gguf, RowBytesAndBadCounts) {
   EXPECT_THROW(ggml_row_bytes(GgmlType::Q4_1, 33), crisp::Error);
   EXPECT_THROW(ggml_row_bytes(GgmlType::Q6_K, 128), crisp::Error);
   EXPECT_THROW(ggml_row_bytes(static_cast<GgmlType>(99), 32), crisp::Error);
-  // A type the reader knows the size of but does not dequantise: a clear error, not garbage.
-  std::vector<uint8_t> block(ggml_row_bytes(GgmlType::Q2_K, 256));
-  std::vector<float> out(256);
-  EXPECT_THROW(crisp::model::dequantize(GgmlType::Q2_K, block.data(), out.data(), 256), crisp::Error);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q2_K, 256), 84u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q3_K, 256), 110u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q8_K, 256), 292u);
+  // A type id the reader does not know: a clear error, not garbage.
+  std::vector<uint8_t> block(64);
+  std::vector<float> out(32);
+  EXPECT_THROW(crisp::model::dequantize(static_cast<GgmlType>(99), block.data(), out.data(), 32), crisp::Error);
 }
 
 // ---------------------------------------------------------------- bad files
@@ -631,7 +733,8 @@ TEST(Gguf, CorruptTensorDirectoryIsRejected) {
 // then its tensors are readable) or is refused with crisp::Error naming it; nothing crashes.
 TEST(Gguf, RandomCorruptionsNeverCrash) {
   const std::vector<uint8_t> good = full_file();
-  const std::size_t directory_end = find_bytes(good, "t.q6_k") + 6 + 4 + 8 + 4 + 8;
+  // The directory ends after the last tensor's record: name, n_dims, ne[0..1], type, offset.
+  const std::size_t directory_end = find_bytes(good, "t.q8_k") + 6 + 4 + 8 + 4 + 8;
   const uint64_t seed = test_seed();
   SCOPED_TRACE(seed_trace(seed));
   std::mt19937_64 rng(seed);
@@ -652,8 +755,9 @@ TEST(Gguf, RandomCorruptionsNeverCrash) {
     }
     try {
       GgufFile f(path);
+      // Every type the parser accepts is dequantised (a corruption can turn any tensor into any
+      // of them).
       for (const auto& t : f.tensors()) {
-        if (t.type == GgmlType::Q2_K || t.type == GgmlType::Q3_K || t.type == GgmlType::Q8_K) continue;
         if (t.numel() > (1 << 20)) continue;
         (void)crisp::model::dequantize_tensor(f, t);
       }
@@ -665,6 +769,19 @@ TEST(Gguf, RandomCorruptionsNeverCrash) {
   }
   EXPECT_GT(refused, 0);
   EXPECT_GT(opened, 0);  // e.g. edits inside string values or float payloads are harmless
+}
+
+// A file truncated (or rewritten) by another process after it was opened: the reader works on
+// its own copy, so every tensor stays readable (a memory-mapped file died of SIGBUS here).
+TEST(Gguf, FileTruncatedAfterOpeningStaysReadable) {
+  const std::string path = write_temp("truncated_later.gguf", full_file());
+  GgufFile f(path);
+  std::filesystem::resize_file(path, 0);
+  const auto cases = tensor_cases();
+  for (const TensorCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(crisp::model::dequantize_tensor(f, f.tensor(c.name)), c.q.values);
+  }
 }
 
 TEST(Gguf, NestingDepthIsBounded) {

@@ -12,23 +12,24 @@
 //
 // Every read goes through ByteReader, which checks the remaining length first, so a truncated or
 // corrupt file ends in a crisp::Error naming the path and the byte offset, never in a read past
-// the mapping. Counts read from the file are checked against the bytes that remain before
+// the file's bytes. Counts read from the file are checked against the bytes that remain before
 // anything is allocated for them, so a corrupt count cannot trigger a huge allocation.
 #include "model/gguf.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <string>
 
 #include "common/half.h"
 #include "crisp/error.h"
+#include "io/printable.h"
 
 namespace crisp {
 namespace model {
@@ -96,7 +97,7 @@ uint16_t load_u16(const unsigned char* p) {
 }
 float load_f16(const unsigned char* p) { return half::f16_to_float(load_u16(p)); }
 
-// Bounds-checked little-endian cursor over the mapped file.
+// Bounds-checked little-endian cursor over the file's bytes.
 class ByteReader {
  public:
   ByteReader(const unsigned char* data, std::size_t size, const std::string& path)
@@ -106,7 +107,9 @@ class ByteReader {
   std::size_t remaining() const { return size_ - pos_; }
 
   [[noreturn]] void fail(const std::string& problem, const std::string& expected = "") const {
-    throw Error(path_, problem + " (at byte " + std::to_string(pos_) + ")", expected);
+    // Names quoted in `problem` come from the file: escaped, so NUL cannot cut the message short
+    // and escape sequences cannot act on a terminal.
+    throw Error(path_, printable(problem) + " (at byte " + std::to_string(pos_) + ")", expected);
   }
 
   void need(std::size_t n, const char* what) const {
@@ -383,6 +386,63 @@ void dequant_q6_k(const unsigned char* b, float* y) {
   }
 }
 
+// Q2_K: {scales[16], qs[64], f16 d, f16 dmin}; 16 sub-blocks of 16 elements with a 4-bit scale
+// (low nibble of scales[sub]) and a 4-bit min (high nibble); x = d * scale * q - dmin * min with
+// 2-bit q. Two halves of 128 elements; in half h, element 32 * shift_step + l (shift_step 0..3,
+// l 0..31) takes bits 2*shift_step.. of qs[32h + l]; its sub-block is 8h + 2*shift_step + l/16.
+void dequant_q2_k(const unsigned char* b, float* y) {
+  const unsigned char* scales = b;
+  const unsigned char* qs = b + 16;
+  const float d = load_f16(b + 80);
+  const float dmin = load_f16(b + 82);
+  for (int h = 0; h < 2; ++h) {
+    for (int step = 0; step < 4; ++step) {
+      for (int l = 0; l < 32; ++l) {
+        const unsigned char sc = scales[8 * h + 2 * step + l / 16];
+        const int q = (qs[32 * h + l] >> (2 * step)) & 3;
+        y[128 * h + 32 * step + l] = d * static_cast<float>(sc & 0x0f) * static_cast<float>(q) -
+                                     dmin * static_cast<float>(sc >> 4);
+      }
+    }
+  }
+}
+
+// Q3_K: {hmask[32], qs[64], scales[12], f16 d}; 16 sub-blocks of 16 elements with a 6-bit scale
+// s (x = d * (s - 32) * (q - 4 * !high_bit), 2-bit q). Scale k: low 4 bits from the nibble
+// k / 8 of scales[k % 8], top 2 bits from bits 2*(k/4).. of scales[8 + k % 4]. Element layout as
+// Q2_K; its high bit is bit 4h + step of hmask[l].
+void dequant_q3_k(const unsigned char* b, float* y) {
+  const unsigned char* hmask = b;
+  const unsigned char* qs = b + 32;
+  const unsigned char* packed = b + 96;
+  const float d = load_f16(b + 108);
+  int scale[16];
+  for (int k = 0; k < 16; ++k) {
+    const int low = (packed[k % 8] >> (4 * (k / 8))) & 0x0f;
+    const int top = (packed[8 + k % 4] >> (2 * (k / 4))) & 3;
+    scale[k] = (low | (top << 4)) - 32;
+  }
+  for (int h = 0; h < 2; ++h) {
+    for (int step = 0; step < 4; ++step) {
+      for (int l = 0; l < 32; ++l) {
+        const int low = (qs[32 * h + l] >> (2 * step)) & 3;
+        const bool high = (hmask[l] >> (4 * h + step)) & 1;
+        const int q = low - (high ? 0 : 4);
+        y[128 * h + 32 * step + l] =
+            d * static_cast<float>(scale[8 * h + 2 * step + l / 16]) * static_cast<float>(q);
+      }
+    }
+  }
+}
+
+// Q8_K: {float32 d, int8 qs[256], int16 bsums[16]}; x = d * q (bsums only speed up dot products).
+void dequant_q8_k(const unsigned char* b, float* y) {
+  float d;
+  std::memcpy(&d, b, sizeof d);  // little endian, as the whole reader assumes
+  const auto* qs = reinterpret_cast<const int8_t*>(b + 4);
+  for (int j = 0; j < 256; ++j) y[j] = d * static_cast<float>(qs[j]);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- public helpers
@@ -448,11 +508,13 @@ void dequantize(GgmlType type, const void* src, float* dst, int64_t count) {
     case GgmlType::Q4_K: block_fn = dequant_q4_k; break;
     case GgmlType::Q5_K: block_fn = dequant_q5_k; break;
     case GgmlType::Q6_K: block_fn = dequant_q6_k; break;
-    default:
-      throw Error("ggml type", std::string("dequantisation of ") + to_string(type) +
-                                   " is not implemented",
-                  "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K");
+    case GgmlType::Q2_K: block_fn = dequant_q2_k; break;
+    case GgmlType::Q3_K: block_fn = dequant_q3_k; break;
+    case GgmlType::Q8_K: block_fn = dequant_q8_k; break;
   }
+  if (!block_fn)  // unreachable: ggml_row_bytes above refused every type without a case here
+    throw Error("ggml type", std::string("dequantisation of ") + to_string(type) + " is not implemented",
+                "a ggml tensor type the reader knows");
   for (int64_t blk = 0; blk < blocks; ++blk)
     block_fn(in + static_cast<std::size_t>(blk) * tr.block_bytes, dst + blk * tr.block_size);
 }
@@ -462,32 +524,40 @@ std::vector<float> dequantize_tensor(const GgufFile& file, const GgufTensor& t) 
   const int64_t rows = row == 0 ? 0 : t.numel() / row;
   const std::size_t row_bytes = ggml_row_bytes(t.type, row);
   std::vector<float> out(static_cast<std::size_t>(t.numel()));
-  const unsigned char* base = file.data(t);
-  // Validate (and throw) here: an exception must not leave the parallel region below.
-  if (rows > 0) dequantize(t.type, base, out.data(), row);
+  dequantize_rows(t.type, file.data(t), row_bytes, out.data(), rows, row);
+  return out;
+}
+
+void dequantize_rows(GgmlType type, const unsigned char* src, std::size_t row_bytes, float* dst,
+                     int64_t rows, int64_t row) {
+  ggml_row_bytes(type, row);  // validates type and row length before the parallel region
+  // An exception must not leave an OpenMP region (that aborts the process): the first one is
+  // kept and rethrown after the loop.
+  std::exception_ptr failure;
   // Rows are independent; 28M-element embedding tables are worth the threads.
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    dequantize(t.type, base + static_cast<std::size_t>(r) * row_bytes,
-               out.data() + static_cast<std::size_t>(r * row), row);
-  return out;
+  for (int64_t r = 0; r < rows; ++r) {
+    try {
+      dequantize(type, src + static_cast<std::size_t>(r) * row_bytes,
+                 dst + static_cast<std::size_t>(r) * static_cast<std::size_t>(row), row);
+    } catch (...) {
+#pragma omp critical(crisp_dequantize_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 // ---------------------------------------------------------------- GgufFile
 
 struct GgufFile::Impl {
   std::string path;
-  const unsigned char* map = nullptr;
-  std::size_t map_size = 0;
+  std::vector<unsigned char> bytes;  // the whole file
   uint32_t version = 0;
   std::map<std::string, GgufValue> metadata;
   std::vector<GgufTensor> tensors;
   std::map<std::string, std::size_t> tensor_index;
   std::size_t data_offset = 0;  // start of the data section in the file
-
-  ~Impl() {
-    if (map) munmap(const_cast<unsigned char*>(map), map_size);
-  }
 
   const GgufValue& get(const std::string& key) const {
     auto it = metadata.find(key);
@@ -504,7 +574,7 @@ struct GgufFile::Impl {
 };
 
 void GgufFile::Impl::parse() {
-  ByteReader r(map, map_size, path);
+  ByteReader r(bytes.data(), bytes.size(), path);
   const uint32_t magic = r.read<uint32_t>("magic");
   if (magic != 0x46554747u)  // "GGUF" read as a little-endian uint32
     throw Error(path, "not a GGUF file (bad magic)", "a file starting with the bytes \"GGUF\"");
@@ -579,14 +649,14 @@ void GgufFile::Impl::parse() {
 
   const uint64_t pos = r.position();
   data_offset = static_cast<std::size_t>((pos + alignment - 1) / alignment * alignment);
-  if (data_offset > map_size && !tensors.empty())
+  if (data_offset > bytes.size() && !tensors.empty())
     throw Error(path, "file is truncated: no data section after the tensor directory",
                 "a complete GGUF file");
-  const std::size_t data_size = map_size > data_offset ? map_size - data_offset : 0;
+  const std::size_t data_size = bytes.size() > data_offset ? bytes.size() - data_offset : 0;
   for (const GgufTensor& t : tensors) {
     if (t.offset > data_size || t.nbytes > data_size - t.offset)
       throw Error(path,
-                  "file is truncated: tensor '" + t.name + "' (" + std::to_string(t.nbytes) +
+                  "file is truncated: tensor '" + printable(t.name) + "' (" + std::to_string(t.nbytes) +
                       " bytes at data offset " + std::to_string(t.offset) +
                       ") ends past the end of the file (data section " +
                       std::to_string(data_size) + " bytes)",
@@ -600,26 +670,31 @@ GgufFile::GgufFile(const std::string& path) : impl_(std::make_unique<Impl>()) {
   if (fd < 0)
     throw Error(path, std::string("cannot open: ") + std::strerror(errno),
                 "a readable GGUF file (scripts/fetch_model.sh fetches the model)");
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(path, "not a regular file", "a GGUF file");
-  }
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw Error(path, "not a regular file", "a GGUF file");
   const auto size = static_cast<std::size_t>(st.st_size);
-  if (size < 24) {  // magic + version + two counts
-    ::close(fd);
-    throw Error(path, "file is truncated: " + std::to_string(size) + " bytes",
-                "a GGUF file of at least 24 bytes");
+  if (size < 24)  // magic + version + two counts
+    throw Error(path, "file is truncated: " + std::to_string(size) + " bytes", "a GGUF file of at least 24 bytes");
+  // The file is read, not memory-mapped: a mapped file that another process truncates or rewrites
+  // kills this one with SIGBUS on the next access, while a copy stays valid whatever happens to
+  // the file. A file that changes size while it is read is refused.
+  impl_->bytes.resize(size);
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t got = ::pread(fd, impl_->bytes.data() + done, size - done, static_cast<off_t>(done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw Error(path, std::string("read failed: ") + std::strerror(errno), "a readable GGUF file");
+    if (got == 0)
+      throw Error(path, "file shrank to " + std::to_string(done) + " bytes while it was read (it had " +
+                            std::to_string(size) + ")",
+                  "a GGUF file that is not being rewritten");
+    done += static_cast<std::size_t>(got);
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);  // the mapping stays valid after close
-  if (map == MAP_FAILED)
-    throw Error(path, std::string("cannot memory-map: ") + std::strerror(map_errno),
-                "a readable GGUF file");
-  impl_->map = static_cast<const unsigned char*>(map);
-  impl_->map_size = size;
-  impl_->parse();  // on throw, impl_ (and its mapping) is released by unique_ptr
+  impl_->parse();
 }
 
 GgufFile::~GgufFile() = default;
@@ -722,11 +797,11 @@ const GgufTensor& GgufFile::tensor(const std::string& name) const {
 const unsigned char* GgufFile::data(const GgufTensor& t) const {
   // Bounds were checked at parse time for this file's tensors; this re-check catches a tensor
   // record that belongs to another file.
-  const std::size_t data_size = impl_->map_size - std::min(impl_->map_size, impl_->data_offset);
+  const std::size_t data_size = impl_->bytes.size() - std::min(impl_->bytes.size(), impl_->data_offset);
   if (t.offset > data_size || t.nbytes > data_size - t.offset)
     throw Error(t.name, "tensor extends past the data section of " + impl_->path,
                 "a tensor of this file");
-  return impl_->map + impl_->data_offset + t.offset;
+  return impl_->bytes.data() + impl_->data_offset + t.offset;
 }
 
 }  // namespace model

@@ -1,5 +1,5 @@
 // src/model/gguf.h — reader for GGUF model files (llama.cpp's format, versions 2 and 3):
-// metadata, tensor directory, and dequantisation of the tensor types SmolLM2's file uses.
+// metadata, tensor directory, and dequantisation of every tensor type the parser accepts.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -36,7 +36,8 @@ struct GgufTensor {
 
 class GgufFile {
  public:
-  // Memory-maps the file and parses header, metadata and tensor directory.
+  // Reads the whole file into memory (not a mapping: a mapped file truncated by another process
+  // would kill this one with SIGBUS) and parses header, metadata and tensor directory.
   // Throws crisp::Error naming the path on a missing, truncated or corrupt file.
   explicit GgufFile(const std::string& path);
   ~GgufFile();
@@ -72,6 +73,10 @@ class GgufFile {
 std::size_t ggml_row_bytes(GgmlType type, int64_t count);
 // Dequantises `count` consecutive elements starting at `src` (a row start) into float.
 void dequantize(GgmlType type, const void* src, float* dst, int64_t count);
+// `rows` rows of `row` elements, `row_bytes` apart in `src`, into `dst` (rows in parallel).
+// Validates first and never lets an exception escape the parallel region: throws crisp::Error.
+void dequantize_rows(GgmlType type, const unsigned char* src, std::size_t row_bytes, float* dst,
+                     int64_t rows, int64_t row);
 // Whole tensor to float32, in ggml order (ne[0] fastest).
 std::vector<float> dequantize_tensor(const GgufFile& file, const GgufTensor& t);
 

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>  // getpid
+
 #include "crisp/cuda.h"
 #include "model/gguf.h"
 #include "model/llama.h"
@@ -50,15 +52,23 @@ struct TinyModel {
   uint32_t vocab = 0;
 };
 
+// A model file of this process alone: ctest runs each test in its own process, several at once
+// (-j), and a file shared between them is rewritten while another reads it. The file is removed
+// once read (GgufFile keeps its own copy of the bytes).
+std::string process_temp_path(const std::string& stem) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "crisp_gpu_model_test";
+  std::filesystem::create_directories(dir);
+  return (dir / (stem + "." + std::to_string(::getpid()) + ".gguf")).string();
+}
+
 const TinyModel& tiny() {
   static std::unique_ptr<TinyModel> loaded;
   if (!loaded) {
     auto t = std::make_unique<TinyModel>();
-    const std::filesystem::path dir = std::filesystem::temp_directory_path() / "crisp_gpu_model_test";
-    std::filesystem::create_directories(dir);
-    const std::string path = (dir / "tiny_llama.gguf").string();
+    const std::string path = process_temp_path("tiny_llama");
     t->vocab = crisp_test::write_tiny_llama(path);
     t->file = std::make_unique<cm::GgufFile>(path);
+    std::filesystem::remove(path);
     t->tokenizer = std::make_unique<cm::Tokenizer>(*t->file);
     t->model = std::make_unique<cm::LlamaModel>(*t->file);
     loaded = std::move(t);
@@ -334,11 +344,10 @@ TEST(GpuModel, SmolLM2ShapeTimings) {
   spec.ff = 1536;
   spec.context = 8192;
   spec.rope_base = 100000.0f;
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "crisp_gpu_model_test";
-  std::filesystem::create_directories(dir);
-  const std::string path = (dir / "smollm2_shape.gguf").string();
+  const std::string path = process_temp_path("smollm2_shape");
   const uint32_t vocab = crisp_test::write_tiny_llama(path, spec);
   const cm::GgufFile file(path);
+  std::filesystem::remove(path);
   const cm::LlamaModel model(file);
   for (int64_t n : {2048, 8192, 16384, 32768}) {
     for (const char* policy : {"dense", "crisp"}) {
