@@ -118,6 +118,27 @@ TEST(Tokenizer, MergesApplyInRankOrder) {
   EXPECT_EQ(encode_with(hello, "hellhole"), hello.ids({"hell", "h", "o", "l", "e"}));
 }
 
+// A 200 kB word of one letter with the merges a+a, aa+aa, ... (2^17 letters): the lowest rank
+// merges first, leftmost on ties, so every level pairs up its tokens from the left and the word
+// ends as the binary digits of its length, largest token first. A BPE that rescans the word per
+// merge needs ~10^10 steps here and runs into the test's TIMEOUT (tests/CMakeLists.txt); the heap
+// BPE takes well under a second.
+TEST(Tokenizer, LongWordTokenizesInQuasiLinearTime) {
+  constexpr int kLevels = 17;
+  constexpr std::size_t kLength = 200000;
+  std::vector<std::string> merges;
+  std::string piece = "a";
+  for (int level = 0; level < kLevels; ++level) {
+    merges.push_back(piece + " " + piece);
+    piece += piece;
+  }
+  const Vocab v(merges);
+  std::vector<std::string> expected;
+  for (int level = kLevels; level >= 0; --level)
+    if (kLength & (std::size_t{1} << level)) expected.push_back(std::string(std::size_t{1} << level, 'a'));
+  EXPECT_EQ(encode_with(v, std::string(kLength, 'a')), v.ids(expected));
+}
+
 TEST(Tokenizer, ByteFallbackSpellsEveryByte) {
   Vocab v({"h e"});
   // No merge covers é (bytes C3 A9): two byte tokens, spelled Ã and ©.

@@ -22,6 +22,7 @@
 #include <array>
 #include <climits>
 #include <cstring>
+#include <functional>
 
 #include "crisp/error.h"
 
@@ -310,7 +311,6 @@ Tokenizer::Tokenizer(const GgufFile& file) {
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   const ByteSpelling& spelling = byte_spelling();
   std::vector<int32_t> ids;
-  std::vector<std::string> symbols;
   std::vector<std::pair<std::size_t, std::size_t>> words;
   std::string key;
 
@@ -322,27 +322,65 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
                 "a byte-level vocabulary that spells every byte");
   };
 
-  // BPE of one word (its bytes text[begin, end)).
+  // BPE of one word (its bytes text[begin, end)), in O(m log m) for m bytes: the symbols form a
+  // linked list over one spelled string (a symbol is a range of it; merging two neighbours joins
+  // their ranges), and a min-heap holds every adjacent pair that has a rank, ordered by (rank,
+  // position of its left symbol) — the lowest rank, leftmost on ties, exactly as a full scan of
+  // the pairs before every merge would pick. Entries whose symbols have changed since they were
+  // pushed are skipped when popped.
+  struct Symbol {
+    std::size_t start, size;  // range of `spelled`
+    std::ptrdiff_t prev, next;  // neighbours (-1: none); size 0 marks a symbol merged away
+  };
+  struct Candidate {
+    int32_t rank;
+    std::ptrdiff_t left, right;
+    std::size_t size;  // the two symbols' combined size when pushed (detects a stale entry)
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::string spelled;
+  std::vector<Symbol> word;
+  std::vector<Candidate> heap;
+  auto push_pair = [&](std::ptrdiff_t left, std::ptrdiff_t right) {
+    if (left < 0 || right < 0) return;
+    const Symbol& a = word[static_cast<std::size_t>(left)];
+    const Symbol& b = word[static_cast<std::size_t>(right)];
+    key.assign(spelled, a.start, a.size).append(1, ' ').append(spelled, b.start, b.size);
+    auto it = merge_rank_.find(key);
+    if (it == merge_rank_.end()) return;
+    heap.push_back({it->second, left, right, a.size + b.size});
+    std::push_heap(heap.begin(), heap.end(), std::greater<Candidate>());
+  };
   auto encode_word = [&](std::size_t begin, std::size_t end) {
-    symbols.clear();
-    for (std::size_t k = begin; k < end; ++k)
-      symbols.push_back(spelling.byte_to_utf8[static_cast<unsigned char>(text[k])]);
-    while (symbols.size() > 1) {
-      int32_t best_rank = INT32_MAX;
-      std::size_t best = 0;
-      for (std::size_t k = 0; k + 1 < symbols.size(); ++k) {
-        key.assign(symbols[k]).append(1, ' ').append(symbols[k + 1]);
-        auto it = merge_rank_.find(key);
-        if (it != merge_rank_.end() && it->second < best_rank) {
-          best_rank = it->second;
-          best = k;
-        }
-      }
-      if (best_rank == INT32_MAX) break;
-      symbols[best] += symbols[best + 1];
-      symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+    spelled.clear();
+    word.clear();
+    heap.clear();
+    for (std::size_t k = begin; k < end; ++k) {
+      const std::string& s = spelling.byte_to_utf8[static_cast<unsigned char>(text[k])];
+      const auto index = static_cast<std::ptrdiff_t>(word.size());
+      word.push_back({spelled.size(), s.size(), index - 1, k + 1 < end ? index + 1 : -1});
+      spelled += s;
     }
-    for (const std::string& s : symbols) ids.push_back(lookup(s));
+    for (std::size_t k = 0; k + 1 < word.size(); ++k)
+      push_pair(static_cast<std::ptrdiff_t>(k), static_cast<std::ptrdiff_t>(k + 1));
+    while (!heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<Candidate>());
+      const Candidate c = heap.back();
+      heap.pop_back();
+      Symbol& a = word[static_cast<std::size_t>(c.left)];
+      Symbol& b = word[static_cast<std::size_t>(c.right)];
+      if (a.size == 0 || b.size == 0 || a.next != c.right || a.size + b.size != c.size) continue;
+      a.size += b.size;  // neighbours are adjacent ranges of `spelled`
+      b.size = 0;
+      a.next = b.next;
+      if (b.next >= 0) word[static_cast<std::size_t>(b.next)].prev = c.left;
+      push_pair(a.prev, c.left);
+      push_pair(c.left, a.next);
+    }
+    for (std::ptrdiff_t k = word.empty() ? -1 : 0; k >= 0; k = word[static_cast<std::size_t>(k)].next) {
+      const Symbol& sym = word[static_cast<std::size_t>(k)];
+      ids.push_back(lookup(spelled.substr(sym.start, sym.size)));
+    }
   };
 
   // Steps 2-4 for the plain text text[begin, end) between added tokens.
