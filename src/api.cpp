@@ -43,14 +43,20 @@ std::string shape_string(const TensorView& t) {
   return s.str();
 }
 std::string str(int64_t x) { return std::to_string(x); }
+// NOTE: the most tokens of one call: plans store token and block indices as int32.
+constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+std::string num(double x) {
+  std::ostringstream s;
+  s.precision(3);
+  s << x;
+  return s.str();
+}
 
 // Rank, non-null data, dtype and device of one view, and every extent >= 1.
 void check_view(const TensorView& t, const std::string& name, int rank, const std::string& shape_names) {
   if (t.rank != rank)
     throw Error(name, "has rank " + str(t.rank), "rank " + str(rank) + " " + shape_names);
-  if (t.data == nullptr) throw Error(name, "data pointer is null", "a pointer to the tensor's elements");
-  if (!valid_dtype(t.dtype)) throw Error(name, "has an invalid dtype", "f32, f16, bf16 or f64");
-  if (!valid_device(t.device)) throw Error(name, "has an invalid device", "Device::cpu or Device::cuda");
+  // Extents first: an empty tensor (n = 0) often has no data pointer, and its problem is the length.
   for (int i = 0; i < rank; ++i) {
     if (t.shape[i] < 1) {
       const std::string what = i == 0 ? "heads" : i == 1 ? "tokens (n = 0)" : "head dim (d = 0)";
@@ -58,6 +64,47 @@ void check_view(const TensorView& t, const std::string& name, int rank, const st
                   shape_names + " with every extent >= 1");
     }
   }
+  if (t.data == nullptr) throw Error(name, "data pointer is null", "a pointer to the tensor's elements");
+  if (!valid_dtype(t.dtype)) throw Error(name, "has an invalid dtype", "f32, f16, bf16 or f64");
+  if (!valid_device(t.device)) throw Error(name, "has an invalid device", "Device::cpu or Device::cuda");
+}
+
+// Rejects NaN/Inf in a CPU view, naming the first bad element, and values that the f32 precision
+// cannot hold (f64 inputs are converted). Returns the largest |value| (0 for a device view).
+double check_values(const TensorView& t, const std::string& name, const Options& options) {
+  if (t.device != Device::cpu) return 0.0;  // device memory: the CUDA backend's responsibility
+  const CpuValueScan scan = cpu_scan_values(t, options.num_threads);
+  if (scan.first_nonfinite >= 0) {
+    const int64_t bad = scan.first_nonfinite;
+    const int64_t dim = t.dim(), tokens = t.tokens();
+    const int64_t h = bad / (tokens * dim), tt = (bad / dim) % tokens, x = bad % dim;
+    throw Error(name, "contains a non-finite value (NaN or Inf) at [" + str(h) + ", " + str(tt) + ", " + str(x) + "]",
+                "finite values only");
+  }
+  if (options.precision == Precision::f32 && scan.max_abs > std::numeric_limits<float>::max())
+    throw Error(name, "holds a value of magnitude " + num(scan.max_abs) + ", beyond float32's range",
+                "|values| below " + num(std::numeric_limits<float>::max()) + " (or Precision::f64)");
+  return scan.max_abs;
+}
+
+// Rejects inputs whose scores or output sums could overflow the arithmetic: a score is at most
+// d * max|q| * max|k| (before the softmax scale, which is <= 1) and an output row, before the
+// normalisation, sums at most `tokens` terms of weight <= 1 times max|v|. Such inputs gave all-NaN
+// outputs (Inf - Inf in the softmax) with no error.
+void check_magnitudes(const TensorView& q, double q_max, double k_max, const double* v_max, const Options& options) {
+  if (q.device != Device::cpu) return;
+  // NOTE: a factor 2 below the largest finite value covers the rounding of the partial sums.
+  const double limit = 0.5 * (options.precision == Precision::f64 ? std::numeric_limits<double>::max()
+                                                                  : static_cast<double>(std::numeric_limits<float>::max()));
+  const std::string arithmetic = options.precision == Precision::f64 ? "float64" : "float32";
+  if (q_max > 0 && k_max > limit / static_cast<double>(q.dim()) / q_max)
+    throw Error("q", "and k hold values up to " + num(q_max) + " and " + num(k_max) + ": their dot products over d = " +
+                         str(q.dim()) + " overflow " + arithmetic,
+                "d * max|q| * max|k| below " + num(limit) + " (scale q and k down)");
+  if (v_max && *v_max > limit / static_cast<double>(q.tokens()))
+    throw Error("v", "holds values up to " + num(*v_max) + ": sums over " + str(q.tokens()) + " tokens overflow " +
+                         arithmetic,
+                "tokens * max|v| below " + num(limit) + " (scale v down)");
 }
 
 Plan plan_validated(const TensorView& q, const TensorView& k, const Config& config, const SeqLens& cu,
@@ -78,13 +125,7 @@ void attend_validated(const TensorView& q, const TensorView& k, const TensorView
 }  // namespace
 
 void check_finite(const TensorView& t, const std::string& name, const Options& options) {
-  if (t.device != Device::cpu) return;  // device memory: the CUDA backend's responsibility
-  const int64_t bad = cpu_first_nonfinite(t, options.num_threads);
-  if (bad < 0) return;
-  const int64_t dim = t.dim(), tokens = t.tokens();
-  const int64_t h = bad / (tokens * dim), tt = (bad / dim) % tokens, x = bad % dim;
-  throw Error(name, "contains a non-finite value (NaN or Inf) at [" + str(h) + ", " + str(tt) + ", " + str(x) + "]",
-              "finite values only");
+  (void)check_values(t, name, options);
 }
 
 SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens) {
@@ -115,6 +156,10 @@ void validate_qkv(const TensorView& q, const TensorView& k, const TensorView* v)
   if (v) check_view(*v, "v", 3, "[Hkv, tokens, d]");
   if (q.dim() > kMaxHeadDim)
     throw Error("q", "head dim d = " + str(q.dim()) + " is too large", "1 <= d <= " + str(kMaxHeadDim));
+  // Before any scan of the values: a stride-0 view can claim 2^40 tokens without the memory, and
+  // scanning it would run for hours.
+  if (q.tokens() > kMaxTokens)
+    throw Error("q", "has " + str(q.tokens()) + " tokens", "at most " + str(kMaxTokens) + " (plans index tokens with int32)");
   if (k.device != q.device)
     throw Error("k", std::string("is on ") + device_name(k.device) + " but q is on " + device_name(q.device),
                 "every tensor of a call on one device");
@@ -226,8 +271,9 @@ Plan plan(const TensorView& q, const TensorView& k, const Config& config, const 
   detail::check_backend(options, q);
   config.validate();
   const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
-  detail::check_finite(q, "q", options);
-  detail::check_finite(k, "k", options);
+  const double q_max = detail::check_values(q, "q", options);
+  const double k_max = detail::check_values(k, "k", options);
+  detail::check_magnitudes(q, q_max, k_max, nullptr, options);
   return detail::plan_validated(q, k, config, cu, options);
 }
 
@@ -238,9 +284,10 @@ void attend(const TensorView& q, const TensorView& k, const TensorView& v, const
   detail::check_backend(options, q);
   detail::validate_outputs(q, out, lse);
   detail::validate_plan_for(q, k, plan);
-  detail::check_finite(q, "q", options);
-  detail::check_finite(k, "k", options);
-  detail::check_finite(v, "v", options);
+  const double q_max = detail::check_values(q, "q", options);
+  const double k_max = detail::check_values(k, "k", options);
+  const double v_max = detail::check_values(v, "v", options);
+  detail::check_magnitudes(q, q_max, k_max, &v_max, options);
   detail::attend_validated(q, k, v, plan, out, lse, options);
 }
 
@@ -253,9 +300,10 @@ Plan prefill(const TensorView& q, const TensorView& k, const TensorView& v, cons
   detail::validate_outputs(q, out, lse);
   config.validate();
   const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
-  detail::check_finite(q, "q", options);
-  detail::check_finite(k, "k", options);
-  detail::check_finite(v, "v", options);
+  const double q_max = detail::check_values(q, "q", options);
+  const double k_max = detail::check_values(k, "k", options);
+  const double v_max = detail::check_values(v, "v", options);
+  detail::check_magnitudes(q, q_max, k_max, &v_max, options);
   Plan result = detail::plan_validated(q, k, config, cu, options);
   detail::validate_plan_for(q, k, result);  // cheap; guards the backend's own output
   detail::attend_validated(q, k, v, result, out, lse, options);

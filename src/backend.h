@@ -76,9 +76,14 @@ Plan cpu_plan(const TensorView& q, const TensorView& k, const Config& config,
 // Block-sparse causal attention following `plan` (§6). Writes every element of out and lse.
 void cpu_attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
                 const TensorView& out, const TensorView& lse, const Options& options);
-// Scans a CPU view for NaN/Inf; returns the flat (h, t, x) index of the first one or -1.
-// Used by the API to reject non-finite inputs.
-int64_t cpu_first_nonfinite(const TensorView& view, int num_threads = 0);
+// One scan of a CPU view: the flat (h, t, x) index of its first NaN/Inf (-1: none) and its
+// largest |value| (meaningful when there is none). Used by the API to reject non-finite inputs
+// and inputs whose scores would overflow.
+struct CpuValueScan {
+  int64_t first_nonfinite = -1;
+  double max_abs = 0.0;
+};
+CpuValueScan cpu_scan_values(const TensorView& view, int num_threads = 0);
 
 // ---------------------------------------------------------------- CUDA backend (src/cuda/)
 // Built without CUDA, src/nocuda/cuda_unavailable.cpp provides these: cuda_backend_built()

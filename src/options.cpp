@@ -85,9 +85,9 @@ void check_cuda_options(const CudaOptions& cuda) {
 }
 
 void check_options(const Options& options) {
-  if (options.num_threads < 0)
+  if (options.num_threads < 0 || options.num_threads > kMaxThreads)
     throw Error("options.num_threads", "is " + std::to_string(options.num_threads),
-                "0 (all hardware threads) or a positive count");
+                "0 (all hardware threads) or a count up to " + std::to_string(kMaxThreads));
   if (options.precision != Precision::f32 && options.precision != Precision::f64)
     throw Error("options.precision", "is not a Precision value", "Precision::f32 or Precision::f64");
   check_enum(options.backend, "options.backend", "Backend::automatic, cpu or cuda");

@@ -88,6 +88,35 @@ TEST(BadInput, ZeroTokens) {
   auto qv = crisp::TensorView::contiguous(q.data(), crisp::DType::f32, 1, 0, 16);
   auto kv = crisp::TensorView::contiguous(k.data(), crisp::DType::f32, 1, 0, 16);
   expect_error([&] { crisp::plan(qv, kv, crisp_cfg()); }, "q", "n = 0");
+  // An empty tensor often has no data pointer: its length is the problem to report.
+  auto empty = crisp::TensorView::contiguous(nullptr, crisp::DType::f32, 1, 0, 16);
+  try {
+    crisp::plan(empty, empty, crisp_cfg());
+    ADD_FAILURE() << "n = 0 with a null pointer accepted";
+  } catch (const crisp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("n = 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(">= 1"), std::string::npos) << e.what();
+  }
+}
+
+// A thread count far beyond any machine crashed the OpenMP runtime (stack exhaustion): bounded.
+TEST(BadInput, ThreadCountIsBounded) {
+  Qkv x(2, 1, 64, 16);
+  for (int threads : {-1, crisp::kMaxThreads + 1, 100000}) {
+    crisp::Options options;
+    options.num_threads = threads;
+    expect_error([&] { crisp::plan(x.q.view(), x.k.view(), crisp_cfg(), {}, options); }, "options.num_threads",
+                 "num_threads " + std::to_string(threads));
+  }
+}
+
+// A stride-0 view claiming 2^40 tokens (e.g. torch's expand) is refused by its size before any
+// scan of its values (the scan of the NaN check ran for hours).
+TEST(BadInput, HugeStrideZeroViewIsRefusedBeforeScanning) {
+  std::vector<float> one_row(16, 0.5f);
+  const int64_t tokens = int64_t{1} << 40;
+  crisp::TensorView q{one_row.data(), crisp::DType::f32, crisp::Device::cpu, 3, {1, tokens, 16}, {0, 0, 1}};
+  expect_error([&] { crisp::plan(q, q, crisp_cfg()); }, "q", "2^40 tokens");
 }
 
 TEST(BadInput, NullDataAndBadRank) {
@@ -98,6 +127,36 @@ TEST(BadInput, NullDataAndBadRank) {
   auto q2 = q.view();
   q2.rank = 2;
   expect_error([&] { crisp::plan(q2, k.view(), crisp_cfg()); }, "q", "rank 2 q");
+}
+
+// Finite inputs whose scores overflow float32 (q = k = 1e19: q·k ~ 1e38 * d) or whose float64
+// values do not fit float32 gave all-NaN outputs with no error.
+TEST(BadInput, OverflowingMagnitudes) {
+  {
+    Tensor3 q(2, 64, 16, 1e19f), k(1, 64, 16, 1e19f), v(1, 64, 16, 1.0f);
+    expect_error([&] { crisp::plan(q.view(), k.view(), crisp_cfg()); }, "q", "q = k = 1e19");
+    std::vector<float> out(2 * 64 * 16), lse(2 * 64);
+    expect_error([&] {
+      crisp::prefill(q.view(), k.view(), v.view(), crisp_cfg(), crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 2, 64, 16),
+                     crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 2, 64));
+    }, "q", "q = k = 1e19, prefill");
+  }
+  {
+    Qkv x(2, 1, 64, 16);
+    for (float& e : x.v.data) e = 1e37f;  // 64 tokens * 1e37 overflows the output sums
+    std::vector<float> out(2 * 64 * 16), lse(2 * 64);
+    expect_error([&] {
+      crisp::prefill(x.q.view(), x.k.view(), x.v.view(), crisp_cfg(), crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 2, 64, 16),
+                     crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 2, 64));
+    }, "v", "v = 1e37");
+  }
+  {
+    std::vector<double> q(1 * 64 * 16, 0.5), k(q);
+    q[100] = 1e300;  // finite in float64, Inf once converted to float32
+    auto qv = crisp::TensorView::contiguous(q.data(), crisp::DType::f64, 1, 64, 16);
+    auto kv = crisp::TensorView::contiguous(k.data(), crisp::DType::f64, 1, 64, 16);
+    expect_error([&] { crisp::plan(qv, kv, crisp_cfg()); }, "q", "f64 1e300 in f32 precision");
+  }
 }
 
 TEST(BadInput, NonFiniteValues) {
@@ -156,6 +215,16 @@ TEST(BadInput, CuSeqlens) {
 }
 
 // ---------------------------------------------------------------- configuration
+
+// Extreme windows made w_sink + w_local overflow int64 in the routing rule (UBSan): bounded.
+TEST(BadInput, StructuralWindowsAreBounded) {
+  for (const char* key : {"w_sink", "w_local"}) {
+    crisp::Config c = crisp_cfg();
+    expect_error([&] { c.set(key, "9223372036854775807"); }, key, std::string(key) + " = INT64_MAX");
+  }
+  crisp::Config c = crisp_cfg();
+  EXPECT_NO_THROW(c.set("w_sink", "1099511627776"));  // 2^40: the documented bound
+}
 
 TEST(BadInput, UnknownPresetAndParameters) {
   expect_error([] { crisp::Config::from_preset("sparse"); }, "preset", "unknown preset");
@@ -321,6 +390,8 @@ TEST_F(Npy, CorruptFiles) {
   expect_read_error("neg_shape.npy", crisp_test::npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3, 4), }", payload), "negative extent");
   expect_read_error("huge_shape.npy", crisp_test::npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4), }", payload), "overflowing shape");
   expect_read_error("big_endian.npy", crisp_test::npy_bytes("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3, 4), }", payload), "big-endian");
+  // '|' marks single-byte types in numpy; a 4-byte float written so is malformed.
+  expect_read_error("bar_f4.npy", crisp_test::npy_bytes("{'descr': '|f4', 'fortran_order': False, 'shape': (2, 3, 4), }", payload), "|f4");
   expect_read_error("fortran.npy", crisp_test::npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3, 4), }", payload), "fortran order");
   expect_read_error("int32.npy", crisp_test::npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 3, 4), }", payload), "int32 dtype");
   // header length field pointing beyond the file

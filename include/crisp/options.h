@@ -44,9 +44,14 @@ struct CudaOptions {
   GqaPacking gqa_packing = GqaPacking::automatic;
 };
 
+// NOTE: the most CPU threads any entry point accepts (Options::num_threads, the model runner,
+// every --threads): far above any machine's cores, yet low enough that the OpenMP runtime's
+// per-thread stacks cannot exhaust memory (100000 threads crashed it).
+constexpr int kMaxThreads = 1024;
+
 struct Options {
   Precision precision = Precision::f32;  // CPU backend
-  int num_threads = 0;                   // CPU threads; 0 = all hardware threads
+  int num_threads = 0;                   // CPU threads; 0 = all hardware threads; at most kMaxThreads
   void* stream = nullptr;                // cudaStream_t for the CUDA backend (nullptr = default stream)
   // The backend a call must run on; a view on another device is a crisp::Error naming it.
   Backend backend = Backend::automatic;

@@ -41,7 +41,11 @@ CRISP_CPU_INLINE float fast_exp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  // NaN passes both clamps (every comparison with it is false) and must come out as NaN, which
+  // p carries; the exponent takes 0 in its place, since converting NaN to an integer (and then
+  // shifting the negative result) is undefined behaviour. k + 127 is in [1, 254] otherwise.
+  const float exponent = k == k ? k : 0.0f;
+  const auto bits = static_cast<uint32_t>(static_cast<int32_t>(exponent) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;

@@ -156,7 +156,9 @@ DType dtype_from_descr(const std::string& descr, const std::string& path) {
   if (descr.size() != 3) corrupt(path, "unsupported dtype '" + descr + "'", expected);
   const char order = descr[0];
   if (order == '>') corrupt(path, "big-endian dtype '" + descr + "'", expected);
-  if (order != '<' && order != '|') corrupt(path, "unsupported byte order in dtype '" + descr + "'", expected);
+  // '|' (byte order not applicable) is numpy's mark of single-byte types only; every accepted type
+  // has several bytes, so only '<' is right.
+  if (order != '<') corrupt(path, "unsupported byte order in dtype '" + descr + "'", expected);
   const std::string kind = descr.substr(1);
   if (kind == "f4") return DType::f32;
   if (kind == "f2") return DType::f16;

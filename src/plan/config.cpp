@@ -149,6 +149,10 @@ struct Parameter {
         [](const Config& c) { const double x = c.field; return std::isfinite(x) && (range_test); }, \
         range_text                                                                              \
   }
+// NOTE: 2^40 tokens bound the structural windows: far past any context, and small enough that
+// w_sink + w_local and the position differences they are compared with cannot overflow int64.
+constexpr int64_t kMaxWindowTokens = int64_t{1} << 40;
+
 #define CRISP_INT_PARAM(field, range_test, range_text)                                          \
   Parameter {                                                                                   \
     #field, "an integer", [](Config& c, const std::string& s) { return parse_int64(s, c.field); }, \
@@ -169,8 +173,8 @@ const std::vector<Parameter>& parameters() {
       CRISP_DOUBLE_PARAM(tau_proxy, x >= 0.0 && x <= 1.0, "a number in [0, 1]"),
       CRISP_DOUBLE_PARAM(rho, x > 0.0, "a finite number > 0"),
       CRISP_DOUBLE_PARAM(tau, x >= 0.0, "a finite number >= 0"),
-      CRISP_INT_PARAM(w_sink, x >= 0, "an integer >= 0"),
-      CRISP_INT_PARAM(w_local, x >= 0, "an integer >= 0"),
+      CRISP_INT_PARAM(w_sink, x >= 0 && x <= kMaxWindowTokens, "an integer in [0, 2^40]"),
+      CRISP_INT_PARAM(w_local, x >= 0 && x <= kMaxWindowTokens, "an integer in [0, 2^40]"),
       Parameter{"vs_budget", "one of noise_floor, cumulative, topk",
                 [](Config& c, const std::string& s) { return parse_enum(s, kVsRules, c.vs_budget); },
                 [](const Config& c) { return std::string(to_string(c.vs_budget)); },
