@@ -16,6 +16,7 @@
 
 #include <sys/wait.h>  // WEXITSTATUS
 
+#include "crisp/error.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
@@ -106,6 +107,69 @@ TEST(TinyLlama, CrispPolicyPrefillIsSparseAndFinite) {
   EXPECT_LT(stats.density, 1.0);
   EXPECT_GT(stats.density, 0.0);
   EXPECT_GT(stats.attention_seconds, 0.0);
+}
+
+// Every tensor type the GGUF parser accepts loads as the model's projection matrices and runs:
+// a type the parser accepts but the loader cannot dequantise would abort (an exception thrown
+// inside the loader's parallel loop) or be refused here.
+TEST(TinyLlama, EveryAcceptedTensorTypeLoadsAndRuns) {
+  int types = 0;
+  for (uint32_t raw = 0; raw < 256; ++raw) {
+    try {
+      (void)cm::ggml_row_bytes(static_cast<cm::GgmlType>(raw), 0);
+    } catch (const crisp::Error&) {
+      continue;  // not a type the parser accepts
+    }
+    ++types;
+    SCOPED_TRACE(cm::to_string(static_cast<cm::GgmlType>(raw)));
+    crisp_test::TinyLlamaSpec spec;
+    spec.weight_type = raw;
+    const std::string path = (crisp_test::temp_dir() / ("tiny_" + std::to_string(raw) + ".gguf")).string();
+    const uint32_t vocab = crisp_test::write_tiny_llama(path, spec);
+    const cm::GgufFile file(path);
+    EXPECT_EQ(static_cast<uint32_t>(file.tensor("blk.0.ffn_down.weight").type), raw);
+    const cm::LlamaModel model(file);
+    cm::RunOptions run;
+    run.threads = 2;
+    const std::vector<float> logits = cm::prefill_logits(model, crisp_test::tiny_prompt(40, vocab), run);
+    ASSERT_EQ(logits.size(), vocab);
+    for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  }
+  EXPECT_GE(types, 14);  // F32, F16, BF16 and the eleven block types of src/model/gguf.h
+}
+
+TEST(TinyLlama, ThreadCountIsBounded) {
+  const Tiny t = load_tiny();
+  cm::RunOptions run;
+  run.threads = 100000;
+  try {
+    (void)cm::prefill_logits(*t.model, crisp_test::tiny_prompt(8, t.vocab), run);
+    FAIL() << "100000 threads accepted";
+  } catch (const crisp::Error& e) {
+    EXPECT_EQ(e.argument(), "threads") << e.what();
+  }
+}
+
+// A corrupt norm tensor (one huge weight) makes a layer's activations overflow: the error names
+// the model and the layer, not a "q" argument the caller never passed.
+TEST(TinyLlama, NonFiniteActivationNamesTheLayer) {
+  crisp_test::TinyLlamaSpec spec;
+  spec.edit_norm = [](const std::string& name, std::vector<float>& values) {
+    if (name == "blk.1.attn_norm.weight") values[5] = 3e38f;
+  };
+  const std::string path = (crisp_test::temp_dir() / "corrupt_norm.gguf").string();
+  const uint32_t vocab = crisp_test::write_tiny_llama(path, spec);
+  const cm::GgufFile file(path);
+  const cm::LlamaModel model(file);
+  cm::RunOptions run;
+  run.threads = 2;
+  try {
+    (void)cm::prefill_logits(model, crisp_test::tiny_prompt(16, vocab), run);
+    FAIL() << "non-finite activations accepted";
+  } catch (const crisp::Error& e) {
+    EXPECT_EQ(e.argument(), "model") << e.what();
+    EXPECT_NE(std::string(e.what()).find("layer 1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TinyLlama, CudaBackendWithoutCudaIsRejectedNamingTheArgument) {
@@ -271,3 +335,78 @@ TEST(TinyLlama, CliCaptureThenFidelityWithPolicySpecs) {
 }
 
 }  // namespace
+
+// Past the trained context without RoPE scaling `crisp run` refused to run only in words (a
+// warning, then meaningless output): now an error naming --rope-scaling, before any generation.
+TEST(TinyLlama, CliRunPastTrainedContextIsAnError) {
+#ifndef CRISP_CLI_PATH
+  GTEST_SKIP() << "no CLI path";
+#else
+  if (!std::filesystem::exists(CRISP_CLI_PATH)) GTEST_SKIP() << "crisp CLI not built";
+  const std::filesystem::path dir = crisp_test::temp_dir();
+  const std::string model = (dir / "ctx64.gguf").string();
+  crisp_test::TinyLlamaSpec spec;
+  spec.context = 64;
+  crisp_test::write_tiny_llama(model, spec);
+  const std::string log = (dir / "run.log").string();
+  auto run = [&](const std::string& args) {
+    const std::string cmd = std::string(CRISP_CLI_PATH) + " run --model " + model + " --quiet --threads 2 " + args +
+                            " > " + log + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    std::ifstream in(log);
+    return std::make_pair(WEXITSTATUS(status), std::string(std::istreambuf_iterator<char>(in), {}));
+  };
+  std::string long_prompt;
+  for (int i = 0; i < 40; ++i) long_prompt += "the rain ";
+  for (const std::string& args : {"--prompt '" + long_prompt + "' --max-new-tokens 4",  // the prompt alone
+                                  std::string("--prompt 'the rain' --max-new-tokens 100")}) {  // prompt + new tokens
+    const auto [code, output] = run(args);
+    EXPECT_EQ(code, 2) << args << "\n" << output;
+    EXPECT_NE(output.find("crisp: error: --rope-scaling"), std::string::npos) << output;
+  }
+  // With RoPE scaling the same run goes ahead (a warning says it is beyond the training).
+  const auto [code, output] = run("--prompt 'the rain' --max-new-tokens 100 --rope-scaling linear");
+  EXPECT_EQ(code, 0) << output;
+#endif
+}
+
+// A KV cache larger than the machine's memory is refused up front, naming the option.
+TEST(TinyLlama, KvCacheLargerThanMemoryIsRefused) {
+  const Tiny t = load_tiny();
+  const cm::LlamaHparams& hp = t.model->hparams();
+  const uint64_t per_position = cm::kv_cache_bytes(hp, 1);
+  EXPECT_EQ(per_position, 2ull * 2 * 2 * 64 * sizeof(float));  // K and V, 2 layers, 2 KV heads of 64
+  EXPECT_NO_THROW(cm::require_kv_cache_fits(hp, 1000, 1000 * per_position, "--max-new-tokens"));
+  try {
+    cm::require_kv_cache_fits(hp, 1001, 1000 * per_position, "--max-new-tokens");
+    FAIL() << "accepted";
+  } catch (const crisp::Error& e) {
+    EXPECT_EQ(e.argument(), "--max-new-tokens");
+    EXPECT_NE(std::string(e.what()).find("at most 1000 positions"), std::string::npos) << e.what();
+  }
+}
+
+// Names read from a file reach the terminal escaped: a GGUF key holding an escape sequence and a
+// NUL (here a duplicate key, which the reader quotes in its error) is printed as \x1b...\x00.
+TEST(TinyLlama, CliEscapesControlBytesOfFileNames) {
+#ifndef CRISP_CLI_PATH
+  GTEST_SKIP() << "no CLI path";
+#else
+  if (!std::filesystem::exists(CRISP_CLI_PATH)) GTEST_SKIP() << "crisp CLI not built";
+  const std::filesystem::path dir = crisp_test::temp_dir();
+  const std::string model = (dir / "evil_key.gguf").string();
+  const std::string key("evil\x1b[31m\0key", 13);
+  crisp_test::GgufWriter w;
+  w.u32(key, 1);
+  w.u32(key, 2);
+  crisp_test::write_file(model, w.bytes());
+  const std::string log = (dir / "run.log").string();
+  const std::string cmd = std::string(CRISP_CLI_PATH) + " run --quiet --model " + model + " --prompt x > " + log + " 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2);
+  std::ifstream in(log, std::ios::binary);
+  const std::string output(std::istreambuf_iterator<char>(in), {});
+  EXPECT_EQ(output.find('\x1b'), std::string::npos) << output;
+  EXPECT_EQ(output.find('\0'), std::string::npos) << output;
+  EXPECT_NE(output.find("evil\\x1b[31m\\x00key"), std::string::npos) << output;
+#endif
+}

@@ -5,7 +5,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <cstdio>
 #include <ctime>
+
+#include <unistd.h>  // sysconf
 
 #include "common/shape_rules.h"
 #include "common/fast_exp.h"  // fast_exp, CRISP_CPU_CLONES
@@ -31,6 +34,9 @@ double seconds_since(Clock::time_point start) {
 }
 
 int resolve_threads(int threads) {
+  if (threads < 0 || threads > kMaxThreads)
+    throw Error("threads", "is " + std::to_string(threads),
+                "0 (all hardware threads) or a count up to " + std::to_string(kMaxThreads));
 #if defined(_OPENMP)
   return threads > 0 ? threads : omp_get_max_threads();
 #else
@@ -62,9 +68,7 @@ void load_tensor_into(const GgufFile& file, const std::string& name, const std::
     throw Error(name, "holds " + std::to_string(t.nbytes) + " bytes",
                 std::to_string(row_bytes * rows) + " bytes for its shape and type " + to_string(t.type));
   }
-  const unsigned char* src = file.data(t);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) dequantize(t.type, src + r * row_bytes, dst + r * row, row);
+  dequantize_rows(t.type, file.data(t), row_bytes, dst, rows, row);
 }
 
 std::vector<float> load_tensor(const GgufFile& file, const std::string& name, const std::vector<int64_t>& ne) {
@@ -259,6 +263,32 @@ std::size_t LlamaModel::weight_bytes() const {
 
 // ---------------------------------------------------------------- LlamaContext
 
+uint64_t kv_cache_bytes(const LlamaHparams& hp, int64_t positions) {
+  return 2ull * static_cast<uint64_t>(hp.n_layer) * static_cast<uint64_t>(hp.n_head_kv) *
+         static_cast<uint64_t>(hp.head_dim) * static_cast<uint64_t>(std::max<int64_t>(positions, 0)) * sizeof(float);
+}
+
+uint64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) : 0;
+}
+
+void require_kv_cache_fits(const LlamaHparams& hp, int64_t positions, uint64_t memory_bytes,
+                           const std::string& argument) {
+  const uint64_t need = kv_cache_bytes(hp, positions);
+  if (memory_bytes == 0 || need <= memory_bytes) return;
+  auto gib = [](uint64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
+    return std::string(text);
+  };
+  const uint64_t per_position = kv_cache_bytes(hp, 1);
+  throw Error(argument,
+              std::to_string(positions) + " positions need a KV cache of " + gib(need) + ", more than this machine's " +
+                  gib(memory_bytes) + " of memory",
+              "at most " + std::to_string(memory_bytes / per_position) + " positions (prompt + new tokens)");
+}
+
 LlamaContext::LlamaContext(const LlamaModel& model, int64_t capacity, const RunOptions& options)
     : model_(model),
       options_(options),
@@ -297,6 +327,24 @@ void LlamaContext::logits_of(const float* hidden, int64_t rows, float* out) cons
   rms_norm_rows(hidden, model_.output_norm().data(), normed.data(), rows, hp.n_embd, hp.rms_eps, threads_);
   matmul_xwt(normed.data(), hp.n_embd, model_.output_weight(), hp.n_embd, out, hp.n_vocab, rows, hp.n_vocab,
              hp.n_embd, threads_);
+}
+
+// The attention of layer `layer`. Its q/k/v are the model's own activations: when the library
+// refuses them (NaN/Inf, or magnitudes that overflow the scores) the cause is the model (corrupt
+// weights such as a norm tensor, or activations that blow up), so the error names the layer and
+// the activation rather than an argument the caller never passed.
+Plan LlamaContext::prefill_attention(int64_t layer, const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& out, const TensorView& lse,
+                                     const crisp::Options& attention_options) const {
+  try {
+    return crisp::prefill(q, k, v, options_.attention, out, lse, {}, attention_options);
+  } catch (const Error& e) {
+    const std::string& which = e.argument();
+    if (which != "q" && which != "k" && which != "v") throw;
+    throw Error("model", "layer " + std::to_string(layer) + ": its attention " + which +
+                             " (the projected hidden state) is unusable: " + e.what(),
+                "finite activations (a corrupt weight tensor, e.g. a norm, makes NaN/Inf)");
+  }
 }
 
 PrefillResult LlamaContext::prefill(const std::vector<int32_t>& tokens, bool all_logits,
@@ -371,8 +419,7 @@ PrefillResult LlamaContext::prefill(const std::vector<int32_t>& tokens, bool all
     if (observer) observer(l, q_view, k_view, v_view);
 
     const Clock::time_point attention_start = Clock::now();
-    const Plan plan = crisp::prefill(q_view, k_view, v_view, options_.attention, o_view, lse_view, {},
-                                     attention_options);
+    const Plan plan = prefill_attention(l, q_view, k_view, v_view, o_view, lse_view, attention_options);
     result.attention_seconds += seconds_since(attention_start);
     result.layer_density.push_back(plan.density());
     vs_share_sum += plan.vs_share();

@@ -184,6 +184,8 @@ class LlamaContext {
  private:
   void check_tokens(const std::vector<int32_t>& tokens) const;
   void logits_of(const float* hidden, int64_t rows, float* out) const;
+  Plan prefill_attention(int64_t layer, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const TensorView& lse, const crisp::Options& attention_options) const;
 
   const LlamaModel& model_;
   RunOptions options_;
@@ -195,6 +197,15 @@ class LlamaContext {
   std::vector<std::vector<float>> k_cache_, v_cache_;
   std::unique_ptr<detail::ContextBackend> device_;  // set for a non-CPU backend
 };
+
+// Bytes of the KV cache of `positions` positions: every layer's float32 keys and values.
+uint64_t kv_cache_bytes(const LlamaHparams& hp, int64_t positions);
+// This machine's physical memory in bytes (0 when unknown).
+uint64_t physical_memory_bytes();
+// Throws crisp::Error naming `argument` when the KV cache of `positions` positions would need more
+// than `memory_bytes` (a 1M-token cache of SmolLM2 is 46 GB); memory_bytes 0 means no limit.
+void require_kv_cache_fits(const LlamaHparams& hp, int64_t positions, uint64_t memory_bytes,
+                           const std::string& argument);
 
 // The last position's logits of a prompt ([n_vocab]).
 std::vector<float> prefill_logits(const LlamaModel& model, const std::vector<int32_t>& tokens,

@@ -35,6 +35,9 @@ class Tokenizer {
   std::string apply_chat_template(const std::vector<ChatMessage>& messages,
                                   bool add_generation_prompt = true) const;
 
+  // Whether the file has a chat template (an instruct model): `crisp run` then uses it by default.
+  bool has_chat_template() const { return !chat_template_.empty(); }
+
   int32_t bos_id() const;
   int32_t eos_id() const;
   int32_t vocab_size() const;
