@@ -56,11 +56,17 @@ crisp_cli_test(help.eval ARGS "eval|--help" RC 0 STDOUT "Usage: crisp eval")
 
 # ---------------------------------------------------------------- command-line errors
 crisp_cli_test(no_command ARGS "" STDERR "${ERR}.*subcommand")
-crisp_cli_test(unknown_command ARGS "frobnicate" STDERR "${ERR}")
+crisp_cli_test(unknown_command ARGS "frobnicate" STDERR "${ERR}unknown command 'frobnicate'.*plan")
 crisp_cli_test(unknown_option ARGS "plan|--q|a.npy|--k|b.npy|--json|x.json|--bogus" STDERR "${ERR}.*--bogus")
 crisp_cli_test(missing_required ARGS "plan|--q|a.npy" STDERR "${ERR}.*--k")
 crisp_cli_test(bad_precision ARGS "plan|--q|a.npy|--k|b.npy|--json|x.json|--precision|f16" STDERR "${ERR}.*precision")
 crisp_cli_test(negative_seq ARGS "demo|--seq|-5" STDERR "${ERR}.*seq")
+# Thread counts far beyond any machine crashed the OpenMP runtime: every --threads is bounded.
+crisp_cli_test(huge_threads.demo ARGS "demo|--seq|512|--threads|100000" STDERR "${ERR}--threads.*1024")
+crisp_cli_test(huge_threads.plan ARGS "plan|--q|a.npy|--k|b.npy|--threads|100000" STDERR "${ERR}--threads.*1024")
+crisp_cli_test(huge_threads.run ARGS "run|--model|m.gguf|--prompt|hi|--threads|100000" STDERR "${ERR}--threads.*1024")
+crisp_cli_test(huge_threads.niah ARGS "eval|niah|--dry-run|--threads|100000" STDERR "${ERR}--threads.*1024")
+crisp_cli_test(huge_threads.capture ARGS "capture|--model|m.gguf|--threads|100000" STDERR "${ERR}--threads.*1024")
 
 # ---------------------------------------------------------------- unreadable inputs
 crisp_cli_test(missing_npy
@@ -133,6 +139,21 @@ crisp_cli_test(rank2_input ARGS "plan|--q|${GEN_A}/q.npy|--k|${CLI_DIR}/lse.npy|
   STDERR "${ERR}" REQUIRES "cli_gen_a;cli_attend")
 crisp_cli_test(unwritable_json ARGS "plan|${QK_A}|--json|${CLI_DIR}/no_such_dir/plan.json"
   STDERR "${ERR}.*--json" REQUIRES cli_gen_a)
+# Output paths are checked before the work: a missing input is not reached.
+crisp_cli_test(unwritable_json_first ARGS "plan|--q|${CLI_DIR}/no_such_q.npy|--k|${CLI_DIR}/no_such_k.npy|--json|${CLI_DIR}/no_such_dir/plan.json"
+  STDERR "${ERR}--json")
+crisp_cli_test(attend_same_output ARGS "attend|${QK_A}|--v|${GEN_A}/v.npy|--out|${CLI_DIR}/same.npy|--lse|${CLI_DIR}/same.npy"
+  STDERR "${ERR}--lse: .*--out" REQUIRES cli_gen_a)
+crisp_cli_test(attend_same_output_json ARGS "attend|${QK_A}|--v|${GEN_A}/v.npy|--out|${CLI_DIR}/o2.npy|--lse|${CLI_DIR}/l2.npy|--json|${CLI_DIR}/./o2.npy"
+  STDERR "${ERR}--json: .*--out" REQUIRES cli_gen_a)
+# `--json -` writes the plan to stdout, the summary to stderr: stdout is one JSON document.
+crisp_cli_test(plan_json_stdout ARGS "plan|${QK_A}|--json|-" RC 0 STDOUT "^[{].*heads.*[}][^a-z]*$" STDERR "density"
+  REQUIRES cli_gen_a)
+crisp_cli_test(negative_seed ARGS "gen|--seed|-1|--out-dir|${CLI_DIR}/seed" STDERR "${ERR}--seed")
+# A reference JSON whose fields have the wrong types: a clear error naming the file, before the model.
+file(WRITE "${CLI_DIR}/bad_ref.json" "{\"token_ids\": \"abc\", \"last_logits\": [], \"argmax\": [], \"last_std\": 1}")
+crisp_cli_test(check_logits_wrong_types ARGS "run|--model|${CLI_DIR}/no_model.gguf|--check-logits|${CLI_DIR}/bad_ref.json"
+  STDERR "${ERR}--check-logits: .*bad_ref\\.json.*wrong type")
 
 # ---------------------------------------------------------------- builds without the CUDA backend
 if(NOT CRISP_HAVE_CUDA)

@@ -22,6 +22,11 @@ struct AttendArgs {
 };
 
 void run_attend(const AttendArgs& args) {
+  // Outputs first: a clash or an unwritable path fails before the work, not after it.
+  crisp_cli::require_distinct_outputs({{"--out", args.out_path}, {"--lse", args.lse_path}, {"--json", args.json_path}});
+  crisp_cli::require_writable("--out", args.out_path);
+  crisp_cli::require_writable("--lse", args.lse_path);
+  crisp_cli::require_writable("--json", args.json_path);
   const crisp::Config config = crisp_cli::make_config(args.policy);
   crisp::NpyArray q = crisp::read_npy(args.q_path);
   crisp::NpyArray k = crisp::read_npy(args.k_path);

@@ -225,9 +225,7 @@ void register_capture_command(CLI::App& app) {
   sub->add_flag("--chat", args->chat, "Wrap the prompt as a user message in the model's chat template");
   sub->add_option("--layers", args->layers, "Layers to dump: 'all' or a list such as 0,5,29")->capture_default_str();
   sub->add_option("--out", args->out_dir, "Output directory (created if missing)")->required();
-  sub->add_option("--threads", args->threads, "CPU threads (0 = all hardware threads)")
-      ->capture_default_str()
-      ->check(crisp_cli::kNonNegativeInteger);
+  crisp_cli::add_threads_option(*sub, args->threads);
   crisp_cli::add_model_backend_options(sub, &args->backend, &args->cuda_attention,
                                        "Model backend: cpu, or cuda (a CUDA build on a GPU machine; the layers "
                                        "before a captured one then run with --cuda-attention)");

@@ -120,6 +120,7 @@ nlohmann::json rows_to_json(const std::vector<Row>& rows) {
 }
 
 void run_demo(const DemoArgs& args) {
+  crisp_cli::require_writable("--json", args.json_path);
   crisp_cli::Progress progress(!args.quiet);
   const crisp::WorkloadSpec spec = crisp_cli::make_workload_spec(args.workload);
   std::unique_ptr<crisp_cli::DemoBackend> backend =
@@ -226,9 +227,7 @@ void register_demo_command(CLI::App& app) {
                   "auto (CUDA when built and a GPU is present, else CPU), cpu or cuda")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  sub->add_option("--threads", args->threads, "CPU threads (0 = all hardware threads)")
-      ->capture_default_str()
-      ->check(crisp_cli::kNonNegativeInteger);
+  crisp_cli::add_threads_option(*sub, args->threads);
   sub->add_option("--json", args->json_path, "Also write the table as JSON to this file");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
   sub->callback([args] { run_demo(*args); });

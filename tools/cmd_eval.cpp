@@ -744,9 +744,7 @@ void register_eval_niah(CLI::App& eval) {
       ->capture_default_str();
   sub->add_option("--json", args->json_path, "Write settings, rows and every sample's outputs as JSON here "
                                              "(rewritten after each sample)");
-  sub->add_option("--threads", args->threads, "CPU threads (0 = all)")
-      ->capture_default_str()
-      ->check(crisp_cli::kNonNegativeInteger);
+  crisp_cli::add_threads_option(*sub, args->threads);
   crisp_cli::add_model_backend_options(sub, &args->backend, &args->cuda_attention,
                                        "Model backend: cpu, or cuda (a CUDA build on a GPU machine)");
   sub->add_option("--dump-samples", args->dump_samples,

@@ -386,9 +386,7 @@ void register_eval_fidelity(CLI::App& eval) {
   sub->add_option("--layers", args->layers, "Layers to evaluate: all or a list such as 0,5,29")->capture_default_str();
   sub->add_option("--layouts", args->layouts, "Also write the block layouts of these heads (LAYER:HEAD, ...)");
   sub->add_option("--json", args->json_path, "Output JSON file")->required();
-  sub->add_option("--threads", args->threads, "CPU threads (0 = all hardware threads)")
-      ->capture_default_str()
-      ->check(crisp_cli::kNonNegativeInteger);
+  crisp_cli::add_threads_option(*sub, args->threads);
   sub->add_flag("--routing-only", args->routing_only,
                 "Only the routing comparison and the calibration (no policy runs, no attention)");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");

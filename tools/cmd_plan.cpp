@@ -19,6 +19,7 @@ struct PlanArgs {
 };
 
 void run_plan(const PlanArgs& args) {
+  crisp_cli::require_writable("--json", args.json_path);
   const crisp::Config config = crisp_cli::make_config(args.policy);
   crisp::NpyArray q = crisp::read_npy(args.q_path);
   crisp::NpyArray k = crisp::read_npy(args.k_path);
@@ -29,7 +30,9 @@ void run_plan(const PlanArgs& args) {
       crisp::plan(q_view, k_view, config, {}, crisp_cli::make_run_options(args.policy));
   crisp_cli::write_text_file("--json", args.json_path, crisp_cli::plan_to_json(plan).dump(1) + "\n");
 
-  std::printf("plan: policy %s, %lld query heads, n = %lld, B = %d: density %.4f, VS share %.2f -> %s\n",
+  // With the JSON on standard output the summary goes to stderr, so stdout stays one JSON document.
+  std::FILE* summary = crisp_cli::is_stdout_path(args.json_path) ? stderr : stdout;
+  std::fprintf(summary, "plan: policy %s, %lld query heads, n = %lld, B = %d: density %.4f, VS share %.2f -> %s\n",
               config.preset.c_str(), static_cast<long long>(plan.num_q_heads),
               static_cast<long long>(plan.sequences.front().n), plan.block_size, plan.density(),
               plan.vs_share(), args.json_path.c_str());
@@ -43,7 +46,7 @@ void register_plan_command(CLI::App& app) {
       "plan", "Plan the sparse layout of one sequence (.npy inputs) and write it as JSON");
   sub->add_option("--q", args->q_path, "Queries, .npy float32/float16 [Hq, n, d]")->required();
   sub->add_option("--k", args->k_path, "Keys, .npy float32/float16 [Hkv, n, d]")->required();
-  sub->add_option("--json", args->json_path, "Output JSON file")->required();
+  sub->add_option("--json", args->json_path, "Output JSON file ('-': standard output)")->required();
   crisp_cli::add_policy_options(*sub, args->policy);
   sub->callback([args] { run_plan(*args); });
 }

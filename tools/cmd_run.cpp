@@ -28,7 +28,8 @@ struct RunArgs {
   std::string prompt;
   std::string prompt_file;
   std::string system;
-  bool chat = false;
+  bool chat = false;     // --chat: the chat template, required (an error when the model has none)
+  bool no_chat = false;  // --no-chat: the raw prompt even for a model with a chat template
   crisp_cli::PolicyOptions policy;
   int64_t max_new_tokens = 128;
   std::string rope_scaling = "none";
@@ -65,10 +66,18 @@ void check_logits(const RunArgs& args, const crisp::model::RunOptions& run_optio
       throw crisp::Error("--check-logits", std::string("has no '") + key + "'", "the output of scripts/ref_logits.py");
     }
   }
-  const std::vector<int32_t> ids = ref.at("token_ids").get<std::vector<int32_t>>();
-  const std::vector<double> ref_last = ref.at("last_logits").get<std::vector<double>>();
-  const std::vector<int32_t> ref_argmax = ref.at("argmax").get<std::vector<int32_t>>();
-  const double ref_std = ref.at("last_std").get<double>();
+  std::vector<int32_t> ids, ref_argmax;
+  std::vector<double> ref_last;
+  double ref_std = 0.0;
+  try {
+    ids = ref.at("token_ids").get<std::vector<int32_t>>();
+    ref_last = ref.at("last_logits").get<std::vector<double>>();
+    ref_argmax = ref.at("argmax").get<std::vector<int32_t>>();
+    ref_std = ref.at("last_std").get<double>();
+  } catch (const json::exception& e) {
+    throw crisp::Error("--check-logits", "'" + args.check_logits + "' has a field of the wrong type (" + e.what() + ")",
+                       "token_ids and argmax lists of integers, last_logits a list of numbers, last_std a number");
+  }
   if (ids.empty() || ref_argmax.size() != ids.size()) {
     throw crisp::Error("--check-logits", "token_ids and argmax differ in length or are empty",
                        "one argmax per token");
@@ -140,6 +149,7 @@ void check_logits(const RunArgs& args, const crisp::model::RunOptions& run_optio
 void run(const RunArgs& args, bool cuda_attention_given) {
   namespace cm = crisp::model;
   // Every argument check that needs no model comes before the (seconds-long) model load.
+  crisp_cli::require_writable("--json", args.json_path);
   const cm::ModelBackend backend = cm::parse_model_backend(args.backend, "--backend");
   cm::require_model_backend(backend, "--backend");
   const cm::CudaPrefillAttention cuda_attention = cm::parse_cuda_prefill_attention(args.cuda_attention);
@@ -163,7 +173,7 @@ void run(const RunArgs& args, bool cuda_attention_given) {
   if (rope_type != cm::RopeScalingType::none && args.rope_factor > 0.0 && args.rope_factor < 1.0) {
     throw crisp::Error("--rope-factor", "is " + std::to_string(args.rope_factor), "a factor >= 1");
   }
-  if (!args.system.empty() && !args.chat) throw crisp::Error("--system", "needs --chat", "--chat with --system");
+  if (!args.system.empty() && args.no_chat) throw crisp::Error("--system", "needs the chat template", "no --no-chat with --system");
   const crisp::Config attention = crisp_cli::make_config(args.policy);
   const std::string text = args.prompt_file.empty() ? args.prompt : crisp_cli::read_text_file("--prompt-file", args.prompt_file);
   if (text.empty()) throw crisp::Error("--prompt", "is empty", "some text to answer");
@@ -174,8 +184,10 @@ void run(const RunArgs& args, bool cuda_attention_given) {
   const cm::LlamaModel& model = loaded.model;
   const cm::LlamaHparams& hp = model.hparams();
 
+  // An instruct model answers only in its chat format: the template applies unless --no-chat.
+  const bool use_chat = !args.no_chat && (args.chat || !args.system.empty() || tokenizer.has_chat_template());
   std::string prompt_text = text;
-  if (args.chat) {
+  if (use_chat) {
     std::vector<cm::ChatMessage> messages;
     if (!args.system.empty()) messages.push_back({"system", args.system});
     messages.push_back({"user", text});
@@ -198,21 +210,22 @@ void run(const RunArgs& args, bool cuda_attention_given) {
         args.rope_factor > 0.0 ? args.rope_factor
                                : std::max(1.0, std::ceil(static_cast<double>(positions) / hp.n_ctx_train));
   }
-  const bool beyond_training = positions > hp.n_ctx_train || options.run.rope.type != cm::RopeScalingType::none;
+  // Past the trained context without RoPE scaling the model's output is meaningless: refused.
+  if (rope_type == cm::RopeScalingType::none && positions > hp.n_ctx_train) {
+    throw crisp::Error("--rope-scaling",
+                       "is none, but the prompt's " + std::to_string(prompt.size()) + " tokens + --max-new-tokens " +
+                           std::to_string(args.max_new_tokens) + " = " + std::to_string(positions) +
+                           " positions exceed the model's trained context of " + std::to_string(hp.n_ctx_train),
+                       "a shorter prompt, a smaller --max-new-tokens, or --rope-scaling linear|ntk|yarn");
+  }
+  cm::require_kv_cache_fits(hp, positions, cm::physical_memory_bytes(), "--max-new-tokens");
+  const bool beyond_training = options.run.rope.type != cm::RopeScalingType::none;
   if (beyond_training) {
     crisp_cli::finish_progress_line();
-    if (options.run.rope.type == cm::RopeScalingType::none) {
-      std::fprintf(stderr,
-                   "crisp: warning: up to %lld positions, past the model's trained context of %lld and "
-                   "without RoPE scaling: expect degraded output (see --rope-scaling)\n",
-                   static_cast<long long>(positions), static_cast<long long>(hp.n_ctx_train));
-    } else {
-      std::fprintf(stderr,
-                   "crisp: warning: RoPE scaling %s x%.3g — beyond the model's training (trained context %lld); "
-                   "answers are not what the model was trained to give\n",
-                   cm::to_string(options.run.rope.type), options.run.rope.factor,
-                   static_cast<long long>(hp.n_ctx_train));
-    }
+    std::fprintf(stderr,
+                 "crisp: warning: RoPE scaling %s x%.3g — beyond the model's training (trained context %lld); "
+                 "answers are not what the model was trained to give\n",
+                 cm::to_string(options.run.rope.type), options.run.rope.factor, static_cast<long long>(hp.n_ctx_train));
   }
   if (!args.quiet) {
     std::fprintf(stderr, "crisp: %lld prompt tokens, policy %s, backend %s (%s)\n",
@@ -305,8 +318,11 @@ void register_run_command(CLI::App& app) {
   auto* prompt = sub->add_option("--prompt", args->prompt, "Prompt text");
   auto* prompt_file = sub->add_option("--prompt-file", args->prompt_file, "Read the prompt from this file");
   prompt->excludes(prompt_file);
-  sub->add_flag("--chat", args->chat, "Wrap the prompt as a user message in the model's chat template");
-  sub->add_option("--system", args->system, "System message (with --chat)");
+  auto* chat = sub->add_flag("--chat", args->chat,
+                             "Wrap the prompt as a user message in the model's chat template (the default when the "
+                             "model has one)");
+  sub->add_flag("--no-chat", args->no_chat, "Give the prompt as it is, without the chat template")->excludes(chat);
+  sub->add_option("--system", args->system, "System message (in the chat template)");
   crisp_cli::add_policy_options(*sub, args->policy);
   sub->add_option("--max-new-tokens", args->max_new_tokens, "Most tokens to generate")
       ->capture_default_str()

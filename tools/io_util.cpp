@@ -1,7 +1,13 @@
 // tools/io_util.cpp — see io_util.h.
 #include "io_util.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "crisp/error.h"
@@ -17,11 +23,53 @@ std::string read_text_file(const std::string& argument, const std::string& path)
 }
 
 void write_text_file(const std::string& argument, const std::string& path, const std::string& text) {
+  if (path == "-") {
+    std::cout.write(text.data(), static_cast<std::streamsize>(text.size()));
+    std::cout.flush();
+    if (!std::cout) throw crisp::Error(argument, "failed writing to standard output", "a writable standard output");
+    return;
+  }
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
   if (!file) throw crisp::Error(argument, "cannot open '" + path + "' for writing", "a writable path");
   file.write(text.data(), static_cast<std::streamsize>(text.size()));
   file.close();
   if (!file) throw crisp::Error(argument, "failed writing '" + path + "'", "a writable path with free space");
+}
+
+bool is_stdout_path(const std::string& path) { return path == "-" || path == "/dev/stdout"; }
+
+void require_writable(const std::string& argument, const std::string& path) {
+  if (path.empty() || is_stdout_path(path)) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw crisp::Error(argument, "'" + path + "' is a directory", "a file path");
+  if (fs::exists(path, ec)) {
+    if (::access(path.c_str(), W_OK) != 0)
+      throw crisp::Error(argument, "cannot write '" + path + "': " + std::strerror(errno), "a writable path");
+    return;
+  }
+  const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw crisp::Error(argument, "directory '" + parent.string() + "' of '" + path + "' does not exist",
+                       "a path in an existing directory");
+  if (::access(parent.c_str(), W_OK) != 0)
+    throw crisp::Error(argument, "cannot create '" + path + "': " + std::strerror(errno), "a writable path");
+}
+
+void require_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  namespace fs = std::filesystem;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      const std::string& a = outputs[j].second;
+      const std::string& b = outputs[i].second;
+      if (a.empty() || b.empty()) continue;
+      std::error_code ec;
+      const bool same = fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec) || a == b;
+      if (same)
+        throw crisp::Error(outputs[i].first, "'" + b + "' is also the " + outputs[j].first + " file",
+                           "a different path from " + outputs[j].first + " (one output would overwrite the other)");
+    }
+  }
 }
 
 }  // namespace crisp_cli

@@ -3,15 +3,18 @@
 // Exit status: 0 on success (and for --help / --version), 2 for every error: bad command-line
 // arguments (CLI11 parse errors are mapped to 2 as well, not CLI11's own codes), unreadable or
 // invalid inputs, invalid parameters. Errors are printed as "crisp: error: <message>" on stderr.
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <new>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "crisp/error.h"
+#include "io/printable.h"
 #include "progress.h"
 
 namespace {
@@ -19,7 +22,7 @@ namespace {
 int report(const std::string& message, int code) {
   std::fflush(stdout);
   crisp_cli::finish_progress_line();
-  std::cerr << "crisp: error: " << message << "\n";
+  std::cerr << "crisp: error: " << crisp::printable(message) << "\n";
   return code;
 }
 
@@ -43,6 +46,19 @@ int main(int argc, char** argv) {
   register_bench_command(app);
   register_run_command(app);
 
+  // An unknown command: named, with the commands there are (CLI11 would only say that an
+  // argument was not expected).
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known = known || sub->check_name(argv[1]);
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known)
+      return report(std::string("unknown command '") + argv[1] + "'; expected one of " + names + " (see --help)",
+                    crisp_cli::kExitError);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& success) {
@@ -55,6 +71,10 @@ int main(int argc, char** argv) {
     return report(failure.what(), failure.code());
   } catch (const std::bad_alloc&) {
     return report("out of memory (inputs too large for this machine?)", crisp_cli::kExitError);
+  } catch (const nlohmann::json::exception& malformed) {
+    // A JSON input of the wrong shape that a command did not check field by field.
+    return report(std::string("a JSON input does not have the expected fields or types: ") + malformed.what(),
+                  crisp_cli::kExitError);
   } catch (const std::exception& unexpected) {
     // Not a documented failure mode: still a clean message and status 2 rather than an abort.
     return report(std::string("internal error: ") + unexpected.what(), crisp_cli::kExitError);

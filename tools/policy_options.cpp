@@ -25,9 +25,7 @@ void add_policy_options(CLI::App& sub, PolicyOptions& options) {
                  "CPU arithmetic: f32 (fp32 compute, fp64 sums) or f64 (the fp64 reference)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "f64"}));
-  sub.add_option("--threads", options.threads, "CPU threads (0 = all hardware threads)")
-      ->capture_default_str()
-      ->check(crisp_cli::kNonNegativeInteger);
+  crisp_cli::add_threads_option(sub, options.threads);
 }
 
 crisp::Config make_config(const PolicyOptions& options) {

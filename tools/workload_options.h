@@ -30,7 +30,9 @@ inline void add_workload_options(CLI::App& sub, WorkloadOptions& options) {
   sub.add_option("--dim", options.dim, "Head dimension d (at most 256)")
       ->capture_default_str()
       ->check(kPositiveInteger);
-  sub.add_option("--seed", options.seed, "Seed of the synthetic workload")->capture_default_str();
+  sub.add_option("--seed", options.seed, "Seed of the synthetic workload")
+      ->capture_default_str()
+      ->check(crisp_cli::kNonNegativeInteger);  // CLI11 would wrap -1 to 2^64 - 1
 }
 
 // The structured workload of crisp/workload.h with these shapes; the structural knobs keep their
