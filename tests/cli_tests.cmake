@@ -119,6 +119,10 @@ crisp_cli_test(out_of_range_value ARGS "plan|${QK_A}|--set|gamma=1.5|--json|${CL
   STDERR "${ERR}.*gamma" REQUIRES cli_gen_a)
 crisp_cli_test(bad_enum_value ARGS "plan|${QK_A}|--set|routing=sometimes|--json|${CLI_DIR}/x.json"
   STDERR "${ERR}.*routing" REQUIRES cli_gen_a)
+crisp_cli_test(bad_vs_floor ARGS "plan|${QK_A}|--set|vs_floor=median|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}.*vs_floor.*mean, uniform, max" REQUIRES cli_gen_a)
+crisp_cli_test(bad_pe_alpha ARGS "plan|${QK_A}|--set|pe_rule=floor|--set|pe_alpha=0|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}.*pe_alpha.*> 0" REQUIRES cli_gen_a)
 crisp_cli_test(bad_block ARGS "plan|${QK_A}|--block|96|--json|${CLI_DIR}/x.json"
   STDERR "${ERR}.*block_size" REQUIRES cli_gen_a)
 

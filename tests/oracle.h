@@ -296,10 +296,16 @@ inline std::vector<bool> vs_select(const Proxy& P, const Config& cfg, bool verti
   keep[0] = true;  // anchor
   switch (cfg.vs_budget) {
     case crisp::VsRule::noise_floor: {
+      // vs_floor: mean = alpha * mean(pooled[1 .. N-2]); uniform = uniform_alpha / N (the mass of
+      // a block under uniform attention); max = the larger of the two.
       double mu = 0.0;
       for (int b = 1; b <= N - 2; ++b) mu += pooled[static_cast<size_t>(b)];
       mu /= static_cast<double>(N - 2);
-      const double threshold = cfg.alpha * mu;
+      const double mean_floor = cfg.alpha * mu;
+      const double uniform_floor = cfg.uniform_alpha / static_cast<double>(N);
+      double threshold = mean_floor;
+      if (cfg.vs_floor == crisp::VsFloor::uniform) threshold = uniform_floor;
+      if (cfg.vs_floor == crisp::VsFloor::max) threshold = std::max(mean_floor, uniform_floor);
       for (int b = 1; b < N; ++b) {
         const double m = pooled[static_cast<size_t>(b)];
         if (m > threshold) keep[static_cast<size_t>(b)] = true;
@@ -389,6 +395,55 @@ inline void build_layout(HeadResult& h, int N, const std::vector<bool>& vflag, c
   h.density = static_cast<double>(h.col.size()) / (static_cast<double>(N) * (N + 1) / 2.0);
 }
 
+// §4 row floor: keep (r, c <= r) iff P[r, c] > pe_alpha / (r + 1), the row's uniform level.
+// Result indexed r * N + c.
+inline std::vector<bool> pe_row_floor(const Proxy& P, const Config& cfg, double tol, std::vector<std::string>& fragile) {
+  const int N = P.N;
+  std::vector<bool> pe(static_cast<size_t>(N * N), false);
+  for (int r = 0; r < N; ++r) {
+    const double level = cfg.pe_alpha / static_cast<double>(r + 1);
+    for (int c = 0; c <= r; ++c) {
+      const double prob = P.P[static_cast<size_t>(r * N + c)];
+      pe[static_cast<size_t>(r * N + c)] = prob > level;
+      // Row 0's entry and every entry of a row of equal logits sit exactly at the level in any
+      // precision (exp(0) / (r + 1)); elsewhere a near tie may flip under rounding.
+      if (near(prob, level, tol) && prob != level) {
+        std::ostringstream os;
+        os << "PE floor: entry (" << r << ", " << c << ") P " << prob << " vs level " << level;
+        fragile.push_back(os.str());
+      }
+    }
+  }
+  return pe;
+}
+
+// §4 global coverage: entries (r, c <= r) by P descending, ties by smaller r*N + c; keep while
+// the running sum before the entry is < pe_gamma * N (the crossing entry included).
+inline std::vector<bool> pe_global_coverage(const Proxy& P, const Config& cfg, double tol,
+                                            std::vector<std::string>& fragile) {
+  const int N = P.N;
+  std::vector<bool> pe(static_cast<size_t>(N * N), false);
+  std::vector<double> flat(static_cast<size_t>(N * N), -1.0);  // -1 marks c > r (never chosen)
+  for (int r = 0; r < N; ++r)
+    for (int c = 0; c <= r; ++c) flat[static_cast<size_t>(r * N + c)] = P.P[static_cast<size_t>(r * N + c)];
+  std::vector<int64_t> order = tie_sorted(flat);
+  const double target = cfg.pe_gamma * N;
+  double run = 0.0;
+  size_t kept = 0;
+  for (int64_t e : order) {
+    if (flat[static_cast<size_t>(e)] < 0.0) break;
+    if (!(run < target)) break;
+    pe[static_cast<size_t>(e)] = true;
+    run += flat[static_cast<size_t>(e)];
+    ++kept;
+  }
+  // Fragile if the stop is within tol of the target, or the boundary entries nearly tie.
+  const double before_last = run - (kept ? flat[static_cast<size_t>(order[kept - 1])] : 0.0);
+  if (near(run, target, tol) || (kept && near(before_last, target, tol))) fragile.push_back("PE coverage: running sum at target");
+  if (kept < order.size() && flat[static_cast<size_t>(order[kept])] >= 0.0) note_boundary(fragile, flat, order, kept, tol, "PE coverage");
+  return pe;
+}
+
 // Is a sequence of n tokens planned dense (§7 + brief)?
 inline bool is_short(int64_t n, const Config& cfg) {
   return num_blocks(n, cfg.block_size) <= 2 || n <= cfg.min_budget || n <= cfg.dense_below;
@@ -442,29 +497,8 @@ inline HeadResult plan_head(const Proxy& P, const Config& cfg, double tol) {
     vflag[0] = sflag[0] = true;
     apply_min_budget(vflag, P.pv, min_blocks, tol, h.fragile, "PE vertical min_budget");
     apply_min_budget(sflag, P.ps, min_blocks, tol, h.fragile, "PE slash min_budget");
-    // §4 global coverage: entries (r, c <= r) by P descending, ties by smaller r*N + c; keep while
-    // the running sum before the entry is < pe_gamma * N (the crossing entry included).
-    std::vector<double> flat(static_cast<size_t>(N * N), -1.0);  // -1 marks c > r (never chosen)
-    for (int r = 0; r < N; ++r)
-      for (int c = 0; c <= r; ++c) flat[static_cast<size_t>(r * N + c)] = P.P[static_cast<size_t>(r * N + c)];
-    std::vector<int64_t> order = tie_sorted(flat);
-    const double target = cfg.pe_gamma * N;
-    pe.assign(static_cast<size_t>(N * N), false);
-    double run = 0.0;
-    size_t kept = 0;
-    for (int64_t e : order) {
-      if (flat[static_cast<size_t>(e)] < 0.0) break;
-      if (!(run < target)) break;
-      pe[static_cast<size_t>(e)] = true;
-      run += flat[static_cast<size_t>(e)];
-      ++kept;
-    }
-    // Fragile if the stop is within tol of the target, or the boundary entries nearly tie.
-    {
-      double before_last = run - (kept ? flat[static_cast<size_t>(order[kept - 1])] : 0.0);
-      if (near(run, target, tol) || (kept && near(before_last, target, tol))) h.fragile.push_back("PE coverage: running sum at target");
-      if (kept < order.size() && flat[static_cast<size_t>(order[kept])] >= 0.0) note_boundary(h.fragile, flat, order, kept, tol, "PE coverage");
-    }
+    pe = cfg.pe_rule == crisp::PeRule::floor ? pe_row_floor(P, cfg, tol, h.fragile)
+                                             : pe_global_coverage(P, cfg, tol, h.fragile);
   }
   h.vertical = sorted_set(vflag);
   h.slash = sorted_set(sflag);

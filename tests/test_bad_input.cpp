@@ -247,6 +247,12 @@ TEST(BadInput, UnknownPresetAndParameters) {
   expect_error([&] { c.set("routing", "flex"); }, "routing", "unknown routing");
   expect_error([&] { c.set("vs_budget", "topp"); }, "vs_budget", "unknown rule");
   expect_error([&] { c.set("slash_cover", "double"); }, "slash_cover", "unknown cover");
+  expect_error([&] { c.set("vs_floor", "median"); }, "vs_floor", "unknown floor");
+  expect_error([&] { c.set("uniform_alpha", "0"); }, "uniform_alpha", "uniform_alpha = 0");
+  expect_error([&] { c.set("uniform_alpha", "inf"); }, "uniform_alpha", "infinite uniform_alpha");
+  expect_error([&] { c.set("pe_rule", "walk"); }, "pe_rule", "unknown PE rule");
+  expect_error([&] { c.set("pe_alpha", "-0.5"); }, "pe_alpha", "negative pe_alpha");
+  expect_error([&] { c.set("pe_alpha", "nan"); }, "pe_alpha", "NaN pe_alpha");
   expect_error([&] { c.set("block_size", "96"); }, "block_size", "block 96");
   expect_error([&] { c.set("block_size", "256"); }, "block_size", "block 256");
   // A rejected set() leaves the config unchanged.
@@ -278,6 +284,10 @@ TEST(BadInput, InvalidConfigFieldsRejectedByPlan) {
       {[](crisp::Config& c) { c.routing = static_cast<crisp::Routing>(42); }, "routing"},
       {[](crisp::Config& c) { c.vs_budget = static_cast<crisp::VsRule>(7); }, "vs_budget"},
       {[](crisp::Config& c) { c.slash_cover = static_cast<crisp::SlashCover>(5); }, "slash_cover"},
+      {[](crisp::Config& c) { c.vs_floor = static_cast<crisp::VsFloor>(3); }, "vs_floor"},
+      {[](crisp::Config& c) { c.pe_rule = static_cast<crisp::PeRule>(2); }, "pe_rule"},
+      {[](crisp::Config& c) { c.uniform_alpha = 0.0; }, "uniform_alpha"},
+      {[](crisp::Config& c) { c.pe_alpha = std::numeric_limits<double>::infinity(); }, "pe_alpha"},
   };
   for (const auto& c : cases) {
     crisp::Config cfg = crisp_cfg();

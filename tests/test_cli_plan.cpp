@@ -89,6 +89,9 @@ std::vector<CliCase> cli_cases() {
       {"crisp", {"routing=none", "alpha=0.5", "max_budget=300"}, 128},
       {"crisp", {"routing=cstruct", "w_sink=64", "w_local=32", "tau_proxy=0.1", "softmax_scale=0.15"}, 64},
       {"flexprefill", {"tau=0.3", "gamma=0.8", "min_budget=0", "slash_cover=exact"}, 128},
+      {"crisp", {"routing=none", "vs_floor=uniform", "uniform_alpha=2"}, 0},
+      {"crisp", {"vs_floor=max", "uniform_alpha=0.5", "alpha=1.5"}, 64},
+      {"crisp", {"routing=cstruct", "tau_proxy=0.9", "pe_rule=floor", "pe_alpha=2"}, 64},
   };
 }
 
@@ -109,6 +112,12 @@ void run_cases(const std::string& q_path, const std::string& k_path, oracle::Pla
     nlohmann::json plan = run_plan(q_path, k_path, args, json_path);
     if (plan.is_null()) continue;
     EXPECT_EQ(plan["block_size"].get<int>(), cfg.block_size) << args;
+    // The JSON's config lists every setting as given.
+    for (const auto& set : c.sets) {
+      const std::string key = set.substr(0, set.find('=')), value = set.substr(set.find('=') + 1);
+      ASSERT_TRUE(plan["config"].contains(key)) << args << ": no config." << key;
+      EXPECT_EQ(plan["config"][key].get<std::string>(), value) << args;
+    }
     expect_json_matches(plan, op.plan(cfg, 1e-12)[0], args);
   }
 }

@@ -194,6 +194,23 @@ std::vector<std::pair<std::string, std::vector<std::string>>> config_grid() {
   grid.push_back({"crisp", {"softmax_scale=0.2"}});
   grid.push_back({"flexprefill", {"softmax_scale=0.05"}});
   grid.push_back({"crisp", {"dense_below=900"}});
+  // Options under evaluation (appended, so the entries above keep their block sizes): the noise
+  // floor at the uniform level, or the larger of it and the mean floor (VS forced, and under the
+  // preset's routing); the PE row floor (PE forced, and mixed with VS heads).
+  for (const char* ua : {"0.5", "1", "2", "4"}) {
+    grid.push_back({"crisp", {"routing=none", "vs_floor=uniform", std::string("uniform_alpha=") + ua}});
+    grid.push_back({"crisp", {"routing=none", "vs_floor=max", std::string("uniform_alpha=") + ua}});
+  }
+  grid.push_back({"crisp", {"vs_floor=uniform"}});
+  grid.push_back({"crisp", {"vs_floor=max", "alpha=2"}});
+  grid.push_back({"crisp", {"routing=none", "vs_floor=uniform", "min_budget=256", "max_budget=700"}});
+  grid.push_back({"flexprefill", {"vs_budget=noise_floor", "vs_floor=uniform"}});
+  for (const char* pa : {"0.5", "1", "2", "4"})
+    grid.push_back({"crisp", {"routing=cstruct", "tau_proxy=0.99", "pe_rule=floor", std::string("pe_alpha=") + pa}});
+  grid.push_back({"crisp", {"pe_rule=floor"}});
+  grid.push_back({"crisp", {"routing=cstruct", "tau_proxy=0.99", "pe_rule=floor", "min_budget=256"}});
+  grid.push_back({"flexprefill", {"tau=0.5", "pe_rule=floor", "pe_alpha=2"}});
+  grid.push_back({"crisp", {"routing=cstruct", "tau_proxy=0.4", "vs_floor=uniform", "pe_rule=floor"}});
   return grid;
 }
 
@@ -319,6 +336,24 @@ TEST(PlanOracle, RandomGaussianF32) {
   run_grid(c, crisp::Precision::f32, t);
   report(t);
   EXPECT_LE(t.fragile_skipped * 20, t.heads) << "too many float32 knife edges skipped";
+}
+
+// The options under evaluation must change the plan on the structured workload, or the grid's
+// agreement with the oracle says nothing about them.
+TEST(PlanOracle, FloorOptionsChangeThePlan) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  Case c = workload_case(seed, {1536}, 4, 1, 32);
+  const auto cols = [&](const std::vector<std::string>& sets) {
+    crisp::Config cfg = crisp::Config::from_preset("crisp");
+    for (const auto& kv : sets) cfg.set(kv);
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& head : api_plan(c, cfg, crisp::Precision::f64).sequences.at(0).heads) out.push_back(head.col);
+    return out;
+  };
+  EXPECT_NE(cols({"routing=none"}), cols({"routing=none", "vs_floor=uniform"}));
+  EXPECT_NE(cols({"routing=none", "alpha=0.5"}), cols({"routing=none", "alpha=0.5", "vs_floor=max", "uniform_alpha=2"}));
+  EXPECT_NE(cols({"routing=cstruct", "tau_proxy=0.99"}), cols({"routing=cstruct", "tau_proxy=0.99", "pe_rule=floor"}));
 }
 
 TEST(PlanOracle, VarlenBatchPlansEachSequenceAlone) {

@@ -21,12 +21,40 @@ using crisp::rules::kl_term;
 // ---------------------------------------------------------------- rules.h directly
 
 TEST(RulesDirect, NoiseFloorIsStrict) {
+  using crisp::rules::kFloorMean;
+  using crisp::rules::noise_floor_keeps;
+  using crisp::rules::noise_floor_threshold;
   // A block exactly at alpha * mu is NOT kept; the next representable value above is.
-  EXPECT_FALSE(crisp::rules::noise_floor_keeps(0.25, 0.125, 2.0));
-  EXPECT_TRUE(crisp::rules::noise_floor_keeps(std::nextafter(0.25, 1.0), 0.125, 2.0));
-  EXPECT_FALSE(crisp::rules::noise_floor_keeps(0.0, 0.0, 1.0));  // zero mass at a zero floor
+  const double at = noise_floor_threshold(kFloorMean, 0.125, 2.0, 1.0, 10);
+  EXPECT_EQ(at, 0.25);
+  EXPECT_FALSE(noise_floor_keeps(0.25, at));
+  EXPECT_TRUE(noise_floor_keeps(std::nextafter(0.25, 1.0), at));
+  // zero mass at a zero floor
+  EXPECT_FALSE(noise_floor_keeps(0.0, noise_floor_threshold(kFloorMean, 0.0, 1.0, 1.0, 10)));
   EXPECT_EQ(crisp::rules::noise_floor_first(10), 1);
   EXPECT_EQ(crisp::rules::noise_floor_last(10), 8);  // mean over pv[1 .. N-2]
+}
+
+TEST(RulesDirect, NoiseFloorKinds) {
+  using namespace crisp::rules;
+  // N = 8: the uniform level is 1/8; uniform_alpha 2 -> 1/4. The mean floor alpha * mu = 3 * 1/16.
+  EXPECT_EQ(noise_floor_threshold(kFloorUniform, 1 / 16.0, 3.0, 2.0, 8), 0.25);
+  EXPECT_EQ(noise_floor_threshold(kFloorMean, 1 / 16.0, 3.0, 2.0, 8), 3 / 16.0);
+  EXPECT_EQ(noise_floor_threshold(kFloorMax, 1 / 16.0, 3.0, 2.0, 8), 0.25);   // uniform is larger
+  EXPECT_EQ(noise_floor_threshold(kFloorMax, 1 / 16.0, 5.0, 2.0, 8), 5 / 16.0);  // mean is larger
+  EXPECT_FALSE(floor_uses_mean(kFloorUniform));
+  EXPECT_TRUE(floor_uses_mean(kFloorMean));
+  EXPECT_TRUE(floor_uses_mean(kFloorMax));
+}
+
+TEST(RulesDirect, PeRowFloorIsStrict) {
+  using crisp::rules::pe_floor_keeps;
+  // Row 3 has 4 entries: the uniform level 1/4; pe_alpha 2 -> 1/2.
+  EXPECT_EQ(crisp::rules::pe_row_floor(2.0, 3), 0.5);
+  EXPECT_FALSE(pe_floor_keeps(0.5, 3, 2.0));
+  EXPECT_TRUE(pe_floor_keeps(std::nextafter(0.5, 1.0), 3, 2.0));
+  EXPECT_FALSE(pe_floor_keeps(1.0, 0, 1.0));  // row 0's only entry is at its level (kept as the diagonal)
+  EXPECT_TRUE(pe_floor_keeps(1.0, 0, 0.5));
 }
 
 TEST(RulesDirect, CumulativeBlocks) {
@@ -399,6 +427,29 @@ TEST(RulesCrafted, PeGlobalCoverageIncludesCrossingEntry) {
   h = f.plan(cfg);
   EXPECT_EQ(row(h, 2), (V{0, 2}));
   EXPECT_EQ(row(h, 1), (V{0, 1}));
+}
+
+TEST(RulesCrafted, PeRowFloorOnUniformRows) {
+  // q = 0: every row of P is uniform, P[r, c] = 1 / (r + 1) exactly, i.e. at the row's level.
+  Flat f(640);  // N = 10 at B = 64
+  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  cfg.set("tau_proxy=1");  // C_struct < 1 -> PE
+  cfg.set("routing=cstruct");
+  cfg.set("slash_cover=single");
+  cfg.set("pe_rule=floor");
+  // pe_alpha 1: no entry is strictly above its level; only {0, r} remain.
+  crisp::HeadPlan h = f.plan(cfg);
+  ASSERT_EQ(h.route, crisp::Route::pe);
+  EXPECT_EQ(h.vertical, (V{0}));
+  EXPECT_EQ(h.slash, (V{0}));
+  EXPECT_EQ(row(h, 0), (V{0}));
+  EXPECT_EQ(row(h, 5), (V{0, 5}));
+  EXPECT_EQ(h.col.size(), 1u + 9u * 2u);
+  // pe_alpha 0.5: every entry is above half its level: dense.
+  cfg.set("pe_alpha=0.5");
+  h = f.plan(cfg);
+  EXPECT_EQ(h.col.size(), 55u);
+  EXPECT_EQ(row(h, 5), (V{0, 1, 2, 3, 4, 5}));
 }
 
 TEST(RulesCrafted, JsdAndCStructClosedForm) {

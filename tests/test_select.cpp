@@ -115,6 +115,58 @@ TEST(SelectPipeline, NoiseFloorThenBudgets) {
   EXPECT_EQ(flagged(with_max.flags), (std::vector<int32_t>{0, 7}));
 }
 
+TEST(SelectPipeline, NoiseFloorUniformAndMax) {
+  // kPooled has N = 8: the uniform level is 1/8 = 8/64, the mean floor (alpha 1) 4/64.
+  const auto select_with = [](crisp::VsFloor floor, double alpha, double uniform_alpha) {
+    PlanParams p = params_of("crisp", 64);
+    p.vs_floor = floor;
+    p.alpha = alpha;
+    p.uniform_alpha = uniform_alpha;
+    SerialSide side{kPooled, {}};
+    select::select_side(p, crisp::rules::kRouteVs, 8 * 64, true, side);
+    return flagged(side.flags);
+  };
+  using crisp::VsFloor;
+  using V = std::vector<int32_t>;
+  // uniform, uniform_alpha 1: block 1 sits exactly at 8/64 and is not kept (strict).
+  EXPECT_EQ(select_with(VsFloor::uniform, 1.0, 1.0), (V{0, 6, 7}));
+  // uniform_alpha 0.5: 4/64, block 1 kept; alpha is not read.
+  EXPECT_EQ(select_with(VsFloor::uniform, 100.0, 0.5), (V{0, 1, 6, 7}));
+  // uniform_alpha 0.125: 1/64, blocks 2..5 sit exactly at it and are not kept.
+  EXPECT_EQ(select_with(VsFloor::uniform, 1.0, 0.125), (V{0, 1, 6, 7}));
+  // max: the uniform level 8/64 is above the mean floor 4/64.
+  EXPECT_EQ(select_with(VsFloor::max, 1.0, 1.0), (V{0, 6, 7}));
+  // max: the mean floor 2.5 * 4/64 = 10/64 is above the uniform level 4/64.
+  EXPECT_EQ(select_with(VsFloor::max, 2.5, 0.5), (V{0, 6, 7}));
+  EXPECT_EQ(select_with(VsFloor::uniform, 2.5, 0.5), (V{0, 1, 6, 7}));
+  // max: 3.5 * 4/64 = 14/64 keeps only block 7 (16/64).
+  EXPECT_EQ(select_with(VsFloor::max, 3.5, 1.0), (V{0, 7}));
+  // mean (the default) is unchanged by uniform_alpha.
+  EXPECT_EQ(select_with(VsFloor::mean, 1.0, 100.0), (V{0, 1, 6, 7}));
+}
+
+TEST(SelectPipeline, PeFloorIsTheRowUniformLevel) {
+  PlanParams p = params_of("crisp", 64);
+  EXPECT_TRUE(select::pe_walks(p));  // coverage by default
+  p.pe_rule = crisp::PeRule::floor;
+  EXPECT_FALSE(select::pe_walks(p));
+  // Row 4 has 5 entries: level 1/5 at pe_alpha 1, 2/5 at pe_alpha 2.
+  p.pe_alpha = 1.0;
+  EXPECT_FALSE(select::pe_floor_keeps(p, 4, 0.2));
+  EXPECT_TRUE(select::pe_floor_keeps(p, 4, 0.21));
+  EXPECT_TRUE(select::pe_floor_keeps(p, 9, 0.11));  // row 9: level 1/10
+  p.pe_alpha = 2.0;
+  EXPECT_FALSE(select::pe_floor_keeps(p, 4, 0.4));
+  EXPECT_TRUE(select::pe_floor_keeps(p, 4, 0.41));
+  // A row's entries sum to 1, so at pe_alpha >= 1 at most r of its r + 1 entries pass, and a row
+  // of equal entries keeps none.
+  p.pe_alpha = 1.0;
+  const double row[4] = {0.5, 0.25, 0.125, 0.125};  // row 3: level 1/4
+  int kept = 0;
+  for (double x : row) kept += select::pe_floor_keeps(p, 3, x);
+  EXPECT_EQ(kept, 1);
+}
+
 TEST(SelectPipeline, PeHeadKeepsAnchorAndMinBudgetOnly) {
   PlanParams p = params_of("crisp", 64);
   p.min_budget = 3 * 64;

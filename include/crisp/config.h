@@ -23,6 +23,21 @@ enum class VsRule {
   topk,         // MInference-style: fixed token budgets mapped to blocks (block-level approximation)
 };
 
+// §3 noise_floor: the floor a block's pooled mass must exceed (an option under evaluation; the
+// crisp preset keeps `mean`).
+enum class VsFloor {
+  mean,     // alpha * mean of the non-anchor masses 1 .. N-2
+  uniform,  // uniform_alpha / N: the level of uniform attention
+  max,      // the larger of the two
+};
+
+// §4: which entries of the block-causal estimate P a PE head keeps (an option under evaluation;
+// the crisp preset keeps `coverage`).
+enum class PeRule {
+  coverage,  // global coverage: entries by P descending until the running sum reaches pe_gamma * N
+  floor,     // every entry (r, c) with P[r, c] > pe_alpha / (r + 1), the row's uniform level
+};
+
 // §5: which key blocks a slash distance-block c reaches from query block r.
 enum class SlashCover {
   exact,   // r-c and r-c-1 (a diagonal at distance [cB, cB+B) crosses both)
@@ -34,6 +49,8 @@ enum class Route { vs, pe, dense };
 
 const char* to_string(Routing r);
 const char* to_string(VsRule r);
+const char* to_string(VsFloor f);
+const char* to_string(PeRule r);
 const char* to_string(SlashCover c);
 const char* to_string(Route r);
 
@@ -53,13 +70,17 @@ struct Config {
 
   // §3 VS rule
   VsRule vs_budget = VsRule::noise_floor;
-  double alpha = 1.0;              // noise_floor multiplier
+  double alpha = 1.0;              // noise_floor multiplier of the mean floor
+  VsFloor vs_floor = VsFloor::mean;  // noise_floor: which floor
+  double uniform_alpha = 1.0;      // noise_floor multiplier of the uniform level 1/N
   double gamma = 0.95;             // cumulative mass target
   int64_t vertical_tokens = 1000;  // topk vertical budget (tokens)
   int64_t slash_tokens = 6096;     // topk slash budget (tokens)
 
   // §4 PE rule
-  double pe_gamma = 0.95;  // global coverage: keep entries until the running sum reaches pe_gamma*N
+  PeRule pe_rule = PeRule::coverage;
+  double pe_gamma = 0.95;  // coverage: keep entries until the running sum reaches pe_gamma*N
+  double pe_alpha = 1.0;   // floor: keep P[r, c] > pe_alpha / (r + 1)
 
   // §5 layout
   SlashCover slash_cover = SlashCover::exact;
@@ -82,9 +103,9 @@ struct Config {
   // naming "preset" for any other name.
   static Config from_preset(const std::string& name);
 
-  // Sets one parameter by its spec name (tau_proxy, rho, alpha, gamma, pe_gamma, tau, w_sink,
-  // w_local, min_budget, max_budget, routing, vs_budget, slash_cover, vertical_tokens,
-  // slash_tokens, block_size, softmax_scale, dense_below). Throws crisp::Error naming the key for
+  // Sets one parameter by its spec name (tau_proxy, rho, alpha, vs_floor, uniform_alpha, gamma,
+  // pe_rule, pe_gamma, pe_alpha, tau, w_sink, w_local, min_budget, max_budget, routing, vs_budget,
+  // slash_cover, vertical_tokens, slash_tokens, block_size, softmax_scale, dense_below). Throws crisp::Error naming the key for
   // an unknown key or a value that does not parse or is out of range.
   void set(const std::string& key, const std::string& value);
 

@@ -1,5 +1,6 @@
-// src/cpu/cpu_plan.cpp — the CPU planner: §1 proxy map, §2 routing, §3 VS rules, §4 PE global
-// coverage, §5 layout and §7 short sequences (docs/spec.md), per (sequence, query head).
+// src/cpu/cpu_plan.cpp — the CPU planner: §1 proxy map, §2 routing, §3 VS rules, §4 PE rules
+// (global coverage, row floor), §5 layout and §7 short sequences (docs/spec.md), per (sequence,
+// query head).
 //
 // The selection pipeline is src/plan/select.h (over the rules of src/plan/rules.h); this file
 // computes the proxy map and supplies the pipeline's primitives as serial loops.
@@ -318,8 +319,8 @@ std::vector<int32_t> flagged(const std::vector<char>& flags) {
   return out;
 }
 
-// §4 global coverage over the block-causal softmax of block means; returns the kept flags of the
-// causal entries, row r at r (r + 1) / 2.
+// §4 global coverage or the row floor over the block-causal softmax of block means; returns the
+// kept flags of the causal entries, row r at r (r + 1) / 2.
 template <typename T>
 std::vector<char> pe_entries(const PlanInputs<T>& in, int64_t s, int64_t h, const std::vector<T>& key_means) {
   const int B = in.params.block_size;
@@ -347,9 +348,17 @@ std::vector<char> pe_entries(const PlanInputs<T>& in, int64_t s, int64_t h, cons
     for (int32_t c = 0; c <= r; ++c) prob[e + c] /= denominator;
     e += r + 1;
   }
-  // Entry order e = r (r + 1) / 2 + c ranks ties like the spec's r N + c.
   std::vector<char> keep(static_cast<size_t>(entries), 0);
-  ranked_walk(prob.data(), 0, entries, select::pe_walk(in.params, N), [&](int64_t kept) { keep[kept] = 1; });
+  if (select::pe_walks(in.params)) {
+    // Entry order e = r (r + 1) / 2 + c ranks ties like the spec's r N + c.
+    ranked_walk(prob.data(), 0, entries, select::pe_walk(in.params, N), [&](int64_t kept) { keep[kept] = 1; });
+  } else {
+    for (int32_t r = 0; r < N; ++r)
+      for (int64_t c = 0; c <= r; ++c) {
+        const int64_t entry = rules::causal_blocks(r) + c;
+        keep[entry] = select::pe_floor_keeps(in.params, r, prob[entry]);
+      }
+  }
   return keep;
 }
 

@@ -635,8 +635,14 @@ class PlanStages {
     CRISP_CUDA_CHECK_LAUNCH("pe_softmax_kernel");
   }
 
-  // 5c. PE heads: global coverage (select::pe_walk) into pe_keep.
-  void pe_coverage() {
+  // 5c. PE heads: global coverage (select::pe_walk, a radix select) or the row floor
+  // (select::pe_floor_keeps, a parallel mark) into pe_keep.
+  void pe_select() {
+    if (!select::pe_walks(sp_.plan)) {
+      pe_floor_kernel<<<dim3(grid_for(max_n_, kPeSoftmaxWarps), slots_), kPeSoftmaxWarps * 32, 0, stream_>>>(sp_);
+      CRISP_CUDA_CHECK_LAUNCH("pe_floor_kernel");
+      return;
+    }
     SelectState* st = pw_.states(2);
     init_pe_select_kernel<<<grid_for(slots_, 128), 128, 0, stream_>>>(st, sp_, slots_);
     CRISP_CUDA_CHECK_LAUNCH("init_pe_select_kernel");
@@ -693,7 +699,7 @@ void plan_typed(const TensorView& q, const TensorView& k, const PlanParams& para
     timer.mark("pe_qmeans");
     stages.pe_prob();
     timer.mark("pe_prob");
-    stages.pe_coverage();
+    stages.pe_select();
   }
   timer.mark("pe_select");
   stages.layout();

@@ -39,6 +39,23 @@ const char* to_string(VsRule r) {
   return "unknown";
 }
 
+const char* to_string(VsFloor f) {
+  switch (f) {
+    case VsFloor::mean: return "mean";
+    case VsFloor::uniform: return "uniform";
+    case VsFloor::max: return "max";
+  }
+  return "unknown";
+}
+
+const char* to_string(PeRule r) {
+  switch (r) {
+    case PeRule::coverage: return "coverage";
+    case PeRule::floor: return "floor";
+  }
+  return "unknown";
+}
+
 const char* to_string(SlashCover c) {
   switch (c) {
     case SlashCover::exact: return "exact";
@@ -118,6 +135,8 @@ bool parse_enum(const std::string& text, const Enum (&values)[Count], Enum& out)
 
 const Routing kRoutings[] = {Routing::cstruct, Routing::cstruct_rel, Routing::jsd, Routing::none};
 const VsRule kVsRules[] = {VsRule::noise_floor, VsRule::cumulative, VsRule::topk};
+const VsFloor kVsFloors[] = {VsFloor::mean, VsFloor::uniform, VsFloor::max};
+const PeRule kPeRules[] = {PeRule::coverage, PeRule::floor};
 const SlashCover kSlashCovers[] = {SlashCover::exact, SlashCover::single};
 
 // An enum field set directly in C++ (not through set()) may hold any integer; validate() rejects
@@ -180,10 +199,20 @@ const std::vector<Parameter>& parameters() {
                 [](const Config& c) { return std::string(to_string(c.vs_budget)); },
                 [](const Config& c) { return is_one_of(c.vs_budget, kVsRules); }, "one of noise_floor, cumulative, topk"},
       CRISP_DOUBLE_PARAM(alpha, x > 0.0, "a finite number > 0"),
+      Parameter{"vs_floor", "one of mean, uniform, max",
+                [](Config& c, const std::string& s) { return parse_enum(s, kVsFloors, c.vs_floor); },
+                [](const Config& c) { return std::string(to_string(c.vs_floor)); },
+                [](const Config& c) { return is_one_of(c.vs_floor, kVsFloors); }, "one of mean, uniform, max"},
+      CRISP_DOUBLE_PARAM(uniform_alpha, x > 0.0, "a finite number > 0"),
       CRISP_DOUBLE_PARAM(gamma, x > 0.0 && x <= 1.0, "a number in (0, 1]"),
       CRISP_INT_PARAM(vertical_tokens, x >= 1, "an integer >= 1"),
       CRISP_INT_PARAM(slash_tokens, x >= 1, "an integer >= 1"),
+      Parameter{"pe_rule", "one of coverage, floor",
+                [](Config& c, const std::string& s) { return parse_enum(s, kPeRules, c.pe_rule); },
+                [](const Config& c) { return std::string(to_string(c.pe_rule)); },
+                [](const Config& c) { return is_one_of(c.pe_rule, kPeRules); }, "one of coverage, floor"},
       CRISP_DOUBLE_PARAM(pe_gamma, x > 0.0 && x <= 1.0, "a number in (0, 1]"),
+      CRISP_DOUBLE_PARAM(pe_alpha, x > 0.0, "a finite number > 0"),
       Parameter{"slash_cover", "one of exact, single",
                 [](Config& c, const std::string& s) { return parse_enum(s, kSlashCovers, c.slash_cover); },
                 [](const Config& c) { return std::string(to_string(c.slash_cover)); },
@@ -239,6 +268,8 @@ Config Config::from_preset(const std::string& name) {
     c.w_local = 128;
     c.vs_budget = VsRule::noise_floor;
     c.alpha = 1.0;
+    c.vs_floor = VsFloor::mean;
+    c.pe_rule = PeRule::coverage;
     c.pe_gamma = 0.95;
     c.slash_cover = SlashCover::exact;
     c.min_budget = 0;

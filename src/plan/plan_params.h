@@ -20,9 +20,12 @@ struct PlanParams {
   // §3 VS rules
   VsRule vs_rule;
   double alpha, gamma;
+  VsFloor vs_floor;
+  double uniform_alpha;
   int64_t vertical_tokens, slash_tokens;
   // §4 PE rule
-  double pe_gamma;
+  PeRule pe_rule;
+  double pe_gamma, pe_alpha;
   // §5 layout
   SlashCover cover;
   // Budget clamps and §7
@@ -43,9 +46,13 @@ inline PlanParams plan_params(const Config& c) {
   p.vs_rule = c.vs_budget;
   p.alpha = c.alpha;
   p.gamma = c.gamma;
+  p.vs_floor = c.vs_floor;
+  p.uniform_alpha = c.uniform_alpha;
   p.vertical_tokens = c.vertical_tokens;
   p.slash_tokens = c.slash_tokens;
+  p.pe_rule = c.pe_rule;
   p.pe_gamma = c.pe_gamma;
+  p.pe_alpha = c.pe_alpha;
   p.cover = c.slash_cover;
   p.min_budget = c.min_budget;
   p.max_budget = c.max_budget;

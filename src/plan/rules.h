@@ -33,6 +33,11 @@ enum RoutingCode : int32_t {
   kRoutingJsd = code_of(Routing::jsd),
   kRoutingNone = code_of(Routing::none),
 };
+enum VsFloorCode : int32_t {
+  kFloorMean = code_of(VsFloor::mean),
+  kFloorUniform = code_of(VsFloor::uniform),
+  kFloorMax = code_of(VsFloor::max),
+};
 enum SlashCoverCode : int32_t { kCoverExact = code_of(SlashCover::exact), kCoverSingle = code_of(SlashCover::single) };
 
 // ---------------------------------------------------------------- Notation
@@ -94,11 +99,26 @@ CRISP_HD bool ranks_before(double va, int64_t ia, double vb, int64_t ib) {
 }
 
 // ---------------------------------------------------------------- §3 VS rules
-// noise_floor: the floor is the mean of entries 1 .. N-2 (anchors and the far end excluded).
+// noise_floor: keep block b >= 1 iff its pooled mass is strictly above the floor.
+// The mean floor is alpha times the mean of entries 1 .. N-2 (anchors and the far end excluded).
 CRISP_HD int32_t noise_floor_first(int32_t /*N*/) { return 1; }
 CRISP_HD int32_t noise_floor_last(int32_t N) { return N - 2; }  // inclusive
-// Keep block b >= 1 iff its mass is strictly above alpha times the floor.
-CRISP_HD bool noise_floor_keeps(double mass, double floor_mean, double alpha) { return mass > alpha * floor_mean; }
+CRISP_HD bool floor_uses_mean(int32_t floor) { return floor != kFloorUniform; }
+// The uniform floor is uniform_alpha / N: the mass of a block under uniform attention (the pooled
+// masses sum to 1). It does not move with the sink's share or with a few heavy blocks.
+CRISP_HD double uniform_floor(double uniform_alpha, int32_t N) { return uniform_alpha / static_cast<double>(N); }
+// The floor of vs_floor `floor` (a VsFloorCode); floor_mean is only read when floor_uses_mean.
+CRISP_HD double noise_floor_threshold(int32_t floor, double floor_mean, double alpha, double uniform_alpha,
+                                      int32_t N) {
+  const double mean_floor = alpha * floor_mean;
+  const double uniform = uniform_floor(uniform_alpha, N);
+  switch (floor) {
+    case kFloorUniform: return uniform;
+    case kFloorMax: return mean_floor > uniform ? mean_floor : uniform;
+    default: return mean_floor;
+  }
+}
+CRISP_HD bool noise_floor_keeps(double mass, double threshold) { return mass > threshold; }
 
 // cumulative: count(x, gamma) = (# entries of x sorted descending whose running sum is <= gamma) + 1.
 // Callers walk the sorted entries and stop at the first whose running sum exceeds gamma; this is
@@ -137,6 +157,10 @@ CRISP_HD int32_t max_budget_blocks(int64_t max_budget, int32_t block, int32_t N)
 // target; the entry that crosses it is included.
 CRISP_HD double pe_coverage_target(double pe_gamma, int32_t N) { return pe_gamma * static_cast<double>(N); }
 CRISP_HD bool pe_keeps_next(double running_sum_before, double target) { return running_sum_before < target; }
+// The floor keeps entry (r, c <= r) iff P[r, c] is strictly above pe_alpha times the row's uniform
+// level 1 / (r + 1) (row r of P sums to 1 over its r + 1 entries).
+CRISP_HD double pe_row_floor(double pe_alpha, int32_t r) { return pe_alpha / static_cast<double>(r + 1); }
+CRISP_HD bool pe_floor_keeps(double prob, int32_t r, double pe_alpha) { return prob > pe_row_floor(pe_alpha, r); }
 
 // ---------------------------------------------------------------- §5 layout
 // Does slash distance-block c reach key block kb from query block r?

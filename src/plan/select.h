@@ -16,7 +16,7 @@
 //   int64_t walk_tokens(const TokenWalk&, bool mark_blocks);  the ordered walk over token masses
 //                                              (v or u): kept count; marks their blocks if asked
 // Rank order is rules::ranks_before on the pooled mass. A new VS rule is one function below and
-// one case of apply_vs_rule; a new PE rule replaces pe_walk.
+// one case of apply_vs_rule; a new PE rule is a walk like pe_walk or a predicate like pe_floor_keeps.
 #pragma once
 #include <cstdint>
 
@@ -114,20 +114,31 @@ CRISP_HD TokenWalk token_walk(const PlanParams& p, bool vertical, int64_t n) {
   return p.vs_rule == VsRule::cumulative ? cumulative_walk(p) : topk_walk(p, vertical, n);
 }
 
-// §4 global coverage over the N(N+1)/2 entries of the block-causal softmax P.
+// §4 PE rules over the N(N+1)/2 entries of the block-causal softmax P: global coverage is an
+// ordered walk (pe_walk); the floor is a predicate of each entry alone (pe_floor_keeps), a
+// parallel mark with no walk.
+CRISP_HD bool pe_walks(const PlanParams& p) { return p.pe_rule == PeRule::coverage; }
 CRISP_HD WalkRule pe_walk(const PlanParams& p, int32_t N) {
   return WalkRule{kMassBefore, rules::pe_coverage_target(p.pe_gamma, N), 0};
 }
+CRISP_HD bool pe_floor_keeps(const PlanParams& p, int32_t r, double prob) {
+  return rules::pe_floor_keeps(prob, r, p.pe_alpha);
+}
 
 // ---------------------------------------------------------------- §3 VS rules, one side
-// noise_floor: blocks >= 1 strictly above alpha times the mean of entries 1 .. N-2.
+// noise_floor: blocks >= 1 strictly above the floor of p.vs_floor (alpha times the mean of
+// entries 1 .. N-2, uniform_alpha / N, or the larger of the two).
 template <typename Side>
 CRISP_HD void noise_floor_rule(const PlanParams& p, Side& side) {
   const int32_t N = side.num_blocks();
-  const int32_t first = rules::noise_floor_first(N), last = rules::noise_floor_last(N);
-  const double floor_mean = side.sum_mass(first, last) / static_cast<double>(last - first + 1);
-  const double alpha = p.alpha;
-  side.keep_where([&](int32_t b) { return b >= 1 && rules::noise_floor_keeps(side.mass(b), floor_mean, alpha); });
+  const int32_t floor = rules::code_of(p.vs_floor);
+  double floor_mean = 0.0;
+  if (rules::floor_uses_mean(floor)) {  // one branch for all threads of a device side (a reduction)
+    const int32_t first = rules::noise_floor_first(N), last = rules::noise_floor_last(N);
+    floor_mean = side.sum_mass(first, last) / static_cast<double>(last - first + 1);
+  }
+  const double threshold = rules::noise_floor_threshold(floor, floor_mean, p.alpha, p.uniform_alpha, N);
+  side.keep_where([&](int32_t b) { return b >= 1 && rules::noise_floor_keeps(side.mass(b), threshold); });
 }
 
 // cumulative: count(x, gamma) tokens (the walk's kept count plus one) as a block budget, filled

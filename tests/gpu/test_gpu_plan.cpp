@@ -177,6 +177,25 @@ std::vector<PlanCase> plan_cases() {
                    128, 12});
   cases.push_back({"pe_gamma_08", "crisp", {"pe_gamma=0.8", "tau_proxy=0.6"}, {4096}, 8, 2, 128, 128, 13});
   cases.push_back({"dense_below", "crisp", {"dense_below=2000"}, {1800, 4096}, 8, 2, 128, 128, 14});
+  // Options under evaluation: the noise floor at the uniform level (or the larger of it and the
+  // mean floor), and the PE row floor (PE forced by tau_proxy, beside VS heads), on the scalar and
+  // the tensor-core proxy, both block sizes, a varlen batch.
+  cases.push_back({"vs_floor_uniform_all_vs", "crisp", {"routing=none", "vs_floor=uniform"}, {4096}, 8, 2, 128, 128, 23});
+  cases.push_back({"vs_floor_uniform_ua2_b64", "crisp", {"vs_floor=uniform", "uniform_alpha=2"}, {3500}, 8, 2, 128, 64,
+                   24});
+  cases.push_back({"vs_floor_max_bf16", "crisp", {"vs_floor=max", "alpha=1.5"}, {6000}, 8, 2, 128, 128, 25, true});
+  cases.push_back({"vs_floor_uniform_budgets_varlen", "crisp",
+                   {"routing=none", "vs_floor=uniform", "min_budget=512", "max_budget=1024"},
+                   {1500, 4096, 77, 2900}, 8, 2, 128, 128, 26});
+  cases.push_back({"pe_floor", "crisp", {"routing=cstruct", "tau_proxy=0.6", "pe_rule=floor"}, {4096}, 8, 2, 128, 128,
+                   27});
+  cases.push_back({"pe_floor_alpha2_varlen", "crisp", {"routing=cstruct", "tau_proxy=0.6", "pe_rule=floor", "pe_alpha=2"},
+                   {1500, 4096, 77, 2900}, 8, 2, 128, 128, 28});
+  cases.push_back({"pe_floor_min_budget_b64_bf16", "crisp",
+                   {"routing=cstruct", "tau_proxy=0.6", "pe_rule=floor", "pe_alpha=0.5", "min_budget=512"}, {3333}, 8,
+                   1, 128, 64, 29, true});
+  cases.push_back({"floors_flexprefill_jsd", "flexprefill", {"vs_budget=noise_floor", "vs_floor=uniform", "pe_rule=floor"},
+                   {4096, 2222}, 8, 2, 128, 128, 30});
   return cases;
 }
 
