@@ -430,25 +430,16 @@ __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
 // three sweeps (inside pe_logit_kernel only 8 warps per 64-row tile would do them).
 constexpr int kPeSoftmaxWarps = 8;  // NOTE: 256-thread blocks, 8 rows each
 
-// The row r of P that this warp owns in a (ceil(max N / kPeSoftmaxWarps), slots) grid, and the
-// offset of its first entry in pe_prob / pe_keep; false (for the whole warp) when there is none.
-__device__ __forceinline__ bool pe_warp_row(const SlotParams& P, int& r, int64_t& row_offset) {
+__global__ void __launch_bounds__(kPeSoftmaxWarps * 32) pe_softmax_kernel(SlotParams P) {
   const int64_t slot = blockIdx.y;
   const int H = P.view.num_heads;
-  if (P.view.route[slot] != rules::kRoutePe) return false;
-  const layout::SequenceBases sb = P.view.seqs[slot / H];
-  r = blockIdx.x * kPeSoftmaxWarps + (threadIdx.x >> 5);
-  if (r >= sb.num_blocks) return false;
-  row_offset = layout::col_offset(sb, slot % H, H) + static_cast<int64_t>(r) * (r + 1) / 2;
-  return true;
-}
-
-__global__ void __launch_bounds__(kPeSoftmaxWarps * 32) pe_softmax_kernel(SlotParams P) {
-  int r = 0;
-  int64_t row_offset = 0;
-  if (!pe_warp_row(P, r, row_offset)) return;  // warp-uniform
+  const int64_t s = slot / H, h = slot % H;
+  if (P.view.route[slot] != rules::kRoutePe) return;
+  const layout::SequenceBases sb = P.view.seqs[s];
   const int lane = threadIdx.x & 31;
-  double* out = P.ws.pe_prob + row_offset;
+  const int r = blockIdx.x * kPeSoftmaxWarps + (threadIdx.x >> 5);
+  if (r >= sb.num_blocks) return;  // warp-uniform
+  double* out = P.ws.pe_prob + layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2;
   float row_max = -INFINITY;
   for (int c = lane; c <= r; c += 32) row_max = fmaxf(row_max, static_cast<float>(out[c]));
   for (int off = 16; off > 0; off >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, off));
@@ -489,12 +480,15 @@ struct PeMark {
 // §4 row floor (select::pe_floor_keeps): a parallel mark of every entry of the PE slots, one warp
 // per row as in pe_softmax_kernel; pe_keep is written in full, as PeMark writes it.
 __global__ void __launch_bounds__(kPeSoftmaxWarps * 32) pe_floor_kernel(SlotParams P) {
-  int r = 0;
-  int64_t row_offset = 0;
-  if (!pe_warp_row(P, r, row_offset)) return;
-  const double* prob = P.ws.pe_prob + row_offset;
-  int8_t* keep = P.ws.pe_keep + row_offset;
-  for (int c = threadIdx.x & 31; c <= r; c += 32) keep[c] = select::pe_floor_keeps(P.plan, r, prob[c]) ? 1 : 0;
+  const int64_t slot = blockIdx.y;
+  const int H = P.view.num_heads;
+  if (P.view.route[slot] != rules::kRoutePe) return;
+  const layout::SequenceBases sb = P.view.seqs[slot / H];
+  const int r = blockIdx.x * kPeSoftmaxWarps + (threadIdx.x >> 5);
+  if (r >= sb.num_blocks) return;
+  const int64_t row = layout::col_offset(sb, slot % H, H) + static_cast<int64_t>(r) * (r + 1) / 2;
+  for (int c = threadIdx.x & 31; c <= r; c += 32)
+    P.ws.pe_keep[row + c] = select::pe_floor_keeps(P.plan, r, P.ws.pe_prob[row + c]) ? 1 : 0;
 }
 
 // ---------------------------------------------------------------- §5 layout
