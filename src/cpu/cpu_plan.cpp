@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "cpu/cpu_common.h"
 #include "plan/plan_params.h"
+#include "plan/proxy.h"
 #include "plan/rules.h"
 #include "plan/select.h"
 
@@ -133,22 +134,22 @@ ProxyMasses proxy_map(const PlanInputs<T>& in, int64_t s, int64_t h, std::vector
       const double inv = 1.0 / denominator;
       double structural = 0.0;
       for (int64_t j = 0; j <= p; ++j) {
-        const double a = static_cast<double>(exps[j]) * inv;
+        const double a = proxy::softmax_share<double>(exps[j], inv);
         m.v[j] += a;
-        m.u[p - j] += a;
+        m.u[proxy::slash_distance(p, j)] += a;
         if (rules::in_structural_set(j, p, w_sink, w_local)) structural += a;
       }
       c_struct_sum += structural;
     }
   }
-  const double inv_L = 1.0 / static_cast<double>(L);
+  const double inv_L = proxy::rows_inverse(L);
   for (double& x : m.v) x *= inv_L;
   for (double& x : m.u) x *= inv_L;
   m.c_struct = c_struct_sum * inv_L;
   m.pv.assign(N, 0.0);
   m.ps.assign(N, 0.0);
-  for (int64_t j = 0; j < n; ++j) m.pv[j / B] += m.v[j];
-  for (int64_t t = 0; t < n; ++t) m.ps[t / B] += m.u[t];
+  for (int64_t j = 0; j < n; ++j) m.pv[proxy::vertical_block(j, B)] += m.v[j];
+  for (int64_t t = 0; t < n; ++t) m.ps[proxy::distance_block(t, B)] += m.u[t];
   return m;
 }
 
@@ -200,7 +201,7 @@ double js_distance(const PlanInputs<T>& in, const std::vector<T>& proxy_queries,
   for (int64_t x = 0; x < dpad; ++x) {
     double sum = 0.0;
     for (int64_t i = 0; i < L; ++i) sum += static_cast<double>(proxy_queries[i * dpad + x]);
-    mean_query[x] = static_cast<T>(sum / static_cast<double>(L));
+    mean_query[x] = proxy::mean_query_component<T>(sum, L);
   }
   std::vector<T> logits(N);
   T max_logit = -std::numeric_limits<T>::infinity();
@@ -208,20 +209,15 @@ double js_distance(const PlanInputs<T>& in, const std::vector<T>& proxy_queries,
     logits[c] = static_cast<T>(in.scale) * dot(mean_query.data(), key_means.data() + c * dpad, dpad);
     max_logit = std::max(max_logit, logits[c]);
   }
-  std::vector<double> pooled(N);
+  std::vector<T> exps(N);
   double denominator = 0.0;
   for (int32_t c = 0; c < N; ++c) {
-    pooled[c] = static_cast<double>(static_cast<T>(std::exp(logits[c] - max_logit)));
-    denominator += pooled[c];
+    exps[c] = static_cast<T>(std::exp(logits[c] - max_logit));
+    denominator += static_cast<double>(exps[c]);
   }
-  double kl_pooled = 0.0, kl_proxy = 0.0;
-  for (int32_t c = 0; c < N; ++c) {
-    pooled[c] /= denominator;
-    const double mid = 0.5 * (pooled[c] + pv[c]);
-    kl_pooled += rules::kl_term(pooled[c], mid);
-    kl_proxy += rules::kl_term(pv[c], mid);
-  }
-  return rules::js_distance(kl_pooled, kl_proxy);
+  double kl_abar = 0.0, kl_proxy = 0.0;
+  for (int32_t c = 0; c < N; ++c) proxy::add_js_terms(proxy::abar_share(exps[c], denominator), pv[c], kl_abar, kl_proxy);
+  return rules::js_distance(kl_abar, kl_proxy);
 }
 
 // The ordered walk of src/plan/select.h over values[first, len) in rank order (rules::ranks_before):

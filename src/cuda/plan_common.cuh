@@ -61,6 +61,16 @@ __device__ __forceinline__ void warp_sum4(T& a, T& b, T& c, T& d) {
     d += __shfl_xor_sync(0xffffffffu, d, off);
   }
 }
+
+// The exponentials the proxy paths hand to src/plan/proxy.h: natural (fp32 path) or base 2 (the
+// tensor-core path keeps its scores in the log2 domain).
+template <bool kLog2>
+struct ExpOf {
+  __device__ __forceinline__ float operator()(float x) const { return kLog2 ? exp2f(x) : expf(x); }
+};
+using ExpE = ExpOf<false>;
+using Exp2 = ExpOf<true>;
+
 struct SumOp {
   template <typename T>
   __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }

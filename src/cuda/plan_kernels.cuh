@@ -6,6 +6,7 @@
 #include "cuda/plan_common.cuh"
 #include "cuda/plan_select.cuh"
 #include "plan/plan_params.h"
+#include "plan/proxy.h"
 #include "plan/select.h"
 
 namespace crisp {
@@ -108,12 +109,54 @@ __global__ void __launch_bounds__(means_threads(kVecDim)) query_means_kernel(Str
 }
 
 // ---------------------------------------------------------------- §2 routing
-// One block per slot. Dynamic shared memory: max(N) floats of logits + head_dim floats.
+// §2 jsd of one slot (the whole block cooperates): the JS distance between ā, the softmax of the
+// mean proxy query against the block-mean keys, and the proxy's pv. route_smem: max(N) floats of
+// logits + head_dim floats.
+template <typename T>
+__device__ double slot_jsd(const Strided3<T>& q, const SlotParams& P, const layout::SequenceBases& sb, int64_t h,
+                           float* route_smem) {
+  __shared__ double d_scratch[32];
+  __shared__ float f_scratch[32];
+  const int H = P.view.num_heads;
+  const int B = P.view.block_size, N = sb.num_blocks, d = P.head_dim;
+  const int64_t n = sb.n, L = rules::proxy_rows(n, B);
+  const double inv_L = proxy::rows_inverse(L);
+  float* logits = route_smem;
+  float* mean_query = route_smem + N;
+  for (int x = threadIdx.x; x < d; x += blockDim.x) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < L; ++i)
+      sum += static_cast<double>(q.at(h, sb.token_offset + rules::proxy_position(n, L, i), x));
+    mean_query[x] = proxy::mean_query_component<float>(sum, L);
+  }
+  __syncthreads();
+  const int64_t kv = h / P.group;
+  float local_max = -INFINITY;
+  for (int c = threadIdx.x; c < N; c += blockDim.x) {
+    const float* km = P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * d;
+    float dot = 0.f;
+    for (int x = 0; x < d; ++x) dot = fmaf(mean_query[x], km[x], dot);
+    logits[c] = P.scale * dot;
+    local_max = fmaxf(local_max, logits[c]);
+  }
+  const float max_logit = block_reduce(local_max, f_scratch, MaxOp());
+  double local_den = 0.0;
+  for (int c = threadIdx.x; c < N; c += blockDim.x) local_den += static_cast<double>(expf(logits[c] - max_logit));
+  const double den = block_reduce(local_den, d_scratch, SumOp());
+  double kl_abar = 0.0, kl_proxy = 0.0;
+  const int64_t base = layout::block_array_offset(sb, h, H);
+  for (int c = threadIdx.x; c < N; c += blockDim.x)
+    proxy::add_js_terms(proxy::abar_share(expf(logits[c] - max_logit), den), P.ws.pv_sum[base + c] * inv_L, kl_abar,
+                        kl_proxy);
+  kl_abar = block_reduce(kl_abar, d_scratch, SumOp());
+  kl_proxy = block_reduce(kl_proxy, d_scratch, SumOp());
+  return rules::js_distance(kl_abar, kl_proxy);
+}
+
+// One block per slot. Dynamic shared memory: that of slot_jsd.
 template <typename T>
 __global__ void route_kernel(Strided3<T> q, SlotParams P) {
   extern __shared__ float route_smem[];
-  __shared__ double d_scratch[32];
-  __shared__ float f_scratch[32];
   const int64_t slot = blockIdx.x;
   const int H = P.view.num_heads;
   const int64_t s = slot / H, h = slot % H;
@@ -126,47 +169,9 @@ __global__ void route_kernel(Strided3<T> q, SlotParams P) {
     }
     return;
   }
-  const int B = P.view.block_size, N = sb.num_blocks, d = P.head_dim;
-  const int64_t n = sb.n, L = rules::proxy_rows(n, B);
-  const double inv_L = 1.0 / static_cast<double>(L);
-  const double c_struct = P.ws.cs_sum[slot] * inv_L;
-  double jsd = NAN;
-  if (select::needs_jsd(P.plan)) {
-    float* logits = route_smem;
-    float* mean_query = route_smem + N;
-    for (int x = threadIdx.x; x < d; x += blockDim.x) {
-      double sum = 0.0;
-      for (int64_t i = 0; i < L; ++i)
-        sum += static_cast<double>(q.at(h, sb.token_offset + rules::proxy_position(n, L, i), x));
-      mean_query[x] = static_cast<float>(sum / static_cast<double>(L));
-    }
-    __syncthreads();
-    const int64_t kv = h / P.group;
-    float local_max = -INFINITY;
-    for (int c = threadIdx.x; c < N; c += blockDim.x) {
-      const float* km = P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * d;
-      float dot = 0.f;
-      for (int x = 0; x < d; ++x) dot = fmaf(mean_query[x], km[x], dot);
-      logits[c] = P.scale * dot;
-      local_max = fmaxf(local_max, logits[c]);
-    }
-    const float max_logit = block_reduce(local_max, f_scratch, MaxOp());
-    double local_den = 0.0;
-    for (int c = threadIdx.x; c < N; c += blockDim.x) local_den += static_cast<double>(expf(logits[c] - max_logit));
-    const double den = block_reduce(local_den, d_scratch, SumOp());
-    double kl_pooled = 0.0, kl_proxy = 0.0;
-    const int64_t base = layout::block_array_offset(sb, h, H);
-    for (int c = threadIdx.x; c < N; c += blockDim.x) {
-      const double pooled = static_cast<double>(expf(logits[c] - max_logit)) / den;
-      const double proxy = P.ws.pv_sum[base + c] * inv_L;
-      const double mid = 0.5 * (pooled + proxy);
-      kl_pooled += rules::kl_term(pooled, mid);
-      kl_proxy += rules::kl_term(proxy, mid);
-    }
-    kl_pooled = block_reduce(kl_pooled, d_scratch, SumOp());
-    kl_proxy = block_reduce(kl_proxy, d_scratch, SumOp());
-    jsd = rules::js_distance(kl_pooled, kl_proxy);
-  }
+  const int64_t n = sb.n;
+  const double c_struct = P.ws.cs_sum[slot] * proxy::rows_inverse(rules::proxy_rows(n, P.view.block_size));
+  const double jsd = select::needs_jsd(P.plan) ? slot_jsd(q, P, sb, h, route_smem) : NAN;
   if (threadIdx.x == 0) {
     P.view.route[slot] = select::decide_route(P.plan, c_struct, jsd, n);
     P.view.c_struct[slot] = static_cast<float>(c_struct);

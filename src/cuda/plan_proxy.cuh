@@ -16,6 +16,7 @@
 // does not take.
 #pragma once
 #include "cuda/plan_common.cuh"
+#include "plan/proxy.h"
 
 namespace crisp {
 namespace cuda_detail {
@@ -82,6 +83,22 @@ __device__ __forceinline__ void proxy_tile_scores(const float* Qs, const float* 
     for (int r = 0; r < kProxyRowsPerThread; ++r)
 #pragma unroll
       for (int c = 0; c < kProxyKeysPerThread; ++c) acc[r][c] = fmaf(a[r], bb[c], acc[r][c]);
+  }
+}
+
+// Calls score(r, c, p, j) for each of this thread's scores acc[r][c] that is causal: rows at
+// positions p0 + r, keys jt + c (j <= p also keeps j < n).
+template <typename Score>
+__device__ __forceinline__ void for_each_causal_score(int64_t p0, int64_t jt, Score score) {
+#pragma unroll
+  for (int r = 0; r < kProxyRowsPerThread; ++r) {
+    const int64_t p = p0 + r;
+#pragma unroll
+    for (int c = 0; c < kProxyKeysPerThread; ++c) {
+      const int64_t j = jt + c;
+      if (!proxy::in_row(j, p)) continue;
+      score(r, c, p, j);
+    }
   }
 }
 
@@ -164,51 +181,31 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
     const int64_t jt = j0 + tx * kProxyKeysPerThread;  // this thread's first key
 
     if (kPass == 1) {
-      if (rows_valid) {
-#pragma unroll
-        for (int r = 0; r < kProxyRowsPerThread; ++r) {
-          const int64_t p = p0 + r;
-#pragma unroll
-          for (int c = 0; c < kProxyKeysPerThread; ++c) {
-            if (jt + c > p) continue;  // causal: j <= p (also keeps j < n)
-            const float s = P.scale * acc[r][c];
-            if (s > run_max[r]) {
-              run_sum[r] = run_sum[r] * expf(run_max[r] - s) + 1.f;
-              run_max[r] = s;
-            } else {
-              run_sum[r] += expf(s - run_max[r]);
-            }
-          }
-        }
-      }
+      if (rows_valid)
+        for_each_causal_score(p0, jt, [&](int r, int c, int64_t, int64_t) {
+          proxy::online_add(run_max[r], run_sum[r], P.scale * acc[r][c], ExpE());
+        });
     } else {
       // Distance bins of this tile: t = p - j >= t_tile_min.
       const int64_t t_tile_min = (n - L) - (j0 + kProxyTileKeys - 1);
-      const int64_t c_tile_lo = t_tile_min > 0 ? t_tile_min / B : 0;
+      const int64_t c_tile_lo = proxy::first_distance_block(t_tile_min, B);
       float pv_acc = 0.f, cs_acc = 0.f, ps_acc[2] = {0.f, 0.f};
       float v_acc[kProxyKeysPerThread] = {0.f, 0.f, 0.f, 0.f};
       const int64_t t_thread_min = p0 - (jt + kProxyKeysPerThread - 1);
-      const int64_t c_thread_lo = t_thread_min > 0 ? t_thread_min / B : 0;
+      const int64_t c_thread_lo = proxy::first_distance_block(t_thread_min, B);
       if (rows_valid) {
-#pragma unroll
-        for (int r = 0; r < kProxyRowsPerThread; ++r) {
-          const int64_t p = p0 + r;
-#pragma unroll
-          for (int c = 0; c < kProxyKeysPerThread; ++c) {
-            const int64_t j = jt + c;
-            if (j > p) continue;
-            const float a = expf(P.scale * acc[r][c] - row_max[r]) * row_inv[r];
-            const int64_t t = p - j;
-            pv_acc += a;
-            if (rules::in_structural_set(j, p, P.w_sink, P.w_local)) cs_acc += a;
-            if (t / B == c_thread_lo) ps_acc[0] += a;
-            else ps_acc[1] += a;
-            if (kTokenLevel) {
-              v_acc[c] += a;
-              atomicAdd(&s_u[head_local][t - t_tile_min], a);
-            }
+        for_each_causal_score(p0, jt, [&](int r, int c, int64_t p, int64_t j) {
+          const float a = proxy::row_share<float>(P.scale * acc[r][c], row_max[r], row_inv[r], ExpE());
+          const int64_t t = proxy::slash_distance(p, j);
+          pv_acc += a;
+          if (rules::in_structural_set(j, p, P.w_sink, P.w_local)) cs_acc += a;
+          if (proxy::distance_block(t, B) == c_thread_lo) ps_acc[0] += a;
+          else ps_acc[1] += a;
+          if (kTokenLevel) {
+            v_acc[c] += a;
+            atomicAdd(&s_u[head_local][t - t_tile_min], a);
           }
-        }
+        });
         atomicAdd(&s_pv[head_local], static_cast<double>(pv_acc));
         if (cs_acc != 0.f) atomicAdd(&s_cs[head_local], static_cast<double>(cs_acc));
         const int bin = static_cast<int>(c_thread_lo - c_tile_lo);
@@ -272,9 +269,7 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
       for (int off = 8; off > 0; off >>= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
         const float l2 = __shfl_xor_sync(0xffffffffu, l, off);
-        const float mm = fmaxf(m, m2);
-        l = (m == -INFINITY ? 0.f : l * expf(m - mm)) + (m2 == -INFINITY ? 0.f : l2 * expf(m2 - mm));
-        m = mm;
+        proxy::merge_row_stats(m, l, m2, l2, ExpE());
       }
       if (tx == 0) P.ws.partial_stats[static_cast<int64_t>(blockIdx.x) * kProxyTileRows + ty * kProxyRowsPerThread + r] =
           make_float2(m, l);
@@ -314,7 +309,7 @@ __global__ void proxy_combine_kernel(ProxyCombineParams P) {
   double den = 0.0;
   for (int sp = 0; sp < splits; ++sp) {
     const float2 st = P.ws.partial_stats[(first_item + sp) * kRowsPerItem + in_tile];
-    if (st.x != -INFINITY) den += static_cast<double>(st.y) * static_cast<double>(kLog2 ? exp2f(st.x - m) : expf(st.x - m));
+    den += proxy::rescaled<double>(st.y, st.x, m, ExpOf<kLog2>());
   }
   const int64_t h = static_cast<int64_t>(kv) * P.group + rho / L;
   const int64_t slot = layout::slot(s, h, P.num_q_heads);
