@@ -1,5 +1,5 @@
 // src/plan/proxy.h — the rules of the §1 proxy map and of §2's JSD estimate, written once
-// (docs/algorithm.md, "Step 1" and "Step 2").
+// (docs/spec.md §1, §2; explained in docs/algorithm.md, "Step 1" and "Step 2").
 //
 // Small host/device functions over one score of proxy row i (position p) against key j: where
 // its mass goes (vertical block, slash distance-block, structural set), how a row's running
