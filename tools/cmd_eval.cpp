@@ -28,6 +28,10 @@
 
 #include "commands.h"
 #include "eval/niah.h"
+#include "eval/niah_grid.h"
+#include "eval/niah_run.h"
+#include "eval/splits.h"
+#include "eval_splits.h"
 #include "io_util.h"
 #include "model/gguf.h"
 #include "model/llama.h"
@@ -44,8 +48,6 @@ namespace ce = crisp::eval;
 namespace cm = crisp::model;
 using nlohmann::json;
 
-constexpr const char* kProseFile = "long_qa_prompts.json";
-
 struct NiahArgs {
   std::string model_path;
   std::vector<std::string> tasks;
@@ -58,6 +60,8 @@ struct NiahArgs {
   bool no_answer_prefix = false;
   std::string rope_scaling = "auto";
   std::string prose_path;
+  std::string split;        // "tuning" or "test": seed, seeds, depths and prose from the splits file
+  std::string splits_path;  // the splits file (default: eval/splits.json of the source tree)
   std::string json_path;
   int threads = 0;
   std::string backend = "cpu";
@@ -68,55 +72,12 @@ struct NiahArgs {
   bool quiet = false;
 };
 
-// The stable id of a sample in dumps, scores and the JSON: "passkey-4096-d0.50-s1".
-std::string sample_id(ce::NiahTask task, int64_t length, double depth, uint64_t seed) {
-  char text[128];
-  std::snprintf(text, sizeof text, "%s-%lld-d%.2f-s%llu", ce::to_string(task), static_cast<long long>(length), depth,
-                static_cast<unsigned long long>(seed));
-  return text;
-}
-
-// The prose haystack: $CRISP_PROSE_PATH, else shared/data/long_qa_prompts.json in the working
-// directory or one of its parents (the repository root, or its parent where ../shared lives).
-std::string default_prose_path() {
-  if (const char* env = std::getenv("CRISP_PROSE_PATH"); env != nullptr && *env != '\0') return env;
-  std::error_code ec;
-  std::filesystem::path dir = std::filesystem::current_path(ec);
-  for (int level = 0; level < 4 && !ec; ++level) {
-    const std::filesystem::path candidate = dir / "shared" / "data" / kProseFile;
-    if (std::filesystem::exists(candidate, ec)) return candidate.string();
-    if (!dir.has_parent_path() || dir.parent_path() == dir) break;
-    dir = dir.parent_path();
-  }
-  return (std::filesystem::path("..") / "shared" / "data" / kProseFile).string();
-}
-
-std::vector<std::string> load_prose(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw crisp::Error("--prose", "cannot open '" + path + "'",
-                       "the long_qa_prompts.json file (or leave niah_prose out of --tasks)");
-  }
-  json data;
-  try {
-    in >> data;
-  } catch (const json::exception& e) {
-    throw crisp::Error("--prose", "'" + path + "' is not JSON (" + e.what() + ")", "a list of {prompt, answer}");
-  }
-  if (!data.is_array()) throw crisp::Error("--prose", "'" + path + "' is not a JSON list", "a list of {prompt, answer}");
-  std::vector<std::string> paragraphs;
-  std::set<std::string> seen;
-  for (const json& item : data) {
-    if (!item.is_object() || !item.contains("prompt") || !item["prompt"].is_string()) {
-      throw crisp::Error("--prose", "an entry of '" + path + "' has no string 'prompt'", "a list of {prompt, answer}");
-    }
-    // The prompts share documents: keep each paragraph once, in order of first appearance.
-    for (std::string& p : ce::qa_prompt_paragraphs(item["prompt"].get<std::string>())) {
-      if (seen.insert(p).second) paragraphs.push_back(std::move(p));
-    }
-  }
-  if (paragraphs.empty()) throw crisp::Error("--prose", "'" + path + "' holds no documents", "RULER qa prompts");
-  return paragraphs;
+// The niah_prose haystack: every document of the QA file, or with --split only the documents of
+// the split's prompts (the test split without those any other split's prompts share).
+std::vector<std::string> load_prose(const NiahArgs& args, const ce::EvalSplits* splits) {
+  const std::vector<std::vector<std::string>> documents = ce::load_qa_documents(args.prose_path, "--prose");
+  if (splits == nullptr) return ce::all_prose_paragraphs(documents);
+  return ce::split_prose_paragraphs(documents, *splits, args.split, "--split");
 }
 
 std::string utc_now() {
@@ -138,47 +99,6 @@ std::string cpu_name() {
   return "unknown CPU";
 }
 
-// One model answer to one sample under one policy.
-struct Outcome {
-  std::string output;
-  bool correct = false;
-  std::string stop;  // "end" (end-of-generation token), "decided" (score fixed), "max_new_tokens"
-  int64_t generated_tokens = 0;
-  double density = 1.0;
-  double ttft_s = 0.0;
-  double prefill_attention_s = 0.0;
-};
-
-struct Cell {  // one (task, length, policy) row
-  int64_t samples = 0, correct = 0, dense_correct = 0, both_correct = 0;
-  double density_sum = 0.0, ttft_sum = 0.0, prompt_tokens_sum = 0.0;
-};
-
-struct RopeChoice {
-  cm::RopeScaling scaling;
-  bool beyond_training = false;
-  std::string label;  // "none", "yarn x4", ...
-};
-
-RopeChoice choose_rope(const std::string& option, int64_t length, int64_t trained) {
-  RopeChoice choice;
-  const bool too_long = length > trained;
-  std::string method = option;
-  if (method == "auto") method = too_long ? "yarn" : "none";
-  choice.scaling.type = cm::parse_rope_scaling(method, "--rope-scaling");
-  if (choice.scaling.type != cm::RopeScalingType::none) {
-    // NOTE: the smallest integer factor that maps the length into the trained context.
-    choice.scaling.factor = std::max(1.0, std::ceil(static_cast<double>(length) / static_cast<double>(trained)));
-    char label[64];
-    std::snprintf(label, sizeof label, "%s x%g", cm::to_string(choice.scaling.type), choice.scaling.factor);
-    choice.label = label;
-  } else {
-    choice.label = "none";
-  }
-  choice.beyond_training = too_long || choice.scaling.type != cm::RopeScalingType::none;
-  return choice;
-}
-
 std::string format_ratio(double value, bool present) {
   if (!present) return "-";
   char text[32];
@@ -186,48 +106,21 @@ std::string format_ratio(double value, bool present) {
   return text;
 }
 
-// Greedy generation (as model::generate) that stops as soon as the score is decided: the score
-// is that of the full output (see eval::niah_score_decided), and wrong answers still run to
-// max_new tokens. TTFT: prefill + choosing the first token.
-Outcome answer(const cm::LlamaModel& model, const cm::Tokenizer& tokenizer, const std::vector<int32_t>& prompt,
-               const ce::NiahSample& sample, const cm::RunOptions& run, int64_t max_new) {
-  const auto start = std::chrono::steady_clock::now();
-  cm::LlamaContext context(model, static_cast<int64_t>(prompt.size()) + max_new, run);
-  const cm::PrefillResult prefill = context.prefill(prompt);
-  const int64_t vocab = model.hparams().n_vocab;
-  int32_t next = cm::argmax(prefill.logits.data(), vocab);
-  Outcome o;
-  o.ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  o.density = prefill.density;
-  o.prefill_attention_s = prefill.attention_seconds;
-  std::vector<int32_t> generated;
-  o.stop = "max_new_tokens";
-  while (true) {
-    if (tokenizer.is_end_of_generation(next)) {
-      o.stop = "end";
-      break;
-    }
-    generated.push_back(next);
-    o.output = tokenizer.decode(generated);
-    if (ce::niah_score_decided(sample, o.output)) {
-      o.stop = "decided";
-      break;
-    }
-    if (static_cast<int64_t>(generated.size()) >= max_new) break;
-    const std::vector<float> logits = context.decode(next);
-    next = cm::argmax(logits.data(), vocab);
-  }
-  o.generated_tokens = static_cast<int64_t>(generated.size());
-  o.correct = ce::score_niah_output(sample, o.output);
-  return o;
-}
-
 void score_outputs(const NiahArgs& args);
 
-void run_niah(const NiahArgs& args) {
-  if (!args.score_path.empty()) {
-    score_outputs(args);
+void run_niah(const NiahArgs& given) {
+  if (!given.score_path.empty()) {
+    score_outputs(given);
     return;
+  }
+  NiahArgs args = given;
+  std::unique_ptr<ce::EvalSplits> splits;
+  if (!args.split.empty()) {
+    splits = std::make_unique<ce::EvalSplits>(crisp_cli::load_eval_splits(args.splits_path));
+    const ce::NiahSplit& split = splits->niah_split(args.split, "--split");
+    args.seed = split.seed;
+    args.seeds = split.seeds;
+    args.depths = split.depths;
   }
   // ---- arguments
   const cm::ModelBackend backend = cm::parse_model_backend(args.backend, "--backend");
@@ -244,26 +137,34 @@ void run_niah(const NiahArgs& args) {
       throw crisp::Error("--depths", "has " + std::to_string(depth), "fractions in [0, 1]");
     }
   }
+  std::vector<ce::NiahPolicy> given_policies;
+  for (const std::string& name : args.policies) {
+    given_policies.push_back({name, crisp_cli::config_of_policy_spec(name, "--policies")});
+  }
+  ce::NiahGridSettings grid_settings;
+  grid_settings.tasks = tasks;
+  grid_settings.lengths = args.lengths;
+  grid_settings.depths = args.depths;
+  grid_settings.seeds = args.seeds;
+  grid_settings.seed = args.seed;
+  grid_settings.max_new_tokens = args.max_new_tokens;
+  grid_settings.answer_prefix = !args.no_answer_prefix;
+  grid_settings.rope_scaling = args.rope_scaling;
+  grid_settings.run.threads = args.threads;
+  grid_settings.run.backend = backend;
+  grid_settings.run.cuda_attention = cuda_attention;
+  grid_settings.dry_run = args.dry_run;
+  ce::NiahGrid grid(grid_settings, given_policies);
   std::vector<std::string> policies;
   std::vector<crisp::Config> configs;
-  for (const std::string& name : args.policies) {
-    if (std::find(policies.begin(), policies.end(), name) != policies.end()) continue;
-    configs.push_back(crisp_cli::config_of_policy_spec(name, "--policies"));
-    policies.push_back(name);
-  }
-  // Dense first: every other policy's row is read against its answers.
-  for (std::size_t i = 0; i < policies.size(); ++i) {
-    if (policies[i] == "dense" && i != 0) {
-      std::rotate(policies.begin(), policies.begin() + static_cast<std::ptrdiff_t>(i),
-                  policies.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-      std::rotate(configs.begin(), configs.begin() + static_cast<std::ptrdiff_t>(i),
-                  configs.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-    }
+  for (const ce::NiahPolicy& p : grid.policies()) {
+    policies.push_back(p.name);
+    configs.push_back(p.config);
   }
   const bool have_dense = !policies.empty() && policies.front() == "dense";
   std::vector<std::string> prose;
   if (std::find(tasks.begin(), tasks.end(), ce::NiahTask::prose) != tasks.end()) {
-    prose = load_prose(args.prose_path);
+    prose = load_prose(args, splits.get());
   }
 
   // ---- model
@@ -273,12 +174,7 @@ void run_niah(const NiahArgs& args) {
   const cm::LlamaModel& model = loaded.model;
   const int64_t trained = model.hparams().n_ctx_train;
 
-  auto chat_prompt = [&](const std::string& user, const std::string& prefix) {
-    return tokenizer.apply_chat_template({{"user", user}}, true) + prefix;
-  };
-  const ce::PromptTokenCounter counter = [&](const std::string& user, const std::string& prefix) {
-    return static_cast<int64_t>(tokenizer.encode(chat_prompt(user, prefix)).size());
-  };
+  const ce::NiahPrompter prompter(tokenizer);
 
   // ---- output skeleton
   json out;
@@ -304,6 +200,7 @@ void run_niah(const NiahArgs& args) {
                      {"depths", args.depths},
                      {"seeds", args.seeds},
                      {"base_seed", args.seed},
+                     {"split", args.split.empty() ? json(nullptr) : json(args.split)},
                      {"policies", policies},
                      {"max_new_tokens", args.max_new_tokens},
                      {"answer_prefix", !args.no_answer_prefix},
@@ -324,11 +221,10 @@ void run_niah(const NiahArgs& args) {
     if (!dump) throw crisp::Error("--dump-samples", "cannot write '" + args.dump_samples + "'", "a writable path");
   }
 
-  // (task, length, policy index) -> row
-  std::map<std::tuple<int, int64_t, std::size_t>, Cell> cells;
-  std::map<int64_t, RopeChoice> ropes;
-  const int64_t total = static_cast<int64_t>(tasks.size() * args.lengths.size() * args.depths.size()) * args.seeds;
-  int64_t done_samples = 0;
+  // (task, length, policy index) -> row: the grid's, copied after each sample for the JSON and the table.
+  std::map<std::tuple<int, int64_t, std::size_t>, ce::NiahCell> cells;
+  std::map<int64_t, ce::RopeChoice> ropes;
+  const int64_t total = grid.total_samples();
   const auto start = std::chrono::steady_clock::now();
 
   auto write_json = [&](bool complete) {
@@ -336,7 +232,7 @@ void run_niah(const NiahArgs& args) {
     json rows = json::array();
     for (const auto& [key, cell] : cells) {
       const auto& [task_index, length, p] = key;
-      const Cell& dense = cells[{task_index, length, 0}];
+      const ce::NiahCell& dense = cells[{task_index, length, 0}];
       const bool dense_known = have_dense && dense.samples > 0;
       const double dense_acc = dense_known ? static_cast<double>(dense.correct) / dense.samples : 0.0;
       json row = {{"task", ce::to_string(static_cast<ce::NiahTask>(task_index))},
@@ -365,122 +261,91 @@ void run_niah(const NiahArgs& args) {
                                out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   };
 
-  for (ce::NiahTask task : tasks) {
-    for (int64_t length : args.lengths) {
-      const RopeChoice rope = choose_rope(args.rope_scaling, length, trained);
-      ropes[length] = rope;
-      if (rope.beyond_training && !args.quiet) {
-        crisp_cli::finish_progress_line();
-        std::fprintf(stderr,
-                     "crisp: warning: %s at %lld tokens, RoPE %s — BEYOND THE MODEL'S TRAINING (trained context "
-                     "%lld)\n",
-                     ce::to_string(task), static_cast<long long>(length), rope.label.c_str(),
-                     static_cast<long long>(trained));
-      }
-      for (double depth : args.depths) {
-        for (int64_t replicate = 0; replicate < args.seeds; ++replicate) {
-          ce::NiahSpec spec;
-          spec.task = task;
-          spec.length = length;
-          spec.depth = depth;
-          spec.seed = args.seed + static_cast<uint64_t>(replicate);
-          const int64_t max_new = args.max_new_tokens > 0 ? args.max_new_tokens : ce::default_max_new_tokens(task);
-          spec.reserved_tokens = max_new;
-          ce::NiahSample sample = ce::make_niah_sample(spec, counter, prose);
-          if (args.no_answer_prefix) {
-            sample.answer_prefix.clear();
-            sample.prompt_tokens = counter(sample.user_message, "");
-          }
-          const std::string prompt_text = chat_prompt(sample.user_message, sample.answer_prefix);
-          const std::vector<int32_t> prompt = tokenizer.encode(prompt_text);
-          ++done_samples;
-          const std::string id = sample_id(task, length, depth, spec.seed);
-          if (dump.is_open()) {
-            const json line = {{"id", id},
-                               {"task", ce::to_string(task)},
-                               {"length", length},
-                               {"depth", depth},
-                               {"seed", spec.seed},
-                               {"needle_depth", sample.needle_depth},
-                               {"prompt_ids", prompt},
-                               {"prompt_text", sample.user_message},
-                               {"answer_prefix", sample.answer_prefix},
-                               {"chat_prompt", prompt_text},
-                               {"expected", sample.expected},
-                               {"scoring", ce::to_string(sample.scoring)},
-                               {"max_new_tokens", max_new},
-                               {"rope_scaling", cm::to_string(rope.scaling.type)},
-                               {"rope_factor", rope.scaling.type == cm::RopeScalingType::none ? 1.0 : rope.scaling.factor},
-                               {"beyond_training", rope.beyond_training}};
-            dump << line.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
-            if (!dump) throw crisp::Error("--dump-samples", "writing '" + args.dump_samples + "' failed", "a writable path");
-          }
-          json record = {{"id", id},
-                         {"task", ce::to_string(task)},
-                         {"length", length},
-                         {"depth", depth},
-                         {"needle_depth", sample.needle_depth},
+  ce::NiahGridHooks hooks;
+  hooks.on_length = [&](ce::NiahTask task, int64_t length, const ce::RopeChoice& rope) {
+    if (!rope.beyond_training || args.quiet) return;
+    crisp_cli::finish_progress_line();
+    std::fprintf(stderr,
+                 "crisp: warning: %s at %lld tokens, RoPE %s — BEYOND THE MODEL'S TRAINING (trained context %lld)\n",
+                 ce::to_string(task), static_cast<long long>(length), rope.label.c_str(), static_cast<long long>(trained));
+  };
+  json record;
+  hooks.on_sample = [&](int64_t, const ce::PreparedSample& prepared, const ce::RopeChoice& rope) {
+    const ce::NiahSample& sample = prepared.sample;
+    const ce::NiahSpec& spec = sample.spec;
+    if (dump.is_open()) {
+      const json line = {{"id", prepared.id},
+                         {"task", ce::to_string(spec.task)},
+                         {"length", spec.length},
+                         {"depth", spec.depth},
                          {"seed", spec.seed},
-                         {"prompt_tokens", prompt.size()},
-                         {"haystack_units", sample.haystack_units},
-                         {"expected", sample.expected},
-                         {"max_new_tokens", max_new},
-                         {"scoring", ce::to_string(sample.scoring)},
+                         {"needle_depth", sample.needle_depth},
+                         {"prompt_ids", prepared.prompt},
+                         {"prompt_text", sample.user_message},
                          {"answer_prefix", sample.answer_prefix},
-                         {"outcomes", json::object()}};
-          bool dense_correct = false;
-          for (std::size_t p = 0; p < policies.size() && !args.dry_run; ++p) {
-            cm::RunOptions run;
-            run.attention = configs[p];
-            run.threads = args.threads;
-            run.rope = rope.scaling;
-            run.backend = backend;
-            run.cuda_attention = cuda_attention;
-            const Outcome o = answer(model, tokenizer, prompt, sample, run, max_new);
-            if (p == 0 && have_dense) dense_correct = o.correct;
-
-            Cell& cell = cells[{static_cast<int>(task), length, p}];
-            ++cell.samples;
-            cell.correct += o.correct;
-            cell.dense_correct += dense_correct;
-            cell.both_correct += dense_correct && o.correct;
-            cell.density_sum += o.density;
-            cell.ttft_sum += o.ttft_s;
-            cell.prompt_tokens_sum += static_cast<double>(prompt.size());
-            record["outcomes"][policies[p]] = {{"output", o.output},
-                                               {"correct", o.correct},
-                                               {"density", o.density},
-                                               {"ttft_s", o.ttft_s},
-                                               {"prefill_attention_s", o.prefill_attention_s},
-                                               {"generated_tokens", o.generated_tokens},
-                                               {"stop", o.stop}};
-            if (!args.quiet) {
-              const double elapsed =
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-              std::string shown = o.output.substr(0, 48);
-              std::replace(shown.begin(), shown.end(), '\n', ' ');
-              std::fprintf(stderr,
-                           "crisp: [%lld/%lld] %s %lld d=%.2f seed=%llu %-11s %s density %.3f ttft %.2f s "
-                           "(%.0f s) expected %s got \"%s\"\n",
-                           static_cast<long long>(done_samples), static_cast<long long>(total), ce::to_string(task),
-                           static_cast<long long>(prompt.size()), depth,
-                           static_cast<unsigned long long>(spec.seed), policies[p].c_str(),
-                           o.correct ? "ok  " : "MISS", o.density, o.ttft_s, elapsed, sample.expected.c_str(),
-                           shown.c_str());
-            }
-          }
-          if (args.dry_run && !args.quiet) {
-            std::fprintf(stderr, "crisp: [%lld/%lld] %s length %lld: %zu prompt tokens, %lld units, needle at %.3f\n",
-                         static_cast<long long>(done_samples), static_cast<long long>(total), ce::to_string(task),
-                         static_cast<long long>(length), prompt.size(), static_cast<long long>(sample.haystack_units),
-                         sample.needle_depth);
-          }
-          out["samples"].push_back(record);
-          write_json(false);
-        }
-      }
+                         {"chat_prompt", prepared.chat_prompt},
+                         {"expected", sample.expected},
+                         {"scoring", ce::to_string(sample.scoring)},
+                         {"max_new_tokens", prepared.max_new_tokens},
+                         {"rope_scaling", cm::to_string(rope.scaling.type)},
+                         {"rope_factor", rope.scaling.type == cm::RopeScalingType::none ? 1.0 : rope.scaling.factor},
+                         {"beyond_training", rope.beyond_training}};
+      dump << line.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
+      if (!dump) throw crisp::Error("--dump-samples", "writing '" + args.dump_samples + "' failed", "a writable path");
     }
-  }
+    record = {{"id", prepared.id},
+              {"task", ce::to_string(spec.task)},
+              {"length", spec.length},
+              {"depth", spec.depth},
+              {"needle_depth", sample.needle_depth},
+              {"seed", spec.seed},
+              {"prompt_tokens", prepared.prompt.size()},
+              {"haystack_units", sample.haystack_units},
+              {"expected", sample.expected},
+              {"max_new_tokens", prepared.max_new_tokens},
+              {"scoring", ce::to_string(sample.scoring)},
+              {"answer_prefix", sample.answer_prefix},
+              {"outcomes", json::object()}};
+  };
+  hooks.on_outcome = [&](int64_t index, const ce::PreparedSample& prepared, const ce::NiahPolicy& policy,
+                         const ce::NiahOutcome& o) {
+    record["outcomes"][policy.name] = {{"output", o.output},
+                                       {"correct", o.correct},
+                                       {"density", o.density},
+                                       {"ttft_s", o.ttft_s},
+                                       {"prefill_attention_s", o.prefill_attention_s},
+                                       {"generated_tokens", o.generated_tokens},
+                                       {"stop", o.stop}};
+    if (args.quiet) return;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string shown = o.output.substr(0, 48);
+    std::replace(shown.begin(), shown.end(), '\n', ' ');
+    const ce::NiahSpec& spec = prepared.sample.spec;
+    std::fprintf(stderr,
+                 "crisp: [%lld/%lld] %s %zu d=%.2f seed=%llu %-11s %s density %.3f ttft %.2f s (%.0f s) expected %s "
+                 "got \"%s\"\n",
+                 static_cast<long long>(index), static_cast<long long>(total), ce::to_string(spec.task),
+                 prepared.prompt.size(), spec.depth, static_cast<unsigned long long>(spec.seed), policy.name.c_str(),
+                 o.correct ? "ok  " : "MISS", o.density, o.ttft_s, elapsed, prepared.sample.expected.c_str(),
+                 shown.c_str());
+  };
+  hooks.on_sample_done = [&](int64_t index, const ce::PreparedSample& prepared) {
+    if (args.dry_run && !args.quiet) {
+      std::fprintf(stderr, "crisp: [%lld/%lld] %s length %lld: %zu prompt tokens, %lld units, needle at %.3f\n",
+                   static_cast<long long>(index), static_cast<long long>(total),
+                   ce::to_string(prepared.sample.spec.task), static_cast<long long>(prepared.sample.spec.length),
+                   prepared.prompt.size(), static_cast<long long>(prepared.sample.haystack_units),
+                   prepared.sample.needle_depth);
+    }
+    out["samples"].push_back(record);
+    cells = grid.cells();
+    ropes = grid.ropes();
+    write_json(false);
+  };
+  grid.run(model, tokenizer, prose, hooks);
+  cells = grid.cells();
+  ropes = grid.ropes();
+  const int64_t done_samples = total;
   write_json(true);
   if (args.dry_run) {
     std::printf("dry run: %lld samples generated, no model run\n", static_cast<long long>(done_samples));
@@ -499,7 +364,7 @@ void run_niah(const NiahArgs& args) {
               "density", "TTFT s", "n", "note");
   for (const auto& [key, cell] : cells) {
     const auto& [task_index, length, p] = key;
-    const Cell& dense = cells[{task_index, length, 0}];
+    const ce::NiahCell& dense = cells[{task_index, length, 0}];
     const bool dense_known = have_dense && dense.samples > 0;
     std::string note;
     if (dense_known && dense.correct == 0) note = "DENSE FAILS: measures nothing";
@@ -516,9 +381,9 @@ void run_niah(const NiahArgs& args) {
                 note.c_str());
   }
   // Totals per (length, policy): all tasks pooled.
-  std::map<std::pair<int64_t, std::size_t>, Cell> totals;
+  std::map<std::pair<int64_t, std::size_t>, ce::NiahCell> totals;
   for (const auto& [key, cell] : cells) {
-    Cell& t = totals[{std::get<1>(key), std::get<2>(key)}];
+    ce::NiahCell& t = totals[{std::get<1>(key), std::get<2>(key)}];
     t.samples += cell.samples;
     t.correct += cell.correct;
     t.dense_correct += cell.dense_correct;
@@ -527,7 +392,7 @@ void run_niah(const NiahArgs& args) {
     t.ttft_sum += cell.ttft_sum;
   }
   for (const auto& [key, t] : totals) {
-    const Cell& dense = totals[{key.first, 0}];
+    const ce::NiahCell& dense = totals[{key.first, 0}];
     std::printf("%-17s %6lld  %-11s %5s %6s %6s %8.3f %8.2f %4lld\n", "all tasks", static_cast<long long>(key.first),
                 policies[key.second].c_str(), format_ratio(static_cast<double>(t.correct) / t.samples, true).c_str(),
                 format_ratio(have_dense ? static_cast<double>(dense.correct) / dense.samples : 0.0, have_dense).c_str(),
@@ -701,7 +566,7 @@ void score_outputs(const NiahArgs& args) {
 void register_eval_niah(CLI::App& eval) {
   auto args = std::make_shared<NiahArgs>();
   args->model_path = cm::default_model_path();
-  args->prose_path = default_prose_path();
+  args->prose_path = crisp_cli::default_prose_path();
   CLI::App* sub = eval.add_subcommand(
       "niah",
       "Needle-in-a-haystack accuracy per attention policy: RULER niah_single / niah_multikey / all-needles, "
@@ -717,13 +582,22 @@ void register_eval_niah(CLI::App& eval) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::Range(int64_t{64}, int64_t{1} << 22));
-  sub->add_option("--depths", args->depths, "Depths of the asked needle, fractions of the haystack in [0, 1]")
+  CLI::Option* depths = sub->add_option("--depths", args->depths, "Depths of the asked needle, fractions of the haystack in [0, 1]")
       ->delimiter(',')
       ->capture_default_str();
-  sub->add_option("--seeds", args->seeds, "Samples per (task, length, depth), seeds --seed, --seed+1, ...")
+  CLI::Option* seeds = sub->add_option("--seeds", args->seeds, "Samples per (task, length, depth), seeds --seed, --seed+1, ...")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
-  sub->add_option("--seed", args->seed, "First seed")->capture_default_str();
+  CLI::Option* seed = sub->add_option("--seed", args->seed, "First seed")->capture_default_str();
+  sub->add_option("--split", args->split,
+                  "Samples of a fixed split of eval/splits.json: tuning (choose rules and knobs here) or test (the "
+                  "verdict); sets --seed, --seeds, --depths and the niah_prose documents")
+      ->check(CLI::IsMember({"tuning", "test"}))
+      ->excludes(depths)
+      ->excludes(seeds)
+      ->excludes(seed);
+  sub->add_option("--splits", args->splits_path,
+                  "The splits file of --split (default: eval/splits.json of the source tree)");
   sub->add_option("--policies", args->policies, "Attention policies, comma-separated: presets, or a preset with overrides as "
                   "PRESET:key=value[:key=value...] (e.g. crisp:routing=cstruct_rel:rho=2.2); dense is run first")
       ->delimiter(',')
@@ -762,8 +636,9 @@ void register_eval_niah(CLI::App& eval) {
 }  // namespace
 
 void register_eval_command(CLI::App& app) {
-  CLI::App* eval = app.add_subcommand("eval", "Evaluate attention policies on a real model: niah, fidelity");
+  CLI::App* eval = app.add_subcommand("eval", "Evaluate attention policies on a real model: niah, fidelity, pareto");
   eval->require_subcommand(1);
   register_eval_niah(*eval);
   register_eval_fidelity(*eval);
+  register_eval_pareto(*eval);
 }

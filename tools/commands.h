@@ -24,6 +24,8 @@ void register_capture_command(CLI::App& app);
 // `crisp eval` (tools/cmd_eval.cpp) and its `eval fidelity` subcommand (tools/cmd_fidelity.cpp).
 void register_eval_command(CLI::App& app);
 void register_eval_fidelity(CLI::App& eval);
+// `crisp eval pareto` (tools/cmd_pareto.cpp): the accuracy / recall against density frontier of knob sweeps.
+void register_eval_pareto(CLI::App& eval);
 // Owned by the CUDA backend (tools/cmd_bench.cpp).
 void register_bench_command(CLI::App& app);
 // The model runner (tools/cmd_run.cpp): a Llama-family GGUF model answers a prompt.

@@ -1,0 +1,110 @@
+// src/eval/frontier.h — the frontier harness of `crisp eval pareto`: every point of a knob sweep
+// (src/eval/sweep.h) measured against density, on a real model (NIAH accuracy and the share of
+// dense's correct answers kept) or on captured real attention (recall, recall of the top-mass blocks,
+// output error). Results live in one JSON document that is RESUMABLE: a (point, sample) pair
+// already in it is not computed again, so a run can be stopped and re-run, or a sweep extended.
+//
+//   FrontierFile file = FrontierFile::open(path, settings, "--json");   // resumes if it exists
+//   run_niah_frontier(model, tokenizer, niah, points, prose, file, hooks);
+//   file.summarize(); file.save();
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "crisp/crisp.h"
+#include "eval/niah.h"
+#include "eval/sweep.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+
+namespace crisp {
+namespace eval {
+
+// The per-point record of one sample (NIAH) or one captured layer (captures), keyed by its id.
+class FrontierFile {
+ public:
+  // A new document, or the one at `path` if it exists and was made with equal `settings`; a file
+  // with other settings (or not such a document) throws crisp::Error naming `argument`. An empty
+  // path keeps everything in memory.
+  static FrontierFile open(const std::string& path, const nlohmann::json& settings, const std::string& argument);
+
+  // Adds a point (or finds it: its knobs and config are re-recorded).
+  void add_point(const FrontierPoint& point);
+  bool has(const std::string& point, const std::string& unit) const;
+  void record(const std::string& point, const std::string& unit, const nlohmann::json& result);
+  // Rewrites the file atomically (temporary file + rename); no-op without a path.
+  void save();
+
+  // Per point and length, from the recorded units: NIAH — samples, correct, accuracy,
+  // dense_correct, kept_of_dense (share of the samples dense answers that the point answers too;
+  // null when dense answers none), mean_density; captures — heads, density_mean, recall_mean,
+  // recall_min, top_mass_recall (mean and min), rel_error (mean and max). Sets "rows".
+  void summarize();
+  // Per run: computed and skipped units (appended to "runs" by begin_run / counted by record).
+  void begin_run();
+  int64_t computed_this_run() const { return computed_; }
+
+  // Whether every unit of the run's grid is in the file ("complete" in the JSON).
+  void mark_complete(bool complete) { doc_["complete"] = complete; }
+  const nlohmann::json& document() const { return doc_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  nlohmann::json* find_point(const std::string& name);
+  const nlohmann::json* find_point(const std::string& name) const;
+  std::string path_, argument_;
+  nlohmann::json doc_;
+  int64_t computed_ = 0;
+};
+
+// NIAH frontier: samples from tasks x lengths x depths x seeds, every point on each.
+struct NiahFrontierSettings {
+  std::vector<NiahTask> tasks;
+  std::vector<int64_t> lengths;
+  std::vector<double> depths;
+  int64_t seeds = 1;
+  uint64_t seed = 0;
+  int64_t max_new_tokens = 0;  // 0: per task
+  bool answer_prefix = true;
+  std::string rope_scaling = "auto";
+  model::RunOptions run;       // backend, threads, cuda attention (its attention is set per point)
+  int64_t stop_after = 0;      // > 0: stop after this many samples computed in this run
+};
+
+struct FrontierHooks {
+  std::function<void(const std::string& line)> progress;  // one line per computed pair
+};
+
+// Runs every pending (point, sample) pair; the dense point (added if absent) runs first on each
+// sample. The file is saved after each sample. Returns the samples computed in this run.
+int64_t run_niah_frontier(const model::LlamaModel& model, const model::Tokenizer& tokenizer,
+                          const NiahFrontierSettings& settings, std::vector<FrontierPoint> points,
+                          const std::vector<std::string>& prose, FrontierFile& file, const FrontierHooks& hooks);
+
+// Captures frontier: every layer of every capture directory (`crisp capture`), every point; a unit
+// is one (capture, layer). `top_mass_share` defines the top-mass blocks (see top_mass_recall).
+struct CaptureFrontierSettings {
+  std::vector<std::string> captures;
+  double top_mass_share = 0.9;
+  Options options;
+  int64_t stop_after = 0;  // > 0: stop after this many layers computed in this run
+};
+int64_t run_capture_frontier(const CaptureFrontierSettings& settings, std::vector<FrontierPoint> points,
+                             FrontierFile& file, const FrontierHooks& hooks);
+
+// The true causal attention mass of query head `head` per block pair: mass[r * N + c] = sum over the
+// queries i of block r of the softmax weight query i gives the keys of block c (so row r sums to
+// the number of queries in block r). q [Hq, n, d], k [Hkv, n, d], float32; scale 0 = 1/sqrt(d).
+std::vector<double> block_masses(const TensorView& q, const TensorView& k, int64_t head, int block_size, double scale);
+
+// Recall of the top-mass blocks of one head: per query-block row r, T_r is the smallest set of key
+// blocks, heaviest first, whose true mass reaches `share` of the row's mass; the result is
+// sum_r |T_r ∩ kept_r| / sum_r |T_r|, kept_r the blocks the plan keeps in row r.
+double top_mass_recall(const std::vector<double>& masses, int32_t num_blocks, const HeadPlan& head, double share);
+
+}  // namespace eval
+}  // namespace crisp
