@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -255,6 +256,47 @@ TEST(Frontier, ResumedRunEqualsAFreshOneWithoutRecomputing) {
   EXPECT_EQ(WEXITSTATUS(std::system(bad.c_str())), 2);
   EXPECT_NE(read_all(dir / "bad.log").find("--sweep"), std::string::npos) << read_all(dir / "bad.log");
   EXPECT_NE(read_all(dir / "bad.log").find("alpah"), std::string::npos) << read_all(dir / "bad.log");
+}
+
+// The captures mode on a tiny model's capture: dense keeps everything, a larger alpha keeps fewer
+// blocks, every measure is a share; a second run finds every layer done.
+TEST(Frontier, CapturesModeOnTinyModel) {
+  if (!std::filesystem::exists(CRISP_CLI_PATH)) GTEST_SKIP() << "crisp CLI not built";
+  const std::filesystem::path dir = crisp_test::temp_dir();
+  const std::string model = (dir / "tiny_llama.gguf").string();
+  crisp_test::write_tiny_llama(model);
+  {
+    std::ofstream prompt(dir / "prompt.txt");
+    for (int i = 0; i < 60; ++i) prompt << "the rain in the plain falls mainly at night. ";
+  }
+  const std::string capture = (dir / "capture").string();
+  std::string cmd = std::string(CRISP_CLI_PATH) + " capture --model " + model + " --prompt-file " +
+                    (dir / "prompt.txt").string() + " --layers 0,1 --threads 2 --quiet --out " + capture + " > " +
+                    (dir / "capture.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(dir / "capture.log");
+  std::filesystem::remove(dir / "frontier.json");
+  cmd = std::string(CRISP_CLI_PATH) + " eval pareto --captures " + capture +
+        " --sweep 'crisp:alpha=1,4;block_size=64' --threads 2 --quiet --json " + (dir / "frontier.json").string() +
+        " > " + (dir / "pareto.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(dir / "pareto.log");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(dir / "pareto.log");
+  const nlohmann::json doc = read_json(dir / "frontier.json");
+  EXPECT_EQ(doc.at("runs").back().at("computed"), 0);
+  EXPECT_EQ(doc.at("runs").back().at("found"), 2 * 3);  // 2 layers x (dense + 2 points)
+  std::map<std::string, nlohmann::json> rows;
+  for (const nlohmann::json& r : doc.at("rows")) rows[r.at("point").get<std::string>()] = r;
+  ASSERT_EQ(rows.size(), 3u) << doc.at("rows").dump();
+  EXPECT_DOUBLE_EQ(rows["dense"].at("density_mean").get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(rows["dense"].at("top_mass_recall_mean").get<double>(), 1.0);
+  const nlohmann::json& a1 = rows["crisp:alpha=1:block_size=64"];
+  const nlohmann::json& a4 = rows["crisp:alpha=4:block_size=64"];
+  EXPECT_LT(a4.at("density_mean").get<double>(), a1.at("density_mean").get<double>());
+  for (const nlohmann::json* r : {&a1, &a4}) {
+    for (const char* key : {"recall_mean", "recall_min", "top_mass_recall_mean", "top_mass_recall_min"}) {
+      EXPECT_GE(r->at(key).get<double>(), 0.0) << key;
+      EXPECT_LE(r->at(key).get<double>(), 1.0) << key;
+    }
+  }
 }
 
 // --split sets seeds and depths from the splits file; a missing file or a clash with --depths is

@@ -114,14 +114,8 @@ void run_niah(const NiahArgs& given) {
     return;
   }
   NiahArgs args = given;
-  std::unique_ptr<ce::EvalSplits> splits;
-  if (!args.split.empty()) {
-    splits = std::make_unique<ce::EvalSplits>(crisp_cli::load_eval_splits(args.splits_path));
-    const ce::NiahSplit& split = splits->niah_split(args.split, "--split");
-    args.seed = split.seed;
-    args.seeds = split.seeds;
-    args.depths = split.depths;
-  }
+  const std::unique_ptr<ce::EvalSplits> splits =
+      crisp_cli::apply_niah_split(args.split, args.splits_path, &args.seed, &args.seeds, &args.depths);
   // ---- arguments
   const cm::ModelBackend backend = cm::parse_model_backend(args.backend, "--backend");
   if (!args.dry_run) cm::require_model_backend(backend, "--backend");

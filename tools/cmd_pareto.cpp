@@ -125,15 +125,10 @@ void run_pareto(const ParetoArgs& given) {
     s.stop_after = args.stop_after;
     computed = ce::run_capture_frontier(s, points, *file, hooks);
   } else {
-    std::unique_ptr<ce::EvalSplits> splits;
-    if (!args.split.empty()) {
-      splits = std::make_unique<ce::EvalSplits>(crisp_cli::load_eval_splits(args.splits_path));
-      const ce::NiahSplit& split = splits->niah_split(args.split, "--split");
-      args.seed = split.seed;
-      args.seeds = split.seeds;
-      args.depths = split.depths;
-    }
-    ce::NiahFrontierSettings s;
+    const std::unique_ptr<ce::EvalSplits> splits =
+        crisp_cli::apply_niah_split(args.split, args.splits_path, &args.seed, &args.seeds, &args.depths);
+    ce::NiahFrontierSettings frontier;
+    ce::NiahGridSettings& s = frontier.samples;
     for (const std::string& name : args.tasks) s.tasks.push_back(ce::parse_niah_task(name, "--tasks"));
     for (double depth : args.depths) {
       if (!(depth >= 0.0 && depth <= 1.0)) throw crisp::Error("--depths", "has " + std::to_string(depth), "fractions in [0, 1]");
@@ -144,7 +139,7 @@ void run_pareto(const ParetoArgs& given) {
     s.seed = args.seed;
     s.max_new_tokens = args.max_new_tokens;
     s.rope_scaling = args.rope_scaling;
-    s.stop_after = args.stop_after;
+    frontier.stop_after = args.stop_after;
     s.run.threads = args.threads;
     s.run.backend = cm::parse_model_backend(args.backend, "--backend");
     s.run.cuda_attention = cm::parse_cuda_prefill_attention(args.cuda_attention);
@@ -181,7 +176,7 @@ void run_pareto(const ParetoArgs& given) {
       cm::warm_up_backend(loaded.model, s.run);
       progress.done();
     }
-    computed = ce::run_niah_frontier(loaded.model, loaded.tokenizer, s, points, prose, *file, hooks);
+    computed = ce::run_niah_frontier(loaded.model, loaded.tokenizer, frontier, points, prose, *file, hooks);
   }
   print_table(file->document(), captures);
   const json& runs = file->document().at("runs");

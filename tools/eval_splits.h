@@ -1,8 +1,11 @@
 // tools/eval_splits.h — --split / --splits of `crisp eval niah` and `crisp eval pareto`.
 #pragma once
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "eval/splits.h"
 
@@ -38,6 +41,19 @@ inline std::string default_prose_path() {
     dir = dir.parent_path();
   }
   return (std::filesystem::path("..") / "shared" / "data" / "long_qa_prompts.json").string();
+}
+
+// With --split: loads the splits file and sets seed, seeds and depths from the split; returns the
+// splits (for the prose haystack), or null without --split.
+inline std::unique_ptr<crisp::eval::EvalSplits> apply_niah_split(const std::string& split, const std::string& splits_option,
+                                                                 uint64_t* seed, int64_t* seeds, std::vector<double>* depths) {
+  if (split.empty()) return nullptr;
+  auto splits = std::make_unique<crisp::eval::EvalSplits>(load_eval_splits(splits_option));
+  const crisp::eval::NiahSplit& chosen = splits->niah_split(split, "--split");
+  *seed = chosen.seed;
+  *seeds = chosen.seeds;
+  *depths = chosen.depths;
+  return splits;
 }
 
 }  // namespace crisp_cli

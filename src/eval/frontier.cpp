@@ -209,17 +209,17 @@ int64_t run_niah_frontier(const model::LlamaModel& model, const model::Tokenizer
   for (const FrontierPoint& p : points) file.add_point(p);
   file.begin_run();
   const NiahPrompter prompter(tokenizer);
-  const int64_t total = static_cast<int64_t>(settings.lengths.size() * settings.tasks.size() * settings.depths.size()) *
-                        settings.seeds;
+  const NiahGridSettings& grid = settings.samples;
+  const int64_t total = static_cast<int64_t>(grid.lengths.size() * grid.tasks.size() * grid.depths.size()) * grid.seeds;
   int64_t index = 0, computed_samples = 0;
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t length : settings.lengths) {
-    const RopeChoice rope = choose_rope(settings.rope_scaling, length, model.hparams().n_ctx_train);
-    for (NiahTask task : settings.tasks) {
-      for (double depth : settings.depths) {
-        for (int64_t replicate = 0; replicate < settings.seeds; ++replicate) {
+  for (int64_t length : grid.lengths) {
+    const RopeChoice rope = choose_rope(grid.rope_scaling, length, model.hparams().n_ctx_train);
+    for (NiahTask task : grid.tasks) {
+      for (double depth : grid.depths) {
+        for (int64_t replicate = 0; replicate < grid.seeds; ++replicate) {
           ++index;
-          const uint64_t seed = settings.seed + static_cast<uint64_t>(replicate);
+          const uint64_t seed = grid.seed + static_cast<uint64_t>(replicate);
           const std::string id = niah_sample_id(task, length, depth, seed);
           std::vector<const FrontierPoint*> pending;
           for (const FrontierPoint& p : points) {
@@ -237,9 +237,9 @@ int64_t run_niah_frontier(const model::LlamaModel& model, const model::Tokenizer
           spec.length = length;
           spec.depth = depth;
           spec.seed = seed;
-          const PreparedSample sample = prompter.prepare(spec, prose, settings.answer_prefix, settings.max_new_tokens);
+          const PreparedSample sample = prompter.prepare(spec, prose, grid.answer_prefix, grid.max_new_tokens);
           for (const FrontierPoint* p : pending) {
-            model::RunOptions run = settings.run;
+            model::RunOptions run = grid.run;
             run.attention = p->config;
             run.rope = rope.scaling;
             const NiahOutcome o = answer_niah(model, tokenizer, sample, run);

@@ -17,6 +17,7 @@
 
 #include "crisp/crisp.h"
 #include "eval/niah.h"
+#include "eval/niah_grid.h"
 #include "eval/sweep.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
@@ -61,18 +62,11 @@ class FrontierFile {
   int64_t computed_ = 0;
 };
 
-// NIAH frontier: samples from tasks x lengths x depths x seeds, every point on each.
+// NIAH frontier: the samples of a NIAH grid (tasks x lengths x depths x seeds; dry_run ignored),
+// every point on each.
 struct NiahFrontierSettings {
-  std::vector<NiahTask> tasks;
-  std::vector<int64_t> lengths;
-  std::vector<double> depths;
-  int64_t seeds = 1;
-  uint64_t seed = 0;
-  int64_t max_new_tokens = 0;  // 0: per task
-  bool answer_prefix = true;
-  std::string rope_scaling = "auto";
-  model::RunOptions run;       // backend, threads, cuda attention (its attention is set per point)
-  int64_t stop_after = 0;      // > 0: stop after this many samples computed in this run
+  NiahGridSettings samples;
+  int64_t stop_after = 0;  // > 0: stop after this many samples computed in this run
 };
 
 struct FrontierHooks {
