@@ -15,6 +15,8 @@
 #               Python package first unless the python suite did)
 #   model       the real-model evaluation: a short answer on the GPU, logits against transformers,
 #               crisp eval niah --backend cuda (needs CRISP_MODEL_PATH)
+#   frontier    crisp eval pareto --backend cuda: knob sweeps of every policy against density on the
+#               real model, a split of eval/splits.json (needs CRISP_MODEL_PATH); resumable
 #   cp          context parallelism over 2 GPUs: its tests and crisp bench --gpus 2 (skipped with
 #               fewer than 2 GPUs)
 # docs/gpu.md says how to bring the tree (and a model or prebuilt binaries) to a GPU machine.
@@ -48,6 +50,11 @@
 #   CRISP_GPU_NIAH_SEEDS [2]  CRISP_GPU_F16_TOLERANCE [2e-2]
 #   CRISP_GPU_HF_NIAH_SAMPLES model: also eval/hf_niah.py on these samples (from `crisp eval niah
 #                            --dry-run --dump-samples`), with CRISP_GPU_HF_NIAH_ARGS
+#   CRISP_GPU_FRONTIER_SPLIT [tuning]  CRISP_GPU_FRONTIER_LENGTHS [2048,4096,8192]
+#   CRISP_GPU_FRONTIER_TASKS [niah_single,passkey,niah_prose]
+#   CRISP_GPU_FRONTIER_SWEEPS  sweeps separated by '|' [crisp:alpha=0.5,1,2,4|flexprefill:gamma=0.8,0.9,0.95,0.99|minference|dense]
+#   CRISP_GPU_FRONTIER_JSON  the resumable frontier file [eval/results/frontier_<split>_gpu.json: in the
+#                            tree, so that a second call carries it back and continues]
 #   CRISP_GPU_CP_SEQ [131072]  CRISP_GPU_CP_PRESETS [dense,crisp]  CRISP_GPU_CP_REPS [3]
 # Python wheels in .whl/ (e.g. gguf, which the model suite's transformers reference needs) are
 # installed into /tmp/crisp-site first.
@@ -57,7 +64,7 @@ ROOT=$PWD
 # NVLink multicast stays off on shared multi-GPU hosts (NCCL, PyTorch, NVSHMEM).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 
-ALL_SUITES="tests sanitizers bench python compare model cp"
+ALL_SUITES="tests sanitizers bench python compare model frontier cp"
 SUITES=("$@")
 [ ${#SUITES[@]} -eq 0 ] && SUITES=(tests sanitizers bench)
 for s in "${SUITES[@]}"; do
@@ -132,7 +139,7 @@ build_tree() {  # source dir, build dir, targets...: configure + build, log to $
 }
 
 TARGETS=()
-{ wants bench || wants model || wants cp; } && TARGETS+=(crisp_cli)
+{ wants bench || wants model || wants frontier || wants cp; } && TARGETS+=(crisp_cli)
 { wants tests || wants sanitizers || wants cp; } && TARGETS+=(crisp_gpu_tests)
 wants tests && [ "${CRISP_GPU_CPU_TESTS:-0}" = 1 ] && TARGETS+=(crisp_tests)
 if [ -n "${CRISP_GPU_BIN:-}" ]; then
@@ -444,6 +451,31 @@ PY
     figures+="; hf_niah rc=$rc, $(wc -l <"$OUT/hf_niah_outputs.jsonl" 2>/dev/null || echo 0) outputs"
   fi
   record model "$status" "$figures"
+}
+
+# ---------------------------------------------------------------- frontier
+suite_frontier() {
+  if [ -z "${CRISP_MODEL_PATH:-}" ] || [ ! -f "$CRISP_MODEL_PATH" ]; then
+    record frontier SKIPPED "CRISP_MODEL_PATH does not name the model file (docs/gpu.md)"
+    return
+  fi
+  local prose=${CRISP_PROSE_PATH:-} rc status=ok split=${CRISP_GPU_FRONTIER_SPLIT:-tuning} sweeps=() s
+  [ -z "$prose" ] && [ -f "$(dirname "$CRISP")/long_qa_prompts.json" ] && prose=$(dirname "$CRISP")/long_qa_prompts.json
+  local json=${CRISP_GPU_FRONTIER_JSON:-eval/results/frontier_${split}_gpu.json}
+  IFS='|' read -r -a s <<<"${CRISP_GPU_FRONTIER_SWEEPS:-crisp:alpha=0.5,1,2,4|flexprefill:gamma=0.8,0.9,0.95,0.99|minference|dense}"
+  for sweep in "${s[@]}"; do sweeps+=(--sweep "$sweep"); done
+  mkdir -p "$(dirname "$json")"
+  note "frontier: crisp eval pareto --backend cuda --split $split -> $json"
+  timeout "$(left 600)" "$CRISP" eval pareto --backend cuda --model "$CRISP_MODEL_PATH" --split "$split" \
+    --splits eval/splits.json --lengths "${CRISP_GPU_FRONTIER_LENGTHS:-2048,4096,8192}" \
+    --tasks "${CRISP_GPU_FRONTIER_TASKS:-niah_single,passkey,niah_prose}" ${prose:+--prose "$prose"} "${sweeps[@]}" \
+    --json "$json" >"$DETAIL/frontier_table.txt" 2>"$DETAIL/frontier_progress.log"
+  rc=$?
+  cat "$DETAIL/frontier_table.txt"
+  cp "$json" "$OUT/" 2>/dev/null
+  $PY scripts/plot_frontier.py "$json" --out "$OUT/frontier_${split}.png" >/dev/null 2>"$DETAIL/frontier_plot.log"
+  [ $rc = 0 ] || status=FAILED
+  record frontier "$status" "rc=$rc$([ $rc = 124 ] && echo ' (deadline: run the same command again to resume)'), $(tail -1 "$DETAIL/frontier_table.txt")"
 }
 
 # ---------------------------------------------------------------- cp
