@@ -53,8 +53,8 @@
 #   CRISP_GPU_FRONTIER_SPLIT [tuning]  CRISP_GPU_FRONTIER_LENGTHS [2048,4096,8192]
 #   CRISP_GPU_FRONTIER_TASKS [niah_single,passkey,niah_prose]
 #   CRISP_GPU_FRONTIER_SWEEPS  sweeps separated by '|' [crisp:alpha=0.5,1,2,4|flexprefill:gamma=0.8,0.9,0.95,0.99|minference|dense]
-#   CRISP_GPU_FRONTIER_JSON  the resumable frontier file [eval/results/frontier_<split>_gpu.json: in the
-#                            tree, so that a second call carries it back and continues]
+#   CRISP_GPU_FRONTIER_JSON  the resumable frontier file [out/frontier/frontier_<split>_gpu.json: ignored,
+#                            so a warm machine keeps it and the next call continues it; copied to $OUT]
 #   CRISP_GPU_CP_SEQ [131072]  CRISP_GPU_CP_PRESETS [dense,crisp]  CRISP_GPU_CP_REPS [3]
 # Python wheels in .whl/ (e.g. gguf, which the model suite's transformers reference needs) are
 # installed into /tmp/crisp-site first.
@@ -461,7 +461,7 @@ suite_frontier() {
   fi
   local prose=${CRISP_PROSE_PATH:-} rc status=ok split=${CRISP_GPU_FRONTIER_SPLIT:-tuning} sweeps=() s
   [ -z "$prose" ] && [ -f "$(dirname "$CRISP")/long_qa_prompts.json" ] && prose=$(dirname "$CRISP")/long_qa_prompts.json
-  local json=${CRISP_GPU_FRONTIER_JSON:-eval/results/frontier_${split}_gpu.json}
+  local json=${CRISP_GPU_FRONTIER_JSON:-$ROOT/out/frontier/frontier_${split}_gpu.json}
   IFS='|' read -r -a s <<<"${CRISP_GPU_FRONTIER_SWEEPS:-crisp:alpha=0.5,1,2,4|flexprefill:gamma=0.8,0.9,0.95,0.99|minference|dense}"
   for sweep in "${s[@]}"; do sweeps+=(--sweep "$sweep"); done
   mkdir -p "$(dirname "$json")"

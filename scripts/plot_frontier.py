@@ -87,6 +87,8 @@ def main():
         ax.set_xlabel("density (kept causal blocks)")
         ax.set_ylabel({"kept": "share of dense's correct answers kept"}.get(metric, metric))
         ax.set_xlim(0, 1.02)
+        if metric not in LOWER_IS_BETTER:
+            ax.set_ylim(0, 1.02)  # shares
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(lengths):]:

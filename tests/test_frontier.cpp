@@ -25,6 +25,15 @@ namespace ce = crisp::eval;
 
 namespace {
 
+// The source tree (eval/splits.json; its parent holds shared/data where the QA prompts are).
+std::filesystem::path source_dir() {
+#ifdef CRISP_SOURCE_DIR
+  return CRISP_SOURCE_DIR;
+#else
+  return crisp_test::repo_root();
+#endif
+}
+
 // The message of the crisp::Error `f` throws ("" if it throws none).
 template <typename F>
 std::string error_of(F&& f) {
@@ -86,7 +95,7 @@ TEST(Sweep, FileOfStringsAndObjects) {
 }
 
 TEST(Splits, TheFixedFileLoads) {
-  const ce::EvalSplits splits = ce::load_splits((crisp_test::repo_root() / "eval" / "splits.json").string());
+  const ce::EvalSplits splits = ce::load_splits((source_dir() / "eval" / "splits.json").string());
   const ce::NiahSplit& tuning = splits.niah_split("tuning", "--split");
   const ce::NiahSplit& test = splits.niah_split("test", "--split");
   EXPECT_NE(tuning.seed, test.seed);
@@ -125,7 +134,7 @@ TEST(Splits, LoadErrorsNameTheFileAndTheEntry) {
 // Six prompts whose documents overlap across the splits (as RULER's qa prompts do): the test
 // haystack keeps no paragraph of a tuning prompt, and each haystack only its own prompts' paragraphs.
 TEST(Splits, ProseHaystacksShareNoParagraph) {
-  const ce::EvalSplits splits = ce::load_splits((crisp_test::repo_root() / "eval" / "splits.json").string());
+  const ce::EvalSplits splits = ce::load_splits((source_dir() / "eval" / "splits.json").string());
   std::vector<std::vector<std::string>> documents;
   for (int prompt = 0; prompt < 6; ++prompt) {
     std::vector<std::string> docs;
@@ -150,7 +159,7 @@ TEST(Splits, ProseHaystacksShareNoParagraph) {
   };
   check(documents);
   // The real QA prompts, where present.
-  const std::filesystem::path qa = crisp_test::repo_root().parent_path() / "shared" / "data" / "long_qa_prompts.json";
+  const std::filesystem::path qa = source_dir().parent_path() / "shared" / "data" / "long_qa_prompts.json";
   if (std::filesystem::exists(qa)) check(ce::load_qa_documents(qa.string()));
   // An index past the file is an error naming the argument.
   EXPECT_NE(error_of([&] { ce::prose_paragraphs(documents, {9}, {}, "--split"); }).find("--split"), std::string::npos);
@@ -315,7 +324,7 @@ TEST(Frontier, NiahSplitOption) {
   ASSERT_EQ(niah("--split tuning --json " + (dir / "t.json").string(), "t.log"), 0) << read_all(dir / "t.log");
   const nlohmann::json t = read_json(dir / "t.json");
   const ce::NiahSplit tuning =
-      ce::load_splits((crisp_test::repo_root() / "eval" / "splits.json").string()).niah_split("tuning", "--split");
+      ce::load_splits((source_dir() / "eval" / "splits.json").string()).niah_split("tuning", "--split");
   EXPECT_EQ(t.at("settings").at("base_seed").get<uint64_t>(), tuning.seed);
   EXPECT_EQ(t.at("settings").at("depths").get<std::vector<double>>(), tuning.depths);
   EXPECT_EQ(t.at("samples").size(), tuning.depths.size() * static_cast<std::size_t>(tuning.seeds));
