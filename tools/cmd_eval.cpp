@@ -583,15 +583,7 @@ void register_eval_niah(CLI::App& eval) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   CLI::Option* seed = sub->add_option("--seed", args->seed, "First seed")->capture_default_str();
-  sub->add_option("--split", args->split,
-                  "Samples of a fixed split of eval/splits.json: tuning (choose rules and knobs here) or test (the "
-                  "verdict); sets --seed, --seeds, --depths and the niah_prose documents")
-      ->check(CLI::IsMember({"tuning", "test"}))
-      ->excludes(depths)
-      ->excludes(seeds)
-      ->excludes(seed);
-  sub->add_option("--splits", args->splits_path,
-                  "The splits file of --split (default: eval/splits.json of the source tree)");
+  crisp_cli::add_split_options(sub, &args->split, &args->splits_path, depths, seeds, seed);
   sub->add_option("--policies", args->policies, "Attention policies, comma-separated: presets, or a preset with overrides as "
                   "PRESET:key=value[:key=value...] (e.g. crisp:routing=cstruct_rel:rho=2.2); dense is run first")
       ->delimiter(',')

@@ -224,14 +224,7 @@ void register_eval_pareto(CLI::App& eval) {
                            ->capture_default_str()
                            ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   CLI::Option* seed = sub->add_option("--seed", args->seed, "First seed")->capture_default_str();
-  sub->add_option("--split", args->split,
-                  "A fixed split of eval/splits.json: tuning or test; sets --seed, --seeds, --depths and the "
-                  "niah_prose documents")
-      ->check(CLI::IsMember({"tuning", "test"}))
-      ->excludes(depths)
-      ->excludes(seeds)
-      ->excludes(seed);
-  sub->add_option("--splits", args->splits_path, "The splits file (default: eval/splits.json of the source tree)");
+  crisp_cli::add_split_options(sub, &args->split, &args->splits_path, depths, seeds, seed);
   args->prose_path = crisp_cli::default_prose_path();
   sub->add_option("--prose", args->prose_path, "long_qa_prompts.json, the niah_prose haystack")->capture_default_str();
   sub->add_option("--max-new-tokens", args->max_new_tokens, "Most greedy tokens per answer (default per task)")

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "eval/splits.h"
 
 #ifndef CRISP_SOURCE_DIR
@@ -41,6 +43,20 @@ inline std::string default_prose_path() {
     dir = dir.parent_path();
   }
   return (std::filesystem::path("..") / "shared" / "data" / "long_qa_prompts.json").string();
+}
+
+// --split (tuning | test, which excludes --depths, --seeds and --seed: the split sets them) and
+// --splits FILE.
+inline void add_split_options(CLI::App* sub, std::string* split, std::string* splits_path, CLI::Option* depths,
+                              CLI::Option* seeds, CLI::Option* seed) {
+  sub->add_option("--split", *split,
+                  "Samples of a fixed split of eval/splits.json: tuning (choose rules and knobs here) or test (the "
+                  "verdict); sets --seed, --seeds, --depths and the niah_prose documents")
+      ->check(CLI::IsMember({"tuning", "test"}))
+      ->excludes(depths)
+      ->excludes(seeds)
+      ->excludes(seed);
+  sub->add_option("--splits", *splits_path, "The splits file of --split (default: eval/splits.json of the source tree)");
 }
 
 // With --split: loads the splits file and sets seed, seeds and depths from the split; returns the
