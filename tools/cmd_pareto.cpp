@@ -232,9 +232,7 @@ void register_eval_pareto(CLI::App& eval) {
   sub->add_option("--rope-scaling", args->rope_scaling, "RoPE scaling: auto, none, linear, ntk, yarn")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "none", "linear", "ntk", "yarn"}));
-  sub->add_option("--threads", args->threads, "CPU threads (0 = all)")
-      ->capture_default_str()
-      ->check(crisp_cli::kNonNegativeInteger);
+  crisp_cli::add_threads_option(*sub, args->threads);
   crisp_cli::add_model_backend_options(sub, &args->backend, &args->cuda_attention,
                                        "Model backend: cpu, or cuda (a CUDA build on a GPU machine)");
   sub->add_option("--stop-after", args->stop_after,
