@@ -67,6 +67,11 @@ crisp_cli_test(huge_threads.plan ARGS "plan|--q|a.npy|--k|b.npy|--threads|100000
 crisp_cli_test(huge_threads.run ARGS "run|--model|m.gguf|--prompt|hi|--threads|100000" STDERR "${ERR}--threads.*1024")
 crisp_cli_test(huge_threads.niah ARGS "eval|niah|--dry-run|--threads|100000" STDERR "${ERR}--threads.*1024")
 crisp_cli_test(huge_threads.capture ARGS "capture|--model|m.gguf|--threads|100000" STDERR "${ERR}--threads.*1024")
+# Numbers are decimal: CLI11 alone read '0x100' as 256, '010' as 8 and '0x1p3' as 8.0.
+crisp_cli_test(hex_number.seq ARGS "demo|--seq|0x100|--threads|1" STDERR "${ERR}--seq: '0x100' is not a")
+crisp_cli_test(hex_number.seed ARGS "eval|niah|--dry-run|--seed|0x5" STDERR "${ERR}--seed: '0x5' is not a decimal number")
+crisp_cli_test(hex_number.float ARGS "run|--model|m.gguf|--prompt|hi|--rope-scaling|linear|--rope-factor|0x1p3"
+  STDERR "${ERR}--rope-factor: '0x1p3' is not a decimal number")
 
 # ---------------------------------------------------------------- unreadable inputs
 crisp_cli_test(missing_npy

@@ -16,6 +16,7 @@
 #include "crisp/error.h"
 #include "io/printable.h"
 #include "progress.h"
+#include "validators.h"
 
 namespace {
 
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   register_eval_command(app);
   register_bench_command(app);
   register_run_command(app);
+  crisp_cli::require_decimal_numbers(app);
 
   // An unknown command: named, with the commands there are (CLI11 would only say that an
   // argument was not expected).

@@ -1,6 +1,7 @@
 // tools/validators.h — integer checks for CLI11 options with short, readable failure messages
 // (CLI11's PositiveNumber / NonNegativeNumber print the whole double range when they fail).
 #pragma once
+#include <cctype>
 #include <exception>
 #include <limits>
 #include <string>
@@ -44,6 +45,56 @@ inline CLI::Option* add_threads_option(CLI::App& sub, int& threads) {
                                "0 (all hardware threads) or a thread count up to " +
                                    std::to_string(crisp::kMaxThreads),
                                "0.." + std::to_string(crisp::kMaxThreads)));
+}
+
+// Numbers on the command line are decimal only. CLI11 converts integers with strtoll(..., 0), so
+// '0x100' would be 256 and '010' would be 8, and floats with strtold, which reads hex floats. This
+// check is attached to every numeric option of every command (require_decimal_numbers), and strips
+// leading zeros so that '010' means ten.
+inline CLI::Validator decimal_number(bool integer) {
+  return CLI::Validator(
+      [integer](std::string& input) -> std::string {
+        std::size_t i = (input.size() > 1 && (input[0] == '-' || input[0] == '+')) ? 1 : 0;
+        const std::size_t digits_start = i;
+        const auto digits = [&] {
+          const std::size_t from = i;
+          while (i < input.size() && std::isdigit(static_cast<unsigned char>(input[i]))) ++i;
+          return i - from;
+        };
+        std::size_t mantissa_digits = digits();
+        if (!integer) {
+          if (i < input.size() && input[i] == '.') {
+            ++i;
+            mantissa_digits += digits();
+          }
+          if (mantissa_digits > 0 && i < input.size() && (input[i] == 'e' || input[i] == 'E')) {
+            ++i;
+            if (i < input.size() && (input[i] == '-' || input[i] == '+')) ++i;
+            if (digits() == 0) mantissa_digits = 0;
+          }
+        }
+        if (mantissa_digits == 0 || i != input.size())
+          return "'" + input + "' is not a decimal number" + (integer ? " (an integer such as 256)" : " (such as 1.5)");
+        // Leading zeros: '010' is ten, not octal eight.
+        std::size_t first = digits_start;
+        while (first + 1 < input.size() && input[first] == '0' && std::isdigit(static_cast<unsigned char>(input[first + 1])))
+          ++first;
+        input.erase(digits_start, first - digits_start);
+        return "";
+      },
+      "");
+}
+
+// Attaches decimal_number to every integer and floating-point option of `app` and its commands.
+inline void require_decimal_numbers(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name();
+    if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0)
+      option->check(decimal_number(true));
+    else if (type.rfind("FLOAT", 0) == 0)
+      option->check(decimal_number(false));
+  }
+  for (CLI::App* sub : app.get_subcommands({})) require_decimal_numbers(*sub);
 }
 
 }  // namespace crisp_cli
