@@ -12,9 +12,10 @@ file(WRITE "${CLI_DIR}/empty.npy" "")
 set(CLI_RUNNER "${CMAKE_CURRENT_SOURCE_DIR}/run_expect.cmake")
 
 # crisp_cli_test(<name> ARGS <a|b|c> [RC <code>] [STDERR <regex>] [STDOUT <regex>]
-#                [FILES <f|g>] [JSON <file> HEADS <n>] [SETUP <fixture>] [REQUIRES <fixtures>])
+#                [FILES <f|g>] [JSON <file> HEADS <n>] [SETUP <fixture>] [REQUIRES <fixtures>]
+#                [ENV <VAR=value>...])
 function(crisp_cli_test name)
-  cmake_parse_arguments(T "" "ARGS;RC;STDERR;STDOUT;FILES;JSON;HEADS;SETUP" "REQUIRES" ${ARGN})
+  cmake_parse_arguments(T "" "ARGS;RC;STDERR;STDOUT;FILES;JSON;HEADS;SETUP" "REQUIRES;ENV" ${ARGN})
   set(defs "-DEXE=$<TARGET_FILE:crisp_cli>" "-DARGS=${T_ARGS}")
   if(DEFINED T_RC)
     list(APPEND defs "-DEXPECT_RC=${T_RC}")
@@ -38,6 +39,9 @@ function(crisp_cli_test name)
   endif()
   if(T_REQUIRES)
     set_tests_properties(cli.${name} PROPERTIES FIXTURES_REQUIRED "${T_REQUIRES}")
+  endif()
+  if(T_ENV)
+    set_tests_properties(cli.${name} PROPERTIES ENVIRONMENT "${T_ENV}")
   endif()
 endfunction()
 
@@ -72,6 +76,15 @@ crisp_cli_test(hex_number.seq ARGS "demo|--seq|0x100|--threads|1" STDERR "${ERR}
 crisp_cli_test(hex_number.seed ARGS "eval|niah|--dry-run|--seed|0x5" STDERR "${ERR}--seed: '0x5' is not a decimal number")
 crisp_cli_test(hex_number.float ARGS "run|--model|m.gguf|--prompt|hi|--rope-scaling|linear|--rope-factor|0x1p3"
   STDERR "${ERR}--rope-factor: '0x1p3' is not a decimal number")
+# Defaults do not depend on the working directory, and --help prints their rule, not a path.
+crisp_cli_test(default_prose.missing ARGS "eval|niah|--dry-run|--tasks|niah_prose|--model|missing.gguf"
+  ENV "CRISP_DATA_DIR=${CLI_DIR}/no_data_here" STDERR "${ERR}--prose: not given.*no_data_here.*CRISP_DATA_DIR")
+crisp_cli_test(default_qa_file.missing ARGS "capture|--qa-index|0|--out|${CLI_DIR}/capture_out"
+  ENV "CRISP_DATA_DIR=${CLI_DIR}/no_data_here" STDERR "${ERR}--qa-file: not given.*CRISP_DATA_DIR")
+crisp_cli_test(default_model.missing ARGS "run|--prompt|hi" ENV "CRISP_MODEL_PATH=${CLI_DIR}/no_model.gguf"
+  STDERR "${ERR}--model: not given, and its default .*no_model.gguf does not exist.*CRISP_MODEL_PATH")
+crisp_cli_test(help.model_default_is_a_rule ARGS "run|--help" RC 0 STDOUT "--model[^\n]*CRISP_MODEL_PATH, else")
+crisp_cli_test(help.prose_default_is_a_rule ARGS "eval|niah|--help" RC 0 STDOUT "--prose[^\n]*CRISP_DATA_DIR")
 
 # ---------------------------------------------------------------- unreadable inputs
 crisp_cli_test(missing_npy

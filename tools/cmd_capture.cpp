@@ -18,7 +18,7 @@
 #include "io_util.h"
 #include "model/gguf.h"
 #include "model/llama.h"
-#include "model/model_path.h"
+#include "default_paths.h"
 #include "model/tokenizer.h"
 #include "model_loading.h"
 #include "progress.h"
@@ -28,15 +28,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The real prompts beside the repository (see ../shared/data/README.md), relative to the working
-// directory as the rest of the project refers to them; --qa-file points elsewhere.
-constexpr const char* kDefaultQaPrompts = "../shared/data/long_qa_prompts.json";
-
 struct CaptureArgs {
   std::string model_path;
   std::string prompt_file;
   int64_t qa_index = -1;
-  std::string qa_file = kDefaultQaPrompts;
+  std::string qa_file;  // empty: the default (default_paths.h)
   int64_t max_tokens = 0;  // 0: the whole prompt
   bool chat = false;
   std::string layers = "all";
@@ -205,19 +201,17 @@ void run_capture(const CaptureArgs& args) {
 
 void register_capture_command(CLI::App& app) {
   auto args = std::make_shared<CaptureArgs>();
-  args->model_path = crisp::model::default_model_path();
   CLI::App* sub = app.add_subcommand(
       "capture", "Run a prompt through the model (dense prefill) and dump the post-RoPE Q/K/V of chosen "
                  "layers as .npy [heads, n, d] float32, with meta.json (input of 'crisp eval fidelity')");
-  sub->add_option("--model", args->model_path,
-                  "GGUF model file (default: $CRISP_MODEL_PATH or the cache of scripts/fetch_model.sh)")
-      ->capture_default_str();
+  crisp_cli::add_model_option(sub, &args->model_path);
   auto* prompt_file = sub->add_option("--prompt-file", args->prompt_file, "Read the prompt from this file");
   auto* qa_index = sub->add_option("--qa-index", args->qa_index,
                                    "Use prompt I of --qa-file (the project's real long-context QA prompts)")
                        ->check(crisp_cli::kNonNegativeInteger);
   prompt_file->excludes(qa_index);
-  sub->add_option("--qa-file", args->qa_file, "The QA prompts (JSON list of {prompt, answer})")->capture_default_str();
+  sub->add_option("--qa-file", args->qa_file, "The QA prompts (JSON list of {prompt, answer})")
+      ->default_str(std::string(crisp_cli::kDataDirRule) + " (<file>: " + crisp_cli::kQaPromptsFile + ")");
   sub->add_option("--max-tokens", args->max_tokens,
                   "Keep only the prompt's first N tokens (a slice of real prose; 0 = the whole prompt)")
       ->capture_default_str()
@@ -233,6 +227,8 @@ void register_capture_command(CLI::App& app) {
   sub->callback([args, prompt_file, qa_index] {
     if (prompt_file->count() == 0 && qa_index->count() == 0)
       throw crisp::Error("--prompt-file", "missing", "--prompt-file FILE or --qa-index I");
+    if (prompt_file->count() == 0) args->qa_file = crisp_cli::data_file_or_default("--qa-file", args->qa_file, crisp_cli::kQaPromptsFile);
+    args->model_path = crisp_cli::model_or_default(args->model_path);
     run_capture(*args);
   });
 }

@@ -36,7 +36,7 @@
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/matmul.h"
-#include "model/model_path.h"
+#include "default_paths.h"
 #include "model/tokenizer.h"
 #include "model_loading.h"
 #include "progress.h"
@@ -75,7 +75,8 @@ struct NiahArgs {
 // The niah_prose haystack: every document of the QA file, or with --split only the documents of
 // the split's prompts (the test split without those any other split's prompts share).
 std::vector<std::string> load_prose(const NiahArgs& args, const ce::EvalSplits* splits) {
-  const std::vector<std::vector<std::string>> documents = ce::load_qa_documents(args.prose_path, "--prose");
+  const std::vector<std::vector<std::string>> documents =
+      ce::load_qa_documents(crisp_cli::data_file_or_default("--prose", args.prose_path, crisp_cli::kQaPromptsFile), "--prose");
   if (splits == nullptr) return ce::all_prose_paragraphs(documents);
   return ce::split_prose_paragraphs(documents, *splits, args.split, "--split");
 }
@@ -559,14 +560,12 @@ void score_outputs(const NiahArgs& args) {
 
 void register_eval_niah(CLI::App& eval) {
   auto args = std::make_shared<NiahArgs>();
-  args->model_path = cm::default_model_path();
-  args->prose_path = crisp_cli::default_prose_path();
   CLI::App* sub = eval.add_subcommand(
       "niah",
       "Needle-in-a-haystack accuracy per attention policy: RULER niah_single / niah_multikey / all-needles, "
       "InfiniteBench passkey / kv_retrieval, and needles in real prose, generated from a seed at token-budgeted "
       "lengths and depths; greedy decoding, official scoring (substring match, first integer, word match)");
-  sub->add_option("--model", args->model_path, "GGUF model file")->capture_default_str();
+  crisp_cli::add_model_option(sub, &args->model_path);
   sub->add_option("--tasks", args->tasks,
                   "Tasks (default all): niah_single, niah_multikey, niah_all_needles, passkey, kv_retrieval, "
                   "niah_prose")
@@ -600,8 +599,7 @@ void register_eval_niah(CLI::App& eval) {
                   "none below), none, linear, ntk, yarn; any scaling is beyond the model's training and flagged")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "none", "linear", "ntk", "yarn"}));
-  sub->add_option("--prose", args->prose_path, "long_qa_prompts.json, the real-prose haystack of niah_prose")
-      ->capture_default_str();
+  crisp_cli::add_prose_option(sub, &args->prose_path, "long_qa_prompts.json, the real-prose haystack of niah_prose");
   sub->add_option("--json", args->json_path, "Write settings, rows and every sample's outputs as JSON here "
                                              "(rewritten after each sample)");
   crisp_cli::add_threads_option(*sub, args->threads);
@@ -616,7 +614,10 @@ void register_eval_niah(CLI::App& eval) {
                   "{id, policy, output, task, expected, ...} per line; prints the table, --json writes it");
   sub->add_flag("--dry-run", args->dry_run, "Generate and tokenise the samples only (no model run)");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
-  sub->callback([args] { run_niah(*args); });
+  sub->callback([args] {
+    if (args->score_path.empty()) args->model_path = crisp_cli::model_or_default(args->model_path);  // --score runs no model
+    run_niah(*args);
+  });
 }
 
 }  // namespace

@@ -20,7 +20,7 @@
 #include "eval/sweep.h"
 #include "eval_splits.h"
 #include "model/llama.h"
-#include "model/model_path.h"
+#include "default_paths.h"
 #include "model_loading.h"
 #include "progress.h"
 #include "validators.h"
@@ -146,22 +146,25 @@ void run_pareto(const ParetoArgs& given) {
     cm::require_model_backend(s.run.backend, "--backend");
     std::vector<std::string> prose;
     const bool with_prose = std::find(s.tasks.begin(), s.tasks.end(), ce::NiahTask::prose) != s.tasks.end();
+    const std::string prose_path =
+        with_prose ? crisp_cli::data_file_or_default("--prose", args.prose_path, crisp_cli::kQaPromptsFile) : "";
+    const std::string model_path = crisp_cli::model_or_default(args.model_path);
     if (with_prose) {
-      const auto documents = ce::load_qa_documents(args.prose_path, "--prose");
+      const auto documents = ce::load_qa_documents(prose_path, "--prose");
       prose = splits ? ce::split_prose_paragraphs(documents, *splits, args.split, "--split")
                      : ce::all_prose_paragraphs(documents);
     }
     json task_names = json::array();
     for (ce::NiahTask t : s.tasks) task_names.push_back(ce::to_string(t));
     const json settings = {{"mode", "niah"},
-                           {"model", std::filesystem::path(args.model_path).filename().string()},
+                           {"model", std::filesystem::path(model_path).filename().string()},
                            {"tasks", task_names},
                            {"lengths", s.lengths},
                            {"depths", s.depths},
                            {"seeds", s.seeds},
                            {"base_seed", s.seed},
                            {"split", args.split.empty() ? json(nullptr) : json(args.split)},
-                           {"prose", with_prose ? json(std::filesystem::path(args.prose_path).filename().string())
+                           {"prose", with_prose ? json(std::filesystem::path(prose_path).filename().string())
                                                 : json(nullptr)},
                            {"max_new_tokens", s.max_new_tokens},
                            {"rope_scaling", s.rope_scaling},
@@ -170,7 +173,7 @@ void run_pareto(const ParetoArgs& given) {
                            {"decoding", "greedy"},
                            {"chat_template", true}};
     file = std::make_unique<ce::FrontierFile>(ce::FrontierFile::open(args.json_path, settings, "--json"));
-    const crisp_cli::LoadedModel loaded = crisp_cli::load_model(args.model_path, progress);
+    const crisp_cli::LoadedModel loaded = crisp_cli::load_model(model_path, progress);
     if (s.run.backend != cm::ModelBackend::cpu) {
       progress.begin("warming up the " + args.backend + " backend");
       cm::warm_up_backend(loaded.model, s.run);
@@ -190,7 +193,6 @@ void run_pareto(const ParetoArgs& given) {
 
 void register_eval_pareto(CLI::App& eval) {
   auto args = std::make_shared<ParetoArgs>();
-  args->model_path = cm::default_model_path();
   CLI::App* sub = eval.add_subcommand(
       "pareto",
       "The frontier of knob sweeps against density: on a real model, NIAH accuracy and the share of dense's correct "
@@ -211,7 +213,7 @@ void register_eval_pareto(CLI::App& eval) {
                   "of its true mass")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 1.0));
-  sub->add_option("--model", args->model_path, "GGUF model file")->capture_default_str();
+  crisp_cli::add_model_option(sub, &args->model_path);
   sub->add_option("--tasks", args->tasks, "NIAH tasks (see crisp eval niah --help)")->delimiter(',')->capture_default_str();
   sub->add_option("--lengths", args->lengths, "Token budgets (prompt + answer)")
       ->delimiter(',')
@@ -225,8 +227,7 @@ void register_eval_pareto(CLI::App& eval) {
                            ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   CLI::Option* seed = sub->add_option("--seed", args->seed, "First seed")->capture_default_str();
   crisp_cli::add_split_options(sub, &args->split, &args->splits_path, depths, seeds, seed);
-  args->prose_path = crisp_cli::default_prose_path();
-  sub->add_option("--prose", args->prose_path, "long_qa_prompts.json, the niah_prose haystack")->capture_default_str();
+  crisp_cli::add_prose_option(sub, &args->prose_path, "long_qa_prompts.json, the niah_prose haystack");
   sub->add_option("--max-new-tokens", args->max_new_tokens, "Most greedy tokens per answer (default per task)")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   sub->add_option("--rope-scaling", args->rope_scaling, "RoPE scaling: auto, none, linear, ntk, yarn")

@@ -15,7 +15,7 @@
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/matmul.h"
-#include "model/model_path.h"
+#include "default_paths.h"
 #include "model/tokenizer.h"
 #include "model_loading.h"
 #include "progress.h"
@@ -307,14 +307,11 @@ void run(const RunArgs& args, bool cuda_attention_given) {
 
 void register_run_command(CLI::App& app) {
   auto args = std::make_shared<RunArgs>();
-  args->model_path = crisp::model::default_model_path();
   CLI::App* sub = app.add_subcommand(
       "run", "Answer a prompt with a Llama-family GGUF model (SmolLM2-135M-Instruct by default), the "
              "prefill attention through a crisp policy; prints the answer, time to first token, "
              "prefill attention time and density");
-  sub->add_option("--model", args->model_path,
-                  "GGUF model file (default: $CRISP_MODEL_PATH or the cache of scripts/fetch_model.sh)")
-      ->capture_default_str();
+  crisp_cli::add_model_option(sub, &args->model_path);
   auto* prompt = sub->add_option("--prompt", args->prompt, "Prompt text");
   auto* prompt_file = sub->add_option("--prompt-file", args->prompt_file, "Read the prompt from this file");
   prompt->excludes(prompt_file);
@@ -353,6 +350,7 @@ void register_run_command(CLI::App& app) {
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
   check->excludes(prompt)->excludes(prompt_file);
   sub->callback([args, prompt, prompt_file, check, cuda_attention] {
+    args->model_path = crisp_cli::model_or_default(args->model_path);
     if (prompt->count() == 0 && prompt_file->count() == 0 && check->count() == 0) {
       throw crisp::Error("--prompt", "missing", "--prompt TEXT or --prompt-file FILE (or --check-logits FILE)");
     }

@@ -24,27 +24,6 @@ inline crisp::eval::EvalSplits load_eval_splits(const std::string& splits_option
   return crisp::eval::load_splits(path, "--splits");
 }
 
-// The prose haystack: $CRISP_PROSE_PATH, else shared/data/long_qa_prompts.json of the source tree
-// (or its parent), else of the working directory or one of its parents (the repository root, or its parent where ../shared lives).
-inline std::string default_prose_path() {
-  if (const char* env = std::getenv("CRISP_PROSE_PATH"); env != nullptr && *env != '\0') return env;
-  std::error_code ec;
-  // The source tree this binary was built from first (its shared/ or ../shared/).
-  const std::filesystem::path source(CRISP_SOURCE_DIR);
-  for (const std::filesystem::path& root : {source, source.parent_path()}) {
-    const std::filesystem::path candidate = root / "shared" / "data" / "long_qa_prompts.json";
-    if (!source.empty() && std::filesystem::exists(candidate, ec)) return candidate.string();
-  }
-  std::filesystem::path dir = std::filesystem::current_path(ec);
-  for (int level = 0; level < 4 && !ec; ++level) {
-    const std::filesystem::path candidate = dir / "shared" / "data" / "long_qa_prompts.json";
-    if (std::filesystem::exists(candidate, ec)) return candidate.string();
-    if (!dir.has_parent_path() || dir.parent_path() == dir) break;
-    dir = dir.parent_path();
-  }
-  return (std::filesystem::path("..") / "shared" / "data" / "long_qa_prompts.json").string();
-}
-
 // --split (tuning | test, which excludes --depths, --seeds and --seed: the split sets them) and
 // --splits FILE.
 inline void add_split_options(CLI::App* sub, std::string* split, std::string* splits_path, CLI::Option* depths,

@@ -14,7 +14,6 @@ std::string default_model_path() {
   if (const char* dir = std::getenv("CRISP_MODEL_DIR"); dir && *dir) return (fs::path(dir) / kDefaultModelFile).string();
   const fs::path relative = fs::path(".cache") / "model" / kDefaultModelFile;
   std::error_code ec;
-  if (fs::exists(relative, ec)) return relative.string();
   // /proc/self/exe: Linux; elsewhere the search simply finds nothing.
   fs::path dir = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
@@ -25,7 +24,7 @@ std::string default_model_path() {
       if (dir == dir.parent_path()) break;
     }
   }
-  return relative.string();
+  return "";  // none found
 }
 
 }  // namespace model

@@ -11,9 +11,9 @@ constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 // The default model path:
 //   $CRISP_MODEL_PATH if set; else $CRISP_MODEL_DIR/<file> if set; else the first existing
-//   .cache/model/<file> in the working directory or in a parent (up to 4 levels) of the running
-//   executable's directory (a build directory inside the repository finds the repository's cache);
-//   else .cache/model/<file> relative to the working directory (which may not exist).
+//   .cache/model/<file> in the running executable's directory or a parent of it (up to 4 levels: a
+//   build directory inside the repository finds the repository's cache); else "" (none found).
+//   The working directory plays no part.
 std::string default_model_path();
 
 }  // namespace model
