@@ -124,8 +124,15 @@ void attend_validated(const TensorView& q, const TensorView& k, const TensorView
 
 }  // namespace
 
-void check_finite(const TensorView& t, const std::string& name, const Options& options) {
-  (void)check_values(t, name, options);
+void check_input_values(const TensorView& q, const TensorView& k, const TensorView* v, const Options& options) {
+  const double q_max = check_values(q, "q", options);
+  const double k_max = check_values(k, "k", options);
+  if (v == nullptr) {
+    check_magnitudes(q, q_max, k_max, nullptr, options);
+  } else {
+    const double v_max = check_values(*v, "v", options);
+    check_magnitudes(q, q_max, k_max, &v_max, options);
+  }
 }
 
 SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens) {
@@ -271,9 +278,7 @@ Plan plan(const TensorView& q, const TensorView& k, const Config& config, const 
   detail::check_backend(options, q);
   config.validate();
   const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
-  const double q_max = detail::check_values(q, "q", options);
-  const double k_max = detail::check_values(k, "k", options);
-  detail::check_magnitudes(q, q_max, k_max, nullptr, options);
+  detail::check_input_values(q, k, nullptr, options);
   return detail::plan_validated(q, k, config, cu, options);
 }
 
@@ -284,10 +289,7 @@ void attend(const TensorView& q, const TensorView& k, const TensorView& v, const
   detail::check_backend(options, q);
   detail::validate_outputs(q, out, lse);
   detail::validate_plan_for(q, k, plan);
-  const double q_max = detail::check_values(q, "q", options);
-  const double k_max = detail::check_values(k, "k", options);
-  const double v_max = detail::check_values(v, "v", options);
-  detail::check_magnitudes(q, q_max, k_max, &v_max, options);
+  detail::check_input_values(q, k, &v, options);
   detail::attend_validated(q, k, v, plan, out, lse, options);
 }
 
@@ -300,10 +302,7 @@ Plan prefill(const TensorView& q, const TensorView& k, const TensorView& v, cons
   detail::validate_outputs(q, out, lse);
   config.validate();
   const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
-  const double q_max = detail::check_values(q, "q", options);
-  const double k_max = detail::check_values(k, "k", options);
-  const double v_max = detail::check_values(v, "v", options);
-  detail::check_magnitudes(q, q_max, k_max, &v_max, options);
+  detail::check_input_values(q, k, &v, options);
   Plan result = detail::plan_validated(q, k, config, cu, options);
   detail::validate_plan_for(q, k, result);  // cheap; guards the backend's own output
   detail::attend_validated(q, k, v, result, out, lse, options);

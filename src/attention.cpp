@@ -60,8 +60,7 @@ void Attention::plan(const TensorView& q, const TensorView& k, const SeqLens& cu
   detail::validate_qkv(q, k, nullptr);
   detail::check_backend(impl_->options, q);
   const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
-  detail::check_finite(q, "q", impl_->options);
-  detail::check_finite(k, "k", impl_->options);
+  detail::check_input_values(q, k, nullptr, impl_->options);
   const Backend backend = q.device == Device::cuda ? Backend::cuda : Backend::cpu;
   // A backend's state (the CUDA device plan's buffers) is kept while the backend stays the same.
   if (!impl_->planned || impl_->backend != backend) {
@@ -88,9 +87,7 @@ void Attention::run(const TensorView& q, const TensorView& k, const TensorView& 
     throw Error("q", std::string("is on ") + to_string(q.device) + " but the plan was made on " +
                          to_string(planned_device),
                 "the views of the backend that planned");
-  detail::check_finite(q, "q", impl_->options);
-  detail::check_finite(k, "k", impl_->options);
-  detail::check_finite(v, "v", impl_->options);
+  detail::check_input_values(q, k, &v, impl_->options);
   impl_->planned->run(q, k, v, out, lse);
 }
 

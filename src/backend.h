@@ -49,9 +49,11 @@ void validate_outputs(const TensorView& q, const TensorView& out, const TensorVi
 // Checks that the plan fits q/k (heads, head dim, block size, sequences covering every token)
 // and is well-formed CSR (bounds included), so a backend may index with it freely.
 void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& plan);
-// Rejects NaN/Inf in a CPU view (device views: the CUDA backend's responsibility), naming `name`
-// and the first bad element.
-void check_finite(const TensorView& t, const std::string& name, const Options& options);
+// The value checks of every entry point (the free functions and crisp::Attention), on CPU views
+// (device views: the CUDA backend's responsibility): NaN/Inf, naming the tensor and the first bad
+// element; values beyond float32 in f32 precision; q/k magnitudes whose dot products overflow and
+// v magnitudes whose output sums overflow. `v` may be null (planning only).
+void check_input_values(const TensorView& q, const TensorView& k, const TensorView* v, const Options& options);
 
 // The dense head of a sequence with N blocks: route dense, every causal block, c_struct/jsd NaN,
 // density 1 (src/cpu/cpu_plan.cpp; shared by dense_plan, the dense preset and short sequences).

@@ -151,6 +151,21 @@ TEST(BadInput, OverflowingMagnitudes) {
     }, "v", "v = 1e37");
   }
   {
+    // The same checks through crisp::Attention (plan once, run many times): its plan and run
+    // skipped them and returned all-NaN outputs.
+    Tensor3 q(2, 64, 16, 1e19f), k(1, 64, 16, 1e19f), v(1, 64, 16, 1.0f);
+    crisp::Attention attention(crisp_cfg());
+    expect_error([&] { attention.plan(q.view(), k.view()); }, "q", "q = k = 1e19, Attention::plan");
+    Qkv x(2, 1, 64, 16);
+    attention.plan(x.q.view(), x.k.view());
+    for (float& e : x.v.data) e = 1e37f;
+    std::vector<float> out(2 * 64 * 16), lse(2 * 64);
+    expect_error([&] {
+      attention.run(x.q.view(), x.k.view(), x.v.view(), crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 2, 64, 16),
+                    crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 2, 64));
+    }, "v", "v = 1e37, Attention::run");
+  }
+  {
     std::vector<double> q(1 * 64 * 16, 0.5), k(q);
     q[100] = 1e300;  // finite in float64, Inf once converted to float32
     auto qv = crisp::TensorView::contiguous(q.data(), crisp::DType::f64, 1, 64, 16);
