@@ -225,6 +225,9 @@ TEST(TinyLlama, CliRunAndNiahDumpScoreRoundTrip) {
   std::ifstream run_in(run_json);
   const nlohmann::json run = nlohmann::json::parse(run_in);
   EXPECT_EQ(run.at("backend"), "cpu");
+  // "config" has the shape of `crisp plan --json`'s: {"preset": ..., name: value} (it was a list of pairs).
+  ASSERT_TRUE(run.at("config").is_object()) << run.at("config").dump();
+  EXPECT_EQ(run.at("config").at("preset"), run.at("policy")) << run.at("config").dump();
   EXPECT_GT(run.at("generated_tokens").get<int>(), 0);
 
   const std::string samples = (dir / "samples.jsonl").string();

@@ -37,6 +37,7 @@
 #include "model/llama.h"
 #include "model/matmul.h"
 #include "default_paths.h"
+#include "plan_json.h"
 #include "model/tokenizer.h"
 #include "model_loading.h"
 #include "progress.h"
@@ -205,9 +206,7 @@ void run_niah(const NiahArgs& given) {
                      {"decoding", "greedy"}};
   for (ce::NiahTask task : tasks) out["settings"]["tasks"].push_back(ce::to_string(task));
   for (std::size_t p = 0; p < policies.size(); ++p) {
-    json kv = json::object();
-    for (const auto& [key, value] : configs[p].to_key_values()) kv[key] = value;
-    out["policy_configs"][policies[p]] = kv;
+    out["policy_configs"][policies[p]] = crisp_cli::config_to_json(configs[p]);
   }
   out["samples"] = json::array();
   std::ofstream dump;

@@ -16,6 +16,7 @@
 #include "model/llama.h"
 #include "model/matmul.h"
 #include "default_paths.h"
+#include "plan_json.h"
 #include "model/tokenizer.h"
 #include "model_loading.h"
 #include "progress.h"
@@ -275,7 +276,7 @@ void run(const RunArgs& args, bool cuda_attention_given) {
     nlohmann::json out = {
         {"model", args.model_path},
         {"policy", options.run.attention.preset},
-        {"config", options.run.attention.to_key_values()},
+        {"config", crisp_cli::config_to_json(options.run.attention)},
         {"prompt_tokens", prompt.size()},
         {"generated_tokens", result.tokens.size()},
         {"stopped_at_end", result.stopped_at_end},

@@ -15,15 +15,18 @@ nlohmann::json number_or_null(double x) {
 
 }  // namespace
 
+nlohmann::json config_to_json(const crisp::Config& config) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, value] : config.to_key_values()) out[name] = value;
+  return out;
+}
+
 nlohmann::json plan_to_json(const crisp::Plan& plan) {
   if (plan.sequences.size() != 1) {
     throw crisp::Error("plan", "holds " + std::to_string(plan.sequences.size()) + " sequences",
                        "exactly one sequence for JSON output");
   }
   const crisp::SequencePlan& seq = plan.sequences.front();
-
-  nlohmann::json config = nlohmann::json::object();
-  for (const auto& [name, value] : plan.config.to_key_values()) config[name] = value;
 
   nlohmann::json heads = nlohmann::json::array();
   for (std::size_t h = 0; h < seq.heads.size(); ++h) {
@@ -42,7 +45,7 @@ nlohmann::json plan_to_json(const crisp::Plan& plan) {
   }
 
   return {
-      {"config", config},
+      {"config", config_to_json(plan.config)},
       {"n", seq.n},
       {"block_size", plan.block_size},
       {"num_blocks", seq.num_blocks},

@@ -14,4 +14,8 @@ namespace crisp_cli {
 // (dense or short-sequence heads, JSD under other routings) are written as null.
 nlohmann::json plan_to_json(const crisp::Plan& plan);
 
+// A configuration as every JSON output of the command writes it: {"preset": ..., name: value, ...},
+// the pairs of Config::to_key_values with their string values.
+nlohmann::json config_to_json(const crisp::Config& config);
+
 }  // namespace crisp_cli
