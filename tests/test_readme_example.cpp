@@ -54,12 +54,10 @@ std::string read_text(const std::string& path) {
   return text.str();
 }
 
-// README.md next to this file's directory (tests/..).
-std::string readme_path() {
-  const std::string here = __FILE__;
-  const std::string dir = here.substr(0, here.find_last_of('/'));
-  return dir + "/../README.md";
-}
+// README.md and this file in the source tree (CRISP_SOURCE_DIR: tests/CMakeLists.txt), not through
+// __FILE__, which is relative to the build directory under Ninja or ccache's base_dir.
+std::string readme_path() { return std::string(CRISP_SOURCE_DIR) + "/README.md"; }
+std::string this_file_path() { return std::string(CRISP_SOURCE_DIR) + "/tests/test_readme_example.cpp"; }
 
 }  // namespace
 
@@ -77,7 +75,7 @@ TEST(ReadmeExample, RunsAndProducesAWellFormedPlanAndFiniteOutputs) {
 }
 
 TEST(ReadmeExample, ReadmeShowsThisExactCode) {
-  const std::string source = read_text(__FILE__);
+  const std::string source = read_text(this_file_path());
   const std::string begin_marker = "// readme-example-begin\n", end_marker = "// readme-example-end";
   const std::size_t begin = source.find(begin_marker);
   const std::size_t end = source.find(end_marker);
