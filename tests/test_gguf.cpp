@@ -490,6 +490,26 @@ TEST(Gguf, AccessorsNameTheKeyOnError) {
   EXPECT_EQ(f.find_tensor("no.such.tensor"), nullptr);
 }
 
+// A fuzz finding (tests/fuzz/corpus/gguf/nul_key.gguf, seed 2): a key starting with NUL bytes made
+// the accessors' error print as an empty message. The key is escaped in the message now.
+TEST(Gguf, KeyStartingWithNulIsEscapedInErrors) {
+  GgufFile f(std::string(CRISP_SOURCE_DIR) + "/tests/fuzz/corpus/gguf/nul_key.gguf");
+  int checked = 0;
+  for (const auto& kv : f.metadata()) {
+    if (kv.first.empty() || kv.first[0] != '\0') continue;
+    ++checked;
+    try {
+      (void)f.get_int(kv.first);
+      ADD_FAILURE() << "a string value read as an int";
+    } catch (const crisp::Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.find('\0'), std::string::npos);
+      EXPECT_EQ(std::string(e.what()).rfind("\\x00", 0), 0u) << what;
+    }
+  }
+  EXPECT_EQ(checked, 1);
+}
+
 // Every tensor type the parser accepts has a case in tensor_cases(), so the exact-value test below
 // and the corruption test further down dequantise each of them.
 TEST(Gguf, EveryAcceptedTypeHasATensorCase) {

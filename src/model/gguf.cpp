@@ -562,12 +562,14 @@ struct GgufFile::Impl {
   const GgufValue& get(const std::string& key) const {
     auto it = metadata.find(key);
     if (it == metadata.end())
-      throw Error(key, "metadata key missing from " + path, "a GGUF file that defines it");
+      throw Error(printable(key), "metadata key missing from " + path, "a GGUF file that defines it");
     return it->second;
   }
   [[noreturn]] void wrong_kind(const std::string& key, const GgufValue& v,
                                const char* wanted) const {
-    throw Error(key, std::string("metadata value in ") + path + " is a " + value_kind(v), wanted);
+    // Keys come from the file (a caller may iterate metadata()): escaped, so a leading NUL cannot
+    // make the message print as empty.
+    throw Error(printable(key), std::string("metadata value in ") + path + " is a " + value_kind(v), wanted);
   }
 
   void parse();
@@ -790,7 +792,7 @@ const GgufTensor* GgufFile::find_tensor(const std::string& name) const {
 
 const GgufTensor& GgufFile::tensor(const std::string& name) const {
   const GgufTensor* t = find_tensor(name);
-  if (!t) throw Error(name, "tensor missing from " + impl_->path, "a GGUF file that holds it");
+  if (!t) throw Error(printable(name), "tensor missing from " + impl_->path, "a GGUF file that holds it");
   return *t;
 }
 
@@ -799,7 +801,7 @@ const unsigned char* GgufFile::data(const GgufTensor& t) const {
   // record that belongs to another file.
   const std::size_t data_size = impl_->bytes.size() - std::min(impl_->bytes.size(), impl_->data_offset);
   if (t.offset > data_size || t.nbytes > data_size - t.offset)
-    throw Error(t.name, "tensor extends past the data section of " + impl_->path,
+    throw Error(printable(t.name), "tensor extends past the data section of " + impl_->path,
                 "a tensor of this file");
   return impl_->bytes.data() + impl_->data_offset + t.offset;
 }
