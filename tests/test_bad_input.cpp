@@ -491,7 +491,7 @@ TEST(EdgeCases, FewerTokensThanOneBlock) {
 TEST(EdgeCases, PartialLastBlockIsPlannedAndAttended) {
   // n = 3 * 64 + 1: the last block holds one token; planned (N = 4), oracle-identical.
   Qkv x(2, 1, 193, 16, 31);
-  crisp::Config cfg = crisp_cfg();
+  crisp::Config cfg = crisp_test::crisp_v1_config();  // no min_budget: n = 193 is planned, not dense
   cfg.set("block_size=64");
   cfg.set("routing=none");
   crisp::Options opt;

@@ -285,7 +285,7 @@ TEST(Frontier, CapturesModeOnTinyModel) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(dir / "capture.log");
   std::filesystem::remove(dir / "frontier.json");
   cmd = std::string(CRISP_CLI_PATH) + " eval pareto --captures " + capture +
-        " --sweep 'crisp:alpha=1,4;block_size=64' --threads 2 --quiet --json " + (dir / "frontier.json").string() +
+        " --sweep 'crisp:uniform_alpha=0.5,4;block_size=64' --threads 2 --quiet --json " + (dir / "frontier.json").string() +
         " > " + (dir / "pareto.log").string() + " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(dir / "pareto.log");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(dir / "pareto.log");
@@ -297,8 +297,8 @@ TEST(Frontier, CapturesModeOnTinyModel) {
   ASSERT_EQ(rows.size(), 3u) << doc.at("rows").dump();
   EXPECT_DOUBLE_EQ(rows["dense"].at("density_mean").get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(rows["dense"].at("top_mass_recall_mean").get<double>(), 1.0);
-  const nlohmann::json& a1 = rows["crisp:alpha=1:block_size=64"];
-  const nlohmann::json& a4 = rows["crisp:alpha=4:block_size=64"];
+  const nlohmann::json& a1 = rows["crisp:uniform_alpha=0.5:block_size=64"];
+  const nlohmann::json& a4 = rows["crisp:uniform_alpha=4:block_size=64"];
   EXPECT_LT(a4.at("density_mean").get<double>(), a1.at("density_mean").get<double>());
   for (const nlohmann::json* r : {&a1, &a4}) {
     for (const char* key : {"recall_mean", "recall_min", "top_mass_recall_mean", "top_mass_recall_min"}) {

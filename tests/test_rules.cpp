@@ -228,7 +228,7 @@ const std::vector<int64_t> kLive4 = {64, 128, 192, 576};
 TEST(RulesCrafted, NoiseFloorPlantedBlocks) {
   for (auto precision : {crisp::Precision::f64, crisp::Precision::f32}) {
     Crafted c(640, kLive4);
-    crisp::Config cfg = crisp::Config::from_preset("crisp");
+    crisp::Config cfg = crisp_test::crisp_v1_config();
     cfg.set("routing=none");
     crisp::HeadPlan h = c.plan(cfg, precision).sequences.at(0).heads.at(0);
     EXPECT_EQ(h.route, crisp::Route::vs);
@@ -248,7 +248,7 @@ TEST(RulesCrafted, NoiseFloorStrictAtThreshold) {
   // every proxy row): pv[1..4] = 0.25, mu_v = 1/8, alpha = 2 puts the threshold exactly at 0.25:
   // strict ">" keeps none of them. Slightly below 2 keeps all four.
   Crafted c(640, {64, 128, 192, 256});
-  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Config cfg = crisp_test::crisp_v1_config();
   cfg.set("routing=none");
   cfg.set("alpha=2");
   EXPECT_EQ(c.plan(cfg).sequences[0].heads[0].vertical, (V{0}));
@@ -260,14 +260,14 @@ TEST(RulesCrafted, NoiseFloorStrictAtThreshold) {
 TEST(RulesCrafted, NoiseFloorZeroFloorKeepsNothing) {
   // Only sink keys live: every non-anchor vertical has mass exactly 0 = alpha * mu. None is kept.
   Crafted c(640, {0, 1, 2, 3});
-  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Config cfg = crisp_test::crisp_v1_config();
   cfg.set("routing=none");
   EXPECT_EQ(c.plan(cfg).sequences[0].heads[0].vertical, (V{0}));
 }
 
 TEST(RulesCrafted, CStructExactValues) {
   Crafted c(640, kLive4);
-  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Config cfg = crisp_test::crisp_v1_config();
   // w_sink = w_local = 64: no live key in the sink; key 576 is within 64 of every proxy row: 1/4.
   cfg.set("w_sink=64");
   cfg.set("w_local=64");
@@ -285,7 +285,7 @@ TEST(RulesCrafted, CStructExactValues) {
 
 TEST(RulesCrafted, CStructRoutingBoundaryIsInclusive) {
   Crafted c(640, kLive4);
-  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Config cfg = crisp_test::crisp_v1_config();
   cfg.set("w_sink=64");
   cfg.set("w_local=64");
   cfg.set("routing=cstruct");
@@ -303,7 +303,7 @@ TEST(RulesCrafted, CStructRoutingBoundaryIsInclusive) {
 
 TEST(RulesCrafted, CumulativeCountsTokens) {
   Crafted c(640, kLive4);
-  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Config cfg = crisp_test::crisp_v1_config();
   cfg.set("routing=none");
   cfg.set("vs_budget=cumulative");
   // v has four entries 0.25: gamma 0.95 -> running sums 0.25, 0.5, 0.75 within -> count 4 ->
@@ -331,7 +331,7 @@ TEST(RulesCrafted, CumulativeCountsTokens) {
 
 TEST(RulesCrafted, MaxBudgetTrimsInTieOrder) {
   Crafted c(640, kLive4);
-  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Config cfg = crisp_test::crisp_v1_config();
   cfg.set("routing=none");
   // noise floor keeps {0,1,2,3,9}; max_budget 192 -> 3 blocks: the anchor + the two first in tie order.
   cfg.set("max_budget=192");
@@ -347,7 +347,7 @@ TEST(RulesCrafted, MaxBudgetTrimsInTieOrder) {
 
 TEST(RulesCrafted, SlashCoverSingleVsExact) {
   Crafted c(640, kLive4);
-  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Config cfg = crisp_test::crisp_v1_config();
   cfg.set("routing=none");
   cfg.set("slash_cover=single");
   crisp::HeadPlan h = c.plan(cfg).sequences[0].heads[0];
@@ -404,7 +404,7 @@ TEST(RulesCrafted, PeGlobalCoverageIncludesCrossingEntry) {
   // (0,0)=1 -> 1; (1,0)=.5 -> 1.5; (1,1)=.5 -> 2; (2,0)=1/3 -> 2.33; (2,1) crosses -> 2.67 (kept);
   // (2,2) not kept.
   Flat f(640);
-  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Config cfg = crisp_test::crisp_v1_config();
   cfg.set("tau_proxy=1");  // C_struct < 1 -> PE
   cfg.set("pe_gamma=0.25");
   cfg.set("slash_cover=single");
@@ -432,7 +432,7 @@ TEST(RulesCrafted, PeGlobalCoverageIncludesCrossingEntry) {
 TEST(RulesCrafted, PeRowFloorOnUniformRows) {
   // q = 0: every row of P is uniform, P[r, c] = 1 / (r + 1) exactly, i.e. at the row's level.
   Flat f(640);  // N = 10 at B = 64
-  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Config cfg = crisp_test::crisp_v1_config();
   cfg.set("tau_proxy=1");  // C_struct < 1 -> PE
   cfg.set("routing=cstruct");
   cfg.set("slash_cover=single");
@@ -458,7 +458,7 @@ TEST(RulesCrafted, JsdAndCStructClosedForm) {
   // C_struct = (1/L) sum_i min(p_i + 1, |S_i|)/(p_i + 1) with disjoint windows |S_i| = w_sink + w_local.
   const int64_t n = 640, B = 64, L = 64, N = 10;
   Flat f(n);
-  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Config cfg = crisp_test::crisp_v1_config();
   cfg.set("routing=jsd");
   crisp::HeadPlan h = f.plan(cfg);
   std::vector<double> pv(N, 0.0);
@@ -488,7 +488,7 @@ TEST(RulesCrafted, TieOrderSmallerIndexFirst) {
   // cumulative with gamma such that count = 200 tokens-ish -> 200 // 64 + 1 = 4 blocks: the anchor
   // plus blocks 1, 2, 3 (ties -> smaller index first).
   Flat f(640);
-  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  crisp::Config cfg = crisp_test::crisp_v1_config();
   cfg.set("routing=none");
   cfg.set("vs_budget=cumulative");
   // v[j] = (1/L) sum_i 1/(p_i+1) ~ 1/608 for j < 576: 200 tokens ~ 0.329; pick gamma = 0.33.
@@ -501,7 +501,7 @@ TEST(RulesCrafted, TieOrderSmallerIndexFirst) {
 TEST(RulesCrafted, DenseFallbackShortSequences) {
   for (int64_t n : {1, 5, 64, 100, 128}) {  // N <= 2 at B = 64
     Flat f(n);
-    crisp::HeadPlan h = f.plan(crisp::Config::from_preset("crisp"));
+    crisp::HeadPlan h = f.plan(crisp_test::crisp_v1_config());
     EXPECT_EQ(h.route, crisp::Route::dense) << "n=" << n;
     EXPECT_TRUE(std::isnan(h.c_struct)) << "n=" << n;
     EXPECT_TRUE(std::isnan(h.jsd)) << "n=" << n;
@@ -511,11 +511,11 @@ TEST(RulesCrafted, DenseFallbackShortSequences) {
   }
   {
     Flat f(129);  // N = 3: planned
-    EXPECT_NE(f.plan(crisp::Config::from_preset("crisp")).route, crisp::Route::dense);
+    EXPECT_NE(f.plan(crisp_test::crisp_v1_config()).route, crisp::Route::dense);
   }
   {
     // n <= min_budget -> dense; one token more -> planned.
-    crisp::Config cfg = crisp::Config::from_preset("crisp");
+    crisp::Config cfg = crisp_test::crisp_v1_config();
     cfg.set("min_budget=640");
     Flat f(640);
     EXPECT_EQ(f.plan(cfg).route, crisp::Route::dense);
@@ -523,7 +523,7 @@ TEST(RulesCrafted, DenseFallbackShortSequences) {
     EXPECT_NE(g.plan(cfg).route, crisp::Route::dense);
   }
   {
-    crisp::Config cfg = crisp::Config::from_preset("crisp");
+    crisp::Config cfg = crisp_test::crisp_v1_config();
     cfg.set("dense_below=640");
     Flat f(640);
     EXPECT_EQ(f.plan(cfg).route, crisp::Route::dense);

@@ -301,7 +301,7 @@ TEST(TinyLlama, CliCaptureThenFidelityWithPolicySpecs) {
                               "capture.log");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const std::string fidelity_json = (dir / "fidelity.json").string();
-  const std::string variant = "crisp:alpha=4";
+  const std::string variant = "crisp:uniform_alpha=4";
   cmd = t.command("eval fidelity --captures " + capture_dir + " --policies dense,crisp," + variant +
                       " --block 64 --threads 2 --quiet --json " + fidelity_json,
                   "fidelity.log");
@@ -317,12 +317,12 @@ TEST(TinyLlama, CliCaptureThenFidelityWithPolicySpecs) {
     ADD_FAILURE() << "no " << key << " in " << config.dump();
     return std::nan("");
   };
-  EXPECT_DOUBLE_EQ(config_value(out.at("policies")[2].at("config"), "alpha"), 4.0);
-  EXPECT_DOUBLE_EQ(config_value(out.at("policies")[1].at("config"), "alpha"), 1.0);
+  EXPECT_DOUBLE_EQ(config_value(out.at("policies")[2].at("config"), "uniform_alpha"), 4.0);
+  EXPECT_DOUBLE_EQ(config_value(out.at("policies")[1].at("config"), "uniform_alpha"), 0.5);
   const nlohmann::json& summary = out.at("captures").at(0).at("summary");
   ASSERT_TRUE(summary.contains(variant)) << summary.dump();
-  // A higher noise-floor multiple keeps fewer blocks than the preset's alpha = 1 (on this capture,
-  // 2041 tokens at B = 64: 0.72 against 0.85), so the override took effect.
+  // A higher noise-floor multiple keeps fewer blocks than the preset's uniform_alpha = 0.5, so the
+  // override took effect.
   EXPECT_LT(summary.at(variant).at("density_mean").get<double>(), summary.at("crisp").at("density_mean").get<double>());
   EXPECT_DOUBLE_EQ(summary.at("dense").at("density_mean").get<double>(), 1.0);
 

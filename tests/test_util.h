@@ -25,6 +25,16 @@ namespace crisp_test {
 // Every test draws fresh random inputs from a seed derived from its own name (FNV-1a of
 // "Suite.Name" plus a salt), so the inputs differ between tests but a failure reproduces exactly.
 // Wrap the test body's checks in SCOPED_TRACE(seed_trace(seed)) so failures print the seed.
+// The crisp preset with the spec's v1 VS budget (the mean noise floor, no min_budget). The crafted
+// rule tests check that rule on hand-made inputs whatever the preset's current choice is; the
+// preset itself is checked by the oracle and property tests.
+inline crisp::Config crisp_v1_config() {
+  crisp::Config c = crisp::Config::from_preset("crisp");
+  c.vs_floor = crisp::VsFloor::mean;
+  c.min_budget = 0;
+  return c;
+}
+
 inline uint64_t fnv1a(const std::string& text) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : text) {

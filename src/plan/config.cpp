@@ -254,7 +254,7 @@ std::string join(const std::vector<std::string>& names) {
 
 // ---------------------------------------------------------------- presets (§8)
 Config Config::from_preset(const std::string& name) {
-  Config c;  // the member defaults are the crisp preset
+  Config c;  // the member defaults are the spec's v1 values; each preset sets its own
   c.preset = name;
   if (name == "crisp") {
     // NOTE: routing calibrated on real captures (docs/evaluation.md, "Routing agreement and
@@ -267,12 +267,18 @@ Config Config::from_preset(const std::string& name) {
     c.w_sink = 128;
     c.w_local = 128;
     c.vs_budget = VsRule::noise_floor;
-    c.alpha = 1.0;
-    c.vs_floor = VsFloor::mean;
+    // NOTE: the noise floor at the uniform level (keep pv[b] > uniform_alpha / N), 0.5 of it, with
+    // a 512-token min_budget: chosen on the tuning split (SmolLM2 NIAH at 4k/8k and captured
+    // attention; docs/rule_research.md, docs/evaluation.md "The crisp preset after issue 14"),
+    // where it lay on or above FlexPrefill's frontier; on the test split it kept more of dense's
+    // answers than the v1 rule (alpha * mean floor) at lower density, but not FlexPrefill's at 8k.
+    c.alpha = 1.0;  // the mean floor's multiplier, used only if vs_floor is switched back to mean
+    c.vs_floor = VsFloor::uniform;
+    c.uniform_alpha = 0.5;
     c.pe_rule = PeRule::coverage;
     c.pe_gamma = 0.95;
     c.slash_cover = SlashCover::exact;
-    c.min_budget = 0;
+    c.min_budget = 512;
   } else if (name == "flexprefill") {
     c.routing = Routing::jsd;
     c.tau = 0.1;
