@@ -74,28 +74,11 @@ constexpr int kFusedPass = 3;
 // the structural mass.
 constexpr int kFusedBins = 4;
 
-// First distance block reached by key block kb from the L proxy rows.
+// First distance block reached by key block kb from the L proxy rows (t >= n - L - (kb+1) B + 1).
 __device__ __forceinline__ int mma_slash_base(int64_t n, int L, int B, int64_t kb) {
-  return proxy::first_distance_block_of_key_block<int>(n, L, B, kb);
+  const int64_t t_lo = n - L - (kb + 1) * B + 1;
+  return t_lo > 0 ? static_cast<int>(t_lo / B) : 0;
 }
-
-struct FastExp2 {
-  __device__ __forceinline__ float operator()(float x) const { return attention::fast_exp2(x); }
-};
-
-// One row's share of a key tile among the three slash bins of its key block (distance blocks
-// c_base + 0..2, T1 = (c_base + 1) B, T2 = (c_base + 2) B). tb is the distance of key offset 0, so
-// key offset koff has distance tb - koff: bin 2 when koff <= tb - T2, bin 1 when koff <= tb - T1 —
-// proxy::distance_block(tb - koff) - c_base, by comparisons instead of a division per score.
-struct SlashBinSplit {
-  int k1, k2;
-  __device__ __forceinline__ SlashBinSplit(int tb, int T1, int T2) : k1(tb - T1), k2(tb - T2) {}
-  __device__ __forceinline__ void add(int koff, float a, float& bin0, float& bin1, float& bin2) const {
-    if (koff <= k2) bin2 += a;
-    else if (koff <= k1) bin1 += a;
-    else bin0 += a;
-  }
-};
 
 // Pass-2 masses of one tile for one thread: turns acc (raw q.k) into A values in place and adds
 // them to the three slash bins and (kEdge) the structural mass; kEdge also applies the causal mask.
@@ -112,18 +95,20 @@ __device__ __forceinline__ void mma_tile_masses(float (&acc)[2][8][4], const flo
       const int rr = 2 * mt + hf;
       const int p = pw_g + 8 * rr;
       const int tb = p - j0q;  // distance of key offset 0
-      const SlashBinSplit bins(tb, T1, T2);
+      const int k1 = tb - T1, k2 = tb - T2;  // key offsets <= k1 are in bin >= 1, <= k2 in bin 2
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int koff = 8 * nt + e;
-          float a = proxy::row_share<float>(acc[mt][nt][2 * hf + e] * scale_log2, row_max[rr], row_inv[rr], FastExp2());
+          float a = attention::fast_exp2(acc[mt][nt][2 * hf + e] * scale_log2 - row_max[rr]) * row_inv[rr];
           if (kEdge) {
-            if (tb - koff < 0) a = 0.f;  // causal: distance < 0 is j > p (also keeps j < n)
+            if (tb - koff < 0) a = 0.f;  // causal: j <= p (also keeps j < n)
             else if (rules::in_structural_set(j0q + koff, p, w_sink, w_local)) cs += a;
           }
-          bins.add(koff, a, ps0, ps1, ps2);
+          if (koff <= k2) ps2 += a;
+          else if (koff <= k1) ps1 += a;
+          else ps0 += a;
           acc[mt][nt][2 * hf + e] = a;
         }
     }
@@ -291,12 +276,13 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 float x = acc[mt][nt][2 * hf + e] * scale_log2;
-                if (needs_mask && !proxy::in_row(j0q + 8 * nt + e, p)) x = -INFINITY;
+                if (needs_mask && j0q + 8 * nt + e > p) x = -INFINITY;
                 acc[mt][nt][2 * hf + e] = x;
                 m = fmaxf(m, x);
               }
             if (m == -INFINITY) continue;  // no key of this row so far
-            const float rescale = proxy::raise_max(run_max[rr], m, FastExp2());
+            const float rescale = attention::fast_exp2(run_max[rr] - m);
+            run_max[rr] = m;
             if (kPass == 1) {
               float sum = run_sum[rr] * rescale;
 #pragma unroll
@@ -311,14 +297,17 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
             run_sum[rr] *= rescale;
             float b0 = bin0[rr] * rescale, b1 = bin1[rr] * rescale, b2 = bin2[rr] * rescale;
             float bc = bin_cs[rr] * rescale;
-            const SlashBinSplit bins(p - j0q, T1, T2);  // p - j0q: distance of key offset 0
+            const int tb = p - j0q;  // distance of key offset 0
+            const int k1 = tb - T1, k2 = tb - T2;  // key offsets <= k1 are in bin >= 1, <= k2 in bin 2
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const int koff = 8 * nt + e;
                 const float a = attention::fast_exp2(acc[mt][nt][2 * hf + e] - m);  // 0 where masked
-                bins.add(koff, a, b0, b1, b2);
+                if (koff <= k2) b2 += a;
+                else if (koff <= k1) b1 += a;
+                else b0 += a;
                 if (edge && rules::in_structural_set(j0q + koff, p, P.w_sink, P.w_local)) bc += a;
               }
             bin0[rr] = b0;
@@ -393,7 +382,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
             const float o0 = __shfl_xor_sync(0xffffffffu, b0, off), o1 = __shfl_xor_sync(0xffffffffu, b1, off);
             const float o2 = __shfl_xor_sync(0xffffffffu, b2, off), oc = __shfl_xor_sync(0xffffffffu, bc, off);
             const float mm = fmaxf(m, m2);
-            const float f = proxy::rescale_factor(m, mm, Exp2()), f2 = proxy::rescale_factor(m2, mm, Exp2());
+            const float f = m == -INFINITY ? 0.f : exp2f(m - mm), f2 = m2 == -INFINITY ? 0.f : exp2f(m2 - mm);
             b0 = b0 * f + o0 * f2;
             b1 = b1 * f + o1 * f2;
             b2 = b2 * f + o2 * f2;
@@ -452,7 +441,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         for (int off = 1; off < 4; off <<= 1) {
           const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
           const float l2 = __shfl_xor_sync(0xffffffffu, l, off);
-          proxy::merge_row_stats(m, l, m2, l2, Exp2());
+          const float mm = fmaxf(m, m2);
+          l = (m == -INFINITY ? 0.f : l * exp2f(m - mm)) + (m2 == -INFINITY ? 0.f : l2 * exp2f(m2 - mm));
+          m = mm;
         }
         if (qd == 0)
           P.ws.partial_stats[static_cast<int64_t>(blockIdx.x) * kMmaRows + warp * kMmaWarpRows + mt * 16 + hf * 8 + g] =
@@ -586,7 +577,7 @@ __global__ void __launch_bounds__(kRowsFinalizeWarps * 32) proxy_mma_rows_kernel
     const float m = P.record_max[at];
     if (m == -INFINITY) continue;  // the row saw no key of this block
     const float4 r = P.records[at];
-    const double w = proxy::row_share<double>(m, P.ws.row_max[slot * B + i], P.ws.row_inv_den[slot * B + i], Exp2());
+    const double w = static_cast<double>(exp2f(m - P.ws.row_max[slot * B + i])) * P.ws.row_inv_den[slot * B + i];
     m0 += w * r.x;
     m1 += w * r.y;
     m2 += w * r.z;
