@@ -36,6 +36,10 @@ void check_backend(const Options& options, const TensorView& q);
 // is set: the one place that variable is read. Throws crisp::Error naming "CRISP_KERNEL" for a
 // value other than auto, portable or hopper.
 CudaOptions resolve_kernel_override(const CudaOptions& cuda);
+// The planner's per-stage timing (CRISP_PLAN_TIMING=1: one line of CUDA-event times on stderr per
+// plan_async, after a stream synchronisation). A profiling switch that never changes a result; read
+// here, beside CRISP_KERNEL, so that src/options.cpp is the one file that reads the environment.
+bool plan_stage_timing_requested();
 
 // ---------------------------------------------------------------- validation (src/api.cpp)
 // Returns {0, tokens} for an empty list; otherwise checks cu_seqlens against `tokens` and

@@ -1,5 +1,6 @@
 // src/options.cpp — crisp/options.h: names of the choices, their validation (every call and
-// crisp::Attention check options here) and the one environment override, CRISP_KERNEL.
+// crisp::Attention check options here), the one environment override, CRISP_KERNEL, and the
+// planner's profiling switch CRISP_PLAN_TIMING: the library reads the environment only here.
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -135,6 +136,14 @@ CudaOptions resolve_kernel_override(const CudaOptions& cuda) {
     resolved.gqa_packing = GqaPacking::automatic;
   }
   return resolved;
+}
+
+bool plan_stage_timing_requested() {
+  static const bool requested = [] {
+    const char* v = std::getenv("CRISP_PLAN_TIMING");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return requested;
 }
 
 }  // namespace detail

@@ -337,12 +337,7 @@ namespace {
 // (it synchronises, so it is not for graph capture); meant for profiling the planner.
 class StageTimer {
  public:
-  explicit StageTimer(cudaStream_t stream) : stream_(stream) {
-    static const bool enabled = [] {
-      const char* v = std::getenv("CRISP_PLAN_TIMING");
-      return v != nullptr && v[0] != '\0' && v[0] != '0';
-    }();
-    enabled_ = enabled;
+  explicit StageTimer(cudaStream_t stream) : stream_(stream), enabled_(crisp::detail::plan_stage_timing_requested()) {
     mark("start");
   }
   ~StageTimer() {
