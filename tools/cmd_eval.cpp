@@ -110,69 +110,61 @@ std::string format_ratio(double value, bool present) {
 
 void score_outputs(const NiahArgs& args);
 
-void run_niah(const NiahArgs& given) {
-  if (!given.score_path.empty()) {
-    score_outputs(given);
-    return;
-  }
-  NiahArgs args = given;
-  const std::unique_ptr<ce::EvalSplits> splits =
-      crisp_cli::apply_niah_split(args.split, args.splits_path, &args.seed, &args.seeds, &args.depths);
-  // ---- arguments
-  const cm::ModelBackend backend = cm::parse_model_backend(args.backend, "--backend");
-  if (!args.dry_run) cm::require_model_backend(backend, "--backend");
-  const cm::CudaPrefillAttention cuda_attention = cm::parse_cuda_prefill_attention(args.cuda_attention);
-  std::vector<ce::NiahTask> tasks;
+using NiahCells = std::map<std::tuple<int, int64_t, std::size_t>, ce::NiahCell>;
+using NiahRopes = std::map<int64_t, ce::RopeChoice>;
+
+// The grid's settings from the arguments, each checked (the policies apart: niah_policies).
+ce::NiahGridSettings niah_grid_settings(const NiahArgs& args) {
+  ce::NiahGridSettings settings;
+  settings.run.backend = cm::parse_model_backend(args.backend, "--backend");
+  if (!args.dry_run) cm::require_model_backend(settings.run.backend, "--backend");
+  settings.run.cuda_attention = cm::parse_cuda_prefill_attention(args.cuda_attention);
   if (args.tasks.empty()) {
-    tasks = ce::all_niah_tasks();
+    settings.tasks = ce::all_niah_tasks();
   } else {
-    for (const std::string& name : args.tasks) tasks.push_back(ce::parse_niah_task(name, "--tasks"));
+    for (const std::string& name : args.tasks) settings.tasks.push_back(ce::parse_niah_task(name, "--tasks"));
   }
   for (double depth : args.depths) {
     if (!(depth >= 0.0 && depth <= 1.0)) {
       throw crisp::Error("--depths", "has " + std::to_string(depth), "fractions in [0, 1]");
     }
   }
-  std::vector<ce::NiahPolicy> given_policies;
+  settings.lengths = args.lengths;
+  settings.depths = args.depths;
+  settings.seeds = args.seeds;
+  settings.seed = args.seed;
+  settings.max_new_tokens = args.max_new_tokens;
+  settings.answer_prefix = !args.no_answer_prefix;
+  settings.rope_scaling = args.rope_scaling;
+  settings.run.threads = args.threads;
+  settings.dry_run = args.dry_run;
+  return settings;
+}
+
+std::vector<ce::NiahPolicy> niah_policies(const NiahArgs& args) {
+  std::vector<ce::NiahPolicy> policies;
   for (const std::string& name : args.policies) {
-    given_policies.push_back({name, crisp_cli::config_of_policy_spec(name, "--policies")});
+    policies.push_back({name, crisp_cli::config_of_policy_spec(name, "--policies")});
   }
-  ce::NiahGridSettings grid_settings;
-  grid_settings.tasks = tasks;
-  grid_settings.lengths = args.lengths;
-  grid_settings.depths = args.depths;
-  grid_settings.seeds = args.seeds;
-  grid_settings.seed = args.seed;
-  grid_settings.max_new_tokens = args.max_new_tokens;
-  grid_settings.answer_prefix = !args.no_answer_prefix;
-  grid_settings.rope_scaling = args.rope_scaling;
-  grid_settings.run.threads = args.threads;
-  grid_settings.run.backend = backend;
-  grid_settings.run.cuda_attention = cuda_attention;
-  grid_settings.dry_run = args.dry_run;
-  ce::NiahGrid grid(grid_settings, given_policies);
-  std::vector<std::string> policies;
-  std::vector<crisp::Config> configs;
-  for (const ce::NiahPolicy& p : grid.policies()) {
-    policies.push_back(p.name);
-    configs.push_back(p.config);
-  }
-  const bool have_dense = !policies.empty() && policies.front() == "dense";
-  std::vector<std::string> prose;
-  if (std::find(tasks.begin(), tasks.end(), ce::NiahTask::prose) != tasks.end()) {
-    prose = load_prose(args, splits.get());
-  }
+  return policies;
+}
 
-  // ---- model
-  crisp_cli::Progress progress(!args.quiet);
-  const crisp_cli::LoadedModel loaded = crisp_cli::load_model(args.model_path, progress);
-  const cm::Tokenizer& tokenizer = loaded.tokenizer;
-  const cm::LlamaModel& model = loaded.model;
-  const int64_t trained = model.hparams().n_ctx_train;
+// What the grid's hooks fill as it runs: the JSON document, the grid's rows and RoPE choices
+// copied after each sample, the sample dump and the record of the sample being run.
+struct NiahRecorder {
+  json out;
+  std::vector<std::string> policies;  // the grid's, dense first when given
+  bool have_dense = false;
+  NiahCells cells;
+  NiahRopes ropes;
+  std::ofstream dump;
+  json record;
+};
 
-  const ce::NiahPrompter prompter(tokenizer);
-
-  // ---- output skeleton
+// The document before any sample: machine, model, settings and each policy's configuration.
+json niah_document_head(const NiahArgs& args, const ce::NiahGridSettings& settings, const ce::NiahGrid& grid,
+                        const cm::LlamaModel& model) {
+  const cm::ModelBackend backend = settings.run.backend;
   json out;
   out["suite"] = "niah";
   out["date_utc"] = utc_now();
@@ -187,9 +179,11 @@ void run_niah(const NiahArgs& given) {
     // Weights upload and first launches before any sample, so the first TTFT is not inflated.
     cm::RunOptions warm;
     warm.backend = backend;
-    warm.cuda_attention = cuda_attention;
+    warm.cuda_attention = settings.run.cuda_attention;
     out["machine"]["warm_up_s"] = cm::warm_up_backend(model, warm);
   }
+  std::vector<std::string> policies;
+  for (const ce::NiahPolicy& p : grid.policies()) policies.push_back(p.name);
   out["model"] = std::filesystem::path(args.model_path).filename().string();
   out["settings"] = {{"tasks", json::array()},
                      {"lengths", args.lengths},
@@ -204,177 +198,168 @@ void run_niah(const NiahArgs& given) {
                      {"threads", args.threads},
                      {"chat_template", true},
                      {"decoding", "greedy"}};
-  for (ce::NiahTask task : tasks) out["settings"]["tasks"].push_back(ce::to_string(task));
-  for (std::size_t p = 0; p < policies.size(); ++p) {
-    out["policy_configs"][policies[p]] = crisp_cli::config_to_json(configs[p]);
+  for (ce::NiahTask task : settings.tasks) out["settings"]["tasks"].push_back(ce::to_string(task));
+  for (const ce::NiahPolicy& p : grid.policies()) {
+    out["policy_configs"][p.name] = crisp_cli::config_to_json(p.config);
   }
   out["samples"] = json::array();
-  std::ofstream dump;
-  if (!args.dump_samples.empty()) {
-    dump.open(args.dump_samples, std::ios::binary | std::ios::trunc);
-    if (!dump) throw crisp::Error("--dump-samples", "cannot write '" + args.dump_samples + "'", "a writable path");
-  }
+  return out;
+}
 
-  // (task, length, policy index) -> row: the grid's, copied after each sample for the JSON and the table.
-  std::map<std::tuple<int, int64_t, std::size_t>, ce::NiahCell> cells;
-  std::map<int64_t, ce::RopeChoice> ropes;
+// One row per (task, length, policy), read against dense's row of the same (task, length).
+json niah_rows(NiahRecorder& rec) {
+  json rows = json::array();
+  for (const auto& [key, cell] : rec.cells) {
+    const auto& [task_index, length, p] = key;
+    const ce::NiahCell& dense = rec.cells[{task_index, length, 0}];
+    const bool dense_known = rec.have_dense && dense.samples > 0;
+    const double dense_acc = dense_known ? static_cast<double>(dense.correct) / dense.samples : 0.0;
+    json row = {{"task", ce::to_string(static_cast<ce::NiahTask>(task_index))},
+                {"length", length},
+                {"policy", rec.policies[p]},
+                {"samples", cell.samples},
+                {"correct", cell.correct},
+                {"accuracy", cell.samples ? static_cast<double>(cell.correct) / cell.samples : 0.0},
+                {"mean_density", cell.samples ? cell.density_sum / cell.samples : 0.0},
+                {"mean_ttft_s", cell.samples ? cell.ttft_sum / cell.samples : 0.0},
+                {"mean_prompt_tokens", cell.samples ? cell.prompt_tokens_sum / cell.samples : 0.0},
+                {"rope", rec.ropes.count(length) ? rec.ropes[length].label : "none"},
+                {"beyond_training", rec.ropes.count(length) ? rec.ropes[length].beyond_training : false}};
+    if (dense_known) {
+      row["dense_accuracy"] = dense_acc;
+      row["dense_fails"] = dense.correct == 0;
+      row["kept_of_dense"] = cell.dense_correct ? json(static_cast<double>(cell.both_correct) / cell.dense_correct)
+                                                : json(nullptr);
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+// Rewritten after every sample (complete: false), so an interrupted run keeps what it measured.
+void write_niah_json(const std::string& json_path, bool complete, NiahRecorder& rec) {
+  if (json_path.empty()) return;
+  rec.out["rows"] = niah_rows(rec);
+  rec.out["complete"] = complete;
+  // Generated text may hold invalid UTF-8 (a token that ends inside a character): U+FFFD in the JSON.
+  crisp_cli::write_text_file("--json", json_path,
+                             rec.out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+// One line of --dump-samples: all another runner needs to answer the sample and score it.
+json sample_dump_line(const ce::PreparedSample& prepared, const ce::RopeChoice& rope) {
+  const ce::NiahSample& sample = prepared.sample;
+  const ce::NiahSpec& spec = sample.spec;
+  return {{"id", prepared.id},
+          {"task", ce::to_string(spec.task)},
+          {"length", spec.length},
+          {"depth", spec.depth},
+          {"seed", spec.seed},
+          {"needle_depth", sample.needle_depth},
+          {"prompt_ids", prepared.prompt},
+          {"prompt_text", sample.user_message},
+          {"answer_prefix", sample.answer_prefix},
+          {"chat_prompt", prepared.chat_prompt},
+          {"expected", sample.expected},
+          {"scoring", ce::to_string(sample.scoring)},
+          {"max_new_tokens", prepared.max_new_tokens},
+          {"rope_scaling", cm::to_string(rope.scaling.type)},
+          {"rope_factor", rope.scaling.type == cm::RopeScalingType::none ? 1.0 : rope.scaling.factor},
+          {"beyond_training", rope.beyond_training}};
+}
+
+// The sample's entry of the document's "samples"; each policy's outcome is added under "outcomes".
+json sample_record(const ce::PreparedSample& prepared) {
+  const ce::NiahSample& sample = prepared.sample;
+  const ce::NiahSpec& spec = sample.spec;
+  return {{"id", prepared.id},
+          {"task", ce::to_string(spec.task)},
+          {"length", spec.length},
+          {"depth", spec.depth},
+          {"needle_depth", sample.needle_depth},
+          {"seed", spec.seed},
+          {"prompt_tokens", prepared.prompt.size()},
+          {"haystack_units", sample.haystack_units},
+          {"expected", sample.expected},
+          {"max_new_tokens", prepared.max_new_tokens},
+          {"scoring", ce::to_string(sample.scoring)},
+          {"answer_prefix", sample.answer_prefix},
+          {"outcomes", json::object()}};
+}
+
+json outcome_record(const ce::NiahOutcome& o) {
+  return {{"output", o.output},
+          {"correct", o.correct},
+          {"density", o.density},
+          {"ttft_s", o.ttft_s},
+          {"prefill_attention_s", o.prefill_attention_s},
+          {"generated_tokens", o.generated_tokens},
+          {"stop", o.stop}};
+}
+
+void print_outcome_progress(int64_t index, int64_t total, const ce::PreparedSample& prepared,
+                            const ce::NiahPolicy& policy, const ce::NiahOutcome& o, double elapsed_s) {
+  std::string shown = o.output.substr(0, 48);
+  std::replace(shown.begin(), shown.end(), '\n', ' ');
+  const ce::NiahSpec& spec = prepared.sample.spec;
+  std::fprintf(stderr,
+               "crisp: [%lld/%lld] %s %zu d=%.2f seed=%llu %-11s %s density %.3f ttft %.2f s (%.0f s) expected %s "
+               "got \"%s\"\n",
+               static_cast<long long>(index), static_cast<long long>(total), ce::to_string(spec.task),
+               prepared.prompt.size(), spec.depth, static_cast<unsigned long long>(spec.seed), policy.name.c_str(),
+               o.correct ? "ok  " : "MISS", o.density, o.ttft_s, elapsed_s, prepared.sample.expected.c_str(),
+               shown.c_str());
+}
+
+void print_dry_run_progress(int64_t index, int64_t total, const ce::PreparedSample& prepared) {
+  std::fprintf(stderr, "crisp: [%lld/%lld] %s length %lld: %zu prompt tokens, %lld units, needle at %.3f\n",
+               static_cast<long long>(index), static_cast<long long>(total),
+               ce::to_string(prepared.sample.spec.task), static_cast<long long>(prepared.sample.spec.length),
+               prepared.prompt.size(), static_cast<long long>(prepared.sample.haystack_units),
+               prepared.sample.needle_depth);
+}
+
+// The hooks: progress on stderr, the sample dump, and the document rewritten after each sample.
+// They hold references to args, grid and rec, which must outlive the grid's run.
+ce::NiahGridHooks niah_hooks(const NiahArgs& args, const ce::NiahGrid& grid, int64_t trained_context,
+                             NiahRecorder& rec) {
   const int64_t total = grid.total_samples();
   const auto start = std::chrono::steady_clock::now();
-
-  auto write_json = [&](bool complete) {
-    if (args.json_path.empty()) return;
-    json rows = json::array();
-    for (const auto& [key, cell] : cells) {
-      const auto& [task_index, length, p] = key;
-      const ce::NiahCell& dense = cells[{task_index, length, 0}];
-      const bool dense_known = have_dense && dense.samples > 0;
-      const double dense_acc = dense_known ? static_cast<double>(dense.correct) / dense.samples : 0.0;
-      json row = {{"task", ce::to_string(static_cast<ce::NiahTask>(task_index))},
-                  {"length", length},
-                  {"policy", policies[p]},
-                  {"samples", cell.samples},
-                  {"correct", cell.correct},
-                  {"accuracy", cell.samples ? static_cast<double>(cell.correct) / cell.samples : 0.0},
-                  {"mean_density", cell.samples ? cell.density_sum / cell.samples : 0.0},
-                  {"mean_ttft_s", cell.samples ? cell.ttft_sum / cell.samples : 0.0},
-                  {"mean_prompt_tokens", cell.samples ? cell.prompt_tokens_sum / cell.samples : 0.0},
-                  {"rope", ropes.count(length) ? ropes[length].label : "none"},
-                  {"beyond_training", ropes.count(length) ? ropes[length].beyond_training : false}};
-      if (dense_known) {
-        row["dense_accuracy"] = dense_acc;
-        row["dense_fails"] = dense.correct == 0;
-        row["kept_of_dense"] = cell.dense_correct ? json(static_cast<double>(cell.both_correct) / cell.dense_correct)
-                                                  : json(nullptr);
-      }
-      rows.push_back(row);
-    }
-    out["rows"] = rows;
-    out["complete"] = complete;
-    // Generated text may hold invalid UTF-8 (a token that ends inside a character): U+FFFD in the JSON.
-    crisp_cli::write_text_file("--json", args.json_path,
-                               out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-  };
-
   ce::NiahGridHooks hooks;
-  hooks.on_length = [&](ce::NiahTask task, int64_t length, const ce::RopeChoice& rope) {
+  hooks.on_length = [&args, trained_context](ce::NiahTask task, int64_t length, const ce::RopeChoice& rope) {
     if (!rope.beyond_training || args.quiet) return;
     crisp_cli::finish_progress_line();
     std::fprintf(stderr,
                  "crisp: warning: %s at %lld tokens, RoPE %s — BEYOND THE MODEL'S TRAINING (trained context %lld)\n",
-                 ce::to_string(task), static_cast<long long>(length), rope.label.c_str(), static_cast<long long>(trained));
+                 ce::to_string(task), static_cast<long long>(length), rope.label.c_str(),
+                 static_cast<long long>(trained_context));
   };
-  json record;
-  hooks.on_sample = [&](int64_t, const ce::PreparedSample& prepared, const ce::RopeChoice& rope) {
-    const ce::NiahSample& sample = prepared.sample;
-    const ce::NiahSpec& spec = sample.spec;
-    if (dump.is_open()) {
-      const json line = {{"id", prepared.id},
-                         {"task", ce::to_string(spec.task)},
-                         {"length", spec.length},
-                         {"depth", spec.depth},
-                         {"seed", spec.seed},
-                         {"needle_depth", sample.needle_depth},
-                         {"prompt_ids", prepared.prompt},
-                         {"prompt_text", sample.user_message},
-                         {"answer_prefix", sample.answer_prefix},
-                         {"chat_prompt", prepared.chat_prompt},
-                         {"expected", sample.expected},
-                         {"scoring", ce::to_string(sample.scoring)},
-                         {"max_new_tokens", prepared.max_new_tokens},
-                         {"rope_scaling", cm::to_string(rope.scaling.type)},
-                         {"rope_factor", rope.scaling.type == cm::RopeScalingType::none ? 1.0 : rope.scaling.factor},
-                         {"beyond_training", rope.beyond_training}};
-      dump << line.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
-      if (!dump) throw crisp::Error("--dump-samples", "writing '" + args.dump_samples + "' failed", "a writable path");
+  hooks.on_sample = [&args, &rec](int64_t, const ce::PreparedSample& prepared, const ce::RopeChoice& rope) {
+    if (rec.dump.is_open()) {
+      rec.dump << sample_dump_line(prepared, rope).dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
+      if (!rec.dump) throw crisp::Error("--dump-samples", "writing '" + args.dump_samples + "' failed", "a writable path");
     }
-    record = {{"id", prepared.id},
-              {"task", ce::to_string(spec.task)},
-              {"length", spec.length},
-              {"depth", spec.depth},
-              {"needle_depth", sample.needle_depth},
-              {"seed", spec.seed},
-              {"prompt_tokens", prepared.prompt.size()},
-              {"haystack_units", sample.haystack_units},
-              {"expected", sample.expected},
-              {"max_new_tokens", prepared.max_new_tokens},
-              {"scoring", ce::to_string(sample.scoring)},
-              {"answer_prefix", sample.answer_prefix},
-              {"outcomes", json::object()}};
+    rec.record = sample_record(prepared);
   };
-  hooks.on_outcome = [&](int64_t index, const ce::PreparedSample& prepared, const ce::NiahPolicy& policy,
-                         const ce::NiahOutcome& o) {
-    record["outcomes"][policy.name] = {{"output", o.output},
-                                       {"correct", o.correct},
-                                       {"density", o.density},
-                                       {"ttft_s", o.ttft_s},
-                                       {"prefill_attention_s", o.prefill_attention_s},
-                                       {"generated_tokens", o.generated_tokens},
-                                       {"stop", o.stop}};
+  hooks.on_outcome = [&args, &rec, total, start](int64_t index, const ce::PreparedSample& prepared,
+                                                 const ce::NiahPolicy& policy, const ce::NiahOutcome& o) {
+    rec.record["outcomes"][policy.name] = outcome_record(o);
     if (args.quiet) return;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::string shown = o.output.substr(0, 48);
-    std::replace(shown.begin(), shown.end(), '\n', ' ');
-    const ce::NiahSpec& spec = prepared.sample.spec;
-    std::fprintf(stderr,
-                 "crisp: [%lld/%lld] %s %zu d=%.2f seed=%llu %-11s %s density %.3f ttft %.2f s (%.0f s) expected %s "
-                 "got \"%s\"\n",
-                 static_cast<long long>(index), static_cast<long long>(total), ce::to_string(spec.task),
-                 prepared.prompt.size(), spec.depth, static_cast<unsigned long long>(spec.seed), policy.name.c_str(),
-                 o.correct ? "ok  " : "MISS", o.density, o.ttft_s, elapsed, prepared.sample.expected.c_str(),
-                 shown.c_str());
+    print_outcome_progress(index, total, prepared, policy, o, elapsed);
   };
-  hooks.on_sample_done = [&](int64_t index, const ce::PreparedSample& prepared) {
-    if (args.dry_run && !args.quiet) {
-      std::fprintf(stderr, "crisp: [%lld/%lld] %s length %lld: %zu prompt tokens, %lld units, needle at %.3f\n",
-                   static_cast<long long>(index), static_cast<long long>(total),
-                   ce::to_string(prepared.sample.spec.task), static_cast<long long>(prepared.sample.spec.length),
-                   prepared.prompt.size(), static_cast<long long>(prepared.sample.haystack_units),
-                   prepared.sample.needle_depth);
-    }
-    out["samples"].push_back(record);
-    cells = grid.cells();
-    ropes = grid.ropes();
-    write_json(false);
+  hooks.on_sample_done = [&args, &grid, &rec, total](int64_t index, const ce::PreparedSample& prepared) {
+    if (args.dry_run && !args.quiet) print_dry_run_progress(index, total, prepared);
+    rec.out["samples"].push_back(rec.record);
+    rec.cells = grid.cells();
+    rec.ropes = grid.ropes();
+    write_niah_json(args.json_path, false, rec);
   };
-  grid.run(model, tokenizer, prose, hooks);
-  cells = grid.cells();
-  ropes = grid.ropes();
-  const int64_t done_samples = total;
-  write_json(true);
-  if (args.dry_run) {
-    std::printf("dry run: %lld samples generated, no model run\n", static_cast<long long>(done_samples));
-    return;
-  }
+  return hooks;
+}
 
-  // ---- table
-  const std::string backend_label = backend == cm::ModelBackend::cuda
-                                        ? "CUDA, cuBLAS fp32 matmuls, " + args.cuda_attention + " attention"
-                                        : std::string("CPU, ") + cm::matmul_kernel_name() + " matmuls";
-  std::printf("NIAH on %s (%s), greedy, %s new tokens at most, %zu depth(s) x %lld seed(s) per cell\n",
-              out["model"].get<std::string>().c_str(), backend_label.c_str(),
-              args.max_new_tokens > 0 ? std::to_string(args.max_new_tokens).c_str() : "per-task (niah 32, passkey 16, kv 48)",
-              args.depths.size(), static_cast<long long>(args.seeds));
-  std::printf("%-17s %6s  %-11s %5s %6s %6s %8s %8s %4s  %s\n", "task", "length", "policy", "acc", "dense", "kept",
-              "density", "TTFT s", "n", "note");
-  for (const auto& [key, cell] : cells) {
-    const auto& [task_index, length, p] = key;
-    const ce::NiahCell& dense = cells[{task_index, length, 0}];
-    const bool dense_known = have_dense && dense.samples > 0;
-    std::string note;
-    if (dense_known && dense.correct == 0) note = "DENSE FAILS: measures nothing";
-    else if (dense_known && dense.correct < dense.samples) note = "dense partial";
-    if (ropes[length].beyond_training) note += std::string(note.empty() ? "" : "; ") + "beyond training (" + ropes[length].label + ")";
-    std::printf("%-17s %6lld  %-11s %5s %6s %6s %8.3f %8.2f %4lld  %s\n",
-                ce::to_string(static_cast<ce::NiahTask>(task_index)), static_cast<long long>(length),
-                policies[p].c_str(), format_ratio(static_cast<double>(cell.correct) / cell.samples, true).c_str(),
-                format_ratio(dense_known ? static_cast<double>(dense.correct) / dense.samples : 0.0, dense_known).c_str(),
-                format_ratio(cell.dense_correct ? static_cast<double>(cell.both_correct) / cell.dense_correct : 0.0,
-                             dense_known && p != 0 && cell.dense_correct > 0)
-                    .c_str(),
-                cell.density_sum / cell.samples, cell.ttft_sum / cell.samples, static_cast<long long>(cell.samples),
-                note.c_str());
-  }
-  // Totals per (length, policy): all tasks pooled.
+// Totals per (length, policy index): all tasks pooled.
+std::map<std::pair<int64_t, std::size_t>, ce::NiahCell> pooled_over_tasks(const NiahCells& cells) {
   std::map<std::pair<int64_t, std::size_t>, ce::NiahCell> totals;
   for (const auto& [key, cell] : cells) {
     ce::NiahCell& t = totals[{std::get<1>(key), std::get<2>(key)}];
@@ -385,6 +370,41 @@ void run_niah(const NiahArgs& given) {
     t.density_sum += cell.density_sum;
     t.ttft_sum += cell.ttft_sum;
   }
+  return totals;
+}
+
+void print_niah_table(const NiahArgs& args, cm::ModelBackend backend, NiahRecorder& rec) {
+  const std::vector<std::string>& policies = rec.policies;
+  const bool have_dense = rec.have_dense;
+  const std::string backend_label = backend == cm::ModelBackend::cuda
+                                        ? "CUDA, cuBLAS fp32 matmuls, " + args.cuda_attention + " attention"
+                                        : std::string("CPU, ") + cm::matmul_kernel_name() + " matmuls";
+  std::printf("NIAH on %s (%s), greedy, %s new tokens at most, %zu depth(s) x %lld seed(s) per cell\n",
+              rec.out["model"].get<std::string>().c_str(), backend_label.c_str(),
+              args.max_new_tokens > 0 ? std::to_string(args.max_new_tokens).c_str() : "per-task (niah 32, passkey 16, kv 48)",
+              args.depths.size(), static_cast<long long>(args.seeds));
+  std::printf("%-17s %6s  %-11s %5s %6s %6s %8s %8s %4s  %s\n", "task", "length", "policy", "acc", "dense", "kept",
+              "density", "TTFT s", "n", "note");
+  for (const auto& [key, cell] : rec.cells) {
+    const auto& [task_index, length, p] = key;
+    const ce::NiahCell& dense = rec.cells[{task_index, length, 0}];
+    const bool dense_known = have_dense && dense.samples > 0;
+    std::string note;
+    if (dense_known && dense.correct == 0) note = "DENSE FAILS: measures nothing";
+    else if (dense_known && dense.correct < dense.samples) note = "dense partial";
+    const ce::RopeChoice& rope = rec.ropes[length];
+    if (rope.beyond_training) note += std::string(note.empty() ? "" : "; ") + "beyond training (" + rope.label + ")";
+    std::printf("%-17s %6lld  %-11s %5s %6s %6s %8.3f %8.2f %4lld  %s\n",
+                ce::to_string(static_cast<ce::NiahTask>(task_index)), static_cast<long long>(length),
+                policies[p].c_str(), format_ratio(static_cast<double>(cell.correct) / cell.samples, true).c_str(),
+                format_ratio(dense_known ? static_cast<double>(dense.correct) / dense.samples : 0.0, dense_known).c_str(),
+                format_ratio(cell.dense_correct ? static_cast<double>(cell.both_correct) / cell.dense_correct : 0.0,
+                             dense_known && p != 0 && cell.dense_correct > 0)
+                    .c_str(),
+                cell.density_sum / cell.samples, cell.ttft_sum / cell.samples, static_cast<long long>(cell.samples),
+                note.c_str());
+  }
+  std::map<std::pair<int64_t, std::size_t>, ce::NiahCell> totals = pooled_over_tasks(rec.cells);
   for (const auto& [key, t] : totals) {
     const ce::NiahCell& dense = totals[{key.first, 0}];
     std::printf("%-17s %6lld  %-11s %5s %6s %6s %8.3f %8.2f %4lld\n", "all tasks", static_cast<long long>(key.first),
@@ -399,6 +419,46 @@ void run_niah(const NiahArgs& given) {
               "samples dense answers, the share the policy answers too; density: mean prefill attention density "
               "(kept causal blocks, mean over layers); TTFT: mean time to first token.\n");
   if (!args.json_path.empty()) std::printf("json: %s\n", args.json_path.c_str());
+}
+
+void run_niah(const NiahArgs& given) {
+  if (!given.score_path.empty()) {
+    score_outputs(given);
+    return;
+  }
+  NiahArgs args = given;
+  const std::unique_ptr<ce::EvalSplits> splits =
+      crisp_cli::apply_niah_split(args.split, args.splits_path, &args.seed, &args.seeds, &args.depths);
+  // ---- arguments, all checked before the model loads
+  const ce::NiahGridSettings settings = niah_grid_settings(args);
+  ce::NiahGrid grid(settings, niah_policies(args));
+  std::vector<std::string> prose;
+  if (std::find(settings.tasks.begin(), settings.tasks.end(), ce::NiahTask::prose) != settings.tasks.end()) {
+    prose = load_prose(args, splits.get());
+  }
+
+  // ---- model
+  crisp_cli::Progress progress(!args.quiet);
+  const crisp_cli::LoadedModel loaded = crisp_cli::load_model(args.model_path, progress);
+
+  // ---- run, the JSON document rewritten after each sample
+  NiahRecorder rec;
+  for (const ce::NiahPolicy& p : grid.policies()) rec.policies.push_back(p.name);
+  rec.have_dense = grid.have_dense();
+  rec.out = niah_document_head(args, settings, grid, loaded.model);
+  if (!args.dump_samples.empty()) {
+    rec.dump.open(args.dump_samples, std::ios::binary | std::ios::trunc);
+    if (!rec.dump) throw crisp::Error("--dump-samples", "cannot write '" + args.dump_samples + "'", "a writable path");
+  }
+  grid.run(loaded.model, loaded.tokenizer, prose, niah_hooks(args, grid, loaded.model.hparams().n_ctx_train, rec));
+  rec.cells = grid.cells();
+  rec.ropes = grid.ropes();
+  write_niah_json(args.json_path, true, rec);
+  if (args.dry_run) {
+    std::printf("dry run: %lld samples generated, no model run\n", static_cast<long long>(grid.total_samples()));
+    return;
+  }
+  print_niah_table(args, settings.run.backend, rec);
 }
 
 // `--score FILE`: outputs produced elsewhere (e.g. the transformers run of scripts/hf_niah.py on
