@@ -246,8 +246,8 @@ void write_niah_json(const std::string& json_path, bool complete, NiahRecorder& 
                              rec.out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
-// One line of --dump-samples: all another runner needs to answer the sample and score it.
-json sample_dump_line(const ce::PreparedSample& prepared, const ce::RopeChoice& rope) {
+// What the dump line and the document's record of a sample share (json objects keep their keys sorted).
+json sample_fields(const ce::PreparedSample& prepared) {
   const ce::NiahSample& sample = prepared.sample;
   const ce::NiahSpec& spec = sample.spec;
   return {{"id", prepared.id},
@@ -256,35 +256,31 @@ json sample_dump_line(const ce::PreparedSample& prepared, const ce::RopeChoice& 
           {"depth", spec.depth},
           {"seed", spec.seed},
           {"needle_depth", sample.needle_depth},
-          {"prompt_ids", prepared.prompt},
-          {"prompt_text", sample.user_message},
-          {"answer_prefix", sample.answer_prefix},
-          {"chat_prompt", prepared.chat_prompt},
           {"expected", sample.expected},
           {"scoring", ce::to_string(sample.scoring)},
           {"max_new_tokens", prepared.max_new_tokens},
-          {"rope_scaling", cm::to_string(rope.scaling.type)},
-          {"rope_factor", rope.scaling.type == cm::RopeScalingType::none ? 1.0 : rope.scaling.factor},
-          {"beyond_training", rope.beyond_training}};
+          {"answer_prefix", sample.answer_prefix}};
+}
+
+// One line of --dump-samples: all another runner needs to answer the sample and score it.
+json sample_dump_line(const ce::PreparedSample& prepared, const ce::RopeChoice& rope) {
+  json line = sample_fields(prepared);
+  line["prompt_ids"] = prepared.prompt;
+  line["prompt_text"] = prepared.sample.user_message;
+  line["chat_prompt"] = prepared.chat_prompt;
+  line["rope_scaling"] = cm::to_string(rope.scaling.type);
+  line["rope_factor"] = rope.scaling.type == cm::RopeScalingType::none ? 1.0 : rope.scaling.factor;
+  line["beyond_training"] = rope.beyond_training;
+  return line;
 }
 
 // The sample's entry of the document's "samples"; each policy's outcome is added under "outcomes".
 json sample_record(const ce::PreparedSample& prepared) {
-  const ce::NiahSample& sample = prepared.sample;
-  const ce::NiahSpec& spec = sample.spec;
-  return {{"id", prepared.id},
-          {"task", ce::to_string(spec.task)},
-          {"length", spec.length},
-          {"depth", spec.depth},
-          {"needle_depth", sample.needle_depth},
-          {"seed", spec.seed},
-          {"prompt_tokens", prepared.prompt.size()},
-          {"haystack_units", sample.haystack_units},
-          {"expected", sample.expected},
-          {"max_new_tokens", prepared.max_new_tokens},
-          {"scoring", ce::to_string(sample.scoring)},
-          {"answer_prefix", sample.answer_prefix},
-          {"outcomes", json::object()}};
+  json record = sample_fields(prepared);
+  record["prompt_tokens"] = prepared.prompt.size();
+  record["haystack_units"] = prepared.sample.haystack_units;
+  record["outcomes"] = json::object();
+  return record;
 }
 
 json outcome_record(const ce::NiahOutcome& o) {
