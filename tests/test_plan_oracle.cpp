@@ -347,12 +347,16 @@ TEST(PlanOracle, FloorOptionsChangeThePlan) {
   const auto cols = [&](const std::vector<std::string>& sets) {
     crisp::Config cfg = crisp::Config::from_preset("crisp");
     for (const auto& kv : sets) cfg.set(kv);
+    // The plan is kept in a local: a range-for over a member of the temporary would read it freed.
+    const crisp::Plan plan = api_plan(c, cfg, crisp::Precision::f64);
     std::vector<std::vector<int32_t>> out;
-    for (const auto& head : api_plan(c, cfg, crisp::Precision::f64).sequences.at(0).heads) out.push_back(head.col);
+    for (const auto& head : plan.sequences.at(0).heads) out.push_back(head.col);
     return out;
   };
-  EXPECT_NE(cols({"routing=none"}), cols({"routing=none", "vs_floor=uniform"}));
-  EXPECT_NE(cols({"routing=none", "alpha=0.5"}), cols({"routing=none", "alpha=0.5", "vs_floor=max", "uniform_alpha=2"}));
+  // Each floor named explicitly: the crisp preset's own floor is one of them (uniform).
+  EXPECT_NE(cols({"routing=none", "vs_floor=mean"}), cols({"routing=none", "vs_floor=uniform"}));
+  EXPECT_NE(cols({"routing=none", "vs_floor=mean", "alpha=0.5"}),
+            cols({"routing=none", "vs_floor=max", "alpha=0.5", "uniform_alpha=2"}));
   EXPECT_NE(cols({"routing=cstruct", "tau_proxy=0.99"}), cols({"routing=cstruct", "tau_proxy=0.99", "pe_rule=floor"}));
 }
 
