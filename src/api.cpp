@@ -1,5 +1,6 @@
 // src/api.cpp — the public entry points of crisp/crisp.h: input validation (every bad input is a
 // crisp::Error naming the argument) and dispatch to the backend of the views' device.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -91,7 +92,8 @@ double check_values(const TensorView& t, const std::string& name, const Options&
 // d * max|q| * max|k| (before the softmax scale, which is <= 1) and an output row, before the
 // normalisation, sums at most `tokens` terms of weight <= 1 times max|v|. Such inputs gave all-NaN
 // outputs (Inf - Inf in the softmax) with no error.
-void check_magnitudes(const TensorView& q, double q_max, double k_max, const double* v_max, const Options& options) {
+void check_magnitudes(const TensorView& q, int64_t k_tokens, double q_max, double k_max, const double* v_max,
+                      const Options& options) {
   if (q.device != Device::cpu) return;
   // NOTE: a factor 2 below the largest finite value covers the rounding of the partial sums.
   const double limit = 0.5 * (options.precision == Precision::f64 ? std::numeric_limits<double>::max()
@@ -101,24 +103,26 @@ void check_magnitudes(const TensorView& q, double q_max, double k_max, const dou
     throw Error("q", "and k hold values up to " + num(q_max) + " and " + num(k_max) + ": their dot products over d = " +
                          str(q.dim()) + " overflow " + arithmetic,
                 "d * max|q| * max|k| below " + num(limit) + " (scale q and k down)");
-  if (v_max && *v_max > limit / static_cast<double>(q.tokens()))
-    throw Error("v", "holds values up to " + num(*v_max) + ": sums over " + str(q.tokens()) + " tokens overflow " +
+  const int64_t keys = std::max(q.tokens(), k_tokens);  // a bound on any sequence's keys
+  if (v_max && *v_max > limit / static_cast<double>(keys))
+    throw Error("v", "holds values up to " + num(*v_max) + ": sums over " + str(keys) + " tokens overflow " +
                          arithmetic,
                 "tokens * max|v| below " + num(limit) + " (scale v down)");
 }
 
-Plan plan_validated(const TensorView& q, const TensorView& k, const Config& config, const SeqLens& cu,
+Plan plan_validated(const TensorView& q, const TensorView& k, const Config& config, const Batch& batch,
                     const Options& options) {
-  if (q.device == Device::cuda) return cuda_plan(q, k, config, cu, options);
-  return cpu_plan(q, k, config, cu, options);
+  if (q.device == Device::cuda) return cuda_plan(q, k, config, batch, options);
+  return cpu_plan(q, k, config, batch, options);
 }
 
 void attend_validated(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
-                      const TensorView& out, const TensorView& lse, const Options& options) {
+                      const BlockTable& block_table, const TensorView& out, const TensorView& lse,
+                      const Options& options) {
   if (q.device == Device::cuda) {
-    cuda_attend(q, k, v, plan, out, lse, options);
+    cuda_attend(q, k, v, plan, block_table, out, lse, options);
   } else {
-    cpu_attend(q, k, v, plan, out, lse, options);
+    cpu_attend(q, k, v, plan, block_table, out, lse, options);
   }
 }
 
@@ -128,31 +132,31 @@ void check_input_values(const TensorView& q, const TensorView& k, const TensorVi
   const double q_max = check_values(q, "q", options);
   const double k_max = check_values(k, "k", options);
   if (v == nullptr) {
-    check_magnitudes(q, q_max, k_max, nullptr, options);
+    check_magnitudes(q, k.tokens(), q_max, k_max, nullptr, options);
   } else {
     const double v_max = check_values(*v, "v", options);
-    check_magnitudes(q, q_max, k_max, &v_max, options);
+    check_magnitudes(q, k.tokens(), q_max, k_max, &v_max, options);
   }
 }
 
-SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens) {
+SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens, const char* name) {
   if (cu_seqlens.empty()) return SeqLens{0, tokens};
   if (cu_seqlens.size() < 2)
-    throw Error("cu_seqlens", "has one entry", "an empty list (one sequence) or {0, ..., tokens} with >= 2 entries");
+    throw Error(name, "has one entry", "an empty list (one sequence) or {0, ..., tokens} with >= 2 entries");
   if (cu_seqlens.front() != 0)
-    throw Error("cu_seqlens", "starts at " + str(cu_seqlens.front()), "the first offset to be 0");
+    throw Error(name, "starts at " + str(cu_seqlens.front()), "the first offset to be 0");
   for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
     if (cu_seqlens[s + 1] < cu_seqlens[s])
-      throw Error("cu_seqlens", "decreases at entry " + str(static_cast<int64_t>(s + 1)) + " (" + str(cu_seqlens[s]) +
+      throw Error(name, "decreases at entry " + str(static_cast<int64_t>(s + 1)) + " (" + str(cu_seqlens[s]) +
                                     " -> " + str(cu_seqlens[s + 1]) + ")",
                   "non-decreasing offsets");
     if (cu_seqlens[s + 1] == cu_seqlens[s])
-      throw Error("cu_seqlens", "sequence " + str(static_cast<int64_t>(s)) + " is empty (offset " +
+      throw Error(name, "sequence " + str(static_cast<int64_t>(s)) + " is empty (offset " +
                                     str(cu_seqlens[s]) + " repeated)",
                   "every sequence to have at least one token");
   }
   if (cu_seqlens.back() != tokens)
-    throw Error("cu_seqlens", "ends at " + str(cu_seqlens.back()) + " but the tensors hold " + str(tokens) + " tokens",
+    throw Error(name, "ends at " + str(cu_seqlens.back()) + " but the tensors hold " + str(tokens) + " tokens",
                 "the last offset to equal the token count");
   return cu_seqlens;
 }
@@ -167,14 +171,14 @@ void validate_qkv(const TensorView& q, const TensorView& k, const TensorView* v)
   // scanning it would run for hours.
   if (q.tokens() > kMaxTokens)
     throw Error("q", "has " + str(q.tokens()) + " tokens", "at most " + str(kMaxTokens) + " (plans index tokens with int32)");
+  if (k.tokens() > kMaxTokens)
+    throw Error("k", "has " + str(k.tokens()) + " tokens", "at most " + str(kMaxTokens) + " (plans index tokens with int32)");
   if (k.device != q.device)
     throw Error("k", std::string("is on ") + device_name(k.device) + " but q is on " + device_name(q.device),
                 "every tensor of a call on one device");
   if (v && v->device != q.device)
     throw Error("v", std::string("is on ") + device_name(v->device) + " but q is on " + device_name(q.device),
                 "every tensor of a call on one device");
-  if (k.tokens() != q.tokens())
-    throw Error("k", "has " + str(k.tokens()) + " tokens but q has " + str(q.tokens()), "the same token count as q");
   if (k.dim() != q.dim())
     throw Error("k", "has head dim " + str(k.dim()) + " but q has " + str(q.dim()), "the same head dim as q");
   if (q.heads() % k.heads() != 0)
@@ -183,11 +187,104 @@ void validate_qkv(const TensorView& q, const TensorView& k, const TensorView* v)
   if (v) {
     if (v->heads() != k.heads())
       throw Error("v", "has " + str(v->heads()) + " heads but k has " + str(k.heads()), "the same head count as k");
-    if (v->tokens() != q.tokens())
-      throw Error("v", "has " + str(v->tokens()) + " tokens but q has " + str(q.tokens()), "the same token count as q");
+    if (v->tokens() != k.tokens())
+      throw Error("v", "has " + str(v->tokens()) + " tokens but k has " + str(k.tokens()), "the same token count as k");
     if (v->dim() != q.dim())
       throw Error("v", "has head dim " + str(v->dim()) + " but q has " + str(q.dim()), "the same head dim as q");
   }
+}
+
+namespace {
+
+// Paged K/V: the table's shape against the batch and the pool; its page ids when it is readable.
+void check_block_table(const BlockTable& table, const SeqLens& cu_k, const TensorView& q, const TensorView& k) {
+  if (table.page_size < 16 || table.page_size % 16 != 0)
+    throw Error("batch.block_table.page_size", "is " + str(table.page_size), "a multiple of 16 (0: no table)");
+  if (table.data == nullptr)
+    throw Error("batch.block_table.data", "is null", "[num_sequences, max_pages_per_sequence] page ids");
+  if (!valid_device(table.device) || table.device != q.device)
+    throw Error("batch.block_table.device", std::string("is ") + device_name(table.device) + " but q is on " +
+                                                device_name(q.device),
+                "the device of the tensors");
+  if (k.tokens() % table.page_size != 0)
+    throw Error("k", "holds " + str(k.tokens()) + " pool tokens, not a whole number of pages of " + str(table.page_size),
+                "the page pool [Hkv, num_pages * page_size, d]");
+  int64_t longest = 0;
+  for (size_t s = 0; s + 1 < cu_k.size(); ++s) longest = std::max(longest, cu_k[s + 1] - cu_k[s]);
+  const int64_t pages_needed = (longest + table.page_size - 1) / table.page_size;
+  if (table.max_pages_per_sequence < pages_needed)
+    throw Error("batch.block_table.max_pages_per_sequence", "is " + str(table.max_pages_per_sequence),
+                "at least " + str(pages_needed) + " (the pages of the longest sequence, " + str(longest) + " keys)");
+  if (table.device != Device::cpu) return;  // device memory: the CUDA backend checks or guards it
+  const int64_t num_pages = k.tokens() / table.page_size;
+  for (size_t s = 0; s + 1 < cu_k.size(); ++s) {
+    const int64_t used = (cu_k[s + 1] - cu_k[s] + table.page_size - 1) / table.page_size;
+    for (int64_t p = 0; p < used; ++p) {
+      const int32_t page = table.data[static_cast<int64_t>(s) * table.max_pages_per_sequence + p];
+      if (page < 0 || page >= num_pages)
+        throw Error("batch.block_table",
+                    "sequence " + str(static_cast<int64_t>(s)) + " page " + str(p) + " is page id " + str(page),
+                    "page ids in [0, " + str(num_pages) + ") (the pool holds " + str(num_pages) + " pages)");
+    }
+  }
+}
+
+}  // namespace
+
+Batch normalize_batch(const Batch& batch, const TensorView& q, const TensorView& k, const TensorView* v) {
+  if (v && v->tokens() != k.tokens())
+    throw Error("v", "has " + str(v->tokens()) + " tokens but k has " + str(k.tokens()), "the same token count as k");
+  Batch out;
+  out.block_table = batch.block_table;
+  const bool paged = !batch.block_table.empty();
+  // The whole-prompt form keeps the name users know ("cu_seqlens").
+  const bool prompts = batch.cu_seqlens_k.empty() && !paged;
+  out.cu_seqlens_q = normalize_seqlens(batch.cu_seqlens_q, q.tokens(), prompts ? "cu_seqlens" : "batch.cu_seqlens_q");
+  if (batch.cu_seqlens_k.empty()) {
+    out.cu_seqlens_k = out.cu_seqlens_q;
+    if (!paged && k.tokens() != q.tokens())
+      throw Error("k", "has " + str(k.tokens()) + " tokens but q has " + str(q.tokens()),
+                  "the same token count as q, or a batch whose cu_seqlens_k lists the keys (queries over a KV prefix)");
+  } else {
+    const SeqLens& cu_k = batch.cu_seqlens_k;
+    if (paged) {
+      // The keys are logical positions; the pool's size says nothing about their count.
+      out.cu_seqlens_k = normalize_seqlens(cu_k, cu_k.empty() ? 0 : cu_k.back(), "batch.cu_seqlens_k");
+      if (cu_k.back() > kMaxTokens)
+        throw Error("batch.cu_seqlens_k", "ends at " + str(cu_k.back()), "at most " + str(kMaxTokens) + " keys in all");
+    } else {
+      out.cu_seqlens_k = normalize_seqlens(cu_k, k.tokens(), "batch.cu_seqlens_k");
+    }
+  }
+  if (out.cu_seqlens_k.size() != out.cu_seqlens_q.size())
+    throw Error("batch.cu_seqlens_k",
+                "lists " + str(static_cast<int64_t>(out.cu_seqlens_k.size()) - 1) + " sequences but cu_seqlens_q lists " +
+                    str(static_cast<int64_t>(out.cu_seqlens_q.size()) - 1),
+                "one entry per sequence in both lists");
+  for (size_t s = 0; s + 1 < out.cu_seqlens_q.size(); ++s) {
+    const int64_t n_q = out.cu_seqlens_q[s + 1] - out.cu_seqlens_q[s];
+    const int64_t n_k = out.cu_seqlens_k[s + 1] - out.cu_seqlens_k[s];
+    if (n_q > n_k)
+      throw Error("batch.cu_seqlens_q", "sequence " + str(static_cast<int64_t>(s)) + " has " + str(n_q) +
+                                            " queries but only " + str(n_k) + " keys",
+                  "n_q <= n_k (the queries are the last n_q of the sequence's n_k positions)");
+  }
+  if (paged) check_block_table(batch.block_table, out.cu_seqlens_k, q, k);
+  return out;
+}
+
+std::vector<SequencePlan> sequence_shapes(const Batch& batch, int block_size) {
+  std::vector<SequencePlan> shapes(batch.cu_seqlens_q.size() - 1);
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    SequencePlan& sp = shapes[s];
+    sp.q_offset = batch.cu_seqlens_q[s];
+    sp.n_q = batch.cu_seqlens_q[s + 1] - sp.q_offset;
+    sp.kv_offset = batch.cu_seqlens_k[s];
+    sp.n_k = batch.cu_seqlens_k[s + 1] - sp.kv_offset;
+    sp.num_blocks = rules::num_blocks(sp.n_k, block_size);
+    sp.first_row = rules::first_query_block(sp.n_k, sp.n_q, block_size);
+  }
+  return shapes;
 }
 
 void validate_outputs(const TensorView& q, const TensorView& out, const TensorView& lse) {
@@ -207,7 +304,7 @@ void validate_outputs(const TensorView& q, const TensorView& out, const TensorVi
     throw Error("lse", std::string("has dtype ") + dtype_name(lse.dtype), "f32 or f64");
 }
 
-void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& plan) {
+void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& plan, const BlockTable& block_table) {
   if (plan.num_q_heads != q.heads())
     throw Error("plan", "was made for " + str(plan.num_q_heads) + " query heads but q has " + str(q.heads()),
                 "the plan of these tensors");
@@ -222,24 +319,43 @@ void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& pla
   if (!(plan.softmax_scale > 0.0) || !std::isfinite(plan.softmax_scale))
     throw Error("plan", "has softmax scale " + std::to_string(plan.softmax_scale), "a finite scale > 0");
   if (plan.sequences.empty()) throw Error("plan", "has no sequences", "one entry per sequence");
-  int64_t expected_offset = 0;
+  // The sequences, as a batch, must be one these tensors (and this table) can hold.
+  Batch batch;
+  batch.cu_seqlens_q.push_back(0);
+  batch.cu_seqlens_k.push_back(0);
   for (size_t s = 0; s < plan.sequences.size(); ++s) {
     const SequencePlan& sp = plan.sequences[s];
     const std::string which = "sequence " + str(static_cast<int64_t>(s));
-    if (sp.token_offset != expected_offset || sp.n < 1)
-      throw Error("plan", which + " covers [" + str(sp.token_offset) + ", " + str(sp.token_offset + sp.n) + ")",
-                  "non-empty sequences covering the tokens in order, the next starting at " + str(expected_offset));
-    if (sp.num_blocks != rules::num_blocks(sp.n, plan.block_size))
-      throw Error("plan", which + " has " + str(sp.num_blocks) + " blocks",
-                  "ceil(n / B) = " + str(rules::num_blocks(sp.n, plan.block_size)));
+    if (sp.q_offset != batch.cu_seqlens_q.back() || sp.n_q < 1)
+      throw Error("plan", which + " has queries [" + str(sp.q_offset) + ", " + str(sp.q_offset + sp.n_q) + ")",
+                  "non-empty sequences covering the query rows in order, the next starting at " +
+                      str(batch.cu_seqlens_q.back()));
+    if (sp.kv_offset != batch.cu_seqlens_k.back() || sp.n_k < sp.n_q)
+      throw Error("plan", which + " has keys [" + str(sp.kv_offset) + ", " + str(sp.kv_offset + sp.n_k) + ") for " +
+                              str(sp.n_q) + " queries",
+                  "n_k >= n_q keys covering the key positions in order, the next starting at " +
+                      str(batch.cu_seqlens_k.back()));
+    if (sp.num_blocks != rules::num_blocks(sp.n_k, plan.block_size) ||
+        sp.first_row != rules::first_query_block(sp.n_k, sp.n_q, plan.block_size))
+      throw Error("plan", which + " has " + str(sp.num_blocks) + " blocks, first row " + str(sp.first_row),
+                  "ceil(n_k / B) = " + str(rules::num_blocks(sp.n_k, plan.block_size)) + " blocks, first row (n_k - n_q) / B = " +
+                      str(rules::first_query_block(sp.n_k, sp.n_q, plan.block_size)));
     if (static_cast<int64_t>(sp.heads.size()) != q.heads())
       throw Error("plan", which + " has " + str(static_cast<int64_t>(sp.heads.size())) + " head plans",
                   "one per query head (" + str(q.heads()) + ")");
-    expected_offset += sp.n;
+    batch.cu_seqlens_q.push_back(sp.q_offset + sp.n_q);
+    batch.cu_seqlens_k.push_back(sp.kv_offset + sp.n_k);
   }
-  if (expected_offset != q.tokens())
-    throw Error("plan", "covers " + str(expected_offset) + " tokens but q has " + str(q.tokens()),
+  if (batch.cu_seqlens_q.back() != q.tokens())
+    throw Error("plan", "covers " + str(batch.cu_seqlens_q.back()) + " query rows but q has " + str(q.tokens()),
                 "the plan of these tensors");
+  if (block_table.empty()) {
+    if (batch.cu_seqlens_k.back() != k.tokens())
+      throw Error("plan", "covers " + str(batch.cu_seqlens_k.back()) + " keys but k has " + str(k.tokens()),
+                  "the plan of these tensors (or the block table of a paged K/V)");
+  } else {
+    check_block_table(block_table, batch.cu_seqlens_k, q, k);
+  }
   plan.check_well_formed();
   // The backends index K/V blocks with the columns directly: re-check the bounds that make that
   // memory-safe, independently of check_well_formed.
@@ -252,6 +368,12 @@ void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& pla
           head.row_ptr.back() != static_cast<int32_t>(head.col.size()))
         throw Error("plan", which + " has a malformed row_ptr", "N + 1 offsets from 0 to nnz");
       for (int32_t r = 0; r < sp.num_blocks; ++r) {
+        if (r < sp.first_row) {
+          if (head.row_ptr[r + 1] != head.row_ptr[r])
+            throw Error("plan", which + " row " + str(r) + " lists blocks but holds no query",
+                        "rows before first_row = " + str(sp.first_row) + " empty");
+          continue;
+        }
         if (head.row_ptr[r + 1] <= head.row_ptr[r])
           throw Error("plan", which + " row " + str(r) + " is empty", "every row to list its diagonal block");
         bool has_diagonal = false;
@@ -271,46 +393,48 @@ void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& pla
 
 }  // namespace detail
 
-Plan plan(const TensorView& q, const TensorView& k, const Config& config, const SeqLens& cu_seqlens,
-          const Options& options) {
+Plan plan(const TensorView& q, const TensorView& k, const Config& config, const Batch& batch, const Options& options) {
   detail::check_options(options);
   detail::validate_qkv(q, k, nullptr);
   detail::check_backend(options, q);
   config.validate();
-  const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
+  const Batch normalized = detail::normalize_batch(batch, q, k, nullptr);
   detail::check_input_values(q, k, nullptr, options);
-  return detail::plan_validated(q, k, config, cu, options);
+  return detail::plan_validated(q, k, config, normalized, options);
 }
 
 void attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
-            const TensorView& out, const TensorView& lse, const Options& options) {
+            const TensorView& out, const TensorView& lse, const Options& options, const BlockTable& block_table) {
   detail::check_options(options);
   detail::validate_qkv(q, k, &v);
   detail::check_backend(options, q);
   detail::validate_outputs(q, out, lse);
-  detail::validate_plan_for(q, k, plan);
+  if (v.tokens() != k.tokens())
+    throw Error("v", "has " + std::to_string(v.tokens()) + " tokens but k has " + std::to_string(k.tokens()),
+                "the same token count as k");
+  detail::validate_plan_for(q, k, plan, block_table);
   detail::check_input_values(q, k, &v, options);
-  detail::attend_validated(q, k, v, plan, out, lse, options);
+  detail::attend_validated(q, k, v, plan, block_table, out, lse, options);
 }
 
 Plan prefill(const TensorView& q, const TensorView& k, const TensorView& v, const Config& config,
-             const TensorView& out, const TensorView& lse, const SeqLens& cu_seqlens, const Options& options) {
+             const TensorView& out, const TensorView& lse, const Batch& batch, const Options& options) {
   // Everything is validated before the (expensive) plan, so a bad output view fails fast.
   detail::check_options(options);
   detail::validate_qkv(q, k, &v);
   detail::check_backend(options, q);
   detail::validate_outputs(q, out, lse);
   config.validate();
-  const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
+  const Batch normalized = detail::normalize_batch(batch, q, k, &v);
   detail::check_input_values(q, k, &v, options);
-  Plan result = detail::plan_validated(q, k, config, cu, options);
-  detail::validate_plan_for(q, k, result);  // cheap; guards the backend's own output
-  detail::attend_validated(q, k, v, result, out, lse, options);
+  Plan result = detail::plan_validated(q, k, config, normalized, options);
+  detail::validate_plan_for(q, k, result, normalized.block_table);  // cheap; guards the backend's own output
+  detail::attend_validated(q, k, v, result, normalized.block_table, out, lse, options);
   return result;
 }
 
-Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const SeqLens& cu_seqlens,
-                int block_size, double softmax_scale) {
+Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const Batch& batch, int block_size,
+                double softmax_scale) {
   if (num_q_heads < 1) throw Error("num_q_heads", "is " + std::to_string(num_q_heads), "at least 1");
   if (num_kv_heads < 1) throw Error("num_kv_heads", "is " + std::to_string(num_kv_heads), "at least 1");
   if (num_q_heads % num_kv_heads != 0)
@@ -323,10 +447,23 @@ Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, con
     throw Error("block_size", "is " + std::to_string(block_size), shape_rules::kBlockSizeExpected);
   if (!(softmax_scale >= 0.0) || !std::isfinite(softmax_scale))
     throw Error("softmax_scale", "is " + std::to_string(softmax_scale), "0 (1/sqrt(d)) or a finite scale > 0");
-  if (cu_seqlens.empty())
-    throw Error("cu_seqlens", "is empty (dense_plan has no tensors to take the token count from)",
-                "{0, ..., tokens}");
-  const SeqLens cu = detail::normalize_seqlens(cu_seqlens, cu_seqlens.back());
+  const bool prompts = batch.whole_prompts();
+  const char* q_name = prompts ? "cu_seqlens" : "batch.cu_seqlens_q";
+  if (batch.cu_seqlens_q.empty())
+    throw Error(q_name, "is empty (dense_plan has no tensors to take the token count from)", "{0, ..., tokens}");
+  Batch normalized;
+  normalized.cu_seqlens_q = detail::normalize_seqlens(batch.cu_seqlens_q, batch.cu_seqlens_q.back(), q_name);
+  normalized.cu_seqlens_k =
+      batch.cu_seqlens_k.empty()
+          ? normalized.cu_seqlens_q
+          : detail::normalize_seqlens(batch.cu_seqlens_k, batch.cu_seqlens_k.back(), "batch.cu_seqlens_k");
+  if (normalized.cu_seqlens_k.size() != normalized.cu_seqlens_q.size())
+    throw Error("batch.cu_seqlens_k", "lists a different number of sequences than cu_seqlens_q",
+                "one entry per sequence in both lists");
+  std::vector<SequencePlan> shapes = detail::sequence_shapes(normalized, block_size);
+  for (size_t s = 0; s < shapes.size(); ++s)
+    if (shapes[s].n_q > shapes[s].n_k)
+      throw Error("batch.cu_seqlens_q", "sequence " + std::to_string(s) + " has more queries than keys", "n_q <= n_k");
 
   Plan result;
   result.config = Config::from_preset("dense");
@@ -337,12 +474,8 @@ Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, con
   result.num_kv_heads = num_kv_heads;
   result.head_dim = head_dim;
   result.softmax_scale = shape_rules::resolve_softmax_scale(softmax_scale, head_dim);
-  for (size_t s = 0; s + 1 < cu.size(); ++s) {
-    SequencePlan sp;
-    sp.token_offset = cu[s];
-    sp.n = cu[s + 1] - cu[s];
-    sp.num_blocks = rules::num_blocks(sp.n, block_size);
-    sp.heads.assign(static_cast<size_t>(num_q_heads), detail::make_dense_head(sp.num_blocks));
+  for (SequencePlan& sp : shapes) {
+    sp.heads.assign(static_cast<size_t>(num_q_heads), detail::make_dense_head(sp.num_blocks, sp.first_row));
     result.sequences.push_back(std::move(sp));
   }
   return result;

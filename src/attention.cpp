@@ -1,5 +1,6 @@
 // src/attention.cpp — crisp::Attention (crisp/attention.h): the checks of crisp::plan / attend,
 // made once per call, and the backend's PlannedAttention that keeps the plan between runs.
+#include <string>
 #include <utility>
 
 #include "backend.h"
@@ -15,13 +16,14 @@ class CpuPlannedAttention final : public PlannedAttention {
  public:
   CpuPlannedAttention(const Config& config, const Options& options) : config_(config), options_(options) {}
 
-  void plan(const TensorView& q, const TensorView& k, const SeqLens& normalized_cu_seqlens) override {
-    plan_ = cpu_plan(q, k, config_, normalized_cu_seqlens, options_);
+  void plan(const TensorView& q, const TensorView& k, const Batch& normalized_batch) override {
+    plan_ = cpu_plan(q, k, config_, normalized_batch, options_);
+    block_table_ = normalized_batch.block_table;
   }
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const TensorView& lse) const override {
-    validate_plan_for(q, k, plan_);
-    cpu_attend(q, k, v, plan_, out, lse, options_);
+    validate_plan_for(q, k, plan_, block_table_);
+    cpu_attend(q, k, v, plan_, block_table_, out, lse, options_);
   }
   Plan host_plan() const override { return plan_; }
 
@@ -29,6 +31,7 @@ class CpuPlannedAttention final : public PlannedAttention {
   Config config_;
   Options options_;
   Plan plan_;
+  BlockTable block_table_;
 };
 
 void require_plan(bool planned) {
@@ -56,10 +59,10 @@ Attention::~Attention() = default;
 Attention::Attention(Attention&&) noexcept = default;
 Attention& Attention::operator=(Attention&&) noexcept = default;
 
-void Attention::plan(const TensorView& q, const TensorView& k, const SeqLens& cu_seqlens) {
+void Attention::plan(const TensorView& q, const TensorView& k, const Batch& batch) {
   detail::validate_qkv(q, k, nullptr);
   detail::check_backend(impl_->options, q);
-  const SeqLens cu = detail::normalize_seqlens(cu_seqlens, q.tokens());
+  const Batch normalized = detail::normalize_batch(batch, q, k, nullptr);
   detail::check_input_values(q, k, nullptr, impl_->options);
   const Backend backend = q.device == Device::cuda ? Backend::cuda : Backend::cpu;
   // A backend's state (the CUDA device plan's buffers) is kept while the backend stays the same.
@@ -73,7 +76,7 @@ void Attention::plan(const TensorView& q, const TensorView& k, const SeqLens& cu
     }
   }
   impl_->backend = Backend::automatic;  // not planned unless the backend's plan succeeds
-  impl_->planned->plan(q, k, cu);
+  impl_->planned->plan(q, k, normalized);
   impl_->backend = backend;
 }
 
@@ -82,6 +85,9 @@ void Attention::run(const TensorView& q, const TensorView& k, const TensorView& 
   detail::require_plan(planned());
   detail::validate_qkv(q, k, &v);
   detail::validate_outputs(q, out, lse);
+  if (v.tokens() != k.tokens())
+    throw Error("v", "has " + std::to_string(v.tokens()) + " tokens but k has " + std::to_string(k.tokens()),
+                "the same token count as k");
   const Device planned_device = impl_->backend == Backend::cuda ? Device::cuda : Device::cpu;
   if (q.device != planned_device)
     throw Error("q", std::string("is on ") + to_string(q.device) + " but the plan was made on " +

@@ -1,18 +1,23 @@
 // src/backend.h — the internal interface between the public API (src/api.cpp) and the backends.
 //
-// The API validates every input once, normalises cu_seqlens (an empty list becomes {0, tokens})
-// and resolves nothing else; it then dispatches on the device of the views. A backend may assume
+// The API validates every input once, normalises the Batch (both cu_seqlens lists filled) and
+// resolves nothing else; it then dispatches on the device of the views. A backend may assume
 // that every precondition listed here holds.
 //
 // Preconditions shared by every function below (checked in src/api.cpp):
-//  - q: [Hq, tokens, d], k and v: [Hkv, tokens, d], Hq % Hkv == 0, 1 <= d <= 256, tokens >= 1;
+//  - q: [Hq, q_tokens, d], k and v: [Hkv, kv_tokens, d], Hq % Hkv == 0, 1 <= d <= 256;
 //  - every view's data is non-null and every view is on the same device;
-//  - normalized_cu_seqlens = {0, ..., tokens}, strictly increasing (no empty sequence);
+//  - a normalized Batch (normalize_batch): cu_seqlens_q = {0, ..., q_tokens} and cu_seqlens_k of
+//    the same length, both strictly increasing, 1 <= n_q <= n_k per sequence; contiguous K/V:
+//    cu_seqlens_k ends at kv_tokens; paged K/V: the table is on the views' device, page_size a
+//    multiple of 16 dividing kv_tokens, ceil(n_k / page_size) <= max_pages_per_sequence, and
+//    (for a table on the host) every page id used in [0, kv_tokens / page_size);
 //  - q, k, v contain only finite values (checked by the API for Device::cpu views only: the API
 //    cannot read device memory, so the CUDA backend checks or documents this itself);
 //  - config.validate() passed;
-//  - for attend: plan matches the shapes (heads, head dim, sequences, block size), and out
-//    [Hq, tokens, d] / lse [Hq, tokens] have a supported dtype.
+//  - for attend: plan matches the shapes (heads, head dim, sequences, block size) and the
+//    BlockTable (validate_plan_for), and out [Hq, q_tokens, d] / lse [Hq, q_tokens] have a
+//    supported dtype.
 #pragma once
 #include <memory>
 
@@ -43,25 +48,34 @@ bool plan_stage_timing_requested();
 
 // ---------------------------------------------------------------- validation (src/api.cpp)
 // Returns {0, tokens} for an empty list; otherwise checks cu_seqlens against `tokens` and
-// returns it unchanged. Throws crisp::Error naming "cu_seqlens".
-SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens);
+// returns it unchanged. Throws crisp::Error naming `name` ("cu_seqlens", "batch.cu_seqlens_q").
+SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens, const char* name = "cu_seqlens");
 // Checks q and k (and v when non-null) for a consistent attention problem: rank, dtype, device,
-// head counts, head dim, token count, non-null data. Throws crisp::Error naming the argument.
+// head counts, head dim, non-null data (token counts: normalize_batch). Throws crisp::Error naming
+// the argument.
 void validate_qkv(const TensorView& q, const TensorView& k, const TensorView* v);
-// Checks out [Hq, tokens, d] (f32/f16/bf16/f64) and lse [Hq, tokens] (f32/f64) against q.
+// Checks the Batch against q / k (and v) and returns it with both lists filled: an empty
+// cu_seqlens_q is {0, q_tokens}, an empty cu_seqlens_k is cu_seqlens_q. Checks the block table
+// (and its page ids when it lives on the host). Throws crisp::Error naming "batch.<field>".
+Batch normalize_batch(const Batch& batch, const TensorView& q, const TensorView& k, const TensorView* v);
+// Checks out [Hq, q_tokens, d] (f32/f16/bf16/f64) and lse [Hq, q_tokens] (f32/f64) against q.
 void validate_outputs(const TensorView& q, const TensorView& out, const TensorView& lse);
-// Checks that the plan fits q/k (heads, head dim, block size, sequences covering every token)
-// and is well-formed CSR (bounds included), so a backend may index with it freely.
-void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& plan);
+// Checks that the plan fits q/k and the block table (heads, head dim, block size, sequences
+// covering every query row and, with contiguous K/V, every key row) and is well-formed CSR
+// (bounds included), so a backend may index with it freely.
+void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& plan, const BlockTable& block_table);
 // The value checks of every entry point (the free functions and crisp::Attention), on CPU views
 // (device views: the CUDA backend's responsibility): NaN/Inf, naming the tensor and the first bad
 // element; values beyond float32 in f32 precision; q/k magnitudes whose dot products overflow and
 // v magnitudes whose output sums overflow. `v` may be null (planning only).
 void check_input_values(const TensorView& q, const TensorView& k, const TensorView* v, const Options& options);
 
-// The dense head of a sequence with N blocks: route dense, every causal block, c_struct/jsd NaN,
-// density 1 (src/cpu/cpu_plan.cpp; shared by dense_plan, the dense preset and short sequences).
-HeadPlan make_dense_head(int32_t num_blocks);
+// The dense head of a sequence with N blocks whose queries start in block first_row: route dense,
+// every causal block of rows first_row .. N-1 (earlier rows empty), c_struct/jsd NaN, density 1
+// (src/cpu/cpu_plan.cpp; shared by dense_plan, the dense preset and short sequences).
+HeadPlan make_dense_head(int32_t num_blocks, int32_t first_row = 0);
+// The sequences of a plan (offsets, lengths, blocks; no heads) for a normalized batch.
+std::vector<SequencePlan> sequence_shapes(const Batch& normalized_batch, int block_size);
 
 // ---------------------------------------------------------------- plan once, run many times
 // The backend half of a crisp::Attention (src/attention.cpp validates and dispatches). plan() has
@@ -69,7 +83,8 @@ HeadPlan make_dense_head(int32_t num_blocks);
 class PlannedAttention {
  public:
   virtual ~PlannedAttention() = default;
-  virtual void plan(const TensorView& q, const TensorView& k, const SeqLens& normalized_cu_seqlens) = 0;
+  // Keeps normalized_batch (its block table included) for the runs.
+  virtual void plan(const TensorView& q, const TensorView& k, const Batch& normalized_batch) = 0;
   virtual void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const TensorView& lse) const = 0;
   virtual Plan host_plan() const = 0;
@@ -77,11 +92,12 @@ class PlannedAttention {
 
 // ---------------------------------------------------------------- CPU backend (src/cpu/)
 // The plan of every (sequence, query head): §1–§5 and §7 of the spec.
-Plan cpu_plan(const TensorView& q, const TensorView& k, const Config& config,
-              const SeqLens& normalized_cu_seqlens, const Options& options);
-// Block-sparse causal attention following `plan` (§6). Writes every element of out and lse.
+Plan cpu_plan(const TensorView& q, const TensorView& k, const Config& config, const Batch& normalized_batch,
+              const Options& options);
+// Block-sparse causal attention following `plan` (§6, §11): K/V rows through the block table when
+// it is not empty. Writes every element of out and lse.
 void cpu_attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
-                const TensorView& out, const TensorView& lse, const Options& options);
+                const BlockTable& block_table, const TensorView& out, const TensorView& lse, const Options& options);
 // One scan of a CPU view: the flat (h, t, x) index of its first NaN/Inf (-1: none) and its
 // largest |value| (meaningful when there is none). Used by the API to reject non-finite inputs
 // and inputs whose scores would overflow.
@@ -96,11 +112,13 @@ CpuValueScan cpu_scan_values(const TensorView& view, int num_threads = 0);
 // returns false and the others throw crisp::Error.
 bool cuda_backend_built();
 // Same contract as cpu_plan, views on Device::cuda. options.stream is the cudaStream_t.
-Plan cuda_plan(const TensorView& q, const TensorView& k, const Config& config,
-               const SeqLens& normalized_cu_seqlens, const Options& options);
+Plan cuda_plan(const TensorView& q, const TensorView& k, const Config& config, const Batch& normalized_batch,
+               const Options& options);
+// Throws crisp::Error naming "batch" for a batch the CUDA backend cannot run yet (chunks, pages).
+void require_whole_prompts(const Batch& normalized_batch);
 // Same contract as cpu_attend, views on Device::cuda.
 void cuda_attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
-                 const TensorView& out, const TensorView& lse, const Options& options);
+                 const BlockTable& block_table, const TensorView& out, const TensorView& lse, const Options& options);
 // A crisp::Attention's CUDA half: a DevicePlan kept while the batch shape stays the same,
 // plan_async / attend_async on options.stream with options.cuda.
 std::unique_ptr<PlannedAttention> make_cuda_planned_attention(const Config& config, const Options& options);

@@ -340,7 +340,7 @@ TEST(BadInput, AttendWithPlanOfOtherShapes) {
   crisp::Plan varlen = crisp::plan(small.q.view(), small.k.view(), crisp_cfg(), {0, 150, 300});
   expect_error([&] {
     crisp::Plan v2 = varlen;
-    v2.sequences[1].token_offset = 140;
+    v2.sequences[1].q_offset = 140;
     crisp::attend(small.q.view(), small.k.view(), small.v.view(), v2, crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 2, 300, 16),
                   crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 2, 300));
   }, "plan", "overlapping sequences");

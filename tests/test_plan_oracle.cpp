@@ -53,8 +53,8 @@ void expect_plan_matches(const crisp::Plan& plan, const std::vector<std::vector<
   for (size_t s = 0; s < ref.size(); ++s) {
     const crisp::SequencePlan& sp = plan.sequences[s];
     const int64_t n = cu[s + 1] - cu[s];
-    EXPECT_EQ(sp.token_offset, cu[s]) << context;
-    EXPECT_EQ(sp.n, n) << context;
+    EXPECT_EQ(sp.q_offset, cu[s]) << context;
+    EXPECT_EQ(sp.n_k, n) << context;
     EXPECT_EQ(sp.num_blocks, oracle::num_blocks(n, plan.block_size)) << context;
     ASSERT_EQ(sp.heads.size(), ref[s].size()) << context;
     for (size_t h = 0; h < ref[s].size(); ++h) {

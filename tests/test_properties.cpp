@@ -75,12 +75,12 @@ oracle::Attention oracle_attend(const Inputs& in, const crisp::Plan& plan) {
   std::vector<std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>> layouts;
   crisp::SeqLens cu;
   for (const auto& sp : plan.sequences) {
-    cu.push_back(sp.token_offset);
+    cu.push_back(sp.q_offset);
     std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> heads;
     for (const auto& hp : sp.heads) heads.push_back({hp.row_ptr, hp.col});
     layouts.push_back(heads);
   }
-  cu.push_back(plan.sequences.back().token_offset + plan.sequences.back().n);
+  cu.push_back(plan.sequences.back().q_offset + plan.sequences.back().n_q);
   return oracle::attend(oracle::Tensor::from_floats(in.q.data, in.q.heads, in.q.tokens, in.q.dim),
                         oracle::Tensor::from_floats(in.k.data, in.k.heads, in.k.tokens, in.k.dim),
                         oracle::Tensor::from_floats(in.v.data, in.v.heads, in.v.tokens, in.v.dim), cu, plan.block_size,
@@ -137,8 +137,8 @@ TEST(Properties, DensePresetEqualsNaiveDenseAttention) {
 TEST(Properties, DensePlanShape) {
   crisp::Plan p = crisp::dense_plan(4, 2, 64, {0, 100, 1000}, 128);
   ASSERT_EQ(p.sequences.size(), 2u);
-  EXPECT_EQ(p.sequences[1].token_offset, 100);
-  EXPECT_EQ(p.sequences[1].n, 900);
+  EXPECT_EQ(p.sequences[1].q_offset, 100);
+  EXPECT_EQ(p.sequences[1].n_k, 900);
   EXPECT_EQ(p.sequences[1].num_blocks, 8);
   EXPECT_DOUBLE_EQ(p.softmax_scale, 1.0 / 8.0);
   for (const auto& sp : p.sequences)

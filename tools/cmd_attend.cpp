@@ -41,17 +41,17 @@ void run_attend(const AttendArgs& args) {
   const crisp::Plan plan = crisp::prefill(
       q_view, k_view, v_view, config,
       crisp::TensorView::contiguous(out.data(), crisp::DType::f32, heads, tokens, dim),
-      crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, heads, tokens), {},
-      crisp_cli::make_run_options(args.policy));
+      crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, heads, tokens),
+      crisp_cli::one_sequence(q_view, k_view), crisp_cli::make_run_options(args.policy));
 
   crisp::write_npy(args.out_path, out.data(), {heads, tokens, dim});
   crisp::write_npy(args.lse_path, lse.data(), {heads, tokens});
   if (!args.json_path.empty()) {
     crisp_cli::write_text_file("--json", args.json_path, crisp_cli::plan_to_json(plan).dump(1) + "\n");
   }
-  std::printf("attend: policy %s, %lld query heads, n = %lld: density %.4f -> %s, %s\n",
+  std::printf("attend: policy %s, %lld query heads, n_q = %lld of n_k = %lld: density %.4f -> %s, %s\n",
               config.preset.c_str(), static_cast<long long>(heads), static_cast<long long>(tokens),
-              plan.density(), args.out_path.c_str(), args.lse_path.c_str());
+              static_cast<long long>(k_view.tokens()), plan.density(), args.out_path.c_str(), args.lse_path.c_str());
 }
 
 }  // namespace
@@ -59,12 +59,14 @@ void run_attend(const AttendArgs& args) {
 void register_attend_command(CLI::App& app) {
   auto args = std::make_shared<AttendArgs>();
   CLI::App* sub = app.add_subcommand(
-      "attend", "Plan and run block-sparse causal attention on one sequence (.npy in, .npy out)");
-  sub->add_option("--q", args->q_path, "Queries, .npy float32/float16 [Hq, n, d]")->required();
-  sub->add_option("--k", args->k_path, "Keys, .npy float32/float16 [Hkv, n, d]")->required();
-  sub->add_option("--v", args->v_path, "Values, .npy float32/float16 [Hkv, n, d]")->required();
-  sub->add_option("--out", args->out_path, "Output O, .npy float32 [Hq, n, d]")->required();
-  sub->add_option("--lse", args->lse_path, "Output LSE (natural log), .npy float32 [Hq, n]")
+      "attend",
+      "Plan and run block-sparse causal attention on one sequence (.npy in, .npy out); with n_q < n_k the "
+      "queries are the last n_q positions (a chunk over a KV prefix, bottom-right causal)");
+  sub->add_option("--q", args->q_path, "Queries, .npy float32/float16 [Hq, n_q, d]")->required();
+  sub->add_option("--k", args->k_path, "Keys, .npy float32/float16 [Hkv, n_k, d], n_k >= n_q")->required();
+  sub->add_option("--v", args->v_path, "Values, .npy float32/float16 [Hkv, n_k, d]")->required();
+  sub->add_option("--out", args->out_path, "Output O, .npy float32 [Hq, n_q, d]")->required();
+  sub->add_option("--lse", args->lse_path, "Output LSE (natural log), .npy float32 [Hq, n_q]")
       ->required();
   sub->add_option("--json", args->json_path, "Also write the plan that was run as JSON");
   crisp_cli::add_policy_options(*sub, args->policy);

@@ -27,14 +27,15 @@ void run_plan(const PlanArgs& args) {
   const crisp::TensorView k_view = k.view("--k " + args.k_path);
 
   const crisp::Plan plan =
-      crisp::plan(q_view, k_view, config, {}, crisp_cli::make_run_options(args.policy));
+      crisp::plan(q_view, k_view, config, crisp_cli::one_sequence(q_view, k_view), crisp_cli::make_run_options(args.policy));
   crisp_cli::write_text_file("--json", args.json_path, crisp_cli::plan_to_json(plan).dump(1) + "\n");
 
   // With the JSON on standard output the summary goes to stderr, so stdout stays one JSON document.
   std::FILE* summary = crisp_cli::is_stdout_path(args.json_path) ? stderr : stdout;
-  std::fprintf(summary, "plan: policy %s, %lld query heads, n = %lld, B = %d: density %.4f, VS share %.2f -> %s\n",
+  std::fprintf(summary, "plan: policy %s, %lld query heads, n_q = %lld of n_k = %lld, B = %d: density %.4f, VS share %.2f -> %s\n",
               config.preset.c_str(), static_cast<long long>(plan.num_q_heads),
-              static_cast<long long>(plan.sequences.front().n), plan.block_size, plan.density(),
+              static_cast<long long>(plan.sequences.front().n_q), static_cast<long long>(plan.sequences.front().n_k),
+              plan.block_size, plan.density(),
               plan.vs_share(), args.json_path.c_str());
 }
 
@@ -44,8 +45,8 @@ void register_plan_command(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* sub = app.add_subcommand(
       "plan", "Plan the sparse layout of one sequence (.npy inputs) and write it as JSON");
-  sub->add_option("--q", args->q_path, "Queries, .npy float32/float16 [Hq, n, d]")->required();
-  sub->add_option("--k", args->k_path, "Keys, .npy float32/float16 [Hkv, n, d]")->required();
+  sub->add_option("--q", args->q_path, "Queries, .npy float32/float16 [Hq, n_q, d] (the last n_q positions)")->required();
+  sub->add_option("--k", args->k_path, "Keys, .npy float32/float16 [Hkv, n_k, d], n_k >= n_q")->required();
   sub->add_option("--json", args->json_path, "Output JSON file ('-': standard output)")->required();
   crisp_cli::add_policy_options(*sub, args->policy);
   sub->callback([args] { run_plan(*args); });

@@ -46,7 +46,10 @@ nlohmann::json plan_to_json(const crisp::Plan& plan) {
 
   return {
       {"config", config_to_json(plan.config)},
-      {"n", seq.n},
+      {"n", seq.n_k},
+      {"n_q", seq.n_q},
+      {"n_k", seq.n_k},
+      {"first_row", seq.first_row},
       {"block_size", plan.block_size},
       {"num_blocks", seq.num_blocks},
       {"num_q_heads", plan.num_q_heads},

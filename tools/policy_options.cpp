@@ -80,4 +80,9 @@ crisp::Options make_run_options(const PolicyOptions& options) {
   return run;
 }
 
+crisp::Batch one_sequence(const crisp::TensorView& q, const crisp::TensorView& k) {
+  if (q.tokens() == k.tokens()) return crisp::Batch{};
+  return crisp::Batch({0, q.tokens()}, {0, k.tokens()});
+}
+
 }  // namespace crisp_cli

@@ -33,9 +33,11 @@ class Attention {
   Attention(const Attention&) = delete;
   Attention& operator=(const Attention&) = delete;
 
-  // Plans q [Hq, tokens, d] and k [Hkv, tokens, d] (the same checks as crisp::plan). The backend
-  // is options.backend, or the views' device when automatic. Replaces any earlier plan.
-  void plan(const TensorView& q, const TensorView& k, const SeqLens& cu_seqlens = {});
+  // Plans q [Hq, q_tokens, d] and k [Hkv, kv_tokens, d] for the batch (the same checks as
+  // crisp::plan; a cu_seqlens list converts to a batch of whole prompts). The backend is
+  // options.backend, or the views' device when automatic. Replaces any earlier plan. The batch,
+  // its block table included, is kept for run(): a paged table must stay valid until the last run.
+  void plan(const TensorView& q, const TensorView& k, const Batch& batch = {});
 
   // Attention of q/k/v following the last plan (the same checks as crisp::attend; q/k/v of the
   // shape that was planned, on the planned backend). Throws crisp::Error naming "plan" before

@@ -6,6 +6,10 @@
 //   // or both at once: crisp::prefill(q, k, v, cfg, out, lse);
 //   // or plan once, run many times, on either backend: crisp::Attention (crisp/attention.h)
 //
+// A chunk of a chunked prefill (queries over a KV prefix, paged or not) is a crisp::Batch
+// (crisp/tensor.h): crisp::prefill(q_chunk, k_cache, v_cache, cfg, out, lse,
+// crisp::Batch{{0, n_q}, {0, n_k}}) attends the n_q queries at positions n_k - n_q .. n_k - 1.
+//
 // Backends: the device of the views picks it (Device::cpu; Device::cuda with the CUDA backend, see
 // crisp/cuda.h), or options.backend names it (crisp/options.h). All views of one call must be on
 // one device.
@@ -22,27 +26,32 @@
 
 namespace crisp {
 
-// Validates the inputs (shapes, dtypes, head counts, d <= 256, finite values, seqlens) and builds
-// the plan of every (sequence, query head). Throws crisp::Error on bad input.
-//   q: [Hq, tokens, d]; k: [Hkv, tokens, d]; Hq % Hkv == 0.
-Plan plan(const TensorView& q, const TensorView& k, const Config& config,
-          const SeqLens& cu_seqlens = {}, const Options& options = {});
+// Validates the inputs (shapes, dtypes, head counts, d <= 256, finite values, the batch) and
+// builds the plan of every (sequence, query head). Throws crisp::Error on bad input.
+//   q: [Hq, q_tokens, d]; k: [Hkv, kv_tokens, d]; Hq % Hkv == 0.
+//   batch: the sequences (crisp/tensor.h); cu_seqlens converts to a batch of whole prompts, and
+//   the default is one whole prompt (q_tokens == kv_tokens).
+Plan plan(const TensorView& q, const TensorView& k, const Config& config, const Batch& batch = {},
+          const Options& options = {});
 
-// Block-sparse causal attention following `plan` (§6).
-//   out: [Hq, tokens, d] f32/f16/bf16/f64; lse: [Hq, tokens] f32 or f64 (natural log).
+// Block-sparse causal attention following `plan` (§6, §11).
+//   out: [Hq, q_tokens, d] f32/f16/bf16/f64; lse: [Hq, q_tokens] f32 or f64 (natural log).
+//   block_table: the paged K/V of the planned batch (the same table, or one mapping the same
+//   positions to the same keys); empty for contiguous K/V.
 // Every element of out and lse is written.
 void attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
-            const TensorView& out, const TensorView& lse, const Options& options = {});
+            const TensorView& out, const TensorView& lse, const Options& options = {},
+            const BlockTable& block_table = {});
 
 // plan() then attend(); returns the plan.
 Plan prefill(const TensorView& q, const TensorView& k, const TensorView& v, const Config& config,
-             const TensorView& out, const TensorView& lse, const SeqLens& cu_seqlens = {},
-             const Options& options = {});
+             const TensorView& out, const TensorView& lse, const Batch& batch = {}, const Options& options = {});
 
-// The plan of dense causal attention (every block c <= r) for the given shapes: used for the
-// dense preset and as the baseline of every comparison.
-Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                const SeqLens& cu_seqlens, int block_size = 128, double softmax_scale = 0.0);
+// The plan of dense causal attention (every block c <= r of the rows holding queries) for the
+// given shapes: used for the dense preset and as the baseline of every comparison. The batch
+// must list its sequences (an empty cu_seqlens_q has no token count to take).
+Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const Batch& batch,
+                int block_size = 128, double softmax_scale = 0.0);
 
 // Spec §10: the plan a kernel runs when it packs each GQA group (the query heads sharing one kv
 // head) into one tile: every head's layout replaced by the union of its group's layouts (a

@@ -19,17 +19,24 @@ struct HeadPlan {
   std::vector<int32_t> vertical;
   std::vector<int32_t> slash;
   // CSR over query blocks: key blocks of query block r are col[row_ptr[r] .. row_ptr[r+1]),
-  // ascending, unique, each <= r, always containing 0 and r.
+  // ascending, unique, each <= r. Blocks are numbered by position (block r covers positions
+  // [rB, (r+1)B) of the sequence's n_k), so a chunk's rows are rows of the whole prompt's grid:
+  // the rows r < first_row hold no query of this call and are empty; every row r >= first_row
+  // contains 0 and r.
   std::vector<int32_t> row_ptr;
   std::vector<int32_t> col;
-  // nnz / (N (N+1) / 2)
+  // nnz / (the causal blocks of rows first_row .. N-1); N (N+1) / 2 for a whole prompt.
   double density = 1.0;
 };
 
+// One sequence of a Batch (crisp/tensor.h): n_q queries, the last n_q of its n_k positions.
 struct SequencePlan {
-  int64_t token_offset = 0;  // first token of the sequence in the batch
-  int64_t n = 0;             // tokens
-  int32_t num_blocks = 0;    // N = ceil(n / B)
+  int64_t q_offset = 0;    // first query row of the sequence in q (and out, lse): cu_seqlens_q[s]
+  int64_t n_q = 0;         // queries
+  int64_t kv_offset = 0;   // first key of the sequence: cu_seqlens_k[s] (a row of k and v unless paged)
+  int64_t n_k = 0;         // keys; the queries sit at positions n_k - n_q .. n_k - 1
+  int32_t num_blocks = 0;  // N = ceil(n_k / B): key blocks, and the rows of every head's CSR
+  int32_t first_row = 0;   // (n_k - n_q) / B: the block of the first query; 0 for a whole prompt
   std::vector<HeadPlan> heads;  // one per query head
 };
 

@@ -3,7 +3,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace crisp {
@@ -17,7 +19,7 @@ std::size_t dtype_size(DType dtype);
 
 // A strided view of a rank-2 or rank-3 tensor. Strides are in elements, not bytes.
 //  - Q, O:   [Hq,  tokens, d]
-//  - K, V:   [Hkv, tokens, d]
+//  - K, V:   [Hkv, tokens, d]       (tokens: of the keys; with paged K/V, of the page pool)
 //  - LSE:    [Hq,  tokens]           (rank 2, float32)
 // `tokens` is the total token count of the batch (see SeqLens). Any strides are accepted, so
 // both [heads, tokens, d] and [tokens, heads, d] memory layouts are views of the same shape.
@@ -49,7 +51,54 @@ struct TensorView {
 
 // Cumulative sequence offsets of a variable-length batch, as FlashAttention's varlen API:
 // sequence s occupies tokens [cu_seqlens[s], cu_seqlens[s+1]) of the views. Empty means one
-// sequence spanning every token. Each sequence is an independent causal prefill.
+// sequence spanning every token.
 using SeqLens = std::vector<int64_t>;
+
+// Paged K/V, as vLLM and FlashInfer lay it out (their "NHD" layout). K and V are then views of
+// the whole page pool: [Hkv, num_pages * page_size, d], pool token `p * page_size + j` being row
+// j of page p (a vLLM cache [num_pages, page_size, Hkv, d] is the view with strides
+// {d, Hkv * d, 1}). Key position t of sequence s lives in pool token
+// `data[s * max_pages_per_sequence + t / page_size] * page_size + t % page_size`: pages in any
+// order, shared between sequences or not. The table lives on the device of the tensors and must
+// stay valid until the last attention run that uses it.
+struct BlockTable {
+  const int32_t* data = nullptr;       // [num_sequences, max_pages_per_sequence] page ids, row-major
+  Device device = Device::cpu;         // where `data` lives (the device of k and v)
+  int64_t max_pages_per_sequence = 0;  // the row stride of `data`
+  int64_t page_size = 0;               // tokens per page, a multiple of 16; 0: no table (K/V contiguous)
+
+  bool empty() const { return page_size == 0; }
+};
+
+// The sequences of one call. Sequence s has n_k keys (its whole context so far, a KV cache
+// included) and n_q <= n_k queries: the LAST n_q of its n_k positions (bottom-right causal
+// alignment, FlashAttention's convention for n_q < n_k), so query i of the sequence sits at
+// position n_k - n_q + i and sees keys 0 .. n_k - n_q + i. A whole prompt is n_q == n_k; a
+// chunk of a chunked prefill is n_q < n_k over the KV of every earlier chunk; n_q = 1 is a
+// decode step.
+//  - cu_seqlens_q: queries of sequence s are rows [cu_seqlens_q[s], cu_seqlens_q[s+1]) of q (and
+//    of out and lse). Empty: one sequence holding every query row.
+//  - cu_seqlens_k: keys of sequence s are positions [0, cu_seqlens_k[s+1] - cu_seqlens_k[s]); with
+//    contiguous K/V they are rows [cu_seqlens_k[s], cu_seqlens_k[s+1]) of k and v. Empty: the
+//    same as cu_seqlens_q (queries and keys are the same positions).
+//  - block_table: empty for contiguous K/V, else paged K/V (see BlockTable).
+struct Batch {
+  SeqLens cu_seqlens_q;
+  SeqLens cu_seqlens_k;
+  BlockTable block_table;
+
+  Batch() = default;
+  // Whole prompts (n_q == n_k for every sequence), contiguous K/V: what a cu_seqlens list meant
+  // before chunks existed, so `crisp::plan(q, k, config, cu_seqlens)` keeps working.
+  Batch(SeqLens cu_seqlens) : cu_seqlens_q(std::move(cu_seqlens)) {}  // NOLINT(google-explicit-constructor)
+  Batch(std::initializer_list<int64_t> cu_seqlens) : cu_seqlens_q(cu_seqlens) {}
+  Batch(SeqLens q, SeqLens k, BlockTable table = {})
+      : cu_seqlens_q(std::move(q)), cu_seqlens_k(std::move(k)), block_table(table) {}
+
+  // True when every sequence is a whole prompt over contiguous K/V (cu_seqlens_k empty or equal).
+  bool whole_prompts() const {
+    return block_table.empty() && (cu_seqlens_k.empty() || cu_seqlens_k == cu_seqlens_q);
+  }
+};
 
 }  // namespace crisp

@@ -27,8 +27,11 @@ class SequencePlan:
     ``vertical`` / ``slash``: per head, the kept vertical blocks / slash distance-blocks of VS heads.
     """
 
-    token_offset: int
-    n: int
+    q_offset: int  # first query row of the sequence in q
+    n_q: int  # queries: the last n_q of the n_k positions
+    kv_offset: int  # first key of the sequence (cu_seqlens_k[s])
+    n_k: int  # keys
+    first_row: int  # (n_k - n_q) // B: rows before it hold no query and are empty
     num_blocks: int
     routes: List[str]
     c_struct: np.ndarray
@@ -103,8 +106,11 @@ class Plan:
             d = native.sequence(s)
             sequences.append(
                 SequencePlan(
-                    token_offset=int(d["token_offset"]),
-                    n=int(d["n"]),
+                    q_offset=int(d["q_offset"]),
+                    n_q=int(d["n_q"]),
+                    kv_offset=int(d["kv_offset"]),
+                    n_k=int(d["n_k"]),
+                    first_row=int(d["first_row"]),
                     num_blocks=int(d["num_blocks"]),
                     routes=[ROUTE_NAMES[int(r)] for r in d["route"]],
                     c_struct=d["c_struct"],
@@ -135,7 +141,13 @@ class Plan:
 
     @property
     def cu_seqlens(self) -> List[int]:
-        return [s.token_offset for s in self.sequences] + [self.sequences[-1].token_offset + self.sequences[-1].n]
+        """cu_seqlens_q: the query rows of every sequence."""
+        return [s.q_offset for s in self.sequences] + [self.sequences[-1].q_offset + self.sequences[-1].n_q]
+
+    @property
+    def cu_seqlens_k(self) -> List[int]:
+        """The key offsets of every sequence."""
+        return [s.kv_offset for s in self.sequences] + [self.sequences[-1].kv_offset + self.sequences[-1].n_k]
 
     def __repr__(self) -> str:
         routes = {}

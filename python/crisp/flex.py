@@ -57,4 +57,4 @@ def block_mask(plan: Union[Plan, SequencePlan], block_size: Optional[int] = None
 
     return flex_attention.BlockMask.from_kv_blocks(
         t(np.ones((H, N), np.int32)), t(partial_indices), t(counts - 1), t(indices),
-        BLOCK_SIZE=seq.block_size, mask_mod=_causal, seq_lengths=(seq.n, seq.n))
+        BLOCK_SIZE=seq.block_size, mask_mod=_causal, seq_lengths=(seq.n_k, seq.n_k))

@@ -156,8 +156,11 @@ nb::dict sequence_to_dict(const crisp::SequencePlan& sp) {
     slash.append(to_numpy(std::vector<int32_t>(hp.slash), {hp.slash.size()}));
   }
   nb::dict d;
-  d["token_offset"] = sp.token_offset;
-  d["n"] = sp.n;
+  d["q_offset"] = sp.q_offset;
+  d["n_q"] = sp.n_q;
+  d["kv_offset"] = sp.kv_offset;
+  d["n_k"] = sp.n_k;
+  d["first_row"] = sp.first_row;
   d["num_blocks"] = sp.num_blocks;
   d["route"] = to_numpy(std::move(route), {H});
   d["c_struct"] = to_numpy(std::move(c_struct), {H});

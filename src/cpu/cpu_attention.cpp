@@ -44,8 +44,13 @@ CRISP_CPU_INLINE void attend_block_impl(const AttendInputs<T>& in, int64_t s, in
   const int B = in.plan.block_size;
   const SequencePlan& sp = in.plan.sequences[s];
   const HeadPlan& head = sp.heads[h];
-  const int64_t n = sp.n;
-  const int64_t row_begin = rules::block_begin(r, B);
+  const int64_t n = sp.n_k;
+  // §11: the block's queries start at position row_begin (later than rB in a chunk's first block);
+  // position p is query row q_offset + p - first_position.
+  const int64_t row_begin = rules::row_query_begin(r, B, n, sp.n_q);
+  const int64_t first_position = rules::first_query_position(n, sp.n_q);
+  const int64_t q_row0 = sp.q_offset + row_begin - first_position;
+  const int skipped = static_cast<int>(row_begin - rules::block_begin(r, B));  // rows of block r before the first query
   const int rows = static_cast<int>(rules::block_end(r, B, n) - row_begin);
   const int rows_pad = static_cast<int>(round_up(rows, kRowBlock));
   const int64_t dpad = in.q.dpad;
@@ -54,8 +59,7 @@ CRISP_CPU_INLINE void attend_block_impl(const AttendInputs<T>& in, int64_t s, in
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
   scratch.q_tile.assign(static_cast<size_t>(rows_pad * dpad), T(0));
-  std::copy(in.q.row(h, sp.token_offset + row_begin), in.q.row(h, sp.token_offset + row_begin) + rows * dpad,
-            scratch.q_tile.data());
+  std::copy(in.q.row(h, q_row0), in.q.row(h, q_row0) + rows * dpad, scratch.q_tile.data());
   scratch.scores.assign(static_cast<size_t>(rows_pad) * B, T(0));
   scratch.acc.assign(static_cast<size_t>(rows_pad * dpad), T(0));
   scratch.row_max.assign(static_cast<size_t>(rows), kNegInf);
@@ -70,8 +74,8 @@ CRISP_CPU_INLINE void attend_block_impl(const AttendInputs<T>& in, int64_t s, in
     qk_tile(scratch.q_tile.data(), rows_pad, in.keys.tile(g, in.index.first_block[s] + c), dpad, B, scores, B);
     for (int i = 0; i < rows; ++i) {
       T* row = scores + static_cast<int64_t>(i) * B;
-      // Keys j < limit are visible: the whole block, or j <= i on the diagonal block.
-      const int limit = c == r ? i + 1 : cols;
+      // Keys j < limit are visible: the whole block, or j <= skipped + i on the diagonal block.
+      const int limit = c == r ? skipped + i + 1 : cols;
       T block_max = kNegInf;
 #pragma omp simd reduction(max : block_max)
       for (int j = 0; j < limit; ++j) block_max = std::max(block_max, row[j] * scale);
@@ -91,7 +95,7 @@ CRISP_CPU_INLINE void attend_block_impl(const AttendInputs<T>& in, int64_t s, in
 #pragma omp simd
       for (int64_t x = 0; x < dpad; ++x) acc_row[x] *= correction;
     }
-    pv_tile(scores, B, rows_pad, in.v.row(g, sp.token_offset + col_begin), cols, dpad, acc);
+    pv_tile(scores, B, rows_pad, in.v.row(g, sp.kv_offset + col_begin), cols, dpad, acc);
   }
 
   // Every row has its diagonal block (check_well_formed guarantees it), so row_sum > 0.
@@ -100,7 +104,7 @@ CRISP_CPU_INLINE void attend_block_impl(const AttendInputs<T>& in, int64_t s, in
     const T inv = T(1) / scratch.row_sum[i];
     T* acc_row = acc + i * dpad;
     for (int64_t x = 0; x < d; ++x) acc_row[x] *= inv;
-    const int64_t token = sp.token_offset + row_begin + i;
+    const int64_t token = q_row0 + i;
     store_row(in.out, h, token, d, acc_row);
     const double lse = static_cast<double>(scratch.row_max[i]) + std::log(static_cast<double>(scratch.row_sum[i]));
     store_row(in.lse, h, token, 1, &lse);
@@ -118,15 +122,16 @@ CRISP_CPU_CLONES void attend_block(const AttendInputs<double>& in, int64_t s, in
 
 template <typename T>
 void attend_all(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
-                const TensorView& out, const TensorView& lse, const Options& options) {
+                const BlockTable& block_table, const TensorView& out, const TensorView& lse, const Options& options) {
   const int threads = thread_count(options);
-  SeqLens cu;
-  cu.push_back(0);
-  for (const SequencePlan& sp : plan.sequences) cu.push_back(sp.token_offset + sp.n);
-  const BlockIndex index(cu, plan.block_size);
+  SeqLens cu_k;
+  cu_k.push_back(0);
+  for (const SequencePlan& sp : plan.sequences) cu_k.push_back(sp.kv_offset + sp.n_k);
+  const BlockIndex index(cu_k, plan.block_size);
+  const KeyRows key_rows{cu_k, block_table};
   const PackedRows<T> q_rows = pack_rows<T>(q, threads);
-  const PackedKeys<T> keys = pack_keys<T>(k, cu, index, threads);
-  const PackedRows<T> v_rows = pack_rows<T>(v, threads);
+  const PackedKeys<T> keys = pack_keys<T>(k, cu_k, index, key_rows, threads);
+  const PackedRows<T> v_rows = pack_key_rows<T>(v, key_rows, threads);
   const AttendInputs<T> inputs{q_rows, keys, v_rows, plan, index, out, lse, q.heads() / k.heads()};
 
   // Work items (s, h, r), the longest rows (largest r, most blocks) first for load balance.
@@ -137,7 +142,7 @@ void attend_all(const TensorView& q, const TensorView& k, const TensorView& v, c
   std::vector<Item> items;
   for (int64_t s = 0; s < static_cast<int64_t>(plan.sequences.size()); ++s)
     for (int64_t h = 0; h < q.heads(); ++h)
-      for (int32_t r = 0; r < plan.sequences[s].num_blocks; ++r) items.push_back({s, h, r});
+      for (int32_t r = plan.sequences[s].first_row; r < plan.sequences[s].num_blocks; ++r) items.push_back({s, h, r});
   std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
     const HeadPlan& ha = plan.sequences[a.s].heads[a.h];
     const HeadPlan& hb = plan.sequences[b.s].heads[b.h];
@@ -160,11 +165,11 @@ void attend_all(const TensorView& q, const TensorView& k, const TensorView& v, c
 namespace detail {
 
 void cpu_attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
-                const TensorView& out, const TensorView& lse, const Options& options) {
+                const BlockTable& block_table, const TensorView& out, const TensorView& lse, const Options& options) {
   if (options.precision == Precision::f64) {
-    cpu::attend_all<double>(q, k, v, plan, out, lse, options);
+    cpu::attend_all<double>(q, k, v, plan, block_table, out, lse, options);
   } else {
-    cpu::attend_all<float>(q, k, v, plan, out, lse, options);
+    cpu::attend_all<float>(q, k, v, plan, block_table, out, lse, options);
   }
 }
 

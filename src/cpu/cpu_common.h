@@ -12,6 +12,7 @@
 
 #include "common/fast_exp.h"
 #include "common/half.h"
+#include "common/kv_rows.h"
 #include "crisp/crisp.h"
 #include "crisp/tensor.h"
 
@@ -152,8 +153,21 @@ struct PackedKeys {
   }
 };
 
+// The K/V row of key position j of sequence s (src/common/kv_rows.h): contiguous rows from
+// cu_k[s], or through the block table (a host table: the API checked its page ids).
+struct KeyRows {
+  const SeqLens& cu_k;
+  const BlockTable& table;
+  int64_t operator()(int64_t s, int64_t j) const {
+    const int32_t* table_row = table.empty() ? nullptr : table.data + s * table.max_pages_per_sequence;
+    return kv_rows::key_row(cu_k[s], table_row, table.page_size, j);
+  }
+};
+
+// K packed per sequence and key block; cu holds the key offsets (cu_seqlens_k).
 template <typename T>
-PackedKeys<T> pack_keys(const TensorView& k, const SeqLens& cu, const BlockIndex& index, int threads) {
+PackedKeys<T> pack_keys(const TensorView& k, const SeqLens& cu, const BlockIndex& index, const KeyRows& rows,
+                        int threads) {
   PackedKeys<T> packed;
   const int64_t d = k.dim();
   packed.dpad = round_up(d, kDimAlign);
@@ -173,12 +187,12 @@ PackedKeys<T> pack_keys(const TensorView& k, const SeqLens& cu, const BlockIndex
     const int64_t g = i / per_head;
     const int64_t s = items[i % per_head].first;
     const int32_t c = items[i % per_head].second;
-    const int64_t begin = cu[s] + static_cast<int64_t>(c) * B;
-    const int64_t end = std::min(begin + B, cu[s + 1]);
+    const int64_t begin = static_cast<int64_t>(c) * B;
+    const int64_t end = std::min(begin + B, cu[s + 1] - cu[s]);
     T* tile = packed.data.data() + ((g * packed.total_blocks + index.first_block[s] + c) * packed.dpad) * B;
     std::vector<T> row(static_cast<size_t>(d));
     for (int64_t t = begin; t < end; ++t) {
-      load_row(k, g, t, d, row.data());
+      load_row(k, g, rows(s, t), d, row.data());
       const int64_t j = t - begin;
       for (int64_t x = 0; x < d; ++x) tile[x * B + j] = row[x];
     }
@@ -210,6 +224,25 @@ PackedRows<T> pack_rows(const TensorView& view, int threads) {
     const int64_t end = std::min(begin + kRowsPerItem, packed.tokens);
     for (int64_t t = begin; t < end; ++t)
       load_row(view, h, t, view.dim(), packed.data.data() + (h * packed.tokens + t) * packed.dpad);
+  });
+  return packed;
+}
+
+// V (or K) packed in the sequences' key order: [heads][cu_k.back()][dpad], row cu_k[s] + j holding
+// key position j of sequence s. Contiguous K/V is packed as it lies; paged K/V is gathered.
+template <typename T>
+PackedRows<T> pack_key_rows(const TensorView& view, const KeyRows& rows, int threads) {
+  if (rows.table.empty()) return pack_rows<T>(view, threads);
+  PackedRows<T> packed;
+  const SeqLens& cu = rows.cu_k;
+  packed.tokens = cu.back();
+  packed.dpad = round_up(view.dim(), kDimAlign);
+  packed.data.assign(static_cast<size_t>(view.heads() * packed.tokens * packed.dpad), T(0));
+  const int64_t sequences = static_cast<int64_t>(cu.size()) - 1;
+  parallel_for(view.heads() * sequences, threads, [&](int64_t i) {
+    const int64_t h = i / sequences, s = i % sequences;
+    for (int64_t j = 0; j < cu[s + 1] - cu[s]; ++j)
+      load_row(view, h, rows(s, j), view.dim(), packed.data.data() + (h * packed.tokens + cu[s] + j) * packed.dpad);
   });
   return packed;
 }

@@ -24,19 +24,18 @@
 namespace crisp {
 namespace detail {
 
-HeadPlan make_dense_head(int32_t num_blocks) {
+HeadPlan make_dense_head(int32_t num_blocks, int32_t first_row) {
   HeadPlan head;
   head.route = Route::dense;
   head.c_struct = std::numeric_limits<double>::quiet_NaN();
   head.jsd = std::numeric_limits<double>::quiet_NaN();
-  head.row_ptr.resize(static_cast<size_t>(num_blocks) + 1);
-  head.col.reserve(static_cast<size_t>(rules::causal_blocks(num_blocks)));
-  head.row_ptr[0] = 0;
-  for (int32_t r = 0; r < num_blocks; ++r) {
+  head.row_ptr.assign(static_cast<size_t>(num_blocks) + 1, 0);
+  head.col.reserve(static_cast<size_t>(rules::causal_blocks_of_rows(first_row, num_blocks)));
+  for (int32_t r = first_row; r < num_blocks; ++r) {
     for (int32_t c = 0; c <= r; ++c) head.col.push_back(c);
     head.row_ptr[r + 1] = static_cast<int32_t>(head.col.size());
   }
-  head.density = num_blocks > 0 ? rules::density(static_cast<int64_t>(head.col.size()), num_blocks) : 1.0;
+  head.density = 1.0;
   return head;
 }
 
@@ -56,7 +55,8 @@ struct PlanInputs {
   const TensorView& q;
   const TensorView& k;
   const PlanParams& params;
-  const SeqLens& cu;
+  const std::vector<SequencePlan>& shapes;  // offsets and lengths of every sequence (§11)
+  const KeyRows& key_rows;
   const BlockIndex& index;
   const PackedKeys<T>& keys;
   double scale;
@@ -89,19 +89,21 @@ struct ProxyMasses {
 template <typename T>
 ProxyMasses proxy_map(const PlanInputs<T>& in, int64_t s, int64_t h, std::vector<T>& proxy_queries) {
   const int B = in.params.block_size;
-  const int64_t offset = in.cu[s];
-  const int64_t n = in.cu[s + 1] - offset;
+  const SequencePlan& shape = in.shapes[s];
+  const int64_t n = shape.n_k;
   const int32_t N = rules::num_blocks(n, B);
-  const int64_t L = rules::proxy_rows(n, B);
+  const int64_t L = rules::proxy_rows(shape.n_q, B);
   const int64_t g = h / in.group;
   const int64_t d = in.q.dim();
   const int64_t dpad = in.keys.dpad;
 
-  // The L proxy queries, zero padded to whole chunks.
+  // The L proxy queries (the last of the call's queries), zero padded to whole chunks.
   const int64_t rows_alloc = round_up(L, kProxyRowsPerChunk);
   proxy_queries.assign(static_cast<size_t>(rows_alloc * dpad), T(0));
+  const int64_t first_position = rules::first_query_position(n, shape.n_q);
   for (int64_t i = 0; i < L; ++i)
-    load_row(in.q, h, offset + rules::proxy_position(n, L, i), d, proxy_queries.data() + i * dpad);
+    load_row(in.q, h, shape.q_offset + rules::proxy_position(n, L, i) - first_position, d,
+             proxy_queries.data() + i * dpad);
 
   ProxyMasses m;
   m.v.assign(static_cast<size_t>(n), 0.0);
@@ -153,20 +155,21 @@ ProxyMasses proxy_map(const PlanInputs<T>& in, int64_t s, int64_t h, std::vector
   return m;
 }
 
-// Block means (true length of a partial block) of rows [offset, offset + n) of head h, summed in
-// double: [N][dpad].
-template <typename T>
-std::vector<T> block_means(const TensorView& view, int64_t h, int64_t offset, int64_t n, int B, int64_t dpad) {
+// Block means (true length of a partial block) of positions [first, n) of head h, position t at
+// row row_of(t) of the view, summed in double: [N][dpad] (blocks before first's block stay zero).
+template <typename T, typename RowOf>
+std::vector<T> block_means(const TensorView& view, int64_t h, int64_t first, int64_t n, int B, int64_t dpad,
+                           RowOf row_of) {
   const int32_t N = rules::num_blocks(n, B);
   const int64_t d = view.dim();
   std::vector<T> means(static_cast<size_t>(N * dpad), T(0));
   std::vector<double> sum(static_cast<size_t>(d));
   std::vector<double> row(static_cast<size_t>(d));
-  for (int32_t b = 0; b < N; ++b) {
+  for (int32_t b = static_cast<int32_t>(first / B); b < N; ++b) {
     std::fill(sum.begin(), sum.end(), 0.0);
-    const int64_t begin = rules::block_begin(b, B), end = rules::block_end(b, B, n);
+    const int64_t begin = std::max(rules::block_begin(b, B), first), end = rules::block_end(b, B, n);
     for (int64_t t = begin; t < end; ++t) {
-      load_row(view, h, offset + t, d, row.data());
+      load_row(view, h, row_of(t), d, row.data());
       for (int64_t x = 0; x < d; ++x) sum[x] += row[x];
     }
     const double inv = 1.0 / static_cast<double>(end - begin);
@@ -317,20 +320,27 @@ std::vector<int32_t> flagged(const std::vector<char>& flags) {
 
 // §4 global coverage or the row floor over the block-causal softmax of block means; returns the
 // kept flags of the causal entries, row r at r (r + 1) / 2.
+// A chunk (§11) has entries only in its rows first_row .. N-1: the walk covers those, with the
+// coverage target of that many rows.
 template <typename T>
 std::vector<char> pe_entries(const PlanInputs<T>& in, int64_t s, int64_t h, const std::vector<T>& key_means) {
   const int B = in.params.block_size;
-  const int64_t offset = in.cu[s];
-  const int64_t n = in.cu[s + 1] - offset;
+  const SequencePlan& shape = in.shapes[s];
+  const int64_t n = shape.n_k;
   const int32_t N = rules::num_blocks(n, B);
+  const int32_t first_row = shape.first_row;
   const int64_t dpad = in.keys.dpad;
-  const std::vector<T> query_means = block_means<T>(in.q, h, offset, n, B, dpad);
+  const int64_t first_position = rules::first_query_position(n, shape.n_q);
+  const std::vector<T> query_means = block_means<T>(in.q, h, first_position, n, B, dpad, [&](int64_t t) {
+    return shape.q_offset + t - first_position;
+  });
 
   const int64_t entries = rules::causal_blocks(N);
-  std::vector<double> prob(static_cast<size_t>(entries));
+  const int64_t first_entry = rules::causal_blocks(first_row);
+  std::vector<double> prob(static_cast<size_t>(entries), 0.0);
   std::vector<T> logits(N);
-  int64_t e = 0;
-  for (int32_t r = 0; r < N; ++r) {
+  int64_t e = first_entry;
+  for (int32_t r = first_row; r < N; ++r) {
     T max_logit = -std::numeric_limits<T>::infinity();
     for (int32_t c = 0; c <= r; ++c) {
       logits[c] = static_cast<T>(in.scale) * dot(query_means.data() + r * dpad, key_means.data() + c * dpad, dpad);
@@ -347,9 +357,10 @@ std::vector<char> pe_entries(const PlanInputs<T>& in, int64_t s, int64_t h, cons
   std::vector<char> keep(static_cast<size_t>(entries), 0);
   if (select::pe_walks(in.params)) {
     // Entry order e = r (r + 1) / 2 + c ranks ties like the spec's r N + c.
-    ranked_walk(prob.data(), 0, entries, select::pe_walk(in.params, N), [&](int64_t kept) { keep[kept] = 1; });
+    ranked_walk(prob.data(), first_entry, entries, select::pe_walk(in.params, N - first_row),
+                [&](int64_t kept) { keep[kept] = 1; });
   } else {
-    for (int32_t r = 0; r < N; ++r)
+    for (int32_t r = first_row; r < N; ++r)
       for (int64_t c = 0; c <= r; ++c) {
         const int64_t entry = rules::causal_blocks(r) + c;
         keep[entry] = select::pe_floor_keeps(in.params, r, prob[entry]);
@@ -359,28 +370,28 @@ std::vector<char> pe_entries(const PlanInputs<T>& in, int64_t s, int64_t h, cons
 }
 
 // The layout's CSR of one head from its side flags and PE entries (empty for VS heads).
-void layout_rows(const PlanParams& params, int32_t route, int32_t N, const std::vector<char>& vertical,
+void layout_rows(const PlanParams& params, int32_t route, int32_t N, int32_t first_row, const std::vector<char>& vertical,
                  const std::vector<char>& slash, const std::vector<char>& pe, HeadPlan& head) {
   const std::vector<char> no_pe(N, 0);
-  head.row_ptr.resize(static_cast<size_t>(N) + 1);
-  head.row_ptr[0] = 0;
-  for (int32_t r = 0; r < N; ++r) {
+  head.row_ptr.assign(static_cast<size_t>(N) + 1, 0);
+  for (int32_t r = first_row; r < N; ++r) {
     const char* pe_row = pe.empty() ? no_pe.data() : pe.data() + rules::causal_blocks(r);
     for (int32_t kb = 0; kb <= r; ++kb)
       if (select::layout_keeps(params, route, r, kb, vertical, slash, pe_row)) head.col.push_back(kb);
     head.row_ptr[r + 1] = static_cast<int32_t>(head.col.size());
   }
-  head.density = rules::density(static_cast<int64_t>(head.col.size()), N);
+  head.density = rules::density_of_rows(static_cast<int64_t>(head.col.size()), first_row, N);
 }
 
 template <typename T>
 HeadPlan plan_head(const PlanInputs<T>& in, int64_t s, int64_t h) {
   const PlanParams& params = in.params;
   const int B = params.block_size;
-  const int64_t offset = in.cu[s];
-  const int64_t n = in.cu[s + 1] - offset;
-  const int32_t N = rules::num_blocks(n, B);
-  if (!select::estimates(params, n)) return detail::make_dense_head(N);
+  const SequencePlan& shape = in.shapes[s];
+  const int64_t n = shape.n_k;
+  const int32_t N = shape.num_blocks;
+  if (!select::estimates(params, n)) return detail::make_dense_head(N, shape.first_row);
+  const auto key_row = [&](int64_t t) { return in.key_rows(s, t); };
 
   HeadPlan head;
   std::vector<T> proxy_queries;
@@ -389,8 +400,8 @@ HeadPlan plan_head(const PlanInputs<T>& in, int64_t s, int64_t h) {
 
   std::vector<T> key_means;
   if (select::needs_jsd(params)) {
-    key_means = block_means<T>(in.k, h / in.group, offset, n, B, in.keys.dpad);
-    head.jsd = js_distance(in, proxy_queries, rules::proxy_rows(n, B), key_means, masses.pv);
+    key_means = block_means<T>(in.k, h / in.group, 0, n, B, in.keys.dpad, key_row);
+    head.jsd = js_distance(in, proxy_queries, rules::proxy_rows(shape.n_q, B), key_means, masses.pv);
   }
   const int32_t route = select::decide_route(params, head.c_struct, head.jsd, n);
   head.route = route == rules::kRoutePe ? Route::pe : Route::vs;
@@ -403,15 +414,15 @@ HeadPlan plan_head(const PlanInputs<T>& in, int64_t s, int64_t h) {
 
   std::vector<char> pe;
   if (route == rules::kRoutePe) {
-    if (key_means.empty()) key_means = block_means<T>(in.k, h / in.group, offset, n, B, in.keys.dpad);
+    if (key_means.empty()) key_means = block_means<T>(in.k, h / in.group, 0, n, B, in.keys.dpad, key_row);
     pe = pe_entries(in, s, h, key_means);
   }
-  layout_rows(params, route, N, vertical.flags(), slash.flags(), pe, head);
+  layout_rows(params, route, N, shape.first_row, vertical.flags(), slash.flags(), pe, head);
   return head;
 }
 
 template <typename T>
-Plan plan_all(const TensorView& q, const TensorView& k, const Config& config, const SeqLens& cu,
+Plan plan_all(const TensorView& q, const TensorView& k, const Config& config, const Batch& batch,
               const Options& options) {
   const int threads = thread_count(options);
   Plan plan;
@@ -421,30 +432,27 @@ Plan plan_all(const TensorView& q, const TensorView& k, const Config& config, co
   plan.num_kv_heads = k.heads();
   plan.head_dim = q.dim();
   plan.softmax_scale = shape_rules::resolve_softmax_scale(config.softmax_scale, q.dim());
-  const int64_t sequences = static_cast<int64_t>(cu.size()) - 1;
   const int64_t Hq = q.heads();
-  plan.sequences.resize(static_cast<size_t>(sequences));
-  for (int64_t s = 0; s < sequences; ++s) {
-    SequencePlan& sp = plan.sequences[s];
-    sp.token_offset = cu[s];
-    sp.n = cu[s + 1] - cu[s];
-    sp.num_blocks = rules::num_blocks(sp.n, config.block_size);
-    sp.heads.resize(static_cast<size_t>(Hq));
-  }
+  plan.sequences = detail::sequence_shapes(batch, config.block_size);
+  const int64_t sequences = static_cast<int64_t>(plan.sequences.size());
+  for (SequencePlan& sp : plan.sequences) sp.heads.resize(static_cast<size_t>(Hq));
+  const std::vector<SequencePlan> shapes = plan.sequences;  // read by the tasks while heads are written
   const PlanParams params = plan_params(config);
   // Keys are packed only when some head estimates (the dense preset and short sequences do not).
   bool any_estimation = false;
   for (const SequencePlan& sp : plan.sequences)
-    any_estimation |= select::estimates(params, sp.n);
-  const BlockIndex index(cu, config.block_size);
+    any_estimation |= select::estimates(params, sp.n_k);
+  const SeqLens& cu_k = batch.cu_seqlens_k;
+  const BlockIndex index(cu_k, config.block_size);
+  const KeyRows key_rows{cu_k, batch.block_table};
   PackedKeys<T> keys;
   if (any_estimation) {
-    keys = pack_keys<T>(k, cu, index, threads);
+    keys = pack_keys<T>(k, cu_k, index, key_rows, threads);
   } else {
     keys.dpad = round_up(k.dim(), kDimAlign);
     keys.block = config.block_size;
   }
-  const PlanInputs<T> inputs{q, k, params, cu, index, keys, plan.softmax_scale, Hq / k.heads()};
+  const PlanInputs<T> inputs{q, k, params, shapes, key_rows, index, keys, plan.softmax_scale, Hq / k.heads()};
   parallel_for(sequences * Hq, threads, [&](int64_t task) {
     const int64_t s = task / Hq, h = task % Hq;
     plan.sequences[s].heads[h] = plan_head(inputs, s, h);
@@ -457,10 +465,10 @@ Plan plan_all(const TensorView& q, const TensorView& k, const Config& config, co
 
 namespace detail {
 
-Plan cpu_plan(const TensorView& q, const TensorView& k, const Config& config, const SeqLens& normalized_cu_seqlens,
+Plan cpu_plan(const TensorView& q, const TensorView& k, const Config& config, const Batch& normalized_batch,
               const Options& options) {
-  if (options.precision == Precision::f64) return cpu::plan_all<double>(q, k, config, normalized_cu_seqlens, options);
-  return cpu::plan_all<float>(q, k, config, normalized_cu_seqlens, options);
+  if (options.precision == Precision::f64) return cpu::plan_all<double>(q, k, config, normalized_batch, options);
+  return cpu::plan_all<float>(q, k, config, normalized_batch, options);
 }
 
 }  // namespace detail

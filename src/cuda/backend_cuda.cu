@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "crisp/cuda.h"
+#include "crisp/error.h"
 #include "cuda/cuda_check.h"
 
 namespace crisp {
@@ -12,8 +13,15 @@ namespace detail {
 
 bool cuda_backend_built() { return true; }
 
+void require_whole_prompts(const Batch& normalized_batch) {
+  if (!normalized_batch.whole_prompts())
+    throw Error("batch", "has queries over a KV prefix or paged K/V, not yet supported by the CUDA backend",
+                "whole prompts over contiguous K/V on CUDA (the CPU backend runs chunks and pages)");
+}
+
 void cuda_attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
-                 const TensorView& out, const TensorView& lse, const Options& options) {
+                 const BlockTable& block_table, const TensorView& out, const TensorView& lse, const Options& options) {
+  if (!block_table.empty()) require_whole_prompts(Batch({}, {}, block_table));
   // NOTE: a DevicePlan (one cudaMalloc + upload) per call keeps this synchronous entry point
   // simple; callers that run many times keep a crisp::cuda::DevicePlan and call attend_async.
   cuda::DevicePlan device_plan(plan, options.stream);
@@ -27,7 +35,9 @@ class CudaPlannedAttention final : public PlannedAttention {
  public:
   CudaPlannedAttention(const Config& config, const Options& options) : config_(config), options_(options) {}
 
-  void plan(const TensorView& q, const TensorView& k, const SeqLens& normalized_cu_seqlens) override {
+  void plan(const TensorView& q, const TensorView& k, const Batch& normalized_batch) override {
+    require_whole_prompts(normalized_batch);
+    const SeqLens& normalized_cu_seqlens = normalized_batch.cu_seqlens_q;
     // The device buffers are sized for one batch shape; a new shape needs new ones (the old are
     // freed first: cudaFree synchronises the device, as at any reshape).
     const bool same_shape = !plan_.empty() && plan_.num_q_heads() == q.heads() && plan_.num_kv_heads() == k.heads() &&

@@ -240,9 +240,12 @@ SeqLens cu_seqlens_of(const Plan& plan) {
   if (plan.sequences.empty()) throw Error("plan", "has no sequences", "at least one sequence");
   SeqLens cu{0};
   for (const auto& s : plan.sequences) {
-    if (s.token_offset != cu.back())
-      throw Error("plan", "sequence token offsets are not contiguous", "token_offset == sum of earlier n");
-    cu.push_back(s.token_offset + s.n);
+    if (s.n_q != s.n_k || s.kv_offset != s.q_offset)
+      throw Error("plan", "holds a chunk (queries over a KV prefix), not yet supported by the CUDA DevicePlan",
+                  "whole prompts (n_q == n_k) on the CUDA backend");
+    if (s.q_offset != cu.back())
+      throw Error("plan", "sequence token offsets are not contiguous", "q_offset == sum of earlier n");
+    cu.push_back(s.q_offset + s.n_k);
   }
   return cu;
 }
@@ -335,7 +338,7 @@ void DevicePlan::upload(const Plan& plan, void* stream_ptr) {
              static_cast<int64_t>(m.bases.size()));
   for (std::size_t s = 0; s < m.bases.size(); ++s) {
     const auto& sp = plan.sequences[s];
-    if (sp.token_offset != m.bases[s].token_offset || sp.n != m.bases[s].n ||
+    if (sp.q_offset != m.bases[s].token_offset || sp.n_k != m.bases[s].n || sp.n_q != sp.n_k ||
         sp.num_blocks != m.bases[s].num_blocks || static_cast<int64_t>(sp.heads.size()) != m.num_q_heads)
       throw Error("plan", "sequence " + std::to_string(s) + " does not match the DevicePlan's shape",
                   "token_offset " + std::to_string(m.bases[s].token_offset) + ", n " +
@@ -455,9 +458,12 @@ Plan DevicePlan::to_host(void* stream_ptr) const {
   for (std::size_t s = 0; s < m.bases.size(); ++s) {
     const auto& b = m.bases[s];
     SequencePlan& sp = plan.sequences[s];
-    sp.token_offset = b.token_offset;
-    sp.n = b.n;
+    sp.q_offset = b.token_offset;
+    sp.n_q = b.n;
+    sp.kv_offset = b.token_offset;
+    sp.n_k = b.n;
     sp.num_blocks = b.num_blocks;
+    sp.first_row = 0;
     sp.heads.resize(H);
     for (int64_t h = 0; h < H; ++h) {
       HeadPlan& hp = sp.heads[h];

@@ -811,9 +811,10 @@ void cuda_detail::release_planner_workspace(const void* key) noexcept {
 
 namespace detail {
 
-Plan cuda_plan(const TensorView& q, const TensorView& k, const Config& config, const SeqLens& normalized_cu_seqlens,
+Plan cuda_plan(const TensorView& q, const TensorView& k, const Config& config, const Batch& normalized_batch,
                const Options& options) {
-  cuda::DevicePlan plan(q.heads(), k.heads(), q.dim(), normalized_cu_seqlens, config);
+  require_whole_prompts(normalized_batch);
+  cuda::DevicePlan plan(q.heads(), k.heads(), q.dim(), normalized_batch.cu_seqlens_q, config);
   cuda_detail::planner::PlanWorkspace workspace;
   const cudaStream_t stream = static_cast<cudaStream_t>(options.stream);
   cuda_detail::planner::plan_on_device(q, k, config, plan, workspace, stream);

@@ -14,14 +14,16 @@ namespace {
 
 bool cuda_backend_built() { return false; }
 
-Plan cuda_plan(const TensorView&, const TensorView&, const Config&, const SeqLens&, const Options&) {
+Plan cuda_plan(const TensorView&, const TensorView&, const Config&, const Batch&, const Options&) {
   throw_unavailable("q");
 }
 
-void cuda_attend(const TensorView&, const TensorView&, const TensorView&, const Plan&,
+void cuda_attend(const TensorView&, const TensorView&, const TensorView&, const Plan&, const BlockTable&,
                  const TensorView&, const TensorView&, const Options&) {
   throw_unavailable("q");
 }
+
+void require_whole_prompts(const Batch&) {}
 
 std::unique_ptr<PlannedAttention> make_cuda_planned_attention(const Config&, const Options&) {
   throw_unavailable("q");

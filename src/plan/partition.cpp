@@ -38,6 +38,8 @@ void check_partition_args(int64_t n, int block_size, CpPartition partition, int 
 const SequencePlan& single_sequence(const Plan& plan) {
   if (plan.sequences.size() != 1)
     throw Error("plan", "has " + std::to_string(plan.sequences.size()) + " sequences", "exactly one");
+  if (plan.sequences[0].n_q != plan.sequences[0].n_k)
+    throw Error("plan", "holds a chunk (queries over a KV prefix)", "a whole prompt (context parallelism splits one prompt)");
   return plan.sequences[0];
 }
 
@@ -107,7 +109,7 @@ std::vector<int64_t> cp_causal_blocks_per_rank(int64_t n, int block_size, CpPart
 
 std::vector<int64_t> cp_plan_nnz_per_rank(const Plan& plan, CpPartition partition, int world) {
   const SequencePlan& seq = single_sequence(plan);
-  check_partition_args(seq.n, plan.block_size, partition, world);
+  check_partition_args(seq.n_k, plan.block_size, partition, world);
   std::vector<int64_t> work(static_cast<std::size_t>(world), 0);
   for (const HeadPlan& head : seq.heads) {
     if (head.row_ptr.size() != static_cast<std::size_t>(seq.num_blocks) + 1)
@@ -120,7 +122,7 @@ std::vector<int64_t> cp_plan_nnz_per_rank(const Plan& plan, CpPartition partitio
 
 Plan cp_rows_of_rank(const Plan& plan, CpPartition partition, int rank, int world) {
   const SequencePlan& seq = single_sequence(plan);
-  check_partition_args(seq.n, plan.block_size, partition, world);
+  check_partition_args(seq.n_k, plan.block_size, partition, world);
   if (rank < 0 || rank >= world)
     throw Error("rank", "is " + std::to_string(rank), "in [0, " + std::to_string(world) + ")");
   plan.check_well_formed();

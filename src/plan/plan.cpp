@@ -16,7 +16,7 @@ double Plan::density() const {
   double computed = 0.0;
   double causal = 0.0;
   for (const SequencePlan& seq : sequences) {
-    const double blocks = static_cast<double>(rules::causal_blocks(seq.num_blocks));
+    const double blocks = static_cast<double>(rules::causal_blocks_of_rows(seq.first_row, seq.num_blocks));
     for (const HeadPlan& head : seq.heads) {
       computed += head.density * blocks;
       causal += blocks;
@@ -63,11 +63,16 @@ void Plan::check_well_formed() const {
   const int32_t cover = rules::code_of(config.slash_cover);
   for (size_t s = 0; s < sequences.size(); ++s) {
     const SequencePlan& seq = sequences[s];
-    if (seq.n < 0 || seq.num_blocks != rules::num_blocks(seq.n, block_size))
+    if (seq.n_k < 0 || seq.num_blocks != rules::num_blocks(seq.n_k, block_size))
       throw Error("plan",
                   "sequence " + std::to_string(s) + ": num_blocks " + std::to_string(seq.num_blocks) +
-                      " does not match n = " + std::to_string(seq.n) + " at block size " + std::to_string(block_size),
-                  "num_blocks = ceil(n / block_size)");
+                      " does not match n_k = " + std::to_string(seq.n_k) + " at block size " + std::to_string(block_size),
+                  "num_blocks = ceil(n_k / block_size)");
+    if (seq.n_q < 1 || seq.n_q > seq.n_k || seq.first_row != rules::first_query_block(seq.n_k, seq.n_q, block_size))
+      throw Error("plan",
+                  "sequence " + std::to_string(s) + ": n_q = " + std::to_string(seq.n_q) + ", n_k = " +
+                      std::to_string(seq.n_k) + ", first_row = " + std::to_string(seq.first_row),
+                  "1 <= n_q <= n_k and first_row = (n_k - n_q) / block_size");
     if (static_cast<int64_t>(seq.heads.size()) != num_q_heads)
       throw Error("plan",
                   "sequence " + std::to_string(s) + " has " + std::to_string(seq.heads.size()) + " heads",
@@ -101,6 +106,10 @@ void Plan::check_well_formed() const {
         const std::string row = "row " + std::to_string(r) + ": ";
         if (end < begin || begin < 0 || static_cast<size_t>(end) > col.size())
           fail(s, h, row + "row_ptr not monotone or out of bounds");
+        if (r < seq.first_row) {
+          if (end != begin) fail(s, h, row + "lists blocks but holds no query (first_row = " + std::to_string(seq.first_row) + ")");
+          continue;
+        }
         if (end == begin) fail(s, h, row + "empty row");
         for (int32_t i = begin; i < end; ++i) {
           const int32_t c = col[static_cast<size_t>(i)];
@@ -126,9 +135,10 @@ void Plan::check_well_formed() const {
       }
 
       if (N > 0) {
-        const double expected = rules::density(static_cast<int64_t>(col.size()), N);
+        const double expected = rules::density_of_rows(static_cast<int64_t>(col.size()), seq.first_row, N);
         if (!(std::fabs(head.density - expected) <= 1e-12))
-          fail(s, h, "density " + std::to_string(head.density) + " differs from nnz/(N(N+1)/2) = " + std::to_string(expected));
+          fail(s, h, "density " + std::to_string(head.density) + " differs from nnz / (causal blocks of its rows) = " +
+                         std::to_string(expected));
       }
     }
   }

@@ -49,12 +49,31 @@ CRISP_HD int64_t block_end(int32_t b, int32_t block, int64_t n) {
   const int64_t e = static_cast<int64_t>(b + 1) * block;
   return e < n ? e : n;
 }
-// §1: L = min(B, n) last queries; query i of the proxy sits at p_i = n - L + i.
-CRISP_HD int64_t proxy_rows(int64_t n, int32_t block) { return n < block ? n : block; }
-CRISP_HD int64_t proxy_position(int64_t n, int64_t L, int64_t i) { return n - L + i; }
+// §1: L = min(B, n_q) last queries; query i of the proxy sits at p_i = n_k - L + i. For a whole
+// prompt n_q = n_k = n; a chunk has only its own n_q queries (§11).
+CRISP_HD int64_t proxy_rows(int64_t n_q, int32_t block) { return n_q < block ? n_q : block; }
+CRISP_HD int64_t proxy_position(int64_t n_k, int64_t L, int64_t i) { return n_k - L + i; }
 // Number of causal blocks: N (N + 1) / 2.
 CRISP_HD int64_t causal_blocks(int32_t N) { return static_cast<int64_t>(N) * (N + 1) / 2; }
 CRISP_HD double density(int64_t nnz, int32_t N) { return static_cast<double>(nnz) / static_cast<double>(causal_blocks(N)); }
+
+// ---------------------------------------------------------------- §11 queries over a KV prefix
+// The queries are the last n_q of n_k positions. Blocks stay numbered by position, so the rows of
+// a chunk are rows first_row .. N-1 of the whole prompt's grid.
+CRISP_HD int32_t first_query_block(int64_t n_k, int64_t n_q, int32_t block) {
+  return static_cast<int32_t>((n_k - n_q) / block);
+}
+// Position of the first query: the rows of block r hold positions [max(rB, first), min((r+1)B, n_k)).
+CRISP_HD int64_t first_query_position(int64_t n_k, int64_t n_q) { return n_k - n_q; }
+CRISP_HD int64_t row_query_begin(int32_t r, int32_t block, int64_t n_k, int64_t n_q) {
+  const int64_t b = block_begin(r, block), first = first_query_position(n_k, n_q);
+  return b > first ? b : first;
+}
+// Causal blocks of rows first_row .. N-1, and the density over them.
+CRISP_HD int64_t causal_blocks_of_rows(int32_t first_row, int32_t N) { return causal_blocks(N) - causal_blocks(first_row); }
+CRISP_HD double density_of_rows(int64_t nnz, int32_t first_row, int32_t N) {
+  return static_cast<double>(nnz) / static_cast<double>(causal_blocks_of_rows(first_row, N));
+}
 
 // ---------------------------------------------------------------- §7 short sequences
 // Dense when there is nothing to select (N <= 2), when FlexPrefill's rule applies

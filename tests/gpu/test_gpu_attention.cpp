@@ -151,8 +151,10 @@ TEST(GpuDevicePlan, UploadThenToHostReturnsThePlan) {
   for (std::size_t s = 0; s < plan.sequences.size(); ++s) {
     const auto& a = plan.sequences[s];
     const auto& b = back.sequences[s];
-    EXPECT_EQ(a.token_offset, b.token_offset);
-    EXPECT_EQ(a.n, b.n);
+    EXPECT_EQ(a.q_offset, b.q_offset);
+    EXPECT_EQ(a.n_q, b.n_q);
+    EXPECT_EQ(a.kv_offset, b.kv_offset);
+    EXPECT_EQ(a.n_k, b.n_k);
     EXPECT_EQ(a.num_blocks, b.num_blocks);
     ASSERT_EQ(a.heads.size(), b.heads.size());
     for (std::size_t h = 0; h < a.heads.size(); ++h) {

@@ -68,11 +68,13 @@ void expect_same_plan(const crisp::Plan& gpu, const crisp::Plan& cpu, const char
   for (std::size_t s = 0; s < cpu.sequences.size(); ++s) {
     const auto& gs = gpu.sequences[s];
     const auto& cs = cpu.sequences[s];
-    ASSERT_EQ(gs.n, cs.n);
+    ASSERT_EQ(gs.n_k, cs.n_k);
+    ASSERT_EQ(gs.n_q, cs.n_q);
+    ASSERT_EQ(gs.first_row, cs.first_row);
     ASSERT_EQ(gs.num_blocks, cs.num_blocks);
     ASSERT_EQ(gs.heads.size(), cs.heads.size());
     for (std::size_t h = 0; h < cs.heads.size(); ++h) {
-      SCOPED_TRACE(std::string(reference) + ": sequence " + std::to_string(s) + " (n " + std::to_string(cs.n) +
+      SCOPED_TRACE(std::string(reference) + ": sequence " + std::to_string(s) + " (n_q " + std::to_string(cs.n_q) + " of n_k " + std::to_string(cs.n_k) +
                    "), head " + std::to_string(h));
       const auto& g = gs.heads[h];
       const auto& c = cs.heads[h];

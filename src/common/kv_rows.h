@@ -1,0 +1,24 @@
+// src/common/kv_rows.h — where key position j of a sequence lives in the K/V views (spec §11),
+// written once for every backend: contiguous K/V hold it at row kv_offset + j; paged K/V (a
+// crisp::BlockTable, vLLM / FlashInfer "NHD" pages) at row page * page_size + j % page_size of
+// the page pool, page = the sequence's table row at j / page_size.
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define CRISP_KV_HD __host__ __device__ __forceinline__
+#else
+#define CRISP_KV_HD inline
+#endif
+
+namespace crisp {
+namespace kv_rows {
+
+// table_row: the sequence's row of the block table, or null for contiguous K/V.
+CRISP_KV_HD int64_t key_row(int64_t kv_offset, const int32_t* table_row, int64_t page_size, int64_t j) {
+  if (table_row == nullptr) return kv_offset + j;
+  return static_cast<int64_t>(table_row[j / page_size]) * page_size + j % page_size;
+}
+
+}  // namespace kv_rows
+}  // namespace crisp
