@@ -40,6 +40,9 @@ std::vector<layout::SequenceBases> sequence_bases(const SeqLens& cu_seqlens, int
     layout::SequenceBases b{};
     b.token_offset = cu_seqlens[s];
     b.n = n;
+    b.n_q = n;  // TODO(issue 16): chunks (n_q < n) and kv_offset from a Batch
+    b.kv_offset = cu_seqlens[s];
+    b.first_row = 0;
     b.num_blocks = rules::num_blocks(n, block_size);
     b.block_base = block_base;
     b.row_ptr_base = row_ptr_base;

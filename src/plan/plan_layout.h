@@ -17,8 +17,11 @@ namespace layout {
 // Per-sequence bases, computed on the host from cu_seqlens (sequence lengths are host-known
 // shapes, like tensor shapes) and copied to the device once per batch shape.
 struct SequenceBases {
-  int64_t token_offset;   // first token of the sequence
-  int64_t n;              // tokens
+  int64_t token_offset;   // first QUERY row of the sequence in q / out / lse (cu_seqlens_q[s])
+  int64_t n;              // keys, n_k: the queries sit at positions n - n_q .. n - 1 (spec §11)
+  int64_t n_q;            // queries (n_q == n for a whole prompt)
+  int64_t kv_offset;      // first key of the sequence (cu_seqlens_k[s]): a row of k / v unless paged
+  int32_t first_row;      // (n - n_q) / B: rows before it hold no query and stay empty
   int32_t num_blocks;     // N
   int64_t block_base;     // sum of N over earlier sequences (for [slot][N] arrays: slot base = block_base*H + h*N)
   int64_t row_ptr_base;   // sum of (N+1) over earlier sequences
