@@ -621,40 +621,16 @@ void register_eval_niah(CLI::App& eval) {
       "InfiniteBench passkey / kv_retrieval, and needles in real prose, generated from a seed at token-budgeted "
       "lengths and depths; greedy decoding, official scoring (substring match, first integer, word match)");
   crisp_cli::add_model_option(sub, &args->model_path);
-  sub->add_option("--tasks", args->tasks,
-                  "Tasks (default all): niah_single, niah_multikey, niah_all_needles, passkey, kv_retrieval, "
-                  "niah_prose")
-      ->delimiter(',');
-  sub->add_option("--lengths", args->lengths,
-                  "Token budgets: prompt (chat template included) + --max-new-tokens <= length")
-      ->delimiter(',')
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{64}, int64_t{1} << 22));
-  CLI::Option* depths = sub->add_option("--depths", args->depths, "Depths of the asked needle, fractions of the haystack in [0, 1]")
-      ->delimiter(',')
-      ->capture_default_str();
-  CLI::Option* seeds = sub->add_option("--seeds", args->seeds, "Samples per (task, length, depth), seeds --seed, --seed+1, ...")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
-  CLI::Option* seed = sub->add_option("--seed", args->seed, "First seed")->capture_default_str();
-  crisp_cli::add_split_options(sub, &args->split, &args->splits_path, depths, seeds, seed);
+  crisp_cli::add_niah_grid_options(sub, {&args->tasks, &args->lengths, &args->depths, &args->seeds, &args->seed,
+                                          &args->split, &args->splits_path, &args->prose_path, &args->max_new_tokens,
+                                          &args->rope_scaling});
   sub->add_option("--policies", args->policies, "Attention policies, comma-separated: presets, or a preset with overrides as "
                   "PRESET:key=value[:key=value...] (e.g. crisp:routing=cstruct_rel:rho=2.2); dense is run first")
       ->delimiter(',')
       ->capture_default_str();
-  sub->add_option("--max-new-tokens", args->max_new_tokens,
-                  "Most greedy tokens per answer (default per task: niah 32, passkey 16, kv_retrieval 48); "
-                  "generation stops earlier once the score is decided")
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   sub->add_flag("--no-answer-prefix", args->no_answer_prefix,
                 "Do not start the assistant turn with the task's answer prefix (RULER's \"The special magic number "
                 "for K ... is\")");
-  sub->add_option("--rope-scaling", args->rope_scaling,
-                  "RoPE scaling: auto (YaRN with the smallest integer factor for lengths past the trained context, "
-                  "none below), none, linear, ntk, yarn; any scaling is beyond the model's training and flagged")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "none", "linear", "ntk", "yarn"}));
-  crisp_cli::add_prose_option(sub, &args->prose_path, "long_qa_prompts.json, the real-prose haystack of niah_prose");
   sub->add_option("--json", args->json_path, "Write settings, rows and every sample's outputs as JSON here "
                                              "(rewritten after each sample)");
   crisp_cli::add_threads_option(*sub, args->threads);

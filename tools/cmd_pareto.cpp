@@ -214,25 +214,9 @@ void register_eval_pareto(CLI::App& eval) {
       ->capture_default_str()
       ->check(CLI::Range(0.01, 1.0));
   crisp_cli::add_model_option(sub, &args->model_path);
-  sub->add_option("--tasks", args->tasks, "NIAH tasks (see crisp eval niah --help)")->delimiter(',')->capture_default_str();
-  sub->add_option("--lengths", args->lengths, "Token budgets (prompt + answer)")
-      ->delimiter(',')
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{64}, int64_t{1} << 22));
-  CLI::Option* depths = sub->add_option("--depths", args->depths, "Depths of the asked needle in [0, 1]")
-                            ->delimiter(',')
-                            ->capture_default_str();
-  CLI::Option* seeds = sub->add_option("--seeds", args->seeds, "Samples per (task, length, depth)")
-                           ->capture_default_str()
-                           ->check(CLI::Range(int64_t{1}, int64_t{1000}));
-  CLI::Option* seed = sub->add_option("--seed", args->seed, "First seed")->capture_default_str();
-  crisp_cli::add_split_options(sub, &args->split, &args->splits_path, depths, seeds, seed);
-  crisp_cli::add_prose_option(sub, &args->prose_path, "long_qa_prompts.json, the niah_prose haystack");
-  sub->add_option("--max-new-tokens", args->max_new_tokens, "Most greedy tokens per answer (default per task)")
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  sub->add_option("--rope-scaling", args->rope_scaling, "RoPE scaling: auto, none, linear, ntk, yarn")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "none", "linear", "ntk", "yarn"}));
+  crisp_cli::add_niah_grid_options(sub, {&args->tasks, &args->lengths, &args->depths, &args->seeds, &args->seed,
+                                          &args->split, &args->splits_path, &args->prose_path, &args->max_new_tokens,
+                                          &args->rope_scaling});
   crisp_cli::add_threads_option(*sub, args->threads);
   crisp_cli::add_model_backend_options(sub, &args->backend, &args->cuda_attention,
                                        "Model backend: cpu, or cuda (a CUDA build on a GPU machine)");

@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "default_paths.h"
 #include "eval/splits.h"
 
 #ifndef CRISP_SOURCE_DIR
@@ -49,6 +50,55 @@ inline std::unique_ptr<crisp::eval::EvalSplits> apply_niah_split(const std::stri
   *seeds = chosen.seeds;
   *depths = chosen.depths;
   return splits;
+}
+
+
+// Where the NIAH grid's options of one subcommand land (crisp eval niah and crisp eval pareto share
+// the grid, so its options are registered here once).
+struct NiahGridTargets {
+  std::vector<std::string>* tasks;
+  std::vector<int64_t>* lengths;
+  std::vector<double>* depths;
+  int64_t* seeds;
+  uint64_t* seed;
+  std::string* split;
+  std::string* splits_path;
+  std::string* prose_path;
+  int64_t* max_new_tokens;
+  std::string* rope_scaling;
+};
+
+// --tasks, --lengths, --depths, --seeds, --seed, --split, --splits, --prose, --max-new-tokens,
+// --rope-scaling.
+inline void add_niah_grid_options(CLI::App* sub, const NiahGridTargets& t) {
+  sub->add_option("--tasks", *t.tasks,
+                  "Tasks: niah_single, niah_multikey, niah_all_needles, passkey, kv_retrieval, niah_prose")
+      ->delimiter(',')
+      ->capture_default_str();
+  sub->add_option("--lengths", *t.lengths, "Token budgets: prompt (chat template included) + --max-new-tokens <= length")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{64}, int64_t{1} << 22));
+  CLI::Option* depths =
+      sub->add_option("--depths", *t.depths, "Depths of the asked needle, fractions of the haystack in [0, 1]")
+          ->delimiter(',')
+          ->capture_default_str();
+  CLI::Option* seeds =
+      sub->add_option("--seeds", *t.seeds, "Samples per (task, length, depth), seeds --seed, --seed+1, ...")
+          ->capture_default_str()
+          ->check(CLI::Range(int64_t{1}, int64_t{1000}));
+  CLI::Option* seed = sub->add_option("--seed", *t.seed, "First seed")->capture_default_str();
+  add_split_options(sub, t.split, t.splits_path, depths, seeds, seed);
+  add_prose_option(sub, t.prose_path, "long_qa_prompts.json, the real-prose haystack of niah_prose");
+  sub->add_option("--max-new-tokens", *t.max_new_tokens,
+                  "Most greedy tokens per answer (default per task: niah 32, passkey 16, kv_retrieval 48); "
+                  "generation stops earlier once the score is decided")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  sub->add_option("--rope-scaling", *t.rope_scaling,
+                  "RoPE scaling: auto (YaRN with the smallest integer factor for lengths past the trained context, "
+                  "none below), none, linear, ntk, yarn; any scaling is beyond the model's training and flagged")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none", "linear", "ntk", "yarn"}));
 }
 
 }  // namespace crisp_cli
