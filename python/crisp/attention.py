@@ -17,8 +17,9 @@ from typing import Optional
 
 from . import _C
 from ._plan import Plan
-from .ops import (_caller_outputs, _check_causal, _check_no_grad, _is_torch, _num_threads, _output_buffers,
-                  _output_views, _policy_name, _precision, _prepare, _stream, settings_from_params, torch)
+from .ops import (_NoScope, _caller_outputs, _check_causal, _check_inputs, _check_no_grad, _is_torch, _num_threads,
+                  _output_buffers, _output_views, _policy_name, _precision, _Prepared, _resolve_call, _stream,
+                  settings_from_params, torch)
 
 __all__ = ["Attention"]
 
@@ -32,7 +33,7 @@ class Attention:
         _C.Attention(self._config, **self._choices)  # the options' errors now, not at the first plan
         self._native: Optional[_C.Attention] = None
         self._run_key = None  # (device, stream, precision) the native object was made for
-        self._cu = None
+        self._call = None  # the planned call's layout and sequences (its block table kept alive for run())
 
     @staticmethod
     def _key(q):
@@ -44,38 +45,47 @@ class Attention:
             return torch.cuda.device(q.device)
         return _NoScope()
 
-    def plan(self, q, k, cu_seqlens=None, *, layout: Optional[str] = None, causal=True) -> None:
-        """Plans q/k (the layouts and ``causal`` of crisp.prefill); replaces any earlier plan."""
+    def plan(self, q, k, cu_seqlens=None, *, layout: Optional[str] = None, causal=True, cu_seqlens_q=None,
+             cu_seqlens_k=None, block_table=None, cache_seqlens=None) -> None:
+        """Plans q/k (the layouts, ``causal`` and sequences of crisp.prefill: chunks over a KV
+        prefix, varlen, paged K/V); replaces any earlier plan. A block table must keep its page ids
+        until the last run."""
         _check_causal(causal)
-        _, (q, k, _), (qv, kv, _), cu = _prepare(q, k, k, cu_seqlens, layout)
+        call = _resolve_call(q, k, k, layout, cu_seqlens, cu_seqlens_q, cu_seqlens_k, block_table, cache_seqlens)
+        prep = _Prepared(q, k, k, call)
         key = self._key(q)
         if self._native is None or key != self._run_key:
             self._native = _C.Attention(self._config, **self._choices, num_threads=_num_threads(q),
                                         precision=key[2], stream=key[1])
             self._run_key = key
         with self._device_scope(q):
-            self._native.plan(qv, kv, cu)
-        self._cu = cu
+            self._native.plan(prep.q_view, prep.k_view, prep.cu_q, prep.cu_k, prep.table)
+        self._call = call
 
     def run(self, q, k, v, *, layout: Optional[str] = None, causal=True):
         """Attention of q/k/v following the last plan; returns ``(out, lse)`` as crisp.prefill.
+        k, v: as planned (paged caches when planned with a block table, read through that table).
         No backward: inputs that require grad are refused while grad mode is on."""
         if self._native is None or not self._native.planned:
             raise _C.Error("plan: has not been made (Attention.run before Attention.plan); expected plan(q, k) first")
         _check_causal(causal)
         _check_no_grad("Attention.run", q, k, v)
-        cu_seqlens = None if getattr(q, "ndim", 0) == 4 else (self._cu or None)
-        # `prepared` holds the token-major copies the views point into: they must outlive the run.
-        layout, prepared, (qv, kv, vv), _ = _prepare(q, k, v, cu_seqlens, layout)
+        call = self._call
+        if layout is not None and layout != call.layout:
+            _check_inputs(q, k, v, None, layout, call.paged_cache)  # a rank/shape error names what is wrong
+            raise ValueError(f"layout: {layout!r} differs from the planned {call.layout!r}; expected the plan's layout")
+        _check_inputs(q, k, v, None, call.layout, call.paged_cache)
+        # `prep` holds the token-major copies the views point into: they must outlive the run.
+        prep = _Prepared(q, k, v, call)
         if self._key(q) != self._run_key:
             raise _C.Error(f"q: device/stream/precision {self._key(q)} differ from the plan's {self._run_key}; "
                            "expected the device, current stream and dtype class of plan()")
-        out, lse = _output_buffers(q, layout)
-        ov, lv = _output_views(out, lse, layout)
+        out, lse = _output_buffers(q, call.layout)
+        ov, lv = _output_views(out, lse, call.layout)
         with self._device_scope(q):
-            self._native.run(qv, kv, vv, ov, lv)
-        del prepared  # after the run (CUDA: enqueued on the stream, so the allocator's reuse is ordered after it)
-        return _caller_outputs(out, lse, layout)
+            self._native.run(prep.q_view, prep.k_view, prep.v_view, ov, lv)
+        del prep  # after the run (CUDA: enqueued on the stream, so the allocator's reuse is ordered after it)
+        return _caller_outputs(out, lse, call.layout)
 
     def host_plan(self) -> Plan:
         """The last plan as a crisp.Plan (CUDA: copied back, synchronising the stream)."""
@@ -87,11 +97,3 @@ class Attention:
     def backend(self) -> str:
         """The backend of the last plan ("cpu" or "cuda"; "auto" before any)."""
         return self._native.backend if self._native is not None else "auto"
-
-
-class _NoScope:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

@@ -23,8 +23,11 @@ torch = require("torch", "torch", "crisp.flex")
 __all__ = ["block_mask"]
 
 
-def _causal(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
+def _bottom_right_causal(offset: int):
+    """Query i of a chunk sits at key position offset + i (offset = n_k - n_q)."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        return q_idx + offset >= kv_idx
+    return mask_mod
 
 
 def block_mask(plan: Union[Plan, SequencePlan], block_size: Optional[int] = None, device=None):
@@ -32,7 +35,10 @@ def block_mask(plan: Union[Plan, SequencePlan], block_size: Optional[int] = None
     ``sequences``): every off-diagonal block is a "full" block (no mask_mod call), the diagonal
     block the one "partial" block (causal mask_mod). Batch 1, one mask per query head.
     The block size and the device are the plan's; ``device`` moves the mask elsewhere;
-    ``block_size``, if given, must be the plan's."""
+    ``block_size``, if given, must be the plan's. A chunk's plan (queries over a KV prefix) gives
+    the mask of its n_q queries over n_k keys when its first query starts a block
+    ((n_k - n_q) % B == 0): FlexAttention's query blocks start at query 0, so other chunks have no
+    BlockMask of crisp's layout and are refused."""
     flex_attention = require("torch.nn.attention.flex_attention", "torch", "crisp.flex.block_mask (PyTorch >= 2.5)")
     if isinstance(plan, Plan):
         if len(plan.sequences) != 1:
@@ -47,14 +53,21 @@ def block_mask(plan: Union[Plan, SequencePlan], block_size: Optional[int] = None
                          "expected the plan's (or leave it out)")
     device = seq.device if device is None else device
 
+    offset = seq.n_k - seq.n_q
+    if offset % seq.block_size != 0:
+        raise ValueError(f"plan: a chunk whose first query is key position {offset}, inside a block of "
+                         f"{seq.block_size}; expected (n_k - n_q) % block_size == 0 for a BlockMask")
     counts, indices = seq.kv_blocks()  # [H, N], [H, N, N]; the diagonal is each row's last entry
-    H, N = counts.shape
-    partial_indices = np.zeros((H, N, N), dtype=np.int32)
-    partial_indices[:, :, 0] = np.arange(N, dtype=np.int32)[None, :]
+    # The rows of the chunk's queries: rows first_row .. N-1 of the whole prompt's grid.
+    counts, indices = counts[:, seq.first_row:], indices[:, seq.first_row:, :]
+    H, rows = counts.shape
+    N = seq.num_blocks
+    partial_indices = np.zeros((H, rows, N), dtype=np.int32)
+    partial_indices[:, :, 0] = np.arange(seq.first_row, N, dtype=np.int32)[None, :]
 
     def t(a):
         return torch.from_numpy(np.ascontiguousarray(a)).to(device).unsqueeze(0)
 
     return flex_attention.BlockMask.from_kv_blocks(
-        t(np.ones((H, N), np.int32)), t(partial_indices), t(counts - 1), t(indices),
-        BLOCK_SIZE=seq.block_size, mask_mod=_causal, seq_lengths=(seq.n_k, seq.n_k))
+        t(np.ones((H, rows), np.int32)), t(partial_indices), t(counts - 1), t(indices),
+        BLOCK_SIZE=seq.block_size, mask_mod=_bottom_right_causal(offset), seq_lengths=(seq.n_q, seq.n_k))

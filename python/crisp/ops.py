@@ -125,17 +125,26 @@ def _as_bhsd(x, layout: str):
     return x.transpose(1, 2) if _is_torch(x) else x.transpose(0, 2, 1, 3)
 
 
-def _fits_batched(q, k, v, layout: str) -> bool:
-    """Whether rank-4 q, k, v are consistent shapes in `layout` (same batch, seq and dim; k and v
-    of one head count dividing q's)."""
-    q, k, v = (_as_bhsd(x, layout) for x in (q, k, v))
-    B, Hq, S, D = q.shape
-    return (all(x.shape[0] == B and x.shape[2] == S and x.shape[3] == D for x in (k, v))
-            and k.shape[1] == v.shape[1] and k.shape[1] > 0 and Hq % k.shape[1] == 0)
+def _fits_batched(q, k, v, layout: str, paged: bool = False) -> bool:
+    """Whether rank-4 q, k, v are consistent shapes in `layout`: k and v of one shape whose head
+    count divides q's, the same dim; contiguous K/V of q's batch with at least q's positions (the
+    queries are the last of them), or a paged cache [num_pages, page_size, Hkv, dim]."""
+    qb = _as_bhsd(q, layout)
+    B, Hq, S, D = qb.shape
+    if tuple(k.shape) != tuple(v.shape):
+        return False
+    if paged:
+        Hkv, Dk = k.shape[2], k.shape[3]
+    else:
+        kb = _as_bhsd(k, layout)
+        if kb.shape[0] != B or kb.shape[2] < S:
+            return False
+        Hkv, Dk = kb.shape[1], kb.shape[3]
+    return Dk == D and Hkv > 0 and Hq % Hkv == 0
 
 
-def _resolve_layout(q, k, v, layout) -> str:
-    """The layout named (checked against the ranks) or, for layout=None, the only one that fits."""
+def _resolve_layout(q, k, v, layout, paged: bool = False) -> str:
+    """The layout named (checked against q's rank) or, for layout=None, the only one that fits."""
     if layout is not None:
         if not isinstance(layout, str) or layout not in LAYOUTS:
             raise ValueError(f"layout: got {layout!r}; expected one of {_LAYOUT_CHOICES}")
@@ -148,7 +157,7 @@ def _resolve_layout(q, k, v, layout) -> str:
         return "thd"
     if q.ndim != 4:
         return "bhsd"  # the rank check names the layouts
-    fits = [name for name in ("bhsd", "bshd") if _fits_batched(q, k, v, name)]
+    fits = [name for name in ("bhsd", "bshd") if _fits_batched(q, k, v, name, paged)]
     if len(fits) == 1:
         return fits[0]
     if len(fits) == 2:
@@ -185,8 +194,8 @@ _REFUSED_BECAUSE = {
 }
 
 
-def _take_foreign_keywords(params: Dict[str, Any], cu_seqlens, causal):
-    """Removes flash-attn / SDPA keywords from ``params``; returns (cu_seqlens, causal)."""
+def _take_foreign_keywords(params: Dict[str, Any], causal):
+    """Removes flash-attn / SDPA keywords from ``params``; returns causal."""
     for name in list(params):
         if name not in _INERT_KEYWORDS:
             continue
@@ -202,22 +211,11 @@ def _take_foreign_keywords(params: Dict[str, Any], cu_seqlens, causal):
     if params.pop("enable_gqa", True) is not True:
         raise ValueError("enable_gqa: False; expected True (crisp always reads k/v with fewer heads as GQA)")
     params.pop("deterministic", None)  # crisp's results do not depend on scheduling
-    cu_q, cu_k = params.pop("cu_seqlens_q", None), params.pop("cu_seqlens_k", None)
-    if cu_q is not None or cu_k is not None:
-        if cu_seqlens is not None:
-            raise ValueError("cu_seqlens, cu_seqlens_q: both given; expected one of them")
-        if cu_q is None or cu_k is None:
-            raise ValueError("cu_seqlens_q, cu_seqlens_k: only one given; expected both (or cu_seqlens)")
-        lq, lk = _seqlens_list(cu_q, -1), _seqlens_list(cu_k, -1)
-        if lq != lk:
-            raise ValueError(f"cu_seqlens_q: {lq} differs from cu_seqlens_k {lk}; expected queries and keys "
-                             "of the same sequences (crisp runs a whole prompt's prefill)")
-        cu_seqlens = cu_q
     for name in ("max_seqlen_q", "max_seqlen_k"):  # flash-attn needs them; crisp reads cu_seqlens
         value = params.pop(name, None)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
             raise TypeError(f"{name}: got {value!r}; expected a non-negative int")
-    return cu_seqlens, causal
+    return causal
 
 
 _NO_BACKWARD = ("crisp's attention has no backward; use it for inference (under torch.no_grad() or "
@@ -233,9 +231,14 @@ def _check_no_grad(function: str, *tensors) -> None:
                 raise RuntimeError(f"crisp.{function}: {name} requires grad: {_NO_BACKWARD}")
 
 
-def _check_inputs(q, k, v, cu_seqlens, layout=None) -> str:
+_PAGED_CACHE = "the paged cache [num_pages, page_size, Hkv, dim] (flash_attn_with_kvcache's layout)"
+
+
+def _check_inputs(q, k, v, varlen_argument: Optional[str], layout=None, paged: bool = False) -> str:
     """Type/rank/layout checks shared by the real and the fake (meta) implementation.
-    Returns the layout: "bhsd", "bshd" or "thd"."""
+    ``varlen_argument``: the name of a cu_seqlens argument given, if any (refused with a batched
+    layout); ``paged``: k and v are paged caches (a block table is given).
+    Returns the layout of q: "bhsd", "bshd" or "thd"."""
     kinds = {_kind("q", q), _kind("k", k), _kind("v", v)}
     if len(kinds) != 1:
         raise TypeError("q, k, v: mixed torch tensors and numpy arrays; expected all three of one kind")
@@ -247,52 +250,206 @@ def _check_inputs(q, k, v, cu_seqlens, layout=None) -> str:
             raise ValueError(f"k, v: on {k.device} / {v.device} but q is on {q.device}; expected one device")
         if q.device.type not in ("cpu", "cuda"):
             raise ValueError(f"q: on {q.device}; expected a cpu or cuda tensor")
-    if q.ndim != k.ndim or q.ndim != v.ndim:
+    if paged:
+        for name, x in (("k", k), ("v", v)):
+            if x.ndim != 4:
+                raise ValueError(f"{name}: rank {x.ndim} (shape {tuple(x.shape)}) with block_table; expected {_PAGED_CACHE}")
+        if tuple(v.shape) != tuple(k.shape):
+            raise ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}; expected one cache shape")
+    elif q.ndim != k.ndim or q.ndim != v.ndim:
         raise ValueError(f"k, v: ranks {k.ndim} / {v.ndim} differ from q's {q.ndim}; expected one layout for q, k, v")
-    layout = _resolve_layout(q, k, v, layout)
-    if q.ndim == 4:
-        if cu_seqlens is not None:
-            raise ValueError(f"cu_seqlens: given with the batched layout {layout!r} {LAYOUTS[layout]}; "
-                             f"expected cu_seqlens only with layout='thd' {LAYOUTS['thd']}")
-        qb, kb, vb = (_as_bhsd(x, layout) for x in (q, k, v))
-        B, Hq, S, D = qb.shape
-        where = {"bhsd": f"[batch={B}, Hkv, seq={S}, dim={D}]", "bshd": f"[batch={B}, seq={S}, Hkv, dim={D}]"}[layout]
-        for name, x in (("k", kb), ("v", vb)):
-            if x.shape[0] != B or x.shape[2] != S or x.shape[3] != D:
-                raise ValueError(f"{name}: shape {tuple(_as_bhsd(x, layout).shape)} does not match q's "
-                                 f"{tuple(q.shape)} in layout {layout!r}; expected {where}")
-        if kb.shape[1] != vb.shape[1]:
-            raise ValueError(f"v: {vb.shape[1]} heads but k has {kb.shape[1]}; expected the same head count")
+    layout = _resolve_layout(q, k, v, layout, paged)
+    if layout != "thd" and varlen_argument is not None:
+        raise ValueError(f"{varlen_argument}: given with the batched layout {layout!r} {LAYOUTS[layout]}; "
+                         f"expected {varlen_argument} only with layout='thd' {LAYOUTS['thd']}")
+    if layout == "thd":
+        T, Hq, D = q.shape
+    elif q.ndim == 4:
+        B, Hq, S, D = _as_bhsd(q, layout).shape
         if B < 1 or S < 1:
             raise ValueError(f"q: shape {tuple(q.shape)} is empty; expected batch >= 1 and seq >= 1")
+    else:
+        raise ValueError(f"q: rank {q.ndim} (shape {tuple(q.shape)}); expected one of the layouts {_LAYOUT_CHOICES}")
+    if paged:
+        if k.shape[3] != D:
+            raise ValueError(f"k: shape {tuple(k.shape)} has dim {k.shape[3]} but q {tuple(q.shape)} has {D}; "
+                             f"expected {_PAGED_CACHE} with dim={D}")
+        if k.shape[1] % 16 != 0 or k.shape[1] == 0:
+            raise ValueError(f"k: page size {k.shape[1]} (shape {tuple(k.shape)}); expected a multiple of 16 "
+                             f"positions per page in {_PAGED_CACHE}")
         return layout
-    if q.ndim == 3:
-        T, Hq, D = q.shape
+    if layout == "thd":
         for name, x in (("k", k), ("v", v)):
-            if x.shape[0] != T or x.shape[2] != D:
+            if x.shape[2] != D:
                 raise ValueError(f"{name}: shape {tuple(x.shape)} does not match q's {tuple(q.shape)}; "
-                                 f"expected [total={T}, Hkv, dim={D}]")
-        if k.shape[1] != v.shape[1]:
-            raise ValueError(f"v: {v.shape[1]} heads but k has {k.shape[1]}; expected the same head count")
-        return "thd"
-    raise ValueError(f"q: rank {q.ndim} (shape {tuple(q.shape)}); expected one of the layouts {_LAYOUT_CHOICES}")
+                                 f"expected [total_k, Hkv, dim={D}]")
+        if tuple(k.shape) != tuple(v.shape):
+            raise ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}; expected the same shape")
+        return layout
+    qb, kb, vb = (_as_bhsd(x, layout) for x in (q, k, v))
+    where = {"bhsd": f"[batch={B}, Hkv, seq>={S}, dim={D}]", "bshd": f"[batch={B}, seq>={S}, Hkv, dim={D}]"}[layout]
+    for name, x in (("k", kb), ("v", vb)):
+        if x.shape[0] != B or x.shape[2] < S or x.shape[3] != D:
+            raise ValueError(f"{name}: shape {tuple(_as_bhsd(x, layout).shape)} does not match q's "
+                             f"{tuple(q.shape)} in layout {layout!r}; expected {where} (the queries are the "
+                             "last of the key positions)")
+    if tuple(kb.shape) != tuple(vb.shape):
+        raise ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}; expected the same shape")
+    return layout
 
 
-def _seqlens_list(cu_seqlens, total: int) -> List[int]:
+def _seqlens_list(cu_seqlens, name: str = "cu_seqlens") -> Optional[List[int]]:
+    """A list of ints from a list / numpy array / torch tensor (None stays None)."""
     if cu_seqlens is None:
-        return []
+        return None
     if _is_torch(cu_seqlens):
         if cu_seqlens.ndim != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"cu_seqlens: a {cu_seqlens.dtype} tensor of rank {cu_seqlens.ndim}; "
+            raise TypeError(f"{name}: a {cu_seqlens.dtype} tensor of rank {cu_seqlens.ndim}; "
                             "expected a rank-1 int32/int64 tensor")
         return [int(x) for x in cu_seqlens.tolist()]
     if isinstance(cu_seqlens, np.ndarray):
         if cu_seqlens.ndim != 1 or not np.issubdtype(cu_seqlens.dtype, np.integer):
-            raise TypeError("cu_seqlens: expected a rank-1 integer array")
+            raise TypeError(f"{name}: expected a rank-1 integer array")
         return [int(x) for x in cu_seqlens]
-    if isinstance(cu_seqlens, (list, tuple)) and all(isinstance(x, (int, np.integer)) for x in cu_seqlens):
+    if isinstance(cu_seqlens, (list, tuple)) and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                                                   for x in cu_seqlens):
         return [int(x) for x in cu_seqlens]
-    raise TypeError(f"cu_seqlens: got {type(cu_seqlens).__name__}; expected a list of ints or a rank-1 integer tensor")
+    raise TypeError(f"{name}: got {type(cu_seqlens).__name__}; expected a list of ints or a rank-1 integer tensor")
+
+
+def _cache_lengths(cache_seqlens, num_sequences: int) -> List[int]:
+    """flash_attn_with_kvcache's cache_seqlens (an int, or one int per sequence): the key count of
+    every sequence."""
+    if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, bool):
+        lengths = [int(cache_seqlens)] * num_sequences
+    else:
+        lengths = _seqlens_list(cache_seqlens, "cache_seqlens")
+    if len(lengths) != num_sequences:
+        raise ValueError(f"cache_seqlens: {len(lengths)} lengths for {num_sequences} sequences; "
+                         "expected one key count per sequence")
+    if any(n < 1 for n in lengths):
+        raise ValueError(f"cache_seqlens: {lengths}; expected every sequence to have at least one key")
+    return lengths
+
+
+def _cumulative(lengths: Sequence[int]) -> List[int]:
+    return [0] + [int(x) for x in np.cumsum(lengths)]
+
+
+def _check_block_table(block_table, q, num_sequences: int):
+    """flash-attn's block_table: int32 [num_sequences, max_pages] page ids, on q's device. Returns
+    it row-major (a copy only when it is not)."""
+    if _is_torch(q):
+        if not _is_torch(block_table):
+            raise TypeError(f"block_table: got {type(block_table).__name__}; expected an int32 torch.Tensor "
+                            "[num_sequences, max_pages] on q's device")
+        if block_table.dtype != torch.int32:
+            raise TypeError(f"block_table: dtype {block_table.dtype}; expected torch.int32 page ids")
+        if block_table.device != q.device:
+            raise ValueError(f"block_table: on {block_table.device} but q is on {q.device}; expected q's device")
+    else:
+        if isinstance(block_table, (list, tuple)):
+            block_table = np.asarray(block_table, dtype=np.int32)
+        if not isinstance(block_table, np.ndarray):
+            raise TypeError(f"block_table: got {type(block_table).__name__}; expected an int32 numpy array "
+                            "[num_sequences, max_pages]")
+        if block_table.dtype != np.int32:
+            raise TypeError(f"block_table: dtype {block_table.dtype}; expected int32 page ids")
+    if block_table.ndim != 2 or block_table.shape[0] != num_sequences or block_table.shape[1] < 1:
+        raise ValueError(f"block_table: shape {tuple(block_table.shape)}; expected [num_sequences={num_sequences}, "
+                         "max_pages >= 1] page ids")
+    return _contiguous(block_table)
+
+
+class _Call:
+    """One call's arguments resolved: q's layout and the sequences as crisp::Batch takes them.
+    ``cu_q`` / ``cu_k``: None for "from the shapes" (a batched layout, or one thd sequence);
+    ``table``: a row-major int32 block table, or None for contiguous K/V; ``rows_as_pages``: k, v
+    are contiguous batched caches read through a table of one page per batch row (cache_seqlens),
+    else (with a table) paged caches [num_pages, page_size, Hkv, dim]."""
+
+    def __init__(self, layout: str, cu_q: Optional[List[int]], cu_k: Optional[List[int]], table=None,
+                 rows_as_pages: bool = False):
+        self.layout, self.cu_q, self.cu_k, self.table, self.rows_as_pages = layout, cu_q, cu_k, table, rows_as_pages
+
+    @property
+    def paged(self) -> bool:
+        return self.table is not None
+
+    @property
+    def paged_cache(self) -> bool:
+        """Whether the caller's k, v are paged caches (the shape checks' view of them)."""
+        return self.paged and not self.rows_as_pages
+
+
+def _rows_as_pages(x, layout: str):
+    """A contiguous batched cache as the page pool [batch, seq_cache, Hkv, dim] (one page per row)."""
+    x = _as_bhsd(x, layout)
+    return x.transpose(1, 2) if _is_torch(x) else x.transpose(0, 2, 1, 3)
+
+
+def _resolve_call(q, k, v, layout, cu_seqlens=None, cu_seqlens_q=None, cu_seqlens_k=None, block_table=None,
+                  cache_seqlens=None):
+    """Checks the public arguments; returns the _Call."""
+    if cu_seqlens is not None and cu_seqlens_q is not None:
+        raise ValueError("cu_seqlens, cu_seqlens_q: both given; expected one of them")
+    if cu_seqlens_k is not None and cache_seqlens is not None:
+        raise ValueError("cu_seqlens_k, cache_seqlens: both given; expected one of them (the key count of each sequence)")
+    q_name = "cu_seqlens_q" if cu_seqlens_q is not None else "cu_seqlens"
+    cu_q = _seqlens_list(cu_seqlens_q if cu_seqlens_q is not None else cu_seqlens, q_name)
+    cu_k = _seqlens_list(cu_seqlens_k, "cu_seqlens_k")
+    varlen_argument = ", ".join(n for n, x in ((q_name, cu_q), ("cu_seqlens_k", cu_k)) if x is not None) or None
+    paged = block_table is not None
+    layout = _check_inputs(q, k, v, varlen_argument, layout, paged)
+    if layout == "thd":
+        if cu_k is not None and cu_q is None:
+            raise ValueError("cu_seqlens_q, cu_seqlens_k: only cu_seqlens_k given; expected both (or cu_seqlens)")
+        if cu_q is not None and cu_seqlens_q is not None and cu_k is None and cache_seqlens is None and not paged:
+            raise ValueError("cu_seqlens_q, cu_seqlens_k: only cu_seqlens_q given; expected both (or cu_seqlens)")
+        num_sequences = len(cu_q) - 1 if cu_q is not None and len(cu_q) > 1 else 1
+    else:
+        num_sequences = q.shape[0]
+    if cache_seqlens is not None:
+        cu_k = _cumulative(_cache_lengths(cache_seqlens, num_sequences))
+    if paged:
+        if cu_k is None:
+            raise ValueError("block_table: given without the key counts; expected cache_seqlens (or cu_seqlens_k "
+                             "with layout='thd')")
+        return _Call(layout, cu_q, cu_k, _check_block_table(block_table, q, num_sequences))
+    if cache_seqlens is not None and layout != "thd":
+        # Contiguous [batch, seq_cache, ...] caches whose rows hold cache_seqlens[b] keys each: the
+        # pool of one page per row (the library reads a page's first keys only).
+        seq_cache = _as_bhsd(k, layout).shape[2]
+        if seq_cache % 16 != 0:
+            raise ValueError(f"cache_seqlens: with a contiguous k of {seq_cache} positions per batch row; expected "
+                             "a multiple of 16 positions per row, or a block_table")
+        lengths = np.diff(cu_k)
+        if int(lengths.max()) > seq_cache:
+            raise ValueError(f"cache_seqlens: {lengths.tolist()} exceed the {seq_cache} positions of k; "
+                             "expected at most the cache's length")
+        rows = np.arange(num_sequences, dtype=np.int32)[:, None]
+        table = torch.from_numpy(rows).to(q.device) if _is_torch(q) else rows
+        return _Call(layout, None, cu_k, table, rows_as_pages=True)
+    return _Call(layout, cu_q, cu_k)
+
+
+def _sequences(q, k, call: _Call) -> Tuple[List[int], List[int]]:
+    """(cu_seqlens_q, cu_seqlens_k) for crisp::Batch; empty lists mean one whole prompt."""
+    if call.layout == "thd":
+        cu_q = call.cu_q if call.cu_q is not None else []
+        if call.cu_k is not None:
+            return (cu_q or [0, q.shape[0]]), call.cu_k
+        if not cu_q and k.shape[0] != q.shape[0]:  # one sequence: queries over a longer K/V
+            return [0, q.shape[0]], [0, k.shape[0]]
+        return cu_q, []
+    B, _, S, _ = _as_bhsd(q, call.layout).shape
+    cu_q = [b * S for b in range(B + 1)]
+    if call.paged:
+        return cu_q, call.cu_k
+    S_k = _as_bhsd(k, call.layout).shape[2]
+    if S_k == S:
+        return (cu_q if B > 1 else []), []
+    return cu_q, [b * S_k for b in range(B + 1)]
 
 
 def _token_major(x):
@@ -372,17 +529,38 @@ def _caller_outputs(out, lse, layout: str):
     return out, lse
 
 
-def _prepare(q, k, v, cu_seqlens, layout):
-    """Checks; returns (layout, token-major q, k, v, their library views, cu_seqlens list)."""
-    layout = _check_inputs(q, k, v, cu_seqlens, layout)
-    if layout == "thd":
-        cu = _seqlens_list(cu_seqlens, q.shape[0])
-    else:
-        q, k, v = (_token_major(_as_bhsd(x, layout)) for x in (q, k, v))
-        B, _, S, _ = q.shape
-        cu = [b * S for b in range(B + 1)] if B > 1 else []
-    views = tuple(_heads_tokens_view(n, x, layout) for n, x in (("q", q), ("k", k), ("v", v)))
-    return layout, (q, k, v), views, cu
+def _page_pool_view(name: str, x):
+    """The library's [Hkv, num_pages * page_size, dim] view of a paged cache [num_pages,
+    page_size, Hkv, dim] (copied once if its pages are not evenly spaced)."""
+    num_pages, page_size, H, D = x.shape
+    if num_pages > 1 and _strides(x)[0] != page_size * _strides(x)[1]:
+        x = _contiguous(x)
+    st = _strides(x)
+    return x, _view(name, x, (H, num_pages * page_size, D), (st[2], st[1], st[3]))
+
+
+class _Prepared:
+    """What the library is called with: the views of q, k, v (and the token-major copies or
+    caches they point into, which must outlive the call), the batch and its block table."""
+
+    def __init__(self, q, k, v, call: _Call):
+        cu_q, cu_k = _sequences(q, k, call)
+        if call.rows_as_pages:
+            k, v = _rows_as_pages(k, call.layout), _rows_as_pages(v, call.layout)
+        if call.layout != "thd":
+            q = _token_major(_as_bhsd(q, call.layout))
+            if not call.paged:
+                k, v = (_token_major(_as_bhsd(x, call.layout)) for x in (k, v))
+        self.q_view = _heads_tokens_view("q", q, call.layout)
+        if call.paged:
+            (k, self.k_view), (v, self.v_view) = _page_pool_view("k", k), _page_pool_view("v", v)
+            self.table = _C.BlockTable(_data_ptr(call.table), _device_name(call.table), call.table.shape[1], k.shape[1])
+        else:
+            self.k_view, self.v_view = _heads_tokens_view("k", k, call.layout), _heads_tokens_view("v", v, call.layout)
+            self.table = _C.BlockTable()
+        self.keep_alive = (q, k, v, call.table)
+        self.cu_q, self.cu_k = cu_q, cu_k
+        self.whole_prompts = not call.paged and (not cu_k or cu_k == cu_q)
 
 
 def _precision(q) -> str:
@@ -434,22 +612,31 @@ def _device_plan(q, hq: int, hkv: int, d: int, cu: List[int], config: "_C.Config
     return dplan
 
 
-def _run_prefill(q, k, v, cu_seqlens, policy: str, settings: List[str], layout):
+def _run_prefill(q, k, v, call: _Call, policy: str, settings: List[str]):
     """The real implementation: returns (out, lse) in the caller's layout."""
     config = _C.Config(_policy_name(policy), list(settings))
-    layout, _, (qv, kv, vv), cu = _prepare(q, k, v, cu_seqlens, layout)
-    out, lse = _output_buffers(q, layout)
-    ov, lv = _output_views(out, lse, layout)
+    prep = _Prepared(q, k, v, call)
+    out, lse = _output_buffers(q, call.layout)
+    ov, lv = _output_views(out, lse, call.layout)
+    qv, kv, vv = prep.q_view, prep.k_view, prep.v_view
     if _is_torch(q) and q.device.type == "cuda":
         stream = _stream(q)
-        full_cu = cu if cu else [0, qv.shape[1]]
         with torch.cuda.device(q.device):
-            dplan = _device_plan(q, qv.shape[0], kv.shape[0], qv.shape[2], full_cu, config, stream)
-            dplan.plan_async(qv, kv, config, stream)
-            dplan.attend_async(qv, kv, vv, ov, lv, stream)
+            if prep.whole_prompts:
+                full_cu = prep.cu_q if prep.cu_q else [0, qv.shape[1]]
+                dplan = _device_plan(q, qv.shape[0], kv.shape[0], qv.shape[2], full_cu, config, stream)
+                dplan.plan_async(qv, kv, config, stream)
+                dplan.attend_async(qv, kv, vv, ov, lv, stream)
+            else:  # chunks and pages: the synchronous library call on this stream
+                _C.prefill(qv, kv, vv, config, ov, lv, prep.cu_q, prep.cu_k, prep.table, 0, "f32", stream)
     else:
-        _C.prefill(qv, kv, vv, config, ov, lv, cu, _num_threads(q), _precision(q), 0)
-    return _caller_outputs(out, lse, layout)
+        _C.prefill(qv, kv, vv, config, ov, lv, prep.cu_q, prep.cu_k, prep.table, _num_threads(q), _precision(q), 0)
+    return _caller_outputs(out, lse, call.layout)
+
+
+def _call_of_op(layout: str, cu_seqlens_q, cu_seqlens_k, block_table) -> _Call:
+    return _Call(layout, _seqlens_list(cu_seqlens_q, "cu_seqlens_q"), _seqlens_list(cu_seqlens_k, "cu_seqlens_k"),
+                 None if block_table is None else _contiguous(block_table))
 
 
 # ---------------------------------------------------------------- torch custom op
@@ -457,13 +644,18 @@ if torch is not None:
 
     @torch.library.custom_op("crisp::prefill", mutates_args=())
     def _prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[torch.Tensor],
-                    policy: str, settings: str, layout: str) -> Tuple[torch.Tensor, torch.Tensor]:
+                    policy: str, settings: str, layout: str, cu_seqlens_k: Optional[torch.Tensor] = None,
+                    block_table: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         # settings: "key=value" pairs joined by ';' (a custom op takes no list of str).
-        return _run_prefill(q, k, v, cu_seqlens, policy, settings.split(";") if settings else [], layout)
+        # cu_seqlens: the query offsets (cu_seqlens_q); cu_seqlens_k: the key offsets (None: the
+        # queries' positions, or a batched layout's shapes); block_table: k, v are paged caches.
+        call = _call_of_op(layout, cu_seqlens, cu_seqlens_k, block_table)
+        _check_inputs(q, k, v, None, layout, call.paged)
+        return _run_prefill(q, k, v, call, policy, settings.split(";") if settings else [])
 
     @_prefill_op.register_fake
-    def _prefill_fake(q, k, v, cu_seqlens, policy, settings, layout):
-        layout = _check_inputs(q, k, v, cu_seqlens, layout)
+    def _prefill_fake(q, k, v, cu_seqlens, policy, settings, layout, cu_seqlens_k=None, block_table=None):
+        layout = _check_inputs(q, k, v, None, layout, block_table is not None)
         return _caller_outputs(*_output_buffers(q, layout), layout)
 
     def _prefill_backward(ctx, grad_out, grad_lse):
@@ -474,9 +666,13 @@ if torch is not None:
     _prefill_op.register_autograd(_prefill_backward)
 
 
+def _as_offsets_tensor(cu: Optional[List[int]]):
+    return None if cu is None else torch.tensor(cu, dtype=torch.int64)
+
+
 # ---------------------------------------------------------------- public API
 def prefill(q, k, v, policy: str = "crisp", cu_seqlens=None, *, layout: Optional[str] = None, causal=True,
-            **params):
+            cu_seqlens_q=None, cu_seqlens_k=None, block_table=None, cache_seqlens=None, **params):
     """Causal block-sparse prefill attention. Returns ``(out, lse)``.
 
     ``layout``: ``"bhsd"``, ``"bshd"`` or ``"thd"`` (varlen, with ``cu_seqlens``); required for
@@ -484,46 +680,62 @@ def prefill(q, k, v, policy: str = "crisp", cu_seqlens=None, *, layout: Optional
     ``causal``: True (False is refused: crisp computes causal attention only).
     ``policy``: a preset (``"crisp"``, ``"flexprefill"``, ``"minference"``, ``"dense"``);
     ``params``: any Config parameter by its spec name (``alpha=1.5``, ``tau_proxy=0.3``,
-    ``block_size=64``, ``softmax_scale=0.125``, ...; None keeps the preset's value). flash-attn's
-    and SDPA's keywords are understood: ``cu_seqlens_q`` / ``cu_seqlens_k`` (equal) for
-    ``cu_seqlens``, ``max_seqlen_q`` / ``max_seqlen_k`` (ignored), ``is_causal``, ``scale``, and
-    the features crisp lacks (``dropout_p``, ``window_size``, ``softcap``, ``alibi_slopes``,
-    ``attn_mask``, ``return_attn_probs``) at their neutral values, refused with the reason otherwise.
+    ``block_size=64``, ``softmax_scale=0.125``, ...; None keeps the preset's value).
+
+    Queries over a KV prefix (a chunk of a chunked prefill, flash-attn's bottom-right causal
+    alignment): the ``n_q`` queries of a sequence are the LAST ``n_q`` of its ``n_k`` key positions.
+    Batched: q ``[batch, n_q, ...]`` with k, v ``[batch, n_k, ...]`` (``n_q <= n_k``). Varlen
+    (``"thd"``): ``cu_seqlens_q`` for the queries and ``cu_seqlens_k`` for the keys
+    (``cu_seqlens`` alone: both the same); without them q ``[n_q, ...]`` over k ``[n_k, ...]`` is one
+    sequence. Paged K/V (flash_attn_with_kvcache / vLLM): ``block_table`` int32
+    ``[num_sequences, max_pages]`` with k, v the caches ``[num_pages, page_size, Hkv, dim]``
+    (page_size a multiple of 16, pages in any order) and the key counts in ``cache_seqlens``
+    (``[num_sequences]``, or an int) or ``cu_seqlens_k``. ``cache_seqlens`` with a contiguous
+    batched cache ``[batch, seq_cache, Hkv, dim]`` (``seq_cache`` a multiple of 16) reads the first
+    ``cache_seqlens[b]`` keys of row b.
+
+    flash-attn's and SDPA's keywords are understood: ``max_seqlen_q`` / ``max_seqlen_k``
+    (ignored), ``is_causal``, ``scale``, and the features crisp lacks (``dropout_p``,
+    ``window_size``, ``softcap``, ``alibi_slopes``, ``attn_mask``, ``return_attn_probs``) at their
+    neutral values, refused with the reason otherwise.
     Torch tensors run through the custom op ``torch.ops.crisp.prefill`` (CUDA tensors on
     ``torch.cuda.current_stream()``; works under ``torch.compile(fullgraph=True)``); numpy arrays
-    run on the CPU backend. ``cu_seqlens`` is read on the host: a CUDA tensor is copied back, which
-    synchronises; pass a CPU tensor or a list to avoid that. There is no backward: gradients
-    through the outputs raise a RuntimeError saying so.
+    run on the CPU backend. The offsets and ``cache_seqlens`` are read on the host: CUDA tensors
+    are copied back, which synchronises; pass CPU tensors or lists to avoid that. There is no
+    backward: gradients through the outputs raise a RuntimeError saying so.
     Bad input raises TypeError / ValueError (``crisp.Error``, a ValueError, for what the library
     rejects) naming the argument and what was expected.
     """
     policy = _policy_name(policy)
-    cu_seqlens, causal = _take_foreign_keywords(params, cu_seqlens, causal)
+    causal = _take_foreign_keywords(params, causal)
     _check_causal(causal)
     settings = settings_from_params(params)
-    if _is_torch(q):
-        layout = _check_inputs(q, k, v, cu_seqlens, layout)  # Python errors before the dispatcher's own
-        if cu_seqlens is not None and not _is_torch(cu_seqlens):
-            cu_seqlens = torch.tensor(_seqlens_list(cu_seqlens, q.shape[0]), dtype=torch.int64)
-        return torch.ops.crisp.prefill(q, k, v, cu_seqlens, policy, ";".join(settings), layout)
-    return _run_prefill(q, k, v, cu_seqlens, policy, settings, layout)
+    call = _resolve_call(q, k, v, layout, cu_seqlens, cu_seqlens_q, cu_seqlens_k, block_table, cache_seqlens)
+    if call.rows_as_pages:  # the custom op takes paged caches
+        k, v = _rows_as_pages(k, call.layout), _rows_as_pages(v, call.layout)
+        call.rows_as_pages = False
+    if _is_torch(q):  # Python errors come before the dispatcher's own
+        return torch.ops.crisp.prefill(q, k, v, _as_offsets_tensor(call.cu_q), policy, ";".join(settings), call.layout,
+                                       _as_offsets_tensor(call.cu_k), call.table)
+    return _run_prefill(q, k, v, call, policy, settings)
 
 
 def plan(q, k, policy: str = "crisp", cu_seqlens=None, *, layout: Optional[str] = None, causal=True,
-         **params) -> Plan:
+         cu_seqlens_q=None, cu_seqlens_k=None, block_table=None, cache_seqlens=None, **params) -> Plan:
     """The plan crisp would run for these inputs (route, statistics, block CSR per sequence and
     query head), as a crisp.Plan of numpy arrays. CUDA tensors are planned on the GPU (on the
     current stream, which is synchronised), CPU tensors / numpy arrays on the CPU. ``layout``,
-    ``causal`` and the keywords as for prefill; the plan records its block size and device."""
-    cu_seqlens, causal = _take_foreign_keywords(params, cu_seqlens, causal)
+    ``causal``, the sequences (chunks, varlen, paged) and the keywords as for prefill; the plan
+    records its block size and device."""
+    causal = _take_foreign_keywords(params, causal)
     _check_causal(causal)
     config = _C.Config(_policy_name(policy), settings_from_params(params))
-    layout, (q, k, _), (qv, kv, _), cu = _prepare(q, k, k, cu_seqlens, layout)
-    if _is_torch(q) and q.device.type == "cuda":
-        with torch.cuda.device(q.device):
-            native = _C.plan(qv, kv, config, cu, 0, "f32", _stream(q))
-    else:
-        native = _C.plan(qv, kv, config, cu, _num_threads(q), _precision(q), 0)
+    call = _resolve_call(q, k, k, layout, cu_seqlens, cu_seqlens_q, cu_seqlens_k, block_table, cache_seqlens)
+    prep = _Prepared(q, k, k, call)
+    cuda = _is_torch(q) and q.device.type == "cuda"
+    with (torch.cuda.device(q.device) if cuda else _NoScope()):
+        native = _C.plan(prep.q_view, prep.k_view, config, prep.cu_q, prep.cu_k, prep.table,
+                         0 if cuda else _num_threads(q), "f32" if cuda else _precision(q), _stream(q))
     return Plan.from_native(native, device=str(q.device) if _is_torch(q) else "cpu")
 
 
@@ -536,22 +748,34 @@ def gqa_union(plan: Plan) -> Plan:
     return Plan.from_native(_C.gqa_union(plan.native), device=plan.device)
 
 
-def attend(q, k, v, plan: Plan, *, layout: Optional[str] = None, causal=True):
+def attend(q, k, v, plan: Plan, *, layout: Optional[str] = None, causal=True, block_table=None,
+           cache_seqlens=None):
     """Block-sparse attention following a given plan (e.g. one made on the other backend).
-    Same layouts and outputs as prefill; the plan must match the shapes. No backward: inputs that
-    require grad are refused while grad mode is on."""
+    Same layouts and outputs as prefill; the plan must match the shapes. Varlen inputs take the
+    plan's ``cu_seqlens`` / ``cu_seqlens_k``; paged K/V takes its ``block_table`` again (the
+    plan's key counts, or ``cache_seqlens``). No backward: inputs that require grad are refused
+    while grad mode is on."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: got {type(plan).__name__}; expected a crisp.Plan (from crisp.plan)")
     _check_causal(causal)
     _check_no_grad("attend", q, k, v)
-    # Batched inputs carry their sequence offsets in the shape; varlen ones take the plan's.
-    cu_seqlens = None if getattr(q, "ndim", 0) == 4 else plan.cu_seqlens
-    layout, _, (qv, kv, vv), cu = _prepare(q, k, v, cu_seqlens, layout)
-    out, lse = _output_buffers(q, layout)
-    ov, lv = _output_views(out, lse, layout)
-    if _is_torch(q) and q.device.type == "cuda":
-        with torch.cuda.device(q.device):  # synchronous: uploads the plan, runs, syncs the stream
-            _C.attend(qv, kv, vv, plan.native, ov, lv, 0, "f32", _stream(q))
-    else:
-        _C.attend(qv, kv, vv, plan.native, ov, lv, _num_threads(q), _precision(q), 0)
-    return _caller_outputs(out, lse, layout)
+    varlen = getattr(q, "ndim", 0) == 3
+    cu_k = plan.cu_seqlens_k if (varlen or block_table is not None) and cache_seqlens is None else None
+    call = _resolve_call(q, k, v, layout, cu_seqlens=plan.cu_seqlens if varlen else None,
+                               cu_seqlens_k=cu_k, block_table=block_table, cache_seqlens=cache_seqlens)
+    prep = _Prepared(q, k, v, call)
+    out, lse = _output_buffers(q, call.layout)
+    ov, lv = _output_views(out, lse, call.layout)
+    cuda = _is_torch(q) and q.device.type == "cuda"
+    with (torch.cuda.device(q.device) if cuda else _NoScope()):  # CUDA: uploads the plan, runs, syncs the stream
+        _C.attend(prep.q_view, prep.k_view, prep.v_view, plan.native, ov, lv, prep.table,
+                  0 if cuda else _num_threads(q), "f32" if cuda else _precision(q), _stream(q))
+    return _caller_outputs(out, lse, call.layout)
+
+
+class _NoScope:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -221,6 +221,26 @@ NB_MODULE(_C, m) {
       .def_static("preset_names", &crisp::Config::preset_names)
       .def_static("parameter_names", &crisp::Config::parameter_names);
 
+  nb::class_<crisp::BlockTable>(m, "BlockTable",
+                                "Paged K/V (crisp::BlockTable): int32 page ids [num_sequences, max_pages_per_sequence], "
+                                "row-major, on the device of the tensors; page_size 0 means contiguous K/V.")
+      .def(nb::init<>())
+      .def(
+          "__init__",
+          [](crisp::BlockTable* self, uintptr_t data, const std::string& device, int64_t max_pages_per_sequence,
+             int64_t page_size) {
+            crisp::BlockTable t;
+            t.data = reinterpret_cast<const int32_t*>(data);
+            t.device = parse_device(device);
+            t.max_pages_per_sequence = max_pages_per_sequence;
+            t.page_size = page_size;
+            new (self) crisp::BlockTable(t);
+          },
+          nb::arg("data"), nb::arg("device"), nb::arg("max_pages_per_sequence"), nb::arg("page_size"))
+      .def_ro("max_pages_per_sequence", &crisp::BlockTable::max_pages_per_sequence)
+      .def_ro("page_size", &crisp::BlockTable::page_size)
+      .def_prop_ro("empty", &crisp::BlockTable::empty);
+
   // ------------------------------------------------------------------ plans
   nb::class_<crisp::Plan>(m, "Plan", "A host plan: per (sequence, query head) route, statistics and block CSR.")
       .def_ro("config", &crisp::Plan::config)
@@ -246,41 +266,50 @@ NB_MODULE(_C, m) {
   // ------------------------------------------------------------------ synchronous API (crisp.h)
   m.def(
       "plan",
-      [](const TensorView& q, const TensorView& k, const crisp::Config& config, const std::vector<int64_t>& cu_seqlens,
-         int num_threads, const std::string& precision, uintptr_t stream) {
+      [](const TensorView& q, const TensorView& k, const crisp::Config& config, const std::vector<int64_t>& cu_seqlens_q,
+         const std::vector<int64_t>& cu_seqlens_k, const crisp::BlockTable& block_table, int num_threads,
+         const std::string& precision, uintptr_t stream) {
         const crisp::Options o = make_options(num_threads, precision, stream);
+        const crisp::Batch batch(cu_seqlens_q, cu_seqlens_k, block_table);
         nb::gil_scoped_release release;
-        return crisp::plan(q, k, config, cu_seqlens, o);
+        return crisp::plan(q, k, config, batch, o);
       },
-      nb::arg("q"), nb::arg("k"), nb::arg("config"), nb::arg("cu_seqlens"), nb::arg("num_threads") = 0,
-      nb::arg("precision") = "f32", nb::arg("stream") = 0);
+      nb::arg("q"), nb::arg("k"), nb::arg("config"), nb::arg("cu_seqlens_q"),
+      nb::arg("cu_seqlens_k") = std::vector<int64_t>{}, nb::arg("block_table") = crisp::BlockTable{},
+      nb::arg("num_threads") = 0, nb::arg("precision") = "f32", nb::arg("stream") = 0);
 
   m.def(
       "attend",
       [](const TensorView& q, const TensorView& k, const TensorView& v, const crisp::Plan& plan, const TensorView& out,
-         const TensorView& lse, int num_threads, const std::string& precision, uintptr_t stream) {
+         const TensorView& lse, const crisp::BlockTable& block_table, int num_threads, const std::string& precision,
+         uintptr_t stream) {
         const crisp::Options o = make_options(num_threads, precision, stream);
         nb::gil_scoped_release release;
-        crisp::attend(q, k, v, plan, out, lse, o);
+        crisp::attend(q, k, v, plan, out, lse, o, block_table);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("plan"), nb::arg("out"), nb::arg("lse"),
-      nb::arg("num_threads") = 0, nb::arg("precision") = "f32", nb::arg("stream") = 0);
+      nb::arg("block_table") = crisp::BlockTable{}, nb::arg("num_threads") = 0, nb::arg("precision") = "f32",
+      nb::arg("stream") = 0);
 
   m.def(
       "prefill",
       [](const TensorView& q, const TensorView& k, const TensorView& v, const crisp::Config& config,
-         const TensorView& out, const TensorView& lse, const std::vector<int64_t>& cu_seqlens, int num_threads,
+         const TensorView& out, const TensorView& lse, const std::vector<int64_t>& cu_seqlens_q,
+         const std::vector<int64_t>& cu_seqlens_k, const crisp::BlockTable& block_table, int num_threads,
          const std::string& precision, uintptr_t stream) {
         const crisp::Options o = make_options(num_threads, precision, stream);
+        const crisp::Batch batch(cu_seqlens_q, cu_seqlens_k, block_table);
         nb::gil_scoped_release release;
-        return crisp::prefill(q, k, v, config, out, lse, cu_seqlens, o);
+        return crisp::prefill(q, k, v, config, out, lse, batch, o);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("config"), nb::arg("out"), nb::arg("lse"),
-      nb::arg("cu_seqlens"), nb::arg("num_threads") = 0, nb::arg("precision") = "f32", nb::arg("stream") = 0);
+      nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k") = std::vector<int64_t>{},
+      nb::arg("block_table") = crisp::BlockTable{}, nb::arg("num_threads") = 0, nb::arg("precision") = "f32",
+      nb::arg("stream") = 0);
 
   // ------------------------------------------------------------------ plan once, run many times
   nb::class_<crisp::Attention>(m, "Attention",
-                               "crisp::Attention: a Config and typed options; plan(q, k, cu_seqlens) once, then "
+                               "crisp::Attention: a Config and typed options; plan(q, k, cu_seqlens_q, cu_seqlens_k, block_table) once, then "
                                "run(q, k, v, out, lse) any number of times, on the CPU or the GPU.")
       .def(
           "__init__",
@@ -298,11 +327,14 @@ NB_MODULE(_C, m) {
           nb::arg("precision") = "f32", nb::arg("stream") = 0)
       .def(
           "plan",
-          [](crisp::Attention& self, const TensorView& q, const TensorView& k, const std::vector<int64_t>& cu_seqlens) {
+          [](crisp::Attention& self, const TensorView& q, const TensorView& k, const std::vector<int64_t>& cu_seqlens_q,
+             const std::vector<int64_t>& cu_seqlens_k, const crisp::BlockTable& block_table) {
+            const crisp::Batch batch(cu_seqlens_q, cu_seqlens_k, block_table);
             nb::gil_scoped_release release;
-            self.plan(q, k, cu_seqlens);
+            self.plan(q, k, batch);
           },
-          nb::arg("q"), nb::arg("k"), nb::arg("cu_seqlens") = std::vector<int64_t>{})
+          nb::arg("q"), nb::arg("k"), nb::arg("cu_seqlens_q") = std::vector<int64_t>{},
+          nb::arg("cu_seqlens_k") = std::vector<int64_t>{}, nb::arg("block_table") = crisp::BlockTable{})
       .def(
           "run",
           [](const crisp::Attention& self, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -18,28 +18,32 @@ def cuda_ready() -> bool:
     return torch.cuda.is_available() and crisp.cuda_available()
 
 
-def reference_attention(q, k, v, cu_seqlens=None, scale=None):
-    """float64 causal attention in numpy. q [T, Hq, d], k/v [T, Hkv, d] (varlen layout);
-    returns out [T, Hq, d], lse [Hq, T]."""
+def reference_attention(q, k, v, cu_seqlens=None, scale=None, cu_seqlens_k=None):
+    """float64 causal attention in numpy. q [Tq, Hq, d], k/v [Tk, Hkv, d] (varlen layout);
+    returns out [Tq, Hq, d], lse [Hq, Tq]. Sequence s has the queries cu_seqlens[s] ..
+    cu_seqlens[s+1] and the keys cu_seqlens_k[s] .. cu_seqlens_k[s+1] (default: the same rows);
+    its n_q queries are the last n_q of its n_k positions (bottom-right causal, flash-attn's)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    T, Hq, d = q.shape
+    Tq, Hq, d = q.shape
     Hkv = k.shape[1]
     group = Hq // Hkv
     scale = 1.0 / np.sqrt(d) if scale is None else scale
-    cu = [0, T] if cu_seqlens is None else list(cu_seqlens)
+    cu = [0, Tq] if cu_seqlens is None else list(cu_seqlens)
+    cu_k = ([0, k.shape[0]] if cu_seqlens is None else cu) if cu_seqlens_k is None else list(cu_seqlens_k)
     out = np.zeros_like(q)
-    lse = np.zeros((Hq, T))
+    lse = np.zeros((Hq, Tq))
     for s in range(len(cu) - 1):
         a, b = cu[s], cu[s + 1]
-        n = b - a
-        causal = np.tril(np.ones((n, n), dtype=bool))
+        ka, kb = cu_k[s], cu_k[s + 1]
+        n_q, n_k = b - a, kb - ka
+        visible = np.arange(n_k)[None, :] <= (n_k - n_q) + np.arange(n_q)[:, None]
         for h in range(Hq):
-            logits = scale * q[a:b, h] @ k[a:b, h // group].T
-            logits = np.where(causal, logits, -np.inf)
+            logits = scale * q[a:b, h] @ k[ka:kb, h // group].T
+            logits = np.where(visible, logits, -np.inf)
             m = logits.max(axis=1, keepdims=True)
             p = np.exp(logits - m)
             z = p.sum(axis=1, keepdims=True)
-            out[a:b, h] = (p / z) @ v[a:b, h // group]
+            out[a:b, h] = (p / z) @ v[ka:kb, h // group]
             lse[h, a:b] = (m + np.log(z))[:, 0]
     return out, lse
 

@@ -39,9 +39,9 @@ def test_greedy_generation_equals_sdpa_on_short_prompts(device, dtype):
             with torch.no_grad():
                 outputs[impl] = model.generate(ids, max_new_tokens=16, do_sample=False, min_new_tokens=16)
             if impl == "crisp":
-                # Prefill ran through crisp in every layer; the 15 decode steps fell back to sdpa.
-                assert crisp.hf.stats["crisp"] == 2, crisp.hf.stats
-                assert crisp.hf.stats["fallback_reasons"] == {"decode (one query token)": 2 * 15}
+                # Prefill ran through crisp in every layer; the 15 decode steps ran on sdpa.
+                assert crisp.hf.stats["crisp"] == 2 and crisp.hf.stats["decode"] == 2 * 15, crisp.hf.stats
+                assert crisp.hf.stats["sdpa"] == 0 and crisp.hf.stats["fallback_reasons"] == {}
         assert outputs["crisp"].tolist() == outputs["sdpa"].tolist(), length
 
 
@@ -61,19 +61,92 @@ def test_long_prompt_logits_dense_policy(device, dtype):
     assert torch.isfinite(logits["crisp"]).all()
 
 
-def test_padded_batch_falls_back_to_sdpa():
+def test_padded_batch_runs_crisp_through_varlen():
     model = tiny_llama("cpu", torch.float32)
     ids = torch.randint(0, 1000, (2, 20), generator=torch.Generator().manual_seed(3))
     mask = torch.ones(2, 20, dtype=torch.long)
     mask[1, :5] = 0  # left padding
     out = {}
-    for impl in ("sdpa", "crisp"):
+    for impl in ("sdpa", "crisp_dense"):
         model.set_attn_implementation(impl)
         crisp.hf.reset_stats()
         with torch.no_grad():
             out[impl] = model(ids, attention_mask=mask).logits
-    assert crisp.hf.stats["crisp"] == 0 and crisp.hf.stats["sdpa"] == 2
-    torch.testing.assert_close(out["crisp"], out["sdpa"])
+    assert crisp.hf.stats["crisp"] == 2 and crisp.hf.stats["varlen"] == 2 and crisp.hf.stats["sdpa"] == 0
+    valid = mask.bool()  # padded positions' outputs are not defined by either
+    torch.testing.assert_close(out["crisp_dense"][valid], out["sdpa"][valid], atol=1e-4, rtol=1e-4)
+
+
+def chunked_generate(model, ids, mask, chunks, max_new_tokens=12):
+    """Prefill ids[:, :chunks[-1]] chunk by chunk into a cache (model(input_ids=chunk,
+    past_key_values=cache)), then generate from the whole of ids: its first step is the chunk of
+    the remaining prompt tokens over the filled cache. Returns (chunk logits, generated ids)."""
+    from transformers import DynamicCache
+    cache = DynamicCache()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits, start = [], 0
+    with torch.no_grad():
+        for end in chunks:
+            logits.append(model(input_ids=ids[:, start:end], attention_mask=mask[:, :end],
+                                position_ids=positions[:, start:end], past_key_values=cache,
+                                use_cache=True).logits)
+            start = end
+        generated = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=max_new_tokens,
+                                   min_new_tokens=max_new_tokens, do_sample=False)
+    return logits, generated
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_chunked_prefill_generate_equals_sdpa_with_zero_fallbacks(padded):
+    """Issue 16's transformers acceptance on a tiny Llama: a chunked prefill (chunks of 1, < B,
+    unaligned sizes over a filled cache), then generate over the prefilled cache, gives sdpa's
+    greedy answer through crisp's dense policy; every prefill call ran on crisp (chunks counted),
+    only the decode steps on sdpa. padded: a left-padded batch of two (varlen through cu_seqlens)."""
+    model = tiny_llama("cpu", torch.float32)
+    batch = 2 if padded else 1
+    ids = torch.randint(0, 1000, (batch, 150), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones(batch, 150, dtype=torch.long)
+    if padded:
+        mask[1, :37] = 0
+    chunks = [40, 41, 100]  # then generate's own chunk: tokens 100..149 over the 100 cached
+    results = {}
+    for impl in ("sdpa", "crisp_dense"):
+        model.set_attn_implementation(impl)
+        crisp.hf.reset_stats()
+        results[impl] = chunked_generate(model, ids, mask, chunks)
+        if impl == "crisp_dense":
+            stats = dict(crisp.hf.stats)
+    layers, new_tokens = 2, 12
+    assert stats["sdpa"] == 0 and stats["fallback_reasons"] == {}, stats
+    assert stats["crisp"] == layers * (len(chunks) + 1), stats
+    assert stats["chunks"] == layers * len(chunks), stats  # every call but the first chunk has a KV prefix
+    assert stats["decode"] == layers * (new_tokens - 1), stats
+    if padded:
+        assert stats["varlen"] == stats["crisp"], stats
+    for (start, end), a, b in zip(zip([0] + chunks, chunks), *(results[i][0] for i in ("crisp_dense", "sdpa"))):
+        valid = mask[:, start:end].bool()  # padded positions' outputs are not defined by either
+        torch.testing.assert_close(a[valid], b[valid], atol=1e-4, rtol=1e-4)
+    assert results["crisp_dense"][1].tolist() == results["sdpa"][1].tolist()
+
+
+def test_masks_crisp_reads_and_masks_it_leaves_to_sdpa():
+    from crisp.hf import _key_ranges
+    q_len, k_len = 4, 10
+    i, j = torch.arange(q_len)[:, None], torch.arange(k_len)[None, :]
+    bottom_right = j <= (k_len - q_len) + i
+    left_padded = bottom_right & (j >= 3)
+    mask = torch.stack([bottom_right, left_padded])[:, None]
+    assert _key_ranges(mask, q_len, k_len) == [(0, 10), (3, 10)]
+    additive = torch.zeros(2, 1, q_len, k_len).masked_fill(~mask, torch.finfo(torch.float32).min)
+    assert _key_ranges(additive, q_len, k_len) == [(0, 10), (3, 10)]
+    static_tail = j <= (9 - q_len) + i  # a static cache's unused slot after the last key
+    assert _key_ranges(static_tail[None, None], q_len, k_len) == [(0, 9)]
+    top_left = (j <= i)[None, None]  # sdpa's is_causal for q_len < k_len: not bottom-right
+    assert _key_ranges(top_left, q_len, k_len) is None
+    assert _key_ranges(torch.ones(1, 1, q_len, k_len, dtype=torch.bool), q_len, k_len) is None  # bidirectional
+    holes = bottom_right.clone()
+    holes[:, 5] = False  # a key masked in the middle (packed sequences, custom masks)
+    assert _key_ranges(holes[None, None], q_len, k_len) is None
 
 
 def test_unbatched_prefill_without_padding_uses_crisp_for_batch_of_two():

@@ -91,7 +91,7 @@ def test_gqa_shapes_fit_one_layout_only():
     (dict(alibi_slopes=np.ones(4)), ValueError, ["alibi_slopes"]),
     (dict(scale=0.1, softmax_scale=0.2), ValueError, ["scale, softmax_scale"]),
     (dict(cu_seqlens_q=[0, 8], cu_seqlens_k=[0, 4, 8]), ValueError, ["cu_seqlens_q", "cu_seqlens_k"]),
-    (dict(cu_seqlens_q=[0, 8]), ValueError, ["cu_seqlens_k"]),
+    (dict(cu_seqlens_q=[0, 8]), ValueError, ["cu_seqlens_q", "batched layout"]),
     (dict(max_seqlen_q="8"), TypeError, ["max_seqlen_q"]),
 ])
 def test_bad_layout_causal_and_foreign_keywords_name_the_argument(kwargs, exc, words):
@@ -119,7 +119,7 @@ def test_flash_attn_and_sdpa_keywords_at_neutral_values_are_accepted():
 def test_plan_records_layout_independent_shapes_and_attend_takes_a_layout():
     q, k, v = bshd(1, 4, 4, 300, 16)
     p = crisp.plan(q, k, policy="crisp", layout="bshd", block_size=64)
-    assert p.block_size == 64 and p.sequences[0].block_size == 64 and p.sequences[0].n == 300
+    assert p.block_size == 64 and p.sequences[0].block_size == 64 and p.sequences[0].n_k == 300
     assert p.device == "cpu" and p.sequences[0].device == "cpu"
     out, _ = crisp.attend(q, k, v, p, layout="bshd")
     out_h, _ = crisp.attend(*(to_bhsd(x) for x in (q, k, v)), p, layout="bhsd")

@@ -49,10 +49,10 @@ def test_plan_shapes_and_csr_invariants():
     p = crisp.plan(q, k, policy="crisp", cu_seqlens=cu)
     assert isinstance(p, crisp.Plan)
     assert (p.num_q_heads, p.num_kv_heads, p.head_dim, p.block_size) == (8, 2, 64, 128)
-    assert [s.n for s in p.sequences] == [1000, 300] and p.cu_seqlens == cu
+    assert [s.n_k for s in p.sequences] == [1000, 300] and p.cu_seqlens == cu
     for s in p.sequences:
         N = s.num_blocks
-        assert N == -(-s.n // 128)
+        assert N == -(-s.n_k // 128)
         assert s.row_ptr.shape == (8, N + 1) and s.row_ptr.dtype == np.int32
         assert s.col_offsets[-1] == s.col.size and len(s.routes) == 8
         assert set(s.routes) <= {"vs", "pe", "dense"}
