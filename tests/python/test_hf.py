@@ -81,18 +81,21 @@ def chunked_generate(model, ids, mask, chunks, max_new_tokens=12):
     """Prefill ids[:, :chunks[-1]] chunk by chunk into a cache (model(input_ids=chunk,
     past_key_values=cache)), then generate from the whole of ids: its first step is the chunk of
     the remaining prompt tokens over the filled cache. Returns (chunk logits, generated ids)."""
+    import inspect
+
     from transformers import DynamicCache
     cache = DynamicCache()
+    # transformers 5 names the cache argument `cache` (past_key_values is deprecated there).
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     logits, start = [], 0
     with torch.no_grad():
         for end in chunks:
             logits.append(model(input_ids=ids[:, start:end], attention_mask=mask[:, :end],
-                                position_ids=positions[:, start:end], past_key_values=cache,
-                                use_cache=True).logits)
+                                position_ids=positions[:, start:end], use_cache=True, **{cache_arg: cache}).logits)
             start = end
-        generated = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=max_new_tokens,
-                                   min_new_tokens=max_new_tokens, do_sample=False)
+        generated = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                   min_new_tokens=max_new_tokens, do_sample=False, **{cache_arg: cache})
     return logits, generated
 
 
@@ -108,7 +111,7 @@ def test_chunked_prefill_generate_equals_sdpa_with_zero_fallbacks(padded):
     mask = torch.ones(batch, 150, dtype=torch.long)
     if padded:
         mask[1, :37] = 0
-    chunks = [40, 41, 100]  # then generate's own chunk: tokens 100..149 over the 100 cached
+    chunks = [40, 57, 100]  # ends of chunks of 40, 17 (< B) and 43; then generate's own chunk: 100..149
     results = {}
     for impl in ("sdpa", "crisp_dense"):
         model.set_attn_implementation(impl)
@@ -141,8 +144,10 @@ def test_masks_crisp_reads_and_masks_it_leaves_to_sdpa():
     assert _key_ranges(additive, q_len, k_len) == [(0, 10), (3, 10)]
     static_tail = j <= (9 - q_len) + i  # a static cache's unused slot after the last key
     assert _key_ranges(static_tail[None, None], q_len, k_len) == [(0, 9)]
-    top_left = (j <= i)[None, None]  # sdpa's is_causal for q_len < k_len: not bottom-right
-    assert _key_ranges(top_left, q_len, k_len) is None
+    top_left = (j <= i)[None, None]  # sdpa's is_causal for q_len < k_len: bottom-right over keys 0..3
+    assert _key_ranges(top_left, q_len, k_len) == [(0, 4)]
+    window = (bottom_right & (j > (k_len - q_len) + i - 3))[None, None]  # sliding window of 3 keys
+    assert _key_ranges(window, q_len, k_len) is None
     assert _key_ranges(torch.ones(1, 1, q_len, k_len, dtype=torch.bool), q_len, k_len) is None  # bidirectional
     holes = bottom_right.clone()
     holes[:, 5] = False  # a key masked in the middle (packed sequences, custom masks)
