@@ -95,7 +95,7 @@ def test_params_reach_the_config():
 
 @pytest.mark.parametrize("call,exc,words", [
     (lambda q, k, v: crisp.prefill(q[0], k, v), ValueError, ["k, v: ranks"]),
-    (lambda q, k, v: crisp.prefill(q, k[:, :, :10], v), ValueError, ["k: shape", "seq="]),
+    (lambda q, k, v: crisp.prefill(q, k[:, :, :10], v), ValueError, ["k: shape", "seq>=64"]),
     (lambda q, k, v: crisp.prefill(q, np.concatenate([k] * 2, 1)[:, :3], v[:, :1].repeat(3, 1)), crisp.Error,
      ["k:", "divide"]),
     (lambda q, k, v: crisp.prefill(q, k, v, alpha=-1.0), crisp.Error, ["alpha", "expected"]),
