@@ -53,14 +53,15 @@ echo "== Python package (pip install . into a venv, CPU backend; pytest tests/py
 # nanobind); CRISP_PYTHON_TESTS=0 skips it. torch and transformers come from PyPI too (torch's
 # Linux wheel is ~4 GB with the CUDA libraries it pulls; ~1.5 min here), so the torch tests run on
 # the CPU (custom op, torch.compile, FlexAttention BlockMask, the transformers integration) beside
-# the numpy tests; CRISP_PYTHON_TORCH=0 leaves them out and those tests skip themselves.
+# the numpy tests; CRISP_PYTHON_TORCH=0 leaves them out and those tests skip themselves. gguf and
+# accelerate are what transformers' GGUF loader needs for the SmolLM2 test of crisp.hf (issue 16).
 if [ "${CRISP_PYTHON_TESTS:-1}" = 1 ]; then
   pyvenv=build-python/venv
   if python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null &&
      python3 -m venv "$pyvenv" >/dev/null 2>&1 &&
      "$pyvenv/bin/python" -m pip install -q scikit-build-core nanobind numpy pytest >/dev/null 2>&1; then
-    if [ "${CRISP_PYTHON_TORCH:-1}" = 1 ] && ! "$pyvenv/bin/python" -m pip install -q torch transformers >/dev/null 2>&1; then
-      failed+=("python package: pip install torch transformers")
+    if [ "${CRISP_PYTHON_TORCH:-1}" = 1 ] && ! "$pyvenv/bin/python" -m pip install -q torch transformers gguf accelerate >/dev/null 2>&1; then
+      failed+=("python package: pip install torch transformers gguf accelerate")
     fi
     if CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$pyvenv/bin/python" -m pip install -q --no-build-isolation \
          -C cmake.define.CRISP_CUDA=OFF -C build-dir=build-python/cmake . &&

@@ -170,3 +170,43 @@ def test_unbatched_prefill_without_padding_uses_crisp_for_batch_of_two():
 def test_register_rejects_bad_params():
     with pytest.raises(crisp.Error, match="alpha"):
         crisp.hf.register("crisp_bad", alpha=-2.0)
+
+
+def smollm2_path():
+    """The real model of issue 4 where scripts/fetch_model.sh puts it (or CRISP_MODEL_PATH)."""
+    import os
+    import pathlib
+    if os.environ.get("CRISP_MODEL_PATH"):
+        return pathlib.Path(os.environ["CRISP_MODEL_PATH"])
+    root = pathlib.Path(os.environ.get("CRISP_MODEL_DIR") or pathlib.Path(__file__).resolve().parents[2] / ".cache/model")
+    return root / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_smollm2_chunked_prefill_generate_equals_sdpa():
+    """Issue 16's acceptance on the real model: SmolLM2-135M-Instruct (transformers' GGUF loader,
+    float32 on the CPU) prefilled in chunks over a filled cache, then generate: the same greedy
+    answer through crisp's dense policy as through sdpa, and no fallback for any chunk."""
+    for package in ("gguf", "accelerate"):  # what transformers' GGUF loader needs
+        pytest.importorskip(package)
+    path = smollm2_path()
+    if not path.is_file():
+        pytest.skip(f"model file {path} not found: run scripts/fetch_model.sh (or set CRISP_MODEL_PATH)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    text = ("The Eiffel Tower is in Paris. The Colosseum is in Rome. The Brandenburg Gate is in Berlin. "
+            "The Sagrada Familia is in Barcelona. Question: in which city is the Colosseum? Answer: The Colosseum is in")
+    ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    n = ids.shape[1]
+    chunks = [n // 3, n // 3 + 1 + n // 4]  # unaligned chunk sizes; generate prefills the rest as a chunk
+    mask = torch.ones_like(ids)
+    layers = model.config.num_hidden_layers
+    answers = {}
+    for impl in ("sdpa", "crisp_dense"):
+        model.set_attn_implementation(impl)
+        crisp.hf.reset_stats()
+        answers[impl] = chunked_generate(model, ids, mask, chunks, max_new_tokens=8)[1][0, n:].tolist()
+        if impl == "crisp_dense":
+            stats = dict(crisp.hf.stats)
+    assert answers["crisp_dense"] == answers["sdpa"], [tokenizer.decode(a) for a in answers.values()]
+    assert stats["sdpa"] == 0 and stats["chunks"] == layers * len(chunks), stats
