@@ -4,6 +4,8 @@
     out, lse = crisp.prefill(q, k, v, layout="bhsd", policy="crisp")   # or "bshd", "thd" (varlen)
     plan = crisp.plan(q, k, layout="bhsd", policy="crisp")              # routes, densities, block CSR
     attention = crisp.Attention("crisp"); attention.plan(q, k); out, lse = attention.run(q, k, v)
+    out, lse = crisp.prefill(q_chunk, k_so_far, v_so_far)               # a chunk: n_q <= n_k, bottom-right
+    out, lse = crisp.prefill(q, k_cache, v_cache, block_table=table, cache_seqlens=lens)  # paged K/V
 
 ``crisp.hf.register()`` adds ``attn_implementation="crisp"`` to transformers (extra ``hf``);
 ``crisp.flex.block_mask(plan)`` gives a plan as a FlexAttention BlockMask (extra ``torch``). Both

@@ -10,7 +10,14 @@ Layouts (one for q, k and v), named by the ``layout`` argument:
 count differs from q's and picks it). Where both fit (every rank-4 MHA input, e.g.
 ``torch.randn(1, 2048, 4, 64)``), ``layout`` is required: a ValueError names it.
 GQA: k and v may have fewer heads than q (``Hq % Hkv == 0``; query head h reads kv head
-``h // (Hq // Hkv)``). ``causal=True`` is the only attention crisp computes; ``causal=False`` is
+``h // (Hq // Hkv)``).
+
+Queries over a KV prefix (chunked prefill): a sequence's ``n_q`` queries are the last ``n_q`` of
+its ``n_k`` key positions (bottom-right causal, flash-attn's convention), ``1 <= n_q <= n_k``:
+batched q ``[.., n_q, ..]`` with k/v ``[.., n_k, ..]``, or varlen ``cu_seqlens_q`` /
+``cu_seqlens_k``. Paged K/V: ``block_table`` with k/v the caches ``[num_pages, page_size, Hkv,
+dim]`` (vLLM's, flash_attn_with_kvcache's) and ``cache_seqlens`` or ``cu_seqlens_k``; prefill's
+docstring has the details. ``causal=True`` is the only attention crisp computes; ``causal=False`` is
 refused.
 
 Outputs, contiguous like SDPA's: ``out`` in q's layout and dtype; ``lse`` (natural log, float32;
@@ -298,15 +305,17 @@ def _check_inputs(q, k, v, varlen_argument: Optional[str], layout=None, paged: b
     return layout
 
 
-def _seqlens_list(cu_seqlens, name: str = "cu_seqlens") -> Optional[List[int]]:
-    """A list of ints from a list / numpy array / torch tensor (None stays None)."""
+def _offsets(cu_seqlens, name: str = "cu_seqlens"):
+    """Offsets or lengths as given, checked for type and rank: a torch tensor stays one (its values
+    are read inside the custom op, so torch.compile traces no host read), anything else becomes a
+    list of ints. None stays None."""
     if cu_seqlens is None:
         return None
     if _is_torch(cu_seqlens):
         if cu_seqlens.ndim != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name}: a {cu_seqlens.dtype} tensor of rank {cu_seqlens.ndim}; "
                             "expected a rank-1 int32/int64 tensor")
-        return [int(x) for x in cu_seqlens.tolist()]
+        return cu_seqlens
     if isinstance(cu_seqlens, np.ndarray):
         if cu_seqlens.ndim != 1 or not np.issubdtype(cu_seqlens.dtype, np.integer):
             raise TypeError(f"{name}: expected a rank-1 integer array")
@@ -317,22 +326,25 @@ def _seqlens_list(cu_seqlens, name: str = "cu_seqlens") -> Optional[List[int]]:
     raise TypeError(f"{name}: got {type(cu_seqlens).__name__}; expected a list of ints or a rank-1 integer tensor")
 
 
-def _cache_lengths(cache_seqlens, num_sequences: int) -> List[int]:
-    """flash_attn_with_kvcache's cache_seqlens (an int, or one int per sequence): the key count of
-    every sequence."""
+def _seqlens_list(cu_seqlens, name: str = "cu_seqlens") -> Optional[List[int]]:
+    """A list of ints from a list / numpy array / torch tensor (None stays None)."""
+    cu = _offsets(cu_seqlens, name)
+    return [int(x) for x in cu.tolist()] if _is_torch(cu) else cu
+
+
+def _key_offsets(cache_seqlens, num_sequences: int):
+    """cu_seqlens_k from flash_attn_with_kvcache's cache_seqlens (an int, or one key count per
+    sequence); a tensor stays a tensor."""
     if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, bool):
-        lengths = [int(cache_seqlens)] * num_sequences
-    else:
-        lengths = _seqlens_list(cache_seqlens, "cache_seqlens")
+        cache_seqlens = [int(cache_seqlens)] * num_sequences
+    lengths = _offsets(cache_seqlens, "cache_seqlens")
     if len(lengths) != num_sequences:
         raise ValueError(f"cache_seqlens: {len(lengths)} lengths for {num_sequences} sequences; "
                          "expected one key count per sequence")
+    if _is_torch(lengths):  # the library checks the values (as batch.cu_seqlens_k)
+        return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int64)
     if any(n < 1 for n in lengths):
         raise ValueError(f"cache_seqlens: {lengths}; expected every sequence to have at least one key")
-    return lengths
-
-
-def _cumulative(lengths: Sequence[int]) -> List[int]:
     return [0] + [int(x) for x in np.cumsum(lengths)]
 
 
@@ -396,8 +408,8 @@ def _resolve_call(q, k, v, layout, cu_seqlens=None, cu_seqlens_q=None, cu_seqlen
     if cu_seqlens_k is not None and cache_seqlens is not None:
         raise ValueError("cu_seqlens_k, cache_seqlens: both given; expected one of them (the key count of each sequence)")
     q_name = "cu_seqlens_q" if cu_seqlens_q is not None else "cu_seqlens"
-    cu_q = _seqlens_list(cu_seqlens_q if cu_seqlens_q is not None else cu_seqlens, q_name)
-    cu_k = _seqlens_list(cu_seqlens_k, "cu_seqlens_k")
+    cu_q = _offsets(cu_seqlens_q if cu_seqlens_q is not None else cu_seqlens, q_name)
+    cu_k = _offsets(cu_seqlens_k, "cu_seqlens_k")
     varlen_argument = ", ".join(n for n, x in ((q_name, cu_q), ("cu_seqlens_k", cu_k)) if x is not None) or None
     paged = block_table is not None
     layout = _check_inputs(q, k, v, varlen_argument, layout, paged)
@@ -410,7 +422,7 @@ def _resolve_call(q, k, v, layout, cu_seqlens=None, cu_seqlens_q=None, cu_seqlen
     else:
         num_sequences = q.shape[0]
     if cache_seqlens is not None:
-        cu_k = _cumulative(_cache_lengths(cache_seqlens, num_sequences))
+        cu_k = _key_offsets(cache_seqlens, num_sequences)
     if paged:
         if cu_k is None:
             raise ValueError("block_table: given without the key counts; expected cache_seqlens (or cu_seqlens_k "
@@ -423,8 +435,8 @@ def _resolve_call(q, k, v, layout, cu_seqlens=None, cu_seqlens_q=None, cu_seqlen
         if seq_cache % 16 != 0:
             raise ValueError(f"cache_seqlens: with a contiguous k of {seq_cache} positions per batch row; expected "
                              "a multiple of 16 positions per row, or a block_table")
-        lengths = np.diff(cu_k)
-        if int(lengths.max()) > seq_cache:
+        lengths = None if _is_torch(cu_k) else np.diff(cu_k)  # a tensor's: the library checks (pages needed)
+        if lengths is not None and int(lengths.max()) > seq_cache:
             raise ValueError(f"cache_seqlens: {lengths.tolist()} exceed the {seq_cache} positions of k; "
                              "expected at most the cache's length")
         rows = np.arange(num_sequences, dtype=np.int32)[:, None]
@@ -544,7 +556,8 @@ class _Prepared:
     caches they point into, which must outlive the call), the batch and its block table."""
 
     def __init__(self, q, k, v, call: _Call):
-        cu_q, cu_k = _sequences(q, k, call)
+        cu_q, cu_k = _sequences(q, k, _Call(call.layout, _seqlens_list(call.cu_q, "cu_seqlens_q"),
+                                            _seqlens_list(call.cu_k, "cu_seqlens_k"), call.table, call.rows_as_pages))
         if call.rows_as_pages:
             k, v = _rows_as_pages(k, call.layout), _rows_as_pages(v, call.layout)
         if call.layout != "thd":
@@ -666,8 +679,8 @@ if torch is not None:
     _prefill_op.register_autograd(_prefill_backward)
 
 
-def _as_offsets_tensor(cu: Optional[List[int]]):
-    return None if cu is None else torch.tensor(cu, dtype=torch.int64)
+def _as_offsets_tensor(cu):
+    return cu if cu is None or _is_torch(cu) else torch.tensor(cu, dtype=torch.int64)
 
 
 # ---------------------------------------------------------------- public API

@@ -142,6 +142,11 @@ def test_contiguous_cache_with_cache_seqlens():
     for b, n in enumerate(lens):
         ref, _ = reference_attention(q[b], k[b, :n], v[b, :n], [0, n_q], cu_seqlens_k=[0, n])
         np.testing.assert_allclose(out[b], ref, **TOL)
+    kh, vh = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (k, v))  # and as [batch, Hkv, seq, d]
+    attention = crisp.Attention("dense")
+    attention.plan(q.transpose(0, 2, 1, 3), kh, layout="bhsd", cache_seqlens=lens)
+    out_h, _ = attention.run(q.transpose(0, 2, 1, 3), kh, vh)
+    np.testing.assert_array_equal(out_h.transpose(0, 2, 1, 3), out)
 
 
 def test_chunked_prefill_in_pieces_equals_one_shot():
@@ -236,6 +241,14 @@ def test_torch_compile_of_a_chunk():
                              fullgraph=True)
     expected, _ = crisp.prefill(q, k, v, policy="dense", layout="bshd")
     torch.testing.assert_close(compiled(q, k, v), expected * 2)
+    # varlen offsets as tensors: read inside the op, so the graph has no host read of them.
+    lengths = [(1, 50), (100, N_K)]
+    q, k, v, cu_q, cu_k = (torch.from_numpy(x) if isinstance(x, np.ndarray) else torch.tensor(x)
+                           for x in sequences(lengths, seed=22))
+    varlen = torch.compile(lambda q, k, v, cu_q, cu_k: crisp.prefill(q, k, v, policy="dense", cu_seqlens_q=cu_q,
+                                                                     cu_seqlens_k=cu_k)[0], fullgraph=True)
+    expected, _ = crisp.prefill(q, k, v, policy="dense", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    torch.testing.assert_close(varlen(q, k, v, cu_q, cu_k), expected)
 
 
 @needs_torch
