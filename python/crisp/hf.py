@@ -21,7 +21,9 @@ Decode steps (one query token) run on transformers' ``sdpa`` attention by design
 sparsity is a prefill saving, and one query over the cache is a memory-bound dot product sdpa
 does well. Everything else listed above falls back to sdpa. ``stats`` counts the calls:
 ``crisp`` (of which ``chunks``: queries over a KV prefix, ``varlen``: padded batches), ``decode``,
-and the fallbacks ``sdpa`` with ``fallback_reasons``.
+and the fallbacks ``sdpa`` with ``fallback_reasons``. A CUDA backend that does not take chunks and
+varlen key offsets yet (it refuses them, naming the batch) leaves those calls to sdpa, counted as
+fallbacks with that reason.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import weakref
 from typing import Any, Dict
 
 from ._extras import require
+from ._C import Error
 from .ops import prefill
 
 torch = require("torch", "hf", "crisp.hf")
@@ -77,6 +80,7 @@ def _fallback_reason(module, query, key, value, attention_mask, dropout, kwargs)
 
 
 _MASK_REASON = "attention mask (not causal with padding)"
+_CUDA_REFUSES = "not yet supported by the CUDA backend"
 # The last mask read and what it said: every layer of a forward pass gets the same mask object.
 _last_mask: Dict[str, Any] = {"ref": None, "key": None, "rows": None}
 
@@ -161,19 +165,26 @@ def _make_forward(policy: str, params: Dict[str, Any]):
         call_params = dict(params)
         if scaling is not None:
             call_params["softmax_scale"] = float(scaling)
-        stats["crisp"] += 1
         q_len, k_len = query.shape[2], key.shape[2]
-        if rows is not None and any(r != (0, k_len) for r in rows):
-            stats["varlen"] += 1
-            stats["chunks"] += any(end - start > q_len for start, end in rows)
-            return _varlen_call(query, key, value, rows, policy, call_params), None
-        stats["chunks"] += q_len < k_len
-        # query [B, Hq, q_len, D], key/value [B, Hkv, k_len, D] (GQA handled by crisp, no repeat),
-        # passed as their free [B, S, H, D] transposes: the output is then the contiguous
-        # [B, q_len, Hq, D] transformers wants from an attention function. q_len < k_len: a chunk
-        # over the cache, its queries the last q_len of the k_len positions.
-        out, _ = prefill(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), policy=policy,
-                         layout="bshd", **call_params)
+        varlen = rows is not None and any(r != (0, k_len) for r in rows)
+        try:
+            if varlen:
+                out = _varlen_call(query, key, value, rows, policy, call_params)
+            else:
+                # query [B, Hq, q_len, D], key/value [B, Hkv, k_len, D] (GQA handled by crisp, no
+                # repeat), passed as their free [B, S, H, D] transposes: the output is then the
+                # contiguous [B, q_len, Hq, D] transformers wants from an attention function.
+                # q_len < k_len: a chunk over the cache, its queries the last q_len positions.
+                out, _ = prefill(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), policy=policy,
+                                 layout="bshd", **call_params)
+        except Error as e:
+            # A CUDA build whose backend does not take chunks yet refuses them naming the batch.
+            if query.device.type == "cuda" and _CUDA_REFUSES in str(e):
+                return fall_back("sdpa", "chunk or padded batch on a CUDA backend without them", *args)
+            raise
+        stats["crisp"] += 1
+        stats["varlen"] += varlen
+        stats["chunks"] += any(end - start > q_len for start, end in rows) if varlen else q_len < k_len
         return out, None
 
     crisp_attention_forward.__name__ = f"crisp_attention_forward_{policy}"
