@@ -99,16 +99,17 @@ def chunked_generate(model, ids, mask, chunks, max_new_tokens=12):
     return logits, generated
 
 
+@pytest.mark.parametrize("device,dtype", DEVICES)
 @pytest.mark.parametrize("padded", [False, True])
-def test_chunked_prefill_generate_equals_sdpa_with_zero_fallbacks(padded):
+def test_chunked_prefill_generate_equals_sdpa_with_zero_fallbacks(padded, device, dtype):
     """Issue 16's transformers acceptance on a tiny Llama: a chunked prefill (chunks of 1, < B,
     unaligned sizes over a filled cache), then generate over the prefilled cache, gives sdpa's
     greedy answer through crisp's dense policy; every prefill call ran on crisp (chunks counted),
     only the decode steps on sdpa. padded: a left-padded batch of two (varlen through cu_seqlens)."""
-    model = tiny_llama("cpu", torch.float32)
+    model = tiny_llama(device, dtype)
     batch = 2 if padded else 1
-    ids = torch.randint(0, 1000, (batch, 150), generator=torch.Generator().manual_seed(6))
-    mask = torch.ones(batch, 150, dtype=torch.long)
+    ids = torch.randint(0, 1000, (batch, 150), generator=torch.Generator().manual_seed(6)).to(device)
+    mask = torch.ones(batch, 150, dtype=torch.long, device=device)
     if padded:
         mask[1, :37] = 0
     chunks = [40, 57, 100]  # ends of chunks of 40, 17 (< B) and 43; then generate's own chunk: 100..149
@@ -120,6 +121,8 @@ def test_chunked_prefill_generate_equals_sdpa_with_zero_fallbacks(padded):
         if impl == "crisp_dense":
             stats = dict(crisp.hf.stats)
     layers, new_tokens = 2, 12
+    if any("CUDA backend without them" in reason for reason in stats["fallback_reasons"]):
+        pytest.skip(f"the CUDA backend does not take chunks yet: {stats}")
     assert stats["sdpa"] == 0 and stats["fallback_reasons"] == {}, stats
     assert stats["crisp"] == layers * (len(chunks) + 1), stats
     assert stats["chunks"] == layers * len(chunks), stats  # every call but the first chunk has a KV prefix
@@ -128,7 +131,8 @@ def test_chunked_prefill_generate_equals_sdpa_with_zero_fallbacks(padded):
         assert stats["varlen"] == stats["crisp"], stats
     for (start, end), a, b in zip(zip([0] + chunks, chunks), *(results[i][0] for i in ("crisp_dense", "sdpa"))):
         valid = mask[:, start:end].bool()  # padded positions' outputs are not defined by either
-        torch.testing.assert_close(a[valid], b[valid], atol=1e-4, rtol=1e-4)
+        tol = 1e-4 if dtype == torch.float32 else 3e-2 * float(b.abs().max())  # bf16: ulps of the logit scale
+        torch.testing.assert_close(a[valid], b[valid], atol=tol, rtol=1e-4 if dtype == torch.float32 else 3e-2)
     assert results["crisp_dense"][1].tolist() == results["sdpa"][1].tolist()
 
 
