@@ -1,9 +1,13 @@
 // tests/oracle.h — a second, deliberately naive float64 implementation of the CRISP spec
-// (docs/spec.md §1–§7, with the project's decisions recorded in docs/algorithm.md), written
+// (docs/spec.md §1–§7 and §11, with the project's decisions recorded in docs/algorithm.md), written
 // straight from the spec text. It shares NOTHING with the library's planner: it does not include
 // src/plan/rules.h or any backend, it materialises the proxy map A, sorts with std::sort and builds
 // the layout by testing every (r, c) pair. Its only job is to be an independent second opinion that
 // the tests compare crisp::plan / crisp::attend with.
+//
+// §11 (queries over a KV prefix): a sequence holds n_q <= n_k queries, query i at position
+// n_k - n_q + i (bottom-right causal). Blocks are numbered by position over the n_k keys; rows
+// before first_row = (n_k - n_q) / B hold no query and are empty. A whole prompt is n_q = n_k.
 //
 // Besides the answer it reports *fragile* decisions: threshold comparisons or sort boundaries whose
 // outcome would flip under a relative perturbation `tol` of the compared values. A float32 backend
@@ -76,14 +80,16 @@ inline bool near(double a, double b, double tol) {
 
 // ---------------------------------------------------------------- §1 proxy map, §2 JSD, §4 P
 struct Proxy {
-  int64_t n = 0, L = 0, d = 0;
+  int64_t n = 0, L = 0, d = 0;  // n: the keys (n_k)
+  int64_t n_q = 0;              // §11: the queries, the last n_q of the n positions
   int B = 0, N = 0;
+  int first_row = 0;            // §11: (n - n_q) / B, the block of the first query
   double scale = 0.0;
   std::vector<double> A;  // [L, n]; A[i, j] = 0 for j > p_i
   std::vector<double> v, u, pv, ps;
   std::vector<double> abar;  // §2 jsd: block softmax of the mean proxy query
   double jsd = 0.0;
-  std::vector<double> P;  // [N, N] block-causal softmax of block means (0 above the diagonal)
+  std::vector<double> P;  // [N, N] block-causal softmax of block means (0 above the diagonal and in rows < first_row)
 
   int64_t p(int64_t i) const { return n - L + i; }
   double a(int64_t i, int64_t j) const { return A[static_cast<size_t>(i * n + j)]; }
@@ -91,24 +97,32 @@ struct Proxy {
 
 inline int num_blocks(int64_t n, int B) { return static_cast<int>((n + B - 1) / B); }
 
-// q, k: the rows of one query head and its kv head for one sequence (row t at q + t*d).
-inline Proxy make_proxy(const double* q, const double* k, int64_t n, int64_t d, int B, double scale) {
+// k: the n key rows of one kv head for one sequence (key j at k + j*d). q_rows: the query rows of
+// one query head, the last n_q of the n positions (position t at q_rows + (t - (n - n_q))*d);
+// n_q < 0 means a whole prompt (n_q = n).
+inline Proxy make_proxy(const double* q_rows, const double* k, int64_t n, int64_t d, int B, double scale,
+                        int64_t n_q = -1) {
   Proxy P;
   P.n = n;
+  P.n_q = n_q < 0 ? n : n_q;
   P.d = d;
   P.B = B;
   P.N = num_blocks(n, B);
-  P.L = std::min<int64_t>(B, n);
+  P.L = std::min<int64_t>(B, P.n_q);  // §11: only the call's own queries
+  P.first_row = static_cast<int>((n - P.n_q) / B);
   P.scale = scale;
   const int64_t L = P.L;
   const int N = P.N;
+  const int64_t first_position = n - P.n_q;
+  // The query at position t (t >= first_position only).
+  const auto q = [&](int64_t t) { return q_rows + (t - first_position) * d; };
   P.A.assign(static_cast<size_t>(L * n), 0.0);
   for (int64_t i = 0; i < L; ++i) {
     const int64_t pi = P.p(i);
     std::vector<double> logit(static_cast<size_t>(pi + 1));
     double mx = -std::numeric_limits<double>::infinity();
     for (int64_t j = 0; j <= pi; ++j) {
-      logit[static_cast<size_t>(j)] = scale * dot(q + pi * d, k + j * d, d);
+      logit[static_cast<size_t>(j)] = scale * dot(q(pi), k + j * d, d);
       mx = std::max(mx, logit[static_cast<size_t>(j)]);
     }
     double z = 0.0;
@@ -130,21 +144,23 @@ inline Proxy make_proxy(const double* q, const double* k, int64_t n, int64_t d, 
     P.ps[static_cast<size_t>(j / B)] += P.u[static_cast<size_t>(j)];  // u[t], t in [cB, cB+B)
   }
 
-  // Block means (true length for the partial last block).
+  // Block means (true length for the partial last block). §11: query means only for the rows
+  // holding queries, the first one over the queries it holds.
   std::vector<double> qbar(static_cast<size_t>(N * d), 0.0), kbar(static_cast<size_t>(N * d), 0.0);
   for (int b = 0; b < N; ++b) {
     const int64_t lo = static_cast<int64_t>(b) * B, hi = std::min<int64_t>(lo + B, n);
     for (int64_t t = lo; t < hi; ++t)
-      for (int64_t x = 0; x < d; ++x) {
-        qbar[static_cast<size_t>(b * d + x)] += q[t * d + x] / static_cast<double>(hi - lo);
-        kbar[static_cast<size_t>(b * d + x)] += k[t * d + x] / static_cast<double>(hi - lo);
-      }
+      for (int64_t x = 0; x < d; ++x) kbar[static_cast<size_t>(b * d + x)] += k[t * d + x] / static_cast<double>(hi - lo);
+    if (b < P.first_row) continue;
+    const int64_t qlo = std::max(lo, first_position);
+    for (int64_t t = qlo; t < hi; ++t)
+      for (int64_t x = 0; x < d; ++x) qbar[static_cast<size_t>(b * d + x)] += q(t)[x] / static_cast<double>(hi - qlo);
   }
 
   // §2 jsd: abar = softmax_c(s * mean_i(q_{p_i}) . kbar_c) over all c (no mask).
   std::vector<double> qmean(static_cast<size_t>(d), 0.0);
   for (int64_t i = 0; i < L; ++i)
-    for (int64_t x = 0; x < d; ++x) qmean[static_cast<size_t>(x)] += q[P.p(i) * d + x] / static_cast<double>(L);
+    for (int64_t x = 0; x < d; ++x) qmean[static_cast<size_t>(x)] += q(P.p(i))[x] / static_cast<double>(L);
   {
     std::vector<double> logit(static_cast<size_t>(N));
     double mx = -std::numeric_limits<double>::infinity();
@@ -166,9 +182,9 @@ inline Proxy make_proxy(const double* q, const double* k, int64_t n, int64_t d, 
     P.jsd = std::sqrt(std::max(0.0, 0.5 * kl_a + 0.5 * kl_p));
   }
 
-  // §4: P[r, c] = softmax over c <= r of s * qbar_r . kbar_c.
+  // §4: P[r, c] = softmax over c <= r of s * qbar_r . kbar_c, for the rows holding queries.
   P.P.assign(static_cast<size_t>(N * N), 0.0);
-  for (int r = 0; r < N; ++r) {
+  for (int r = P.first_row; r < N; ++r) {
     std::vector<double> logit(static_cast<size_t>(r + 1));
     double mx = -std::numeric_limits<double>::infinity();
     for (int c = 0; c <= r; ++c) {
@@ -229,11 +245,19 @@ inline std::vector<int32_t> sorted_set(const std::vector<bool>& flags) {
   return out;
 }
 
-inline void dense_layout(HeadResult& h, int N) {
+// §11: the causal blocks of rows first_row .. N-1 (the density's denominator).
+inline double causal_blocks_from(int N, int first_row) {
+  double count = 0.0;
+  for (int r = first_row; r < N; ++r) count += r + 1;
+  return count;
+}
+
+inline void dense_layout(HeadResult& h, int N, int first_row = 0) {
   h.row_ptr.assign(1, 0);
   h.col.clear();
   for (int r = 0; r < N; ++r) {
-    for (int c = 0; c <= r; ++c) h.col.push_back(c);
+    if (r >= first_row)
+      for (int c = 0; c <= r; ++c) h.col.push_back(c);
     h.row_ptr.push_back(static_cast<int32_t>(h.col.size()));
   }
   h.density = 1.0;
@@ -373,13 +397,14 @@ inline std::vector<bool> vs_select(const Proxy& P, const Config& cfg, bool verti
   return keep;
 }
 
-// Layout of one head (§5): {0, r} ∪ {b in V, b <= r} ∪ slash cover ∪ PE entries of row r.
+// Layout of one head (§5): {0, r} ∪ {b in V, b <= r} ∪ slash cover ∪ PE entries of row r, for the
+// rows r >= first_row (§11: earlier rows hold no query and stay empty).
 inline void build_layout(HeadResult& h, int N, const std::vector<bool>& vflag, const std::vector<bool>& sflag,
-                         const std::vector<bool>& pe, crisp::SlashCover cover) {
+                         const std::vector<bool>& pe, crisp::SlashCover cover, int first_row = 0) {
   h.row_ptr.assign(1, 0);
   h.col.clear();
   for (int r = 0; r < N; ++r) {
-    for (int c = 0; c <= r; ++c) {
+    for (int c = 0; c <= r && r >= first_row; ++c) {
       bool in = (c == 0 || c == r);
       if (vflag[static_cast<size_t>(c)]) in = true;
       for (int s = 0; s < N && !in; ++s) {
@@ -392,15 +417,15 @@ inline void build_layout(HeadResult& h, int N, const std::vector<bool>& vflag, c
     }
     h.row_ptr.push_back(static_cast<int32_t>(h.col.size()));
   }
-  h.density = static_cast<double>(h.col.size()) / (static_cast<double>(N) * (N + 1) / 2.0);
+  h.density = static_cast<double>(h.col.size()) / causal_blocks_from(N, first_row);
 }
 
 // §4 row floor: keep (r, c <= r) iff P[r, c] > pe_alpha / (r + 1), the row's uniform level.
-// Result indexed r * N + c.
+// Result indexed r * N + c; rows r >= first_row only (§11).
 inline std::vector<bool> pe_row_floor(const Proxy& P, const Config& cfg, double tol, std::vector<std::string>& fragile) {
   const int N = P.N;
   std::vector<bool> pe(static_cast<size_t>(N * N), false);
-  for (int r = 0; r < N; ++r) {
+  for (int r = P.first_row; r < N; ++r) {
     const double level = cfg.pe_alpha / static_cast<double>(r + 1);
     for (int c = 0; c <= r; ++c) {
       const double prob = P.P[static_cast<size_t>(r * N + c)];
@@ -418,16 +443,17 @@ inline std::vector<bool> pe_row_floor(const Proxy& P, const Config& cfg, double 
 }
 
 // §4 global coverage: entries (r, c <= r) by P descending, ties by smaller r*N + c; keep while
-// the running sum before the entry is < pe_gamma * N (the crossing entry included).
+// the running sum before the entry is < pe_gamma * N (the crossing entry included). §11: only the
+// rows r >= first_row have entries, and the target is pe_gamma * (N - first_row).
 inline std::vector<bool> pe_global_coverage(const Proxy& P, const Config& cfg, double tol,
                                             std::vector<std::string>& fragile) {
   const int N = P.N;
   std::vector<bool> pe(static_cast<size_t>(N * N), false);
-  std::vector<double> flat(static_cast<size_t>(N * N), -1.0);  // -1 marks c > r (never chosen)
-  for (int r = 0; r < N; ++r)
+  std::vector<double> flat(static_cast<size_t>(N * N), -1.0);  // -1 marks c > r and empty rows (never chosen)
+  for (int r = P.first_row; r < N; ++r)
     for (int c = 0; c <= r; ++c) flat[static_cast<size_t>(r * N + c)] = P.P[static_cast<size_t>(r * N + c)];
   std::vector<int64_t> order = tie_sorted(flat);
-  const double target = cfg.pe_gamma * N;
+  const double target = cfg.pe_gamma * (N - P.first_row);
   double run = 0.0;
   size_t kept = 0;
   for (int64_t e : order) {
@@ -455,7 +481,7 @@ inline HeadResult plan_head(const Proxy& P, const Config& cfg, double tol) {
   const int N = P.N;
   if (cfg.dense || is_short(P.n, cfg)) {
     h.route = Route::dense;
-    dense_layout(h, N);
+    dense_layout(h, N, P.first_row);
     return h;
   }
   h.c_struct = c_struct(P, cfg.w_sink, cfg.w_local);
@@ -502,7 +528,7 @@ inline HeadResult plan_head(const Proxy& P, const Config& cfg, double tol) {
   }
   h.vertical = sorted_set(vflag);
   h.slash = sorted_set(sflag);
-  build_layout(h, N, vflag, sflag, pe, cfg.slash_cover);
+  build_layout(h, N, vflag, sflag, pe, cfg.slash_cover, P.first_row);
   return h;
 }
 
@@ -511,11 +537,19 @@ inline HeadResult plan_head(const Proxy& P, const Config& cfg, double tol) {
 // (block size, scale), so they are cached for the parameter grids.
 class Planner {
  public:
+  // Whole prompts: sequence s is tokens [cu[s], cu[s+1]) of q and k.
   Planner(const std::vector<float>& q, const std::vector<float>& k, int64_t hq, int64_t hkv, int64_t tokens,
           int64_t d, crisp::SeqLens cu = {})
       : q_(Tensor::from_floats(q, hq, tokens, d)), k_(Tensor::from_floats(k, hkv, tokens, d)), cu_(std::move(cu)) {
     if (cu_.empty()) cu_ = {0, tokens};
+    cu_k_ = cu_;
   }
+  // §11: sequence s has the queries [cu_q[s], cu_q[s+1]) of q (q_tokens rows) and the keys
+  // [cu_k[s], cu_k[s+1]) of k (kv_tokens rows, contiguous), the queries the last of its positions.
+  Planner(const std::vector<float>& q, const std::vector<float>& k, int64_t hq, int64_t hkv, int64_t q_tokens,
+          int64_t kv_tokens, int64_t d, crisp::SeqLens cu_q, crisp::SeqLens cu_k)
+      : q_(Tensor::from_floats(q, hq, q_tokens, d)), k_(Tensor::from_floats(k, hkv, kv_tokens, d)),
+        cu_(std::move(cu_q)), cu_k_(std::move(cu_k)) {}
 
   double resolved_scale(const Config& cfg) const {
     return cfg.softmax_scale > 0.0 ? cfg.softmax_scale : 1.0 / std::sqrt(static_cast<double>(q_.dim));
@@ -529,12 +563,13 @@ class Planner {
     const double scale = resolved_scale(cfg);
     std::vector<std::vector<HeadResult>> out;
     for (int64_t s = 0; s + 1 < static_cast<int64_t>(cu_.size()); ++s) {
-      const int64_t n = cu_[static_cast<size_t>(s + 1)] - cu_[static_cast<size_t>(s)];
+      const int64_t n = cu_k_[static_cast<size_t>(s + 1)] - cu_k_[static_cast<size_t>(s)];
+      const int64_t n_q = cu_[static_cast<size_t>(s + 1)] - cu_[static_cast<size_t>(s)];
       std::vector<HeadResult> heads;
       for (int64_t h = 0; h < q_.heads; ++h) {
         if (cfg.dense || is_short(n, cfg)) {
           HeadResult r;
-          dense_layout(r, num_blocks(n, cfg.block_size));
+          dense_layout(r, num_blocks(n, cfg.block_size), static_cast<int>((n - n_q) / cfg.block_size));
           heads.push_back(r);
         } else {
           heads.push_back(plan_head(proxy(s, h, cfg.block_size, scale), cfg, tol));
@@ -549,14 +584,16 @@ class Planner {
     auto key = std::make_tuple(s, h, B, scale);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
-    const int64_t t0 = cu_[static_cast<size_t>(s)], n = cu_[static_cast<size_t>(s + 1)] - t0;
+    const int64_t q0 = cu_[static_cast<size_t>(s)], n_q = cu_[static_cast<size_t>(s + 1)] - q0;
+    const int64_t k0 = cu_k_[static_cast<size_t>(s)], n = cu_k_[static_cast<size_t>(s + 1)] - k0;
     const int64_t kvh = h / (q_.heads / k_.heads);
-    return cache_.emplace(key, make_proxy(q_.row(h, t0), k_.row(kvh, t0), n, q_.dim, B, scale)).first->second;
+    return cache_.emplace(key, make_proxy(q_.row(h, q0), k_.row(kvh, k0), n, q_.dim, B, scale, n_q)).first->second;
   }
 
  private:
   Tensor q_, k_;
-  crisp::SeqLens cu_;
+  crisp::SeqLens cu_;    // queries
+  crisp::SeqLens cu_k_;  // keys
   std::map<std::tuple<int64_t, int64_t, int, double>, Proxy> cache_;
 };
 
@@ -566,44 +603,60 @@ struct Attention {
   std::vector<double> lse;  // [Hq, tokens]
 };
 
-// layouts[s][h] gives the CSR (row_ptr, col) of each (sequence, head); a query at position i of a
-// sequence attends the keys j <= i whose block is listed for i's block.
-inline Attention attend(const Tensor& q, const Tensor& k, const Tensor& v, const crisp::SeqLens& cu, int B, double scale,
-                        const std::vector<std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>>& layouts) {
+using Layouts = std::vector<std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>>;
+
+// §6 and §11: sequence s has the queries [cu_q[s], cu_q[s+1]) of q and the keys [cu_k[s],
+// cu_k[s+1]) of k and v. Its query i sits at position p = n_k - n_q + i and attends the keys
+// j <= p whose block is listed for p's block in layouts[s][h] (CSR row_ptr, col over the blocks
+// of positions); with layouts == nullptr, every key j <= p (dense bottom-right causal attention).
+inline Attention attend_chunks(const Tensor& q, const Tensor& k, const Tensor& v, const crisp::SeqLens& cu_q,
+                               const crisp::SeqLens& cu_k, int B, double scale, const Layouts* layouts) {
   Attention res{Tensor(q.heads, q.tokens, v.dim), std::vector<double>(static_cast<size_t>(q.heads * q.tokens), 0.0)};
   const int64_t group = q.heads / k.heads;
-  for (size_t s = 0; s + 1 < cu.size(); ++s) {
-    const int64_t t0 = cu[s], n = cu[s + 1] - t0;
+  for (size_t s = 0; s + 1 < cu_q.size(); ++s) {
+    const int64_t q0 = cu_q[s], n_q = cu_q[s + 1] - q0;
+    const int64_t k0 = cu_k[s], n_k = cu_k[s + 1] - k0;
     for (int64_t h = 0; h < q.heads; ++h) {
-      const auto& rp = layouts[s][static_cast<size_t>(h)].first;
-      const auto& col = layouts[s][static_cast<size_t>(h)].second;
       const int64_t kvh = h / group;
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t r = i / B;
-        std::vector<bool> allowed(static_cast<size_t>(r + 1), false);
-        for (int32_t e = rp[static_cast<size_t>(r)]; e < rp[static_cast<size_t>(r + 1)]; ++e) allowed[static_cast<size_t>(col[static_cast<size_t>(e)])] = true;
+      for (int64_t i = 0; i < n_q; ++i) {
+        const int64_t p = n_k - n_q + i;
+        const int64_t r = p / B;
+        std::vector<bool> allowed(static_cast<size_t>(r + 1), layouts == nullptr);
+        if (layouts != nullptr) {
+          const auto& rp = (*layouts)[s][static_cast<size_t>(h)].first;
+          const auto& col = (*layouts)[s][static_cast<size_t>(h)].second;
+          for (int32_t e = rp[static_cast<size_t>(r)]; e < rp[static_cast<size_t>(r + 1)]; ++e)
+            allowed[static_cast<size_t>(col[static_cast<size_t>(e)])] = true;
+        }
         double mx = -std::numeric_limits<double>::infinity();
-        std::vector<double> logit(static_cast<size_t>(i + 1), 0.0);
-        for (int64_t j = 0; j <= i; ++j) {
+        std::vector<double> logit(static_cast<size_t>(p + 1), 0.0);
+        for (int64_t j = 0; j <= p; ++j) {
           if (!allowed[static_cast<size_t>(j / B)]) continue;
-          logit[static_cast<size_t>(j)] = scale * dot(q.row(h, t0 + i), k.row(kvh, t0 + j), q.dim);
+          logit[static_cast<size_t>(j)] = scale * dot(q.row(h, q0 + i), k.row(kvh, k0 + j), q.dim);
           mx = std::max(mx, logit[static_cast<size_t>(j)]);
         }
         double z = 0.0;
-        double* o = res.out.row(h, t0 + i);
-        for (int64_t j = 0; j <= i; ++j) {
+        double* o = res.out.row(h, q0 + i);
+        for (int64_t j = 0; j <= p; ++j) {
           if (!allowed[static_cast<size_t>(j / B)]) continue;
           const double w = std::exp(logit[static_cast<size_t>(j)] - mx);
           z += w;
-          const double* vr = v.row(kvh, t0 + j);
+          const double* vr = v.row(kvh, k0 + j);
           for (int64_t x = 0; x < v.dim; ++x) o[x] += w * vr[x];
         }
         for (int64_t x = 0; x < v.dim; ++x) o[x] /= z;
-        res.lse[static_cast<size_t>(h * q.tokens + t0 + i)] = mx + std::log(z);
+        res.lse[static_cast<size_t>(h * q.tokens + q0 + i)] = mx + std::log(z);
       }
     }
   }
   return res;
+}
+
+// Whole prompts (queries and keys the same positions): a query at position i of a sequence
+// attends the keys j <= i whose block is listed for i's block.
+inline Attention attend(const Tensor& q, const Tensor& k, const Tensor& v, const crisp::SeqLens& cu, int B, double scale,
+                        const Layouts& layouts) {
+  return attend_chunks(q, k, v, cu, cu, B, scale, &layouts);
 }
 
 // All causal blocks of a sequence of n tokens.

@@ -346,6 +346,149 @@ TEST(BadInput, AttendWithPlanOfOtherShapes) {
   }, "plan", "overlapping sequences");
 }
 
+// ---------------------------------------------------------------- chunks and paged K/V (§11)
+
+namespace {
+
+// Two sequences over a KV prefix: 100 queries of 300 keys, then 64 queries of 200 keys; q [2, 164,
+// 16], contiguous k and v [1, 500, 16], and the same keys in a pool of 16-token pages.
+struct ChunkCall {
+  static constexpr int64_t kPage = 16;
+  Tensor3 q = crisp_test::random_tensor(11, 2, 164, 16);
+  Tensor3 k = crisp_test::random_tensor(12, 1, 500, 16);
+  Tensor3 v = crisp_test::random_tensor(13, 1, 500, 16);
+  crisp::SeqLens cu_q{0, 100, 164}, cu_k{0, 300, 500};
+  // Pool of 32 pages (19 for sequence 0, 13 for sequence 1), ids in reverse order.
+  Tensor3 k_pool = crisp_test::random_tensor(14, 1, 32 * kPage, 16);
+  Tensor3 v_pool = crisp_test::random_tensor(15, 1, 32 * kPage, 16);
+  std::vector<int32_t> table = std::vector<int32_t>(2 * 19, 0);
+  std::vector<float> out = std::vector<float>(2 * 164 * 16), lse = std::vector<float>(2 * 164);
+
+  ChunkCall() {
+    for (int32_t p = 0; p < 19; ++p) table[p] = 31 - p;
+    for (int32_t p = 0; p < 13; ++p) table[19 + p] = 12 - p;
+  }
+  crisp::BlockTable block_table() {
+    crisp::BlockTable t;
+    t.data = table.data();
+    t.max_pages_per_sequence = 19;
+    t.page_size = kPage;
+    return t;
+  }
+  crisp::Batch batch() const { return crisp::Batch(cu_q, cu_k); }
+  crisp::Batch paged() { return crisp::Batch(cu_q, cu_k, block_table()); }
+  crisp::TensorView out_view() { return crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 2, 164, 16); }
+  crisp::TensorView lse_view() { return crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 2, 164); }
+  // Every entry point that takes a batch, each expected to refuse it naming `argument`.
+  void expect_refused(const crisp::Batch& batch, Tensor3& keys, Tensor3& values, const std::string& argument,
+                      const std::string& note) {
+    expect_error([&] { crisp::plan(q.view(), keys.view(), crisp_cfg(), batch); }, argument, note + " (plan)");
+    expect_error([&] {
+      crisp::prefill(q.view(), keys.view(), values.view(), crisp_cfg(), out_view(), lse_view(), batch);
+    }, argument, note + " (prefill)");
+    expect_error([&] {
+      crisp::Attention attention(crisp_cfg());
+      attention.plan(q.view(), keys.view(), batch);
+    }, argument, note + " (Attention::plan)");
+  }
+};
+
+}  // namespace
+
+TEST(BadInput, ChunkedBatchSeqlens) {
+  ChunkCall c;
+  ASSERT_NO_THROW(crisp::plan(c.q.view(), c.k.view(), crisp_cfg(), c.batch()));
+  auto refused = [&](crisp::SeqLens q, crisp::SeqLens k, const std::string& argument, const std::string& note) {
+    c.expect_refused(crisp::Batch(std::move(q), std::move(k)), c.k, c.v, argument, note);
+  };
+  refused({0, 100, 165}, c.cu_k, "batch.cu_seqlens_q", "cu_seqlens_q beyond q's tokens");
+  refused({1, 100, 164}, c.cu_k, "batch.cu_seqlens_q", "cu_seqlens_q not starting at 0");
+  refused({0, 100, 100, 164}, {0, 300, 400, 500}, "batch.cu_seqlens_q", "an empty query sequence");
+  refused(c.cu_q, {0, 300, 499}, "batch.cu_seqlens_k", "cu_seqlens_k short of k's tokens");
+  refused(c.cu_q, {0, 310, 300, 500}, "batch.cu_seqlens_k", "cu_seqlens_k decreasing");
+  refused(c.cu_q, {0, 100, 300, 500}, "batch.cu_seqlens_k", "three key sequences for two query sequences");
+  refused({}, c.cu_k, "batch.cu_seqlens_k", "one query sequence (empty cu_seqlens_q) for two key sequences");
+  refused(c.cu_q, {0, 50, 500}, "batch.cu_seqlens_q", "n_q > n_k (100 queries over 50 keys)");
+  expect_error([&] { crisp::dense_plan(2, 1, 16, crisp::Batch({0, 100, 164}, {0, 50, 500})); }, "batch.cu_seqlens_q",
+               "dense_plan with n_q > n_k");
+  expect_error([&] { crisp::dense_plan(2, 1, 16, crisp::Batch({0, 100, 164}, {0, 300, 400, 500})); },
+               "batch.cu_seqlens_k", "dense_plan with sequence counts that differ");
+}
+
+TEST(BadInput, BlockTable) {
+  ChunkCall c;
+  ASSERT_NO_THROW(crisp::plan(c.q.view(), c.k_pool.view(), crisp_cfg(), c.paged()));
+  auto refused = [&](const crisp::BlockTable& t, const std::string& argument, const std::string& note) {
+    c.expect_refused(crisp::Batch(c.cu_q, c.cu_k, t), c.k_pool, c.v_pool, argument, note);
+  };
+  for (int64_t page_size : {8, 24, -16}) {
+    crisp::BlockTable t = c.block_table();
+    t.page_size = page_size;
+    refused(t, "batch.block_table.page_size", "page_size " + std::to_string(page_size));
+  }
+  crisp::BlockTable t = c.block_table();
+  t.data = nullptr;
+  refused(t, "batch.block_table.data", "null table");
+  t = c.block_table();
+  t.device = crisp::Device::cuda;
+  refused(t, "batch.block_table.device", "table on cuda, tensors on the cpu");
+  t = c.block_table();
+  t.device = static_cast<crisp::Device>(7);
+  refused(t, "batch.block_table.device", "invalid device");
+  t = c.block_table();
+  t.max_pages_per_sequence = 18;
+  refused(t, "batch.block_table.max_pages_per_sequence", "fewer pages than the longest sequence's 19");
+  for (int32_t bad_id : {32, -1, 1 << 30}) {
+    ChunkCall d;
+    d.table[19 + 12] = bad_id;  // the last page sequence 1 reads
+    c.expect_refused(d.paged(), d.k_pool, d.v_pool, "batch.block_table", "page id " + std::to_string(bad_id));
+  }
+  // The pool must hold whole pages, and v the same pool as k.
+  Tensor3 ragged_k = crisp_test::random_tensor(16, 1, 32 * ChunkCall::kPage - 4, 16);
+  Tensor3 ragged_v = crisp_test::random_tensor(17, 1, 32 * ChunkCall::kPage - 4, 16);
+  c.expect_refused(c.paged(), ragged_k, ragged_v, "k", "a pool that is not a whole number of pages");
+  Tensor3 short_v = crisp_test::random_tensor(18, 1, 31 * ChunkCall::kPage, 16);
+  expect_error([&] {
+    crisp::prefill(c.q.view(), c.k_pool.view(), short_v.view(), crisp_cfg(), c.out_view(), c.lse_view(), c.paged());
+  }, "v", "v of another pool size");
+}
+
+// A plan carries its batch's key positions, not its table: attend must get the keys that plan was
+// made for, or refuse naming what does not fit.
+TEST(BadInput, PlanUsedWithTheWrongKeysOrTable) {
+  ChunkCall c;
+  const crisp::Plan paged = crisp::plan(c.q.view(), c.k_pool.view(), crisp_cfg(), c.paged());
+  const crisp::Plan contiguous = crisp::plan(c.q.view(), c.k.view(), crisp_cfg(), c.batch());
+  // Returns the call to check (the views are taken when it runs).
+  auto attend = [&c](const crisp::Plan* plan, Tensor3* keys, Tensor3* values, crisp::BlockTable table) {
+    return [&c, plan, keys, values, table] {
+      crisp::attend(c.q.view(), keys->view(), values->view(), *plan, c.out_view(), c.lse_view(), {}, table);
+    };
+  };
+  // A paged plan without its table reads the pool as contiguous keys: refused (512 pool rows, 500 keys).
+  expect_error(attend(&paged, &c.k_pool, &c.v_pool, {}), "plan", "paged plan, no table");
+  // A contiguous plan on a pool too small for its keys' pages.
+  crisp::BlockTable small = c.block_table();
+  small.max_pages_per_sequence = 18;
+  expect_error(attend(&contiguous, &c.k_pool, &c.v_pool, small), "batch.block_table.max_pages_per_sequence",
+               "table too narrow for the plan's keys");
+  ChunkCall d;
+  d.table[5] = 40;
+  expect_error(attend(&contiguous, &d.k_pool, &d.v_pool, d.block_table()), "batch.block_table",
+               "page id beyond the pool");
+  crisp::Plan tampered = contiguous;
+  tampered.sequences[0].first_row = 0;
+  expect_error(attend(&tampered, &c.k, &c.v, {}), "plan", "first_row that does not follow from n_q and n_k");
+  tampered = contiguous;
+  tampered.sequences[1].n_q = 63;
+  expect_error(attend(&tampered, &c.k, &c.v, {}), "plan", "query counts that do not cover q");
+  // Attention::run with keys other than the planned pool's.
+  crisp::Attention attention(crisp_cfg());
+  attention.plan(c.q.view(), c.k_pool.view(), c.paged());
+  expect_error([&] { attention.run(c.q.view(), c.k.view(), c.v.view(), c.out_view(), c.lse_view()); }, "k",
+               "Attention planned on pages, run on contiguous keys");
+}
+
 // ---------------------------------------------------------------- .npy files
 
 class Npy : public ::testing::Test {
