@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -70,22 +71,56 @@ void check_view(const TensorView& t, const std::string& name, int rank, const st
   if (!valid_device(t.device)) throw Error(name, "has an invalid device", "Device::cpu or Device::cuda");
 }
 
-// Rejects NaN/Inf in a CPU view, naming the first bad element, and values that the f32 precision
-// cannot hold (f64 inputs are converted). Returns the largest |value| (0 for a device view).
-double check_values(const TensorView& t, const std::string& name, const Options& options) {
-  if (t.device != Device::cpu) return 0.0;  // device memory: the CUDA backend's responsibility
-  const CpuValueScan scan = cpu_scan_values(t, options.num_threads);
-  if (scan.first_nonfinite >= 0) {
-    const int64_t bad = scan.first_nonfinite;
-    const int64_t dim = t.dim(), tokens = t.tokens();
-    const int64_t h = bad / (tokens * dim), tt = (bad / dim) % tokens, x = bad % dim;
-    throw Error(name, "contains a non-finite value (NaN or Inf) at [" + str(h) + ", " + str(tt) + ", " + str(x) + "]",
-                "finite values only");
+// Rows [first, first + count) of every head of a view, as a view of its own.
+TensorView row_range(const TensorView& t, int64_t first, int64_t count) {
+  TensorView rows = t;
+  rows.data = static_cast<char*>(t.data) + first * t.stride[1] * static_cast<int64_t>(dtype_size(t.dtype));
+  rows.shape[1] = count;
+  return rows;
+}
+
+// The parts of a K/V view a batch reads, as (first row, row count): the whole view, or with paged
+// K/V the rows of each page the batch reads (each page once). Page ids outside the pool are left
+// to check_block_table.
+std::vector<std::pair<int64_t, int64_t>> rows_read(const TensorView& t, const BlockTable& table, const SeqLens& cu_k) {
+  if (table.empty()) return {{0, t.tokens()}};
+  std::map<int64_t, int64_t> rows_of_page;
+  for (size_t s = 0; s + 1 < cu_k.size(); ++s) {
+    const int64_t n = cu_k[s + 1] - cu_k[s];
+    for (int64_t p = 0; p * table.page_size < n; ++p) {
+      const int64_t page = table.data[static_cast<int64_t>(s) * table.max_pages_per_sequence + p];
+      if (page < 0 || (page + 1) * table.page_size > t.tokens()) continue;
+      int64_t& rows = rows_of_page[page];
+      rows = std::max(rows, std::min(table.page_size, n - p * table.page_size));
+    }
   }
-  if (options.precision == Precision::f32 && scan.max_abs > std::numeric_limits<float>::max())
-    throw Error(name, "holds a value of magnitude " + num(scan.max_abs) + ", beyond float32's range",
+  std::vector<std::pair<int64_t, int64_t>> parts;
+  for (const auto& [page, rows] : rows_of_page) parts.emplace_back(page * table.page_size, rows);
+  return parts;
+}
+
+// Rejects NaN/Inf in the rows of a CPU view that the batch reads (rows_read), naming the first bad
+// element, and values that the f32 precision cannot hold (f64 inputs are converted). Returns the
+// largest |value| (0 for a device view).
+double check_values(const TensorView& t, const std::string& name, const Options& options, const BlockTable& table,
+                    const SeqLens& cu_k) {
+  if (t.device != Device::cpu) return 0.0;  // device memory: the CUDA backend's responsibility
+  double max_abs = 0.0;
+  for (const auto& [first, count] : rows_read(t, table, cu_k)) {
+    const CpuValueScan scan = cpu_scan_values(row_range(t, first, count), options.num_threads);
+    if (scan.first_nonfinite >= 0) {
+      const int64_t bad = scan.first_nonfinite;
+      const int64_t dim = t.dim();
+      const int64_t h = bad / (count * dim), tt = first + (bad / dim) % count, x = bad % dim;
+      throw Error(name, "contains a non-finite value (NaN or Inf) at [" + str(h) + ", " + str(tt) + ", " + str(x) + "]",
+                  "finite values only");
+    }
+    max_abs = std::max(max_abs, scan.max_abs);
+  }
+  if (options.precision == Precision::f32 && max_abs > std::numeric_limits<float>::max())
+    throw Error(name, "holds a value of magnitude " + num(max_abs) + ", beyond float32's range",
                 "|values| below " + num(std::numeric_limits<float>::max()) + " (or Precision::f64)");
-  return scan.max_abs;
+  return max_abs;
 }
 
 // Rejects inputs whose scores or output sums could overflow the arithmetic: a score is at most
@@ -128,14 +163,17 @@ void attend_validated(const TensorView& q, const TensorView& k, const TensorView
 
 }  // namespace
 
-void check_input_values(const TensorView& q, const TensorView& k, const TensorView* v, const Options& options) {
-  const double q_max = check_values(q, "q", options);
-  const double k_max = check_values(k, "k", options);
+void check_input_values(const TensorView& q, const TensorView& k, const TensorView* v, const Options& options,
+                        const BlockTable& block_table, const SeqLens& cu_k) {
+  const double q_max = check_values(q, "q", options, {}, {});
+  const double k_max = check_values(k, "k", options, block_table, cu_k);
+  // Paged K/V: a sequence's keys may outnumber the pool's rows (pages repeated), never cu_k's total.
+  const int64_t keys = block_table.empty() || cu_k.empty() ? k.tokens() : std::max(k.tokens(), cu_k.back());
   if (v == nullptr) {
-    check_magnitudes(q, k.tokens(), q_max, k_max, nullptr, options);
+    check_magnitudes(q, keys, q_max, k_max, nullptr, options);
   } else {
-    const double v_max = check_values(*v, "v", options);
-    check_magnitudes(q, k.tokens(), q_max, k_max, &v_max, options);
+    const double v_max = check_values(*v, "v", options, block_table, cu_k);
+    check_magnitudes(q, keys, q_max, k_max, &v_max, options);
   }
 }
 
@@ -399,7 +437,7 @@ Plan plan(const TensorView& q, const TensorView& k, const Config& config, const 
   detail::check_backend(options, q);
   config.validate();
   const Batch normalized = detail::normalize_batch(batch, q, k, nullptr);
-  detail::check_input_values(q, k, nullptr, options);
+  detail::check_input_values(q, k, nullptr, options, normalized.block_table, normalized.cu_seqlens_k);
   return detail::plan_validated(q, k, config, normalized, options);
 }
 
@@ -413,7 +451,9 @@ void attend(const TensorView& q, const TensorView& k, const TensorView& v, const
     throw Error("v", "has " + std::to_string(v.tokens()) + " tokens but k has " + std::to_string(k.tokens()),
                 "the same token count as k");
   detail::validate_plan_for(q, k, plan, block_table);
-  detail::check_input_values(q, k, &v, options);
+  SeqLens cu_k{0};
+  for (const SequencePlan& sp : plan.sequences) cu_k.push_back(sp.kv_offset + sp.n_k);
+  detail::check_input_values(q, k, &v, options, block_table, cu_k);
   detail::attend_validated(q, k, v, plan, block_table, out, lse, options);
 }
 
@@ -426,7 +466,7 @@ Plan prefill(const TensorView& q, const TensorView& k, const TensorView& v, cons
   detail::validate_outputs(q, out, lse);
   config.validate();
   const Batch normalized = detail::normalize_batch(batch, q, k, &v);
-  detail::check_input_values(q, k, &v, options);
+  detail::check_input_values(q, k, &v, options, normalized.block_table, normalized.cu_seqlens_k);
   Plan result = detail::plan_validated(q, k, config, normalized, options);
   detail::validate_plan_for(q, k, result, normalized.block_table);  // cheap; guards the backend's own output
   detail::attend_validated(q, k, v, result, normalized.block_table, out, lse, options);

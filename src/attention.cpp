@@ -45,6 +45,7 @@ struct Attention::Impl {
   Config config;
   Options options;
   Backend backend = Backend::automatic;  // of the last plan
+  Batch batch;                           // of the last plan, normalized (its key offsets and table)
   std::unique_ptr<detail::PlannedAttention> planned;
 };
 
@@ -63,7 +64,7 @@ void Attention::plan(const TensorView& q, const TensorView& k, const Batch& batc
   detail::validate_qkv(q, k, nullptr);
   detail::check_backend(impl_->options, q);
   const Batch normalized = detail::normalize_batch(batch, q, k, nullptr);
-  detail::check_input_values(q, k, nullptr, impl_->options);
+  detail::check_input_values(q, k, nullptr, impl_->options, normalized.block_table, normalized.cu_seqlens_k);
   const Backend backend = q.device == Device::cuda ? Backend::cuda : Backend::cpu;
   // A backend's state (the CUDA device plan's buffers) is kept while the backend stays the same.
   if (!impl_->planned || impl_->backend != backend) {
@@ -77,6 +78,7 @@ void Attention::plan(const TensorView& q, const TensorView& k, const Batch& batc
   }
   impl_->backend = Backend::automatic;  // not planned unless the backend's plan succeeds
   impl_->planned->plan(q, k, normalized);
+  impl_->batch = normalized;
   impl_->backend = backend;
 }
 
@@ -93,7 +95,7 @@ void Attention::run(const TensorView& q, const TensorView& k, const TensorView& 
     throw Error("q", std::string("is on ") + to_string(q.device) + " but the plan was made on " +
                          to_string(planned_device),
                 "the views of the backend that planned");
-  detail::check_input_values(q, k, &v, impl_->options);
+  detail::check_input_values(q, k, &v, impl_->options, impl_->batch.block_table, impl_->batch.cu_seqlens_k);
   impl_->planned->run(q, k, v, out, lse);
 }
 

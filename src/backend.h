@@ -67,8 +67,11 @@ void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& pla
 // The value checks of every entry point (the free functions and crisp::Attention), on CPU views
 // (device views: the CUDA backend's responsibility): NaN/Inf, naming the tensor and the first bad
 // element; values beyond float32 in f32 precision; q/k magnitudes whose dot products overflow and
-// v magnitudes whose output sums overflow. `v` may be null (planning only).
-void check_input_values(const TensorView& q, const TensorView& k, const TensorView* v, const Options& options);
+// v magnitudes whose output sums overflow. `v` may be null (planning only). With paged K/V
+// (block_table non-empty, already checked against k; cu_k the batch's key offsets), only the pool
+// rows the batch reads are its input: a cache's other pages may hold anything.
+void check_input_values(const TensorView& q, const TensorView& k, const TensorView* v, const Options& options,
+                        const BlockTable& block_table = {}, const SeqLens& cu_k = {});
 
 // The dense head of a sequence with N blocks whose queries start in block first_row: route dense,
 // every causal block of rows first_row .. N-1 (earlier rows empty), c_struct/jsd NaN, density 1

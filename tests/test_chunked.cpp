@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -328,6 +329,8 @@ TEST(ChunkedPlan, MatchesOracleForEveryPreset) {
 //  - PE heads under the row floor (no global target): rows whose block means are the prompt's
 //    (every row after first_row, and first_row itself when it starts at its block's start) equal.
 // PE heads under global coverage may differ (another target) and are not compared.
+// §11 states the promise for a full last block (n_k = 1280 here); a partial one (n_k = 1300) reads
+// the same proxy positions n_k - B .. n_k - 1 by §1 and §11's rules, so it is held to it too.
 TEST(ChunkedPlan, LastChunkOfAtLeastBQueriesKeepsThePromptsRows) {
   const uint64_t seed = test_seed();
   SCOPED_TRACE(seed_trace(seed));
@@ -379,12 +382,14 @@ TEST(ChunkedPlan, LastChunkOfAtLeastBQueriesKeepsThePromptsRows) {
 
 namespace {
 
-// A varlen batch mixing every kind of sequence; prompts 0 and 1 each serve two sequences, whose
-// pages are then shared.
+// A varlen batch mixing every kind of sequence: a whole prompt, an unaligned chunk, decode steps,
+// fewer than a block of queries, one block, and sequences shorter than a page (prompt 3). Prompts
+// 0 to 3 each serve two sequences, whose pages are then shared.
 std::vector<ChunkSeq> mixed_sequences() {
-  return {{0, kPrompt, kPrompt}, {0, 1000, 200}, {1, 1100, 1}, {1, 700, 50}, {2, 1280, 128}, {2, 300, 300}};
+  return {{0, kPrompt, kPrompt}, {0, 1000, 200}, {1, 1100, 1}, {1, 700, 50}, {2, 1280, 128},
+          {2, 300, 300},         {3, 40, 40},    {3, 9, 1}};
 }
-const std::vector<int64_t> kMixedPrompts = {kPrompt, 1100, 1280};
+const std::vector<int64_t> kMixedPrompts = {kPrompt, 1100, 1280, 40};
 
 }  // namespace
 
@@ -490,4 +495,71 @@ TEST(ChunkedBatch, VarlenMixEachSequenceMatchesItsOwnReference) {
     }
   }
   EXPECT_GT(tally.vs + tally.pe, 0) << "no sequence was planned sparse";
+}
+
+// A cache's pages that no sequence of the call reads (free pages, the tail of a sequence's last
+// page) may hold anything, uninitialised memory reading as NaN included: they are not the call's
+// input. Results stay bit-identical to contiguous K/V; a NaN in a key the call reads is refused,
+// naming k or v and the pool row.
+TEST(PagedKv, PagesNoSequenceReadsMayHoldAnything) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  Chunks c = crisp_test::make_chunks(seed, {300, 200}, {{0, 300, 100}, {1, 190, 64}, {1, 30, 1}});
+  crisp_test::PagedPool pool = crisp_test::make_pool(c, 16, seed);
+  // Pool rows read: rows j < n_k of each sequence's pages; everything else becomes NaN.
+  std::vector<char> read(static_cast<size_t>(pool.num_pages * pool.page_size), 0);
+  for (size_t s = 0; s < c.seqs.size(); ++s)
+    for (int64_t j = 0; j < c.seqs[s].n_k; ++j)
+      read[static_cast<size_t>(pool.table[s * pool.max_pages + j / pool.page_size] * pool.page_size +
+                               j % pool.page_size)] = 1;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  int64_t poisoned = 0;
+  for (int64_t row = 0; row < pool.num_pages * pool.page_size; ++row) {
+    if (read[static_cast<size_t>(row)]) continue;
+    ++poisoned;
+    for (int64_t x = 0; x < c.hkv * c.d; ++x) {
+      pool.k[static_cast<size_t>(row * c.hkv * c.d + x)] = nan;
+      pool.v[static_cast<size_t>(row * c.hkv * c.d + x)] = nan;
+    }
+  }
+  ASSERT_GT(poisoned, pool.page_size * crisp_test::kSparePages);  // spare pages and page tails
+  const crisp::BlockTable table = pool.block_table();
+  const crisp::Config cfg = crisp::Config::from_preset("crisp");
+  const crisp::Options opt = options_of(crisp::Precision::f32);
+  const crisp::Plan contiguous_plan = crisp::plan(c.q_view(), c.k_view(), cfg, c.batch(), opt);
+  const Outputs contiguous = run_attend(c, contiguous_plan, crisp::Precision::f32);
+
+  Outputs paged(crisp::DType::f32, c.hq, c.q_tokens(), c.d);
+  crisp::Plan paged_plan;
+  ASSERT_NO_THROW(paged_plan = crisp::plan(c.q_view(), pool.k_view(), cfg, c.batch(table), opt));
+  expect_same_plan(paged_plan, contiguous_plan, "plan");
+  ASSERT_NO_THROW(
+      crisp::attend(c.q_view(), pool.k_view(), pool.v_view(), paged_plan, paged.out(), paged.lse(), opt, table));
+  EXPECT_TRUE(paged.same_bits(contiguous)) << "attend";
+  Outputs prefilled(crisp::DType::f32, c.hq, c.q_tokens(), c.d);
+  ASSERT_NO_THROW(crisp::prefill(c.q_view(), pool.k_view(), pool.v_view(), cfg, prefilled.out(), prefilled.lse(),
+                                 c.batch(table), opt));
+  EXPECT_TRUE(prefilled.same_bits(contiguous)) << "prefill";
+  crisp::Attention attention(cfg, opt);
+  ASSERT_NO_THROW(attention.plan(c.q_view(), pool.k_view(), c.batch(table)));
+  Outputs object(crisp::DType::f32, c.hq, c.q_tokens(), c.d);
+  ASSERT_NO_THROW(attention.run(c.q_view(), pool.k_view(), pool.v_view(), object.out(), object.lse()));
+  EXPECT_TRUE(object.same_bits(contiguous)) << "Attention::run";
+
+  // A NaN in a key that is read: the last key of sequence 1 (position 189), kv head 1, dim 3.
+  const int64_t row = pool.table[1 * pool.max_pages + 189 / pool.page_size] * pool.page_size + 189 % pool.page_size;
+  for (std::vector<float>* x : {&pool.k, &pool.v}) {
+    const float kept = (*x)[static_cast<size_t>((row * c.hkv + 1) * c.d + 3)];
+    (*x)[static_cast<size_t>((row * c.hkv + 1) * c.d + 3)] = nan;
+    const std::string name = x == &pool.k ? "k" : "v";
+    const std::string at = "[1, " + std::to_string(row) + ", 3]";
+    try {
+      crisp::prefill(c.q_view(), pool.k_view(), pool.v_view(), cfg, prefilled.out(), prefilled.lse(), c.batch(table), opt);
+      ADD_FAILURE() << "a NaN in a read key of " << name << " was accepted";
+    } catch (const crisp::Error& e) {
+      EXPECT_EQ(e.argument(), name) << e.what();
+      EXPECT_NE(std::string(e.what()).find(at), std::string::npos) << e.what() << " (expected the pool row " << at << ")";
+    }
+    (*x)[static_cast<size_t>((row * c.hkv + 1) * c.d + 3)] = kept;
+  }
 }
