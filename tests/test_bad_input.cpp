@@ -453,6 +453,23 @@ TEST(BadInput, BlockTable) {
   }, "v", "v of another pool size");
 }
 
+// A sequence may read one page more than once: its keys then outnumber the pool's rows, and the
+// bound on v's output sums must count the keys (64 here, over a pool of 16 rows). With uniform
+// weights the output sums 64 * 8e36, beyond float32: an error naming v, not an infinite output.
+TEST(BadInput, PagedValuesWhoseSumsOverflow) {
+  Tensor3 q(1, 1, 16, 0.0f), k = crisp_test::random_tensor(21, 1, 16, 16), v(1, 16, 16, 8e36f);
+  std::vector<int32_t> table = {0, 0, 0, 0};
+  crisp::BlockTable t;
+  t.data = table.data();
+  t.max_pages_per_sequence = 4;
+  t.page_size = 16;
+  std::vector<float> out(16), lse(1);
+  expect_error([&] {
+    crisp::prefill(q.view(), k.view(), v.view(), crisp_cfg(), crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 1, 1, 16),
+                   crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 1, 1), crisp::Batch({0, 1}, {0, 64}, t));
+  }, "v", "v sums over 64 keys of a 16-row pool");
+}
+
 // A plan carries its batch's key positions, not its table: attend must get the keys that plan was
 // made for, or refuse naming what does not fit.
 TEST(BadInput, PlanUsedWithTheWrongKeysOrTable) {
