@@ -4,6 +4,7 @@
 // NaN-poisoned outputs.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -25,6 +26,11 @@ struct ChunkSeq {
   int prompt = 0;
   int64_t n_k = 0, n_q = 0;
 };
+
+// The shape of a planned sequence (§11), for comparing two plans' sequences at once.
+inline std::array<int64_t, 6> shape_of(const crisp::SequencePlan& sp) {
+  return {sp.q_offset, sp.n_q, sp.kv_offset, sp.n_k, sp.num_blocks, sp.first_row};
+}
 
 inline std::string describe(const std::vector<ChunkSeq>& seqs) {
   std::ostringstream os;

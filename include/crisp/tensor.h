@@ -59,8 +59,9 @@ using SeqLens = std::vector<int64_t>;
 // j of page p (a vLLM cache [num_pages, page_size, Hkv, d] is the view with strides
 // {d, Hkv * d, 1}). Key position t of sequence s lives in pool token
 // `data[s * max_pages_per_sequence + t / page_size] * page_size + t % page_size`: pages in any
-// order, shared between sequences or not. The table lives on the device of the tensors and must
-// stay valid until the last attention run that uses it.
+// order, shared between sequences or not. Only the rows the batch reads are its input: other pages
+// may hold anything (they are neither read nor checked). The table lives on the device of the
+// tensors and must stay valid until the last attention run that uses it.
 struct BlockTable {
   const int32_t* data = nullptr;       // [num_sequences, max_pages_per_sequence] page ids, row-major
   Device device = Device::cpu;         // where `data` lives (the device of k and v)
