@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,7 @@ struct AttendCase {
   crisp::Kernel kernel;
   uint64_t seed;
 };
+std::ostream& operator<<(std::ostream& os, const AttendCase& c) { return os << c.name; }
 
 class GpuChunkedAttention : public ::testing::TestWithParam<AttendCase> {};
 
@@ -212,6 +214,7 @@ struct PlanCase {
   int64_t page_size;
   uint64_t seed;
 };
+std::ostream& operator<<(std::ostream& os, const PlanCase& c) { return os << c.name; }
 
 class GpuChunkedPlan : public ::testing::TestWithParam<PlanCase> {};
 
