@@ -57,6 +57,7 @@ struct Case {
   int64_t page_size;      // 0: contiguous K/V
   bool shuffled_pages;
   uint64_t seed;
+  bool nhd_pool = false;  // the pool as vLLM's [pages, page_size, Hkv, d] (k/v strides {d, Hkv d, 1})
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
@@ -131,10 +132,12 @@ struct DeviceKv {
   int64_t tokens = 0;
   std::vector<int32_t> table;
   int64_t max_pages = 0;
+  bool nhd = false;  // element (h, row, x) at (row Hkv + h) d + x, else (h tokens + row) d + x
 };
 
-DeviceKv device_kv(const Prepared& p, int64_t page_size, bool shuffled, uint64_t seed) {
+DeviceKv device_kv(const Prepared& p, int64_t page_size, bool shuffled, bool nhd, uint64_t seed) {
   DeviceKv kv;
+  kv.nhd = nhd && page_size > 0;
   if (page_size == 0) {
     kv.k_bits = p.in.k_bits;
     kv.v_bits = p.in.v_bits;
@@ -165,8 +168,9 @@ DeviceKv device_kv(const Prepared& p, int64_t page_size, bool shuffled, uint64_t
     for (int64_t j = 0; j < n_k; ++j) {
       const int64_t row = crisp::kv_rows::key_row(0, kv.table.data() + s * kv.max_pages, page_size, j);
       for (int64_t h = 0; h < Hkv; ++h) {
-        std::copy_n(p.in.k_bits.begin() + (h * T + cu_k[s] + j) * d, d, kv.k_bits.begin() + (h * kv.tokens + row) * d);
-        std::copy_n(p.in.v_bits.begin() + (h * T + cu_k[s] + j) * d, d, kv.v_bits.begin() + (h * kv.tokens + row) * d);
+        const int64_t to = (kv.nhd ? row * Hkv + h : h * kv.tokens + row) * d;
+        std::copy_n(p.in.k_bits.begin() + (h * T + cu_k[s] + j) * d, d, kv.k_bits.begin() + to);
+        std::copy_n(p.in.v_bits.begin() + (h * T + cu_k[s] + j) * d, d, kv.v_bits.begin() + to);
       }
     }
   }
@@ -197,11 +201,18 @@ void run_device(const Prepared& p, const DeviceKv& kv, int64_t page_size, const 
     table.page_size = page_size;
   }
   const auto dev = crisp::Device::cuda;
+  auto kv_view = [&](void* data) {
+    crisp::TensorView view = crisp::TensorView::contiguous(data, p.in.dtype, Hkv, kv.tokens, d, dev);
+    if (kv.nhd) {
+      view.stride[0] = d;
+      view.stride[1] = Hkv * d;
+    }
+    return view;
+  };
   crisp_gpu_test::ScopedEnv no_override("CRISP_KERNEL", nullptr);
   crisp::cuda::DevicePlan dplan(plan);
-  crisp::cuda::attend_async(crisp::TensorView::contiguous(dq.ptr, p.in.dtype, Hq, Tq, d, dev),
-                            crisp::TensorView::contiguous(dk.ptr, p.in.dtype, Hkv, kv.tokens, d, dev),
-                            crisp::TensorView::contiguous(dv.ptr, p.in.dtype, Hkv, kv.tokens, d, dev), dplan,
+  crisp::cuda::attend_async(crisp::TensorView::contiguous(dq.ptr, p.in.dtype, Hq, Tq, d, dev), kv_view(dk.ptr),
+                            kv_view(dv.ptr), dplan,
                             crisp::TensorView::contiguous(dout.ptr, p.in.dtype, Hq, Tq, d, dev),
                             crisp::TensorView::contiguous2d(dlse.ptr, crisp::DType::f32, Hq, Tq, dev), nullptr, options,
                             table);
@@ -245,7 +256,7 @@ TEST_P(GpuChunkedAttention, BothKernelsMatchFloat64ReferenceAndWriteEveryElement
   SKIP_WITHOUT_GPU();
   const Case& c = GetParam();
   Prepared p = prepare(c);
-  const DeviceKv kv = device_kv(p, c.page_size, c.shuffled_pages, c.seed * 31 + 7);
+  const DeviceKv kv = device_kv(p, c.page_size, c.shuffled_pages, c.nhd_pool, c.seed * 31 + 7);
 
   const Reference ref = reference_of(p, p.plan);
   crisp::CudaOptions portable;
@@ -279,14 +290,14 @@ INSTANTIATE_TEST_SUITE_P(
              Layout::random, 0.25, 0, false, 6},
         Case{"fp16_d64_B64_varlen_mixed_gqa2", f16, 64, 64, 4, 2, {{50, 50}, {1, 333}, {100, 1000}}, Layout::dense, 0, 0,
              false, 7},
-        Case{"bf16_d128_B128_paged16_shuffled", bf16, 128, 128, 8, 2, {{1, 700}, {300, 1100}, {57, 57}},
-             Layout::random, 0.3, 16, true, 8},
+        Case{"bf16_d128_B128_paged16_shuffled_vllm_layout", bf16, 128, 128, 8, 2, {{1, 700}, {300, 1100}, {57, 57}},
+             Layout::random, 0.3, 16, true, 8, true},
         Case{"fp16_d64_B64_paged64_in_order", f16, 64, 64, 4, 2, {{200, 900}, {900, 900}}, Layout::crisp_plan, 0, 64,
              false, 9},
         Case{"bf16_d64_B128_paged128_shuffled", bf16, 64, 128, 4, 1, {{130, 1000}, {1, 257}}, Layout::random, 0.2, 128,
              true, 10},
-        Case{"fp16_d128_B64_paged256_shuffled", f16, 128, 64, 4, 2, {{77, 1500}, {1000, 1000}}, Layout::random, 0.15,
-             256, true, 11},
+        Case{"fp16_d128_B64_paged256_shuffled_vllm_layout", f16, 128, 64, 4, 2, {{77, 1500}, {1000, 1000}},
+             Layout::random, 0.15, 256, true, 11, true},
         Case{"bf16_d128_B128_paged32_shuffled_gqa8", bf16, 128, 128, 8, 1, {{500, 2000}}, Layout::dense, 0, 32, true,
              12}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
