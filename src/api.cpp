@@ -232,8 +232,6 @@ void validate_qkv(const TensorView& q, const TensorView& k, const TensorView* v)
   }
 }
 
-namespace {
-
 // Paged K/V: the table's shape against the batch and the pool; its page ids when it is readable.
 void check_block_table(const BlockTable& table, const SeqLens& cu_k, const TensorView& q, const TensorView& k) {
   if (table.page_size < 16 || table.page_size % 16 != 0)
@@ -266,8 +264,6 @@ void check_block_table(const BlockTable& table, const SeqLens& cu_k, const Tenso
     }
   }
 }
-
-}  // namespace
 
 Batch normalize_batch(const Batch& batch, const TensorView& q, const TensorView& k, const TensorView* v) {
   if (v && v->tokens() != k.tokens())

@@ -58,6 +58,10 @@ void validate_qkv(const TensorView& q, const TensorView& k, const TensorView* v)
 // cu_seqlens_q is {0, q_tokens}, an empty cu_seqlens_k is cu_seqlens_q. Checks the block table
 // (and its page ids when it lives on the host). Throws crisp::Error naming "batch.<field>".
 Batch normalize_batch(const Batch& batch, const TensorView& q, const TensorView& k, const TensorView* v);
+// Paged K/V: checks the table (page size, data, device, row stride against the longest sequence of
+// cu_k) against the pool k, and its page ids when it lives on the host. Throws crisp::Error naming
+// "batch.block_table.<field>" or "k".
+void check_block_table(const BlockTable& table, const SeqLens& cu_k, const TensorView& q, const TensorView& k);
 // Checks out [Hq, q_tokens, d] (f32/f16/bf16/f64) and lse [Hq, q_tokens] (f32/f64) against q.
 void validate_outputs(const TensorView& q, const TensorView& out, const TensorView& lse);
 // Checks that the plan fits q/k and the block table (heads, head dim, block size, sequences

@@ -91,6 +91,41 @@ void expect_plan_error(const crisp::Plan& plan) {
   }
 }
 
+// A batch of chunks (spec §11): the union keeps the rows before first_row empty and its density
+// is over the chunk's rows, so it stays a well-formed plan (it failed check_well_formed before).
+TEST(GqaUnion, UnionOfChunksIsWellFormed) {
+  crisp::Batch chunks;
+  chunks.cu_seqlens_q = {0, 1, 301};
+  chunks.cu_seqlens_k = {0, 1000, 2300};
+  crisp::Plan plan = crisp::dense_plan(4, 2, 64, chunks, 128);
+  // Head 1 of each sequence drops the blocks between the anchors of its rows: the union is head 0's.
+  for (auto& seq : plan.sequences) {
+    crisp::HeadPlan& sparse = seq.heads[1];
+    sparse.route = crisp::Route::vs;
+    sparse.vertical = {0};
+    sparse.slash = {0};
+    sparse.row_ptr = {0};
+    sparse.col.clear();
+    for (int32_t r = 0; r < seq.num_blocks; ++r) {
+      if (r >= seq.first_row)
+        for (int32_t c = 0; c <= r; ++c)
+          if (c == 0 || c >= r - 1) sparse.col.push_back(c);
+      sparse.row_ptr.push_back(static_cast<int32_t>(sparse.col.size()));
+    }
+    sparse.density = static_cast<double>(sparse.col.size()) /
+                     static_cast<double>(seq.num_blocks * (seq.num_blocks + 1) / 2 -
+                                         seq.first_row * (seq.first_row + 1) / 2);
+  }
+  plan.check_well_formed();
+  const crisp::Plan u = crisp::gqa_union(plan);
+  EXPECT_NO_THROW(u.check_well_formed());
+  for (std::size_t s = 0; s < u.sequences.size(); ++s)
+    for (int64_t h = 0; h < 4; ++h) {
+      EXPECT_EQ(u.sequences[s].heads[h].col, plan.sequences[s].heads[h - h % 2].col) << s << "/" << h;
+      EXPECT_DOUBLE_EQ(u.sequences[s].heads[h].density, 1.0) << s << "/" << h;  // the dense head's rows
+    }
+}
+
 TEST(GqaUnion, KvHeadsThatDoNotDivideAreAnError) {
   crisp::Plan plan = crisp::dense_plan(4, 2, 64, {0, 256}, 128);
   plan.num_kv_heads = 3;

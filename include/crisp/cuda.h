@@ -133,9 +133,15 @@ void plan_async(const TensorView& q, const TensorView& k, const Config& config, 
                 void* stream = nullptr);
 
 // Block-sparse causal attention (spec §6) following the device plan, on `stream`, with no host
-// synchronisation.
-//   q: [Hq, tokens, d], k, v: [Hkv, tokens, d]: f16 or bf16 (all three the same), d = 64 or 128;
+// synchronisation. A plan of chunks (queries over a KV prefix, spec §11) computes only its query
+// rows: rows before a sequence's first_row are neither launched nor written.
+//   q: [Hq, tokens, d] (the plan's query rows), k, v: [Hkv, key tokens, d] (every sequence's keys
+//   in order), or with a non-empty `block_table` the page pool [Hkv, num_pages * page_size, d]
+//   (page ids on the device, in [0, num_pages): an id outside reads as zero keys):
+//   f16 or bf16 (all three the same), d = 64 or 128;
 //   out: [Hq, tokens, d], the input dtype; lse: [Hq, tokens] f32 (natural log).
+//   Paged K/V run the portable kernel (the Hopper kernel's TMA loads take contiguous K/V), also
+//   when options.kernel is Kernel::hopper.
 //   All on Device::cuda; the last dimension of q/k/v/out must be contiguous (stride 1), and every
 //   row start must be 16-byte aligned (base pointers and the head/token strides).
 // Every element of out and lse is written. Throws crisp::Error naming the offending argument for
@@ -152,7 +158,7 @@ void plan_async(const TensorView& q, const TensorView& k, const Config& config, 
 // run.
 void attend_async(const TensorView& q, const TensorView& k, const TensorView& v,
                   const DevicePlan& plan, const TensorView& out, const TensorView& lse,
-                  void* stream = nullptr, const CudaOptions& options = {});
+                  void* stream = nullptr, const CudaOptions& options = {}, const BlockTable& block_table = {});
 
 }  // namespace cuda
 }  // namespace crisp

@@ -58,41 +58,56 @@ void check_rows(const char* name, const TensorView& t) {
                 "a 16-byte aligned base pointer and head/token strides that are multiples of 16 bytes");
 }
 
-template <typename T, int kDim, int kBlock>
+template <typename T, int kDim, int kBlock, bool kPaged>
 void launch(const att::Params& params, int64_t num_ctas, cudaStream_t stream) {
   constexpr int kThreads = att::threads_per_cta<kBlock>();
   constexpr int kSmemBytes = att::smem_bytes<T, kDim, kBlock>();
-  auto kernel = att::block_sparse_attention_kernel<T, kDim, kBlock>;
+  auto kernel = att::block_sparse_attention_kernel<T, kDim, kBlock, kPaged>;
   CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   kernel<<<static_cast<unsigned>(num_ctas), kThreads, kSmemBytes, stream>>>(params);
   CRISP_CUDA_CHECK_LAUNCH("block_sparse_attention_kernel");
 }
 
-template <typename T>
+template <typename T, bool kPaged>
 void dispatch_dim_block(const att::Params& params, int64_t head_dim, int block, int64_t num_ctas,
                         cudaStream_t stream) {
   if (head_dim == 128) {
-    if (block == 128) return launch<T, 128, 128>(params, num_ctas, stream);
-    return launch<T, 128, 64>(params, num_ctas, stream);
+    if (block == 128) return launch<T, 128, 128, kPaged>(params, num_ctas, stream);
+    return launch<T, 128, 64, kPaged>(params, num_ctas, stream);
   }
-  if (block == 128) return launch<T, 64, 128>(params, num_ctas, stream);
-  return launch<T, 64, 64>(params, num_ctas, stream);
+  if (block == 128) return launch<T, 64, 128, kPaged>(params, num_ctas, stream);
+  return launch<T, 64, 64, kPaged>(params, num_ctas, stream);
+}
+
+template <typename T>
+void dispatch_paging(const att::Params& params, int64_t head_dim, int block, int64_t num_ctas, cudaStream_t stream) {
+  if (params.block_table != nullptr) return dispatch_dim_block<T, true>(params, head_dim, block, num_ctas, stream);
+  dispatch_dim_block<T, false>(params, head_dim, block, num_ctas, stream);
 }
 
 // The checks and the launch shared by attend_async (every row: items == nullptr, out_tokens ==
-// the plan's tokens) and attend_rows_async (the listed rows into out/lse of out_tokens tokens).
+// the plan's query tokens) and attend_rows_async (the listed rows into out/lse of out_tokens tokens).
 void launch_attention(const TensorView& q, const TensorView& k, const TensorView& v, const DevicePlan& plan,
-                      const TensorView& out, const TensorView& lse, const att::RowItem* items, int64_t num_items,
-                      int64_t out_tokens, void* stream_ptr, const CudaOptions& options) {
+                      const BlockTable& block_table, const TensorView& out, const TensorView& lse,
+                      const att::RowItem* items, int64_t num_items, int64_t out_tokens, void* stream_ptr,
+                      const CudaOptions& options) {
   const CudaOptions kernel_options = detail::resolve_kernel_override(options);
   const cuda_detail::DevicePlanView& view = cuda_detail::view_of(plan);
   const int64_t Hq = plan.num_q_heads(), Hkv = plan.num_kv_heads(), d = plan.head_dim();
-  const int64_t tokens = plan.total_tokens();
+  const int64_t tokens = plan.total_tokens();  // query rows
   const int block = plan.block_size();
+  const bool paged = !block_table.empty();
 
   check_view("q", q, 3, Hq, tokens, d);
-  check_view("k", k, 3, Hkv, tokens, d);
-  check_view("v", v, 3, Hkv, tokens, d);
+  // Contiguous K/V hold every sequence's keys in order; paged K/V are a page pool of any size.
+  if (paged) {
+    if (k.rank == 3) detail::check_block_table(block_table, SeqLens{0, view.max_keys}, q, k);
+    check_view("k", k, 3, Hkv, k.shape[1], d);
+    check_view("v", v, 3, Hkv, k.shape[1], d);
+  } else {
+    check_view("k", k, 3, Hkv, view.key_tokens, d);
+    check_view("v", v, 3, Hkv, view.key_tokens, d);
+  }
   check_view("out", out, 3, Hq, out_tokens, d);
   check_view("lse", lse, 2, Hq, out_tokens, 1);
   if (q.dtype != DType::bf16 && q.dtype != DType::f16)
@@ -134,6 +149,10 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   params.scale = static_cast<float>(plan.softmax_scale());
   params.scale_log2 = static_cast<float>(plan.softmax_scale() * 1.4426950408889634);  // log2(e)
   params.plan = view;
+  params.block_table = paged ? block_table.data : nullptr;
+  params.table_stride = paged ? block_table.max_pages_per_sequence : 0;
+  params.page_size = paged ? static_cast<int32_t>(block_table.page_size) : 0;
+  params.pool_rows = k.shape[1];
   params.row_items = items;
   const bool ordered = items == nullptr && view.work_order_ready;
   params.work_order = ordered ? view.work_order : nullptr;
@@ -153,13 +172,15 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   params.num_items = static_cast<int32_t>(num_ctas);
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   // The sm_90a kernel (TMA + wgmma) when the device, the shape and the kernel options allow it
-  // (src/cuda/hopper/hopper_attention.h); otherwise the portable kernel below.
-  if (cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, Hkv, num_ctas, kernel_options, stream))
+  // (src/cuda/hopper/hopper_attention.h; paged K/V always run the portable kernel); otherwise the
+  // portable kernel below.
+  if (cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, k.shape[1], Hkv, num_ctas,
+                                              kernel_options, stream))
     return;
   if (q.dtype == DType::bf16)
-    dispatch_dim_block<__nv_bfloat16>(params, d, block, num_ctas, stream);
+    dispatch_paging<__nv_bfloat16>(params, d, block, num_ctas, stream);
   else
-    dispatch_dim_block<__half>(params, d, block, num_ctas, stream);
+    dispatch_paging<__half>(params, d, block, num_ctas, stream);
 }
 
 }  // namespace
@@ -171,8 +192,10 @@ bool gqa_packing_applies(int block_size, int64_t group_size) {
 }
 
 void attend_async(const TensorView& q, const TensorView& k, const TensorView& v, const DevicePlan& plan,
-                  const TensorView& out, const TensorView& lse, void* stream, const CudaOptions& options) {
-  launch_attention(q, k, v, plan, out, lse, nullptr, 0, plan.empty() ? 0 : plan.total_tokens(), stream, options);
+                  const TensorView& out, const TensorView& lse, void* stream, const CudaOptions& options,
+                  const BlockTable& block_table) {
+  launch_attention(q, k, v, plan, block_table, out, lse, nullptr, 0, plan.empty() ? 0 : plan.total_tokens(), stream,
+                   options);
 }
 
 }  // namespace cuda
@@ -189,7 +212,8 @@ void attend_rows_async(const TensorView& q, const TensorView& k, const TensorVie
   // overflowing first.
   if (num_items > 0x7fffffffLL) throw Error("num_items", "is " + std::to_string(num_items), "fewer than 2^31");
   if (num_items == 0) return;
-  cuda::launch_attention(q, k, v, plan, out, lse, device_items, num_items, out.shape[1], stream, CudaOptions{});
+  cuda::launch_attention(q, k, v, plan, BlockTable{}, out, lse, device_items, num_items, out.shape[1], stream,
+                         CudaOptions{});
 }
 
 }  // namespace cuda_detail

@@ -17,7 +17,12 @@
 //  - the causal mask and the end-of-sequence mask are applied only to tiles that need them
 //    (the diagonal block and a partial last block);
 //  - GQA reads kv head h / (Hq/Hkv) in place; variable-length batches through the per-sequence
-//    bases of the plan.
+//    bases of the plan;
+//  - queries over a KV prefix (spec §11): the block's query positions start at
+//    row_query_begin(r) (mid-block in a chunk's first row; earlier rows of the tile are zero-filled
+//    and never written) and position p is q/out/lse row token_offset + p - (n_k - n_q); rows
+//    before first_row are empty and never launched. Keys come from kv_offset or, kPaged, from the
+//    block table's pages, looked up per key row (src/common/kv_rows.h).
 // The grid is 1-D and ordered heaviest-first: CTA j computes the j-th item of the plan's work
 // order (rows sorted by their key-block count, src/cuda/work_order.h), so the longest rows start
 // first and the short rows fill the tail (without a work order: causal rows from the last query
@@ -29,8 +34,10 @@
 
 #include <cstdint>
 
+#include "common/kv_rows.h"
 #include "cuda/attention_params.h"
 #include "plan/plan_layout.h"
+#include "plan/rules.h"
 
 namespace crisp {
 namespace cuda_detail {
@@ -145,13 +152,14 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void
 }
 
 // Issues the cp.async copies of a kRows x kDim tile whose row i starts at src + i * row_stride
-// into the swizzled tile at shared address smem_tile. Rows >= valid_rows are zero-filled and
-// their source is not read (safe_src, any mapped address, stands in for it). Each thread copies
-// one fixed 16-byte chunk column of every (kThreads / chunks per row)-th row, so its offsets are
-// loop-invariant and the copy unrolls fully; whole tiles (the common case) skip the predicates.
+// into the swizzled tile at shared address smem_tile. Rows outside [first_valid, valid_rows) are
+// zero-filled and their source is not read (safe_src, any mapped address, stands in for it). Each
+// thread copies one fixed 16-byte chunk column of every (kThreads / chunks per row)-th row, so its
+// offsets are loop-invariant and the copy unrolls fully; whole tiles (the common case) skip the
+// predicates.
 template <typename T, int kDim, int kRows, int kThreads>
 __device__ __forceinline__ void copy_tile_async(uint32_t smem_tile, const T* src, int64_t row_stride,
-                                                int valid_rows, const T* safe_src) {
+                                                int valid_rows, const T* safe_src, int first_valid = 0) {
   constexpr int kChunks = kDim / 8;
   constexpr int kRowsPerPass = kThreads / kChunks;
   constexpr int kPasses = kRows / kRowsPerPass;
@@ -161,7 +169,7 @@ __device__ __forceinline__ void copy_tile_async(uint32_t smem_tile, const T* src
   const int chunk = static_cast<int>(threadIdx.x) % kChunks;
   const T* thread_src = src + row0 * row_stride + chunk * 8;
   const int64_t pass_stride = kRowsPerPass * row_stride;
-  if (valid_rows >= kRows) {
+  if (first_valid <= 0 && valid_rows >= kRows) {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i)
       cp_async_16_full(smem_tile + swizzled_bytes<kRowBytes>(row0 + i * kRowsPerPass, chunk),
@@ -170,18 +178,43 @@ __device__ __forceinline__ void copy_tile_async(uint32_t smem_tile, const T* src
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const int row = row0 + i * kRowsPerPass;
-      const bool valid = row < valid_rows;
+      const bool valid = row >= first_valid && row < valid_rows;
       cp_async_16_zfill(smem_tile + swizzled_bytes<kRowBytes>(row, chunk), valid ? thread_src + i * pass_stride : safe_src,
                         valid ? 16 : 0);
     }
   }
 }
 
+// The same copy for paged K/V: tile row i is key key0 + i of the sequence, at pool row
+// kv_rows::key_row(0, table_row, page_size, key0 + i) of head_base (rows of row_stride elements).
+// Rows >= valid_rows, and rows whose page id lies outside the pool, are zero-filled unread.
+template <typename T, int kDim, int kRows, int kThreads>
+__device__ __forceinline__ void copy_paged_tile_async(uint32_t smem_tile, const T* head_base, int64_t row_stride,
+                                                      const int32_t* table_row, int32_t page_size, int64_t pool_rows,
+                                                      int key0, int valid_rows) {
+  constexpr int kChunks = kDim / 8;
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  constexpr int kPasses = kRows / kRowsPerPass;
+  constexpr int kRowBytes = kDim * static_cast<int>(sizeof(T));
+  const int row0 = static_cast<int>(threadIdx.x) / kChunks;
+  const int chunk = static_cast<int>(threadIdx.x) % kChunks;
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int row = row0 + i * kRowsPerPass;
+    int64_t pool_row = -1;
+    if (row < valid_rows) pool_row = kv_rows::key_row(0, table_row, page_size, key0 + row);
+    const bool valid = pool_row >= 0 && pool_row < pool_rows;
+    cp_async_16_zfill(smem_tile + swizzled_bytes<kRowBytes>(row, chunk),
+                      valid ? head_base + pool_row * row_stride + chunk * 8 : head_base, valid ? 16 : 0);
+  }
+}
+
 // ------------------------------------------------------------------ work items
 // The work item of this CTA (the portable kernel runs one item per CTA; the Hopper kernel's
 // persistent CTAs decode their own): query head h, sequence s, query block r (r < 0: a shorter
-// sequence of a varlen batch, nothing to do); `listed` is the row item's index in a row-subset
-// launch. Depends only on the parameters and blockIdx, so it can be called again.
+// sequence of a varlen batch; r < the sequence's first_row: a chunk's row without queries; both
+// nothing to do); `listed` is the row item's index in a row-subset launch. Depends only on the
+// parameters and blockIdx, so it can be called again.
 struct WorkItem {
   int32_t h, s, r;
   int64_t listed;
@@ -211,7 +244,8 @@ __device__ __forceinline__ WorkItem decode_work_item(const Params& p) {
 // 228 KB): while one CTA waits at a barrier or on its copies, the other keeps the tensor cores
 // busy. The register budget (255 at 2 x 128 threads) holds O (128 fp32), S (64 fp32) and the
 // fragments at d = 128.
-template <typename T, int kDim, int kBlock>
+// kPaged: K/V rows through the block table (Params::block_table), else contiguous from kv_offset.
+template <typename T, int kDim, int kBlock, bool kPaged>
 __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
     block_sparse_attention_kernel(const Params p) {
   constexpr int kThreads = threads_per_cta<kBlock>();
@@ -237,6 +271,7 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   if (work.r < 0) return;  // a shorter sequence of a varlen batch
   const int32_t h = work.h, r = work.r;
   const layout::SequenceBases bases = p.plan.seqs[work.s];
+  if (r < bases.first_row) return;  // a chunk's row without queries: empty, nothing to write
   const int32_t H = p.num_q_heads;
 
   const int32_t n = static_cast<int32_t>(bases.n);
@@ -247,14 +282,21 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   const int32_t num_tiles = num_row_blocks * kSubTiles;
   const int32_t* row_cols = p.plan.col + layout::col_offset(bases, h, H) + col_begin;
 
-  const T* q_base = static_cast<const T*>(p.q) + h * p.q_stride_head + bases.token_offset * p.q_stride_token;
-  // K and V rows of the sequence: one offset in tokens (the two bases are rebuilt from it at each
-  // copy; two 64-bit pointers live across the loop made it spill at d = 128).
-  const int64_t token0 = bases.token_offset;
+  // Query position `pos` (spec §11: the queries are the last n_q of the n positions, from
+  // queries_from on) is q row token_offset + pos - queries_from; rows of the block before
+  // queries_from are zero-filled (and never written).
+  const int queries_from = static_cast<int>(rules::first_query_position(n, bases.n_q));
+  const T* q_head = static_cast<const T*>(p.q) + h * p.q_stride_head;
+  const int64_t q_shift = bases.token_offset - queries_from;
+  // K and V rows of the sequence: one offset in tokens, or the sequence's row of the block table
+  // (the bases are rebuilt from it at each copy; two 64-bit pointers live across the loop made it
+  // spill at d = 128).
+  const int64_t token0 = kPaged ? 0 : bases.kv_offset;
+  const int32_t* table_row = kPaged ? p.block_table + work.s * p.table_stride : nullptr;
   auto k_base = [&]() { return static_cast<const T*>(p.k) + kv_head * p.k_stride_head + token0 * p.k_stride_token; };
   auto v_base = [&]() { return static_cast<const T*>(p.v) + kv_head * p.v_stride_head + token0 * p.v_stride_token; };
 
-  const int q_row0 = r * kBlock;  // first query of the block, relative to the sequence
+  const int q_row0 = r * kBlock;  // first position of the block (its first query may come later)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int group = lane / 4;      // mma row within an 8-row half
@@ -274,20 +316,24 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
     }
     return issue_col * kBlock + sub * kKeyTile;
   };
-  auto copy_k = [&](int key0, int slot) {
-    copy_tile_async<T, kDim, kKeyTile, kThreads>(slot_address(slot), k_base() + key0 * p.k_stride_token,
-                                                 p.k_stride_token, n - key0, k_base());
+  // One key tile (keys key0 ..) of K or V (head rows at `base`, `stride` elements apart) into `slot`.
+  auto copy_keys = [&](const T* base, int64_t stride, int key0, int slot) {
+    if constexpr (kPaged)
+      copy_paged_tile_async<T, kDim, kKeyTile, kThreads>(slot_address(slot), base, stride, table_row, p.page_size,
+                                                         p.pool_rows, key0, n - key0);
+    else
+      copy_tile_async<T, kDim, kKeyTile, kThreads>(slot_address(slot), base + key0 * stride, stride, n - key0, base);
   };
-  auto copy_v = [&](int key0, int slot) {
-    copy_tile_async<T, kDim, kKeyTile, kThreads>(slot_address(slot), v_base() + key0 * p.v_stride_token,
-                                                 p.v_stride_token, n - key0, v_base());
-  };
+  auto copy_k = [&](int key0, int slot) { copy_keys(k_base(), p.k_stride_token, key0, slot); };
+  auto copy_v = [&](int key0, int slot) { copy_keys(v_base(), p.v_stride_token, key0, slot); };
 
   // ---- prologue: the query block with K(0) (one group), then V(0), K(1), V(1) (every row has its
   // diagonal block, so num_tiles >= 1; missing tiles commit empty groups so the counts stay uniform).
   // Tile t's K sits in slot (2t) % 5 and its V in the next slot.
-  copy_tile_async<T, kDim, kBlock, kThreads>(q_smem, q_base + q_row0 * p.q_stride_token, p.q_stride_token,
-                                             n - q_row0, q_base);
+  // Rows of the tile before the block's first query are zero-filled, unread (in a packed batch they
+  // would be another sequence's queries).
+  copy_tile_async<T, kDim, kBlock, kThreads>(q_smem, q_head + (q_shift + q_row0) * p.q_stride_token,
+                                             p.q_stride_token, n - q_row0, q_head, queries_from - q_row0);
   int key0_current = take_key0(0);  // tile t
   copy_k(key0_current, 0);
   cp_async_commit();
@@ -481,14 +527,20 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   }
 
   // ---- epilogue: full row sums, normalise, write O (input dtype) and LSE (natural log)
-  // Output token of query row `query` (sequence-relative) is out_shift + query: the sequence's own
-  // token by default, the listed out_token for a row-subset launch. The item (head, query block,
-  // listed row) is decoded again rather than kept in registers across the main loop: at d = 128
-  // the loop needs all 255 (keeping them live made it spill).
+  // Output row of query position `query` is out_shift + query: the sequence's own query row by
+  // default, from the listed out_token (the block's first query) for a row-subset launch; rows
+  // before the block's first query are not written. The item (head, query block, listed row) and
+  // its query offsets are read again rather than kept in registers across the main loop: at d = 128
+  // the loop needs all 255 (keeping them live made it spill). The loads go through __ldcg so the
+  // compiler cannot reuse (and keep live) the values loaded before the loop.
   const WorkItem done = decode_work_item(p);
-  const int64_t out_shift = p.row_items == nullptr
-                                ? token0
-                                : p.row_items[done.listed].out_token - static_cast<int64_t>(done.r) * kBlock;
+  const layout::SequenceBases* done_bases = p.plan.seqs + done.s;
+  const int64_t done_n_q = __ldcg(reinterpret_cast<const long long*>(&done_bases->n_q));
+  const int first_position = static_cast<int>(rules::first_query_position(n, done_n_q));
+  const int first_written = static_cast<int>(rules::row_query_begin(done.r, kBlock, n, done_n_q));
+  const int64_t out_shift =
+      p.row_items == nullptr ? __ldcg(reinterpret_cast<const long long*>(&done_bases->token_offset)) - first_position
+                             : p.row_items[done.listed].out_token - first_written;
   T* out_base = static_cast<T*>(p.out) + done.h * p.o_stride_head;
   float* lse_base = p.lse + done.h * p.lse_stride_head;
 #pragma unroll
@@ -500,7 +552,7 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int query = warp_row0 + i * 16 + group + half * 8;
-      if (query >= n) continue;
+      if (query >= n || query < first_written) continue;
       // Every row lists its diagonal block, whose first key precedes every query of the block,
       // so sum > 0.
       const float inv = 1.f / sum;

@@ -28,10 +28,18 @@ struct Params {
   float scale_log2;        // softmax scale * log2(e)
   float scale;             // softmax scale
   DevicePlanView plan;
+  // Keys (spec §11): key position j of sequence s is row kv_rows::key_row(seqs[s].kv_offset,
+  // table row s or null, page_size, j) of k/v (src/common/kv_rows.h). block_table null: contiguous
+  // K/V; else paged, [S, table_stride] page ids of a pool of num_pages pages (k/v rows
+  // num_pages * page_size). The portable kernel reads a page id out of that range as zero keys.
+  const int32_t* block_table;
+  int64_t table_stride;
+  int32_t page_size;
+  int64_t pool_rows;  // num_pages * page_size
   // Optional row subset (context parallelism): when non-null the work items are num_q_heads x
   // (listed rows), and work item w computes row_items[w / num_q_heads] for head w % num_q_heads,
   // writing its rows to out/lse token row_items[...].out_token + i; when null, every query block of
-  // every sequence is computed and written at its own token (the default).
+  // every sequence (from its first_row) is computed and written at its own query row (the default).
   const RowItem* row_items;
   // Optional work order (every-row launches only): when non-null, the j-th work item taken is
   // item work_order[j] (DevicePlanView::work_order: the real rows, heaviest first) instead of item j.

@@ -21,11 +21,10 @@ void require_whole_prompts(const Batch& normalized_batch) {
 
 void cuda_attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
                  const BlockTable& block_table, const TensorView& out, const TensorView& lse, const Options& options) {
-  if (!block_table.empty()) require_whole_prompts(Batch({}, {}, block_table));
   // NOTE: a DevicePlan (one cudaMalloc + upload) per call keeps this synchronous entry point
   // simple; callers that run many times keep a crisp::cuda::DevicePlan and call attend_async.
   cuda::DevicePlan device_plan(plan, options.stream);
-  cuda::attend_async(q, k, v, device_plan, out, lse, options.stream, options.cuda);
+  cuda::attend_async(q, k, v, device_plan, out, lse, options.stream, options.cuda, block_table);
   CRISP_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(options.stream)));
 }
 
@@ -47,10 +46,11 @@ class CudaPlannedAttention final : public PlannedAttention {
       plan_ = cuda::DevicePlan(q.heads(), k.heads(), q.dim(), normalized_cu_seqlens, config_);
     }
     cuda::plan_async(q, k, config_, plan_, options_.stream);
+    block_table_ = normalized_batch.block_table;
   }
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const TensorView& lse) const override {
-    cuda::attend_async(q, k, v, plan_, out, lse, options_.stream, options_.cuda);
+    cuda::attend_async(q, k, v, plan_, out, lse, options_.stream, options_.cuda, block_table_);
   }
   Plan host_plan() const override { return plan_.to_host(options_.stream); }
 
@@ -58,6 +58,7 @@ class CudaPlannedAttention final : public PlannedAttention {
   Config config_;
   Options options_;
   cuda::DevicePlan plan_;
+  BlockTable block_table_;  // of the planned batch: run() reads K/V through it
 };
 
 }  // namespace

@@ -67,7 +67,8 @@ std::size_t align_up(std::size_t x) { return (x + kBufferAlignment - 1) / kBuffe
 struct BufferOffsets {
   std::size_t seqs, route, c_struct, jsd, nnz, vertical_flags, slash_flags, row_ptr, col;
   std::size_t work_order, sort_keys_in, sort_keys_out, sort_items_in, sort_temp, sort_temp_bytes;
-  int64_t num_work_items;
+  int64_t num_work_items;  // real rows (rows >= first_row) of every head
+  int64_t total_blocks;    // sum of N
   int32_t max_num_blocks;
   int64_t causal_blocks;  // per head
   std::size_t total;
@@ -99,12 +100,19 @@ BufferOffsets buffer_offsets(int64_t num_heads, const std::vector<layout::Sequen
   // The attention work order and the scratch of the sort that builds it (src/cuda/work_order.h).
   o.max_num_blocks = 0;
   for (const auto& b : bases) o.max_num_blocks = std::max(o.max_num_blocks, b.num_blocks);
-  int64_t num_rows = 0;  // real work items: one per (query block, head, sequence)
-  for (const auto& b : bases) num_rows += static_cast<int64_t>(b.num_blocks) * num_heads;
+  // The sort runs over every (query block, head, sequence) of the grid; the work items are its
+  // real rows, those at or after the sequence's first_row.
+  int64_t num_rows = 0, real_rows = 0;
+  o.total_blocks = 0;
+  for (const auto& b : bases) {
+    o.total_blocks += b.num_blocks;
+    num_rows += static_cast<int64_t>(b.num_blocks) * num_heads;
+    real_rows += static_cast<int64_t>(b.num_blocks - b.first_row) * num_heads;
+  }
   const int64_t padded = num_padded_items(num_heads, static_cast<int64_t>(bases.size()), o.max_num_blocks);
   o.sort_temp_bytes = work_order_supported(num_rows, padded) ? work_order_temp_bytes(num_rows) : 0;
-  o.num_work_items = o.sort_temp_bytes > 0 ? num_rows : 0;
-  const std::size_t items = static_cast<std::size_t>(o.num_work_items);
+  o.num_work_items = o.sort_temp_bytes > 0 ? real_rows : 0;
+  const std::size_t items = o.sort_temp_bytes > 0 ? static_cast<std::size_t>(num_rows) : 0;
   o.work_order = take(items * sizeof(int32_t));
   o.sort_keys_in = take(items * sizeof(uint64_t));
   o.sort_keys_out = take(items * sizeof(uint64_t));
@@ -185,7 +193,8 @@ void check_shape(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) {
 }
 
 std::unique_ptr<DevicePlan::Impl> make_impl(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                                            const SeqLens& cu_seqlens, const Config& config) {
+                                            const SeqLens& cu_seqlens, const Config& config,
+                                            std::vector<layout::SequenceBases> bases) {
   check_shape(num_q_heads, num_kv_heads, head_dim);
   auto impl = std::make_unique<DevicePlan::Impl>();
   impl->num_q_heads = num_q_heads;
@@ -195,7 +204,7 @@ std::unique_ptr<DevicePlan::Impl> make_impl(int64_t num_q_heads, int64_t num_kv_
   impl->cu_seqlens = cu_seqlens;
   impl->config = config;
   impl->softmax_scale = cuda_detail::resolve_scale(config, head_dim);
-  impl->bases = cuda_detail::sequence_bases(cu_seqlens, config.block_size);
+  impl->bases = std::move(bases);
   impl->offsets = cuda_detail::buffer_offsets(num_q_heads, impl->bases);
   return impl;
 }
@@ -210,6 +219,13 @@ void bind(DevicePlan::Impl& impl, void* memory) {
   v.block_size = impl.block_size;
   v.max_num_blocks = o.max_num_blocks;
   v.causal_blocks = o.causal_blocks;
+  v.total_blocks = o.total_blocks;
+  v.key_tokens = 0;
+  v.max_keys = 0;
+  for (const auto& b : impl.bases) {
+    v.key_tokens += b.n;
+    v.max_keys = std::max(v.max_keys, b.n);
+  }
   v.seqs = reinterpret_cast<const layout::SequenceBases*>(base + o.seqs);
   v.route = reinterpret_cast<int32_t*>(base + o.route);
   v.c_struct = reinterpret_cast<float*>(base + o.c_struct);
@@ -239,18 +255,57 @@ DevicePlan::Impl& need(const std::unique_ptr<DevicePlan::Impl>& impl) {
   return *impl;
 }
 
+// The query offsets of a plan's sequences (cu_seqlens_q).
 SeqLens cu_seqlens_of(const Plan& plan) {
   if (plan.sequences.empty()) throw Error("plan", "has no sequences", "at least one sequence");
   SeqLens cu{0};
   for (const auto& s : plan.sequences) {
-    if (s.n_q != s.n_k || s.kv_offset != s.q_offset)
-      throw Error("plan", "holds a chunk (queries over a KV prefix), not yet supported by the CUDA DevicePlan",
-                  "whole prompts (n_q == n_k) on the CUDA backend");
     if (s.q_offset != cu.back())
-      throw Error("plan", "sequence token offsets are not contiguous", "q_offset == sum of earlier n");
-    cu.push_back(s.q_offset + s.n_k);
+      throw Error("plan", "sequence query offsets are not contiguous", "q_offset == sum of earlier n_q");
+    cu.push_back(s.q_offset + s.n_q);
   }
   return cu;
+}
+
+// The bases of a plan's sequences, chunks included (spec §11): grid and buffers from n_k, queries at
+// q_offset, keys at kv_offset, rows before first_row empty.
+std::vector<layout::SequenceBases> plan_bases(const Plan& plan) {
+  SeqLens cu_k{0};
+  for (const auto& s : plan.sequences) {
+    if (s.n_q < 1 || s.n_q > s.n_k)
+      throw Error("plan", "holds a sequence of " + std::to_string(s.n_q) + " queries over " + std::to_string(s.n_k) +
+                              " keys", "1 <= n_q <= n_k");
+    cu_k.push_back(cu_k.back() + s.n_k);
+  }
+  std::vector<layout::SequenceBases> bases = cuda_detail::sequence_bases(cu_k, plan.block_size);
+  for (std::size_t i = 0; i < bases.size(); ++i) {
+    const SequencePlan& sp = plan.sequences[i];
+    bases[i].token_offset = sp.q_offset;
+    bases[i].n_q = sp.n_q;
+    bases[i].kv_offset = sp.kv_offset;
+    bases[i].first_row = rules::first_query_block(sp.n_k, sp.n_q, plan.block_size);
+  }
+  return bases;
+}
+
+Config config_of(const Plan& plan) {
+  Config c = plan.config;
+  c.block_size = plan.block_size;
+  return c;
+}
+
+// Allocates the DevicePlan's buffers with cudaMalloc and binds the view to them.
+void allocate(DevicePlan::Impl& impl) {
+  void* memory = nullptr;
+  const cudaError_t status = cudaMalloc(&memory, impl.offsets.total);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error("DevicePlan", "cudaMalloc of " + std::to_string(impl.offsets.total) + " bytes failed (" +
+                                  cudaGetErrorString(status) + ")",
+                "enough free device memory (see DevicePlan::bytes_required), or a caller workspace");
+  }
+  impl.owns = true;
+  bind(impl, memory);
 }
 
 }  // namespace
@@ -262,23 +317,16 @@ DevicePlan& DevicePlan::operator=(DevicePlan&&) noexcept = default;
 
 DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                        const SeqLens& cu_seqlens, const Config& config)
-    : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, cu_seqlens, config)) {
-  void* memory = nullptr;
-  const cudaError_t status = cudaMalloc(&memory, impl_->offsets.total);
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();
-    throw Error("DevicePlan", "cudaMalloc of " + std::to_string(impl_->offsets.total) + " bytes failed (" +
-                                  cudaGetErrorString(status) + ")",
-                "enough free device memory (see DevicePlan::bytes_required), or a caller workspace");
-  }
-  impl_->owns = true;
-  bind(*impl_, memory);
+    : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, cu_seqlens, config,
+                      cuda_detail::sequence_bases(cu_seqlens, config.block_size))) {
+  allocate(*impl_);
 }
 
 DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                        const SeqLens& cu_seqlens, const Config& config, void* workspace,
                        std::size_t workspace_bytes)
-    : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, cu_seqlens, config)) {
+    : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, cu_seqlens, config,
+                      cuda_detail::sequence_bases(cu_seqlens, config.block_size))) {
   if (workspace == nullptr) throw Error("workspace", "is null", "a device pointer");
   if (reinterpret_cast<std::uintptr_t>(workspace) % cuda_detail::kBufferAlignment != 0)
     throw Error("workspace", "is not 256-byte aligned", "a 256-byte aligned device pointer (as cudaMalloc returns)");
@@ -289,11 +337,9 @@ DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_d
 }
 
 DevicePlan::DevicePlan(const Plan& plan, void* stream)
-    : DevicePlan(plan.num_q_heads, plan.num_kv_heads, plan.head_dim, cu_seqlens_of(plan), [&] {
-        Config c = plan.config;
-        c.block_size = plan.block_size;
-        return c;
-      }()) {
+    : impl_(make_impl(plan.num_q_heads, plan.num_kv_heads, plan.head_dim, cu_seqlens_of(plan), config_of(plan),
+                      plan_bases(plan))) {
+  allocate(*impl_);
   upload(plan, stream);
 }
 
@@ -341,11 +387,14 @@ void DevicePlan::upload(const Plan& plan, void* stream_ptr) {
              static_cast<int64_t>(m.bases.size()));
   for (std::size_t s = 0; s < m.bases.size(); ++s) {
     const auto& sp = plan.sequences[s];
-    if (sp.q_offset != m.bases[s].token_offset || sp.n_k != m.bases[s].n || sp.n_q != sp.n_k ||
-        sp.num_blocks != m.bases[s].num_blocks || static_cast<int64_t>(sp.heads.size()) != m.num_q_heads)
+    const auto& b = m.bases[s];
+    if (sp.q_offset != b.token_offset || sp.n_k != b.n || sp.n_q != b.n_q || sp.kv_offset != b.kv_offset ||
+        sp.num_blocks != b.num_blocks || sp.first_row != b.first_row ||
+        static_cast<int64_t>(sp.heads.size()) != m.num_q_heads)
       throw Error("plan", "sequence " + std::to_string(s) + " does not match the DevicePlan's shape",
-                  "token_offset " + std::to_string(m.bases[s].token_offset) + ", n " +
-                      std::to_string(m.bases[s].n) + ", " + std::to_string(m.num_q_heads) + " heads");
+                  "q_offset " + std::to_string(b.token_offset) + ", n_q " + std::to_string(b.n_q) + ", kv_offset " +
+                      std::to_string(b.kv_offset) + ", n_k " + std::to_string(b.n) + ", " +
+                      std::to_string(m.num_q_heads) + " heads");
   }
   plan.check_well_formed();
 
@@ -462,11 +511,11 @@ Plan DevicePlan::to_host(void* stream_ptr) const {
     const auto& b = m.bases[s];
     SequencePlan& sp = plan.sequences[s];
     sp.q_offset = b.token_offset;
-    sp.n_q = b.n;
-    sp.kv_offset = b.token_offset;
+    sp.n_q = b.n_q;
+    sp.kv_offset = b.kv_offset;
     sp.n_k = b.n;
     sp.num_blocks = b.num_blocks;
-    sp.first_row = 0;
+    sp.first_row = b.first_row;
     sp.heads.resize(H);
     for (int64_t h = 0; h < H; ++h) {
       HeadPlan& hp = sp.heads[h];
@@ -489,7 +538,7 @@ Plan DevicePlan::to_host(void* stream_ptr) const {
       hp.row_ptr.assign(rp, rp + b.num_blocks + 1);
       hp.col.resize(count);
       get(hp.col.data(), o.col + layout::col_offset(b, h, H) * sizeof(int32_t), count * sizeof(int32_t));
-      hp.density = rules::density(count, b.num_blocks);
+      hp.density = rules::density_of_rows(count, b.first_row, b.num_blocks);
     }
   }
   CRISP_CUDA_CHECK(cudaStreamSynchronize(stream));

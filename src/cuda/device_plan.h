@@ -36,11 +36,17 @@ struct DevicePlanView {
   // Attention work order (GPU-built metadata, src/cuda/work_order.cu): the item codes of the
   // plan's real rows, code = h + H * (s + S * from_end) with query block r = N_s - 1 - from_end,
   // sorted by descending key-block count of their CSR row (ties in ascending code), so the rows
-  // with the most work start first. num_work_items = H * sum of N_s entries (every real row once,
-  // no padded code of a shorter sequence). Rebuilt by every fill of the plan (plan_async,
-  // upload); work_order_ready is false until the first fill.
+  // with the most work start first. The sort runs over every row of the grid (H * total_blocks
+  // entries); rows before a sequence's first_row hold no query and sort last, so the first
+  // num_work_items = H * sum of (N_s - first_row_s) entries are every real row once (no padded
+  // code of a shorter sequence, no empty row of a chunk). Rebuilt by every fill of the plan
+  // (plan_async, upload); work_order_ready is false until the first fill.
   int32_t* work_order = nullptr;
   int64_t num_work_items = 0;
+  int64_t total_blocks = 0;  // sum of N over the sequences (rows before first_row included)
+  // Host-side shape of the keys: sum of n_k (the rows k/v hold when contiguous) and the largest n_k.
+  int64_t key_tokens = 0;
+  int64_t max_keys = 0;
   bool work_order_ready = false;  // host-side state (the kernels read only work_order)
   // Scratch of the sort that builds it (keys in/out, the unsorted items, cub's temporary storage).
   uint64_t* sort_keys_in = nullptr;

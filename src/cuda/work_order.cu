@@ -42,11 +42,13 @@ struct UnionRowCost {
   }
 };
 
-// Real row j of the batch: sequence s holds rows [H * block_base_s, H * (block_base_s + N_s)), its
-// row j' = j - H * block_base_s is head h = j' % H, query block r = N_s - 1 - j' / H. Its key is
-// (cost << from_end_bits) | (max N - 1 - from_end): sorted descending (a stable radix sort), the
-// heaviest rows come first, equal costs with the later query block first, and equal keys keep
-// the enumeration order (s, then h): together, ascending item code, the kernels' own order.
+// Row j of the batch's grid: sequence s holds rows [H * block_base_s, H * (block_base_s + N_s)), its
+// row j' = j - H * block_base_s is head h = j' % H, query block r = N_s - 1 - j' / H. A real row
+// (r >= first_row_s) has key ((cost + 1) << from_end_bits) | (max N - 1 - from_end): sorted
+// descending (a stable radix sort), the heaviest rows come first, equal costs with the later query
+// block first, and equal keys keep the enumeration order (s, then h): together, ascending item
+// code, the kernels' own order. A row before first_row (a chunk's rows without queries) has key 0
+// and sorts after every real row, past the num_work_items entries the kernels take.
 template <class Cost>
 __global__ void work_key_kernel(const DevicePlanView view, const Cost cost_of, int64_t num_rows, int from_end_bits,
                                 uint64_t* keys, int32_t* codes) {
@@ -66,9 +68,10 @@ __global__ void work_key_kernel(const DevicePlanView view, const Cost cost_of, i
     const int64_t local = j - b.block_base * H;
     const int64_t h = local % H, from_end = local / H;
     const int64_t r = b.num_blocks - 1 - from_end;
-    const uint64_t cost = cost_of(b, h, r);
     const int64_t code = h + H * (s + S * from_end);
-    keys[j] = (cost << from_end_bits) | (last_from_end - static_cast<uint64_t>(from_end));
+    keys[j] = r < b.first_row ? 0u
+                              : ((cost_of(b, h, r) + 1u) << from_end_bits) |
+                                    (last_from_end - static_cast<uint64_t>(from_end));
     codes[j] = static_cast<int32_t>(code);
   }
 }
@@ -83,6 +86,8 @@ bool work_order_supported(int64_t num_rows, int64_t num_padded) {
   return num_rows > 0 && num_padded <= kMaxInt;
 }
 
+int64_t sorted_rows(const DevicePlanView& view) { return static_cast<int64_t>(view.num_heads) * view.total_blocks; }
+
 std::size_t work_order_temp_bytes(int64_t num_rows) {
   if (num_rows <= 0 || num_rows > kMaxInt) return 0;
   std::size_t bytes = 0;
@@ -94,15 +99,16 @@ std::size_t work_order_temp_bytes(int64_t num_rows) {
 
 namespace {
 
-// Keys of every real row by `cost_of`, then the descending sort into `order`.
+// Keys of every row of the grid by `cost_of`, then the descending sort into `order` (its first
+// num_work_items entries are the real rows).
 template <class Cost>
 void sort_rows(const DevicePlanView& view, const Cost& cost_of, const WorkOrderScratch& scratch, int32_t* order,
                cudaStream_t stream) {
-  const int64_t rows = view.num_work_items;
-  // A row lists at most N key blocks: the key has bits(max N - 1) + bits(max N) significant bits
-  // (21 at 128k tokens and B = 128), so the sort is a few 8-bit passes.
+  const int64_t rows = sorted_rows(view);
+  // A row lists at most N key blocks: the key has bits(max N - 1) + bits(max N + 1) significant
+  // bits (21 at 128k tokens and B = 128), so the sort is a few 8-bit passes.
   const int from_end_bits = bits_for(static_cast<uint64_t>(view.max_num_blocks - 1));
-  const int key_bits = from_end_bits + bits_for(static_cast<uint64_t>(view.max_num_blocks));
+  const int key_bits = from_end_bits + bits_for(static_cast<uint64_t>(view.max_num_blocks) + 1u);
   // NOTE: 256 threads x up to 1024 CTAs, grid-stride: the pass is a few hundred thousand rows at most.
   const int threads = 256;
   const int64_t ctas = std::min<int64_t>((rows + threads - 1) / threads, 1024);

@@ -7,9 +7,10 @@
 //
 // Item codes. The kernels decode a work item code as h = code % H, s = (code / H) % S,
 // r = N_s - 1 - code / (H * S): codes range over H * S * max N ("padded" items), and in a varlen
-// batch the codes past a shorter sequence's first block are empty. The work order lists only the
-// real rows (H * sum of N_s codes, each exactly once), so a launch that follows it walks no empty
-// item however uneven the batch is; without it the kernels walk every padded code in order.
+// batch the codes past a shorter sequence's first block are empty, and so are the codes of rows
+// before a chunk's first_row (spec §11). The work order lists the real rows first (H * sum of
+// (N_s - first_row_s) codes, each exactly once), so a launch that follows it walks no empty item
+// however uneven the batch is; without it the kernels walk every padded code in order.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -28,21 +29,26 @@ int64_t num_padded_items(int64_t num_q_heads, int64_t num_sequences, int64_t max
 // int32 in the order, and cub sorts with an int count.
 bool work_order_supported(int64_t num_rows, int64_t num_padded);
 
+// Rows the work order sorts: every (head, query block) of the grid, H * sum of N (its real rows,
+// view.num_work_items of them, come first).
+int64_t sorted_rows(const DevicePlanView& view);
+
 // Bytes of cub's temporary storage for sorting the order of `num_rows` rows (0 when num_rows is 0).
 std::size_t work_order_temp_bytes(int64_t num_rows);
 
-// Fills view.work_order (view.num_work_items real rows) from view.row_ptr on `stream` and sets
+// Fills view.work_order (sorted_rows(view) entries, the view.num_work_items real rows first) from
+// view.row_ptr on `stream` and sets
 // view.work_order_ready (when the view has the buffers for it); enqueued after the kernels that
 // wrote the plan.
 void build_work_order(DevicePlanView& view, cudaStream_t stream);
 
-// Scratch of one sort of the view's num_work_items rows (sizes as DevicePlanView's sort_* buffers).
+// Scratch of one sort of the view's sorted_rows(view) rows (sizes as DevicePlanView's sort_* buffers).
 struct WorkOrderScratch {
   uint64_t* keys_in;
   uint64_t* keys_out;
   int32_t* items_in;
   void* temp;
-  std::size_t temp_bytes;  // at least work_order_temp_bytes(num_work_items)
+  std::size_t temp_bytes;  // at least work_order_temp_bytes(sorted_rows(view))
 };
 
 // The work order of a launch that packs GQA groups (src/cuda/hopper/gqa_pack.h): the same real rows

@@ -26,7 +26,6 @@ Plan gqa_union(const Plan& plan) {
       throw Error("plan", "sequence " + std::to_string(s) + " has " + std::to_string(seq.heads.size()) + " heads",
                   std::to_string(plan.num_q_heads) + " (num_q_heads)");
     const int32_t N = seq.num_blocks;
-    const double causal = static_cast<double>(rules::causal_blocks(N));
     for (int64_t kv = 0; kv < plan.num_kv_heads; ++kv) {
       std::vector<int32_t> row_ptr(1, 0), col;
       std::vector<int32_t> row, merged;
@@ -42,7 +41,9 @@ Plan gqa_union(const Plan& plan) {
         col.insert(col.end(), row.begin(), row.end());
         row_ptr.push_back(static_cast<int32_t>(col.size()));
       }
-      const double density = causal > 0.0 ? static_cast<double>(col.size()) / causal : 1.0;
+      // Over the rows holding queries (a chunk's rows, spec §11), as every plan's density.
+      const double density =
+          N > 0 ? rules::density_of_rows(static_cast<int64_t>(col.size()), seq.first_row, N) : 1.0;
       for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
         HeadPlan& head = result.sequences[s].heads[static_cast<std::size_t>(h)];
         head.row_ptr = row_ptr;

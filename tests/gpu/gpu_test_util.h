@@ -20,6 +20,7 @@
 #include "crisp/plan.h"
 #include "crisp/tensor.h"
 #include "crisp/workload.h"
+#include "plan/rules.h"
 #include "test_util.h"
 
 namespace crisp_gpu_test {
@@ -37,9 +38,10 @@ struct DeviceBuffer {
 
 using crisp_test::ScopedEnv;
 
-// A random layout of the plan's shape: per (sequence, head, row) the anchors (block 0, and blocks
-// r and r-1 that the local slash anchor reaches under the exact cover) plus each other block c
-// with probability `keep`. Routed PE (its entries are free-form).
+// A random layout of the plan's shape: per (sequence, head, row holding queries) the anchors
+// (block 0, and blocks r and r-1 that the local slash anchor reaches under the exact cover) plus
+// each other block c with probability `keep`; a chunk's rows before first_row stay empty (spec
+// §11). Routed PE (its entries are free-form).
 inline crisp::Plan random_plan(const crisp::Plan& dense, double keep, uint64_t seed) {
   crisp::Plan plan = dense;
   std::mt19937_64 rng(seed);
@@ -52,12 +54,12 @@ inline crisp::Plan random_plan(const crisp::Plan& dense, double keep, uint64_t s
       hp.row_ptr.assign(1, 0);
       hp.col.clear();
       for (int32_t r = 0; r < sp.num_blocks; ++r) {
-        for (int32_t c = 0; c <= r; ++c)
-          if (c == 0 || c >= r - 1 || take(rng)) hp.col.push_back(c);
+        if (r >= sp.first_row)
+          for (int32_t c = 0; c <= r; ++c)
+            if (c == 0 || c >= r - 1 || take(rng)) hp.col.push_back(c);
         hp.row_ptr.push_back(static_cast<int32_t>(hp.col.size()));
       }
-      hp.density = static_cast<double>(hp.col.size()) /
-                   (static_cast<double>(sp.num_blocks) * (sp.num_blocks + 1) / 2.0);
+      hp.density = crisp::rules::density_of_rows(static_cast<int64_t>(hp.col.size()), sp.first_row, sp.num_blocks);
     }
   }
   return plan;

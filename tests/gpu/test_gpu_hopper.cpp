@@ -297,6 +297,17 @@ TEST(GpuHopperGqaPack, DeviceUnionRowsOfALongPlan) {
   expect_device_union_equals_host(random_plan(dense, 0.02, 4242));
 }
 
+// A batch of chunks (spec §11): the union rows before each sequence's first_row are empty, the
+// others the host union's.
+TEST(GpuHopperGqaPack, DeviceUnionRowsOfChunks) {
+  SKIP_WITHOUT_HOPPER();
+  crisp::Batch chunks;
+  chunks.cu_seqlens_q = {0, 1, 301, 1001, 1129};
+  chunks.cu_seqlens_k = {0, 1000, 2300, 3000, 4024};
+  const crisp::Plan dense = crisp::dense_plan(16, 4, 128, chunks, 128);
+  expect_device_union_equals_host(random_plan(dense, 0.2, 4343));
+}
+
 constexpr auto bf16 = crisp::DType::bf16;
 constexpr auto f16 = crisp::DType::f16;
 

@@ -1,6 +1,6 @@
 // src/cuda/hopper/epilogue.cuh — the Hopper consumer's epilogue for one work item: full row sums,
 // normalise O, write O (input dtype) and LSE (natural log) of the thread's two rows. Rows past the
-// sequence end are not written.
+// sequence end, and rows before its first query (a chunk's first row, spec §11), are not written.
 #pragma once
 #include <cstdint>
 
@@ -8,6 +8,7 @@
 #include "cuda/attention_params.h"
 #include "cuda/hopper/softmax.cuh"
 #include "cuda/hopper/tile_scheduler.cuh"
+#include "plan/rules.h"
 
 namespace crisp {
 namespace cuda_detail {
@@ -21,18 +22,20 @@ __device__ __forceinline__ void store_output(const attention::Params& p, int32_t
                                              const float (&o_acc)[kDim / 2], const OnlineSoftmax<kBlock>& softmax,
                                              int quad_lane) {
   const int32_t n = static_cast<int32_t>(bases.n);
-  // The token of query 0 in out/lse: the sequence's own (every-row launch), or the listed row's
-  // output token (row-subset launch).
-  const int64_t out_shift = p.row_items == nullptr
-                                ? bases.token_offset
-                                : p.row_items[code / p.num_q_heads].out_token - static_cast<int64_t>(it.r) * kBlock;
+  const int32_t first_position = static_cast<int32_t>(rules::first_query_position(bases.n, bases.n_q));
+  // The out/lse row of position 0: from the sequence's query rows (every-row launch), or from the
+  // listed row's output token, where the block's first query goes (row-subset launch).
+  const int64_t out_shift =
+      p.row_items == nullptr
+          ? bases.token_offset - first_position
+          : p.row_items[code / p.num_q_heads].out_token - rules::row_query_begin(it.r, kBlock, bases.n, bases.n_q);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     T* out_base = static_cast<T*>(p.out) + rows.head[half] * p.o_stride_head;
     float* lse_base = p.lse + rows.head[half] * p.lse_stride_head;
     const float sum = softmax.total_sum(half);
     const int query = rows.query[half];
-    if (query >= n) continue;
+    if (query >= n || query < first_position) continue;
     // Every row lists its diagonal block, whose first key precedes every query of the block, so sum > 0.
     const float inv = 1.f / sum;
     T* out_row = out_base + (out_shift + query) * p.o_stride_token;

@@ -43,6 +43,10 @@ __global__ void gqa_union_kernel(const DevicePlanView view, int32_t group, int64
     const int64_t local = j - b.block_base * Hkv;
     const int64_t kv = local % Hkv;
     const int32_t r = static_cast<int32_t>(local / Hkv);
+    if (r < b.first_row) {  // a chunk's rows without queries (spec §11): empty in every head
+      if (lane == 0) union_len[layout::block_array_offset(b, kv, Hkv) + r] = 0;
+      continue;
+    }
     const int32_t words = r / 32 + 1;
     for (int32_t w = lane; w < words; w += 32) bits[w] = 0u;
     __syncwarp();
@@ -110,13 +114,13 @@ PackedBytes packed_bytes(std::size_t col_entries, std::size_t len_entries, int64
 
 }  // namespace
 
-// Items: Hq x sum of N (view.num_work_items); union rows: Hkv x sum of N; union columns: Hkv x the
-// causal blocks of every sequence.
+// Sorted items: Hq x sum of N (sorted_rows; the view.num_work_items real rows first); union rows:
+// Hkv x sum of N; union columns: Hkv x the causal blocks of every sequence.
 PackedGqaLayout::PackedGqaLayout(const DevicePlanView& view, int group, cudaStream_t stream)
     : col_entries_(static_cast<std::size_t>(view.num_heads / group * view.causal_blocks)),
-      len_entries_(static_cast<std::size_t>(view.num_work_items / group)),
-      storage_(packed_bytes(col_entries_, len_entries_, view.num_work_items).total, stream) {
-  const PackedBytes b = packed_bytes(col_entries_, len_entries_, view.num_work_items);
+      len_entries_(static_cast<std::size_t>(view.num_heads / group * view.total_blocks)),
+      storage_(packed_bytes(col_entries_, len_entries_, sorted_rows(view)).total, stream) {
+  const PackedBytes b = packed_bytes(col_entries_, len_entries_, sorted_rows(view));
   char* p = storage_.data();
   col_ = reinterpret_cast<int32_t*>(p);
   p += b.col;

@@ -154,8 +154,8 @@ void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const 
 }
 
 template <typename T, int kDim, int kBlock>
-void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, DType dtype,
-            const CudaOptions& options, cudaStream_t stream) {
+void launch(const attention::Params& params, int64_t q_tokens, int64_t k_tokens, int64_t num_kv_heads,
+            int64_t num_ctas, DType dtype, const CudaOptions& options, cudaStream_t stream) {
   const int64_t group = params.num_q_heads / num_kv_heads;
   // Each setting is used where it applies: packing at B = 128 for whole-plan launches on a device
   // with memory pools (its union layout and work order are stream-ordered allocations), ping-pong
@@ -164,13 +164,13 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
   const bool packed = kBlock == 128 && gqa_pack(options) && current_device_traits().memory_pools &&
                       gqa_pack_applies(kBlock, group, params.row_items != nullptr, params.plan.num_work_items);
   // A packed query tile is 128 / g tokens of each of the g heads of a group: one box per head.
-  const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, tokens,
+  const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, q_tokens,
                                             params.q_stride_head, params.q_stride_token,
                                             packed ? static_cast<int>(kBlock / group) : kBlock);
-  const CUtensorMap map_k = make_tensor_map("k", params.k, dtype, kDim, num_kv_heads, tokens, params.k_stride_head,
-                                            params.k_stride_token, kBlock);
-  const CUtensorMap map_v = make_tensor_map("v", params.v, dtype, kDim, num_kv_heads, tokens, params.v_stride_head,
-                                            params.v_stride_token, kBlock);
+  const CUtensorMap map_k = make_tensor_map("k", params.k, dtype, kDim, num_kv_heads, k_tokens,
+                                            params.k_stride_head, params.k_stride_token, kBlock);
+  const CUtensorMap map_v = make_tensor_map("v", params.v, dtype, kDim, num_kv_heads, k_tokens,
+                                            params.v_stride_head, params.v_stride_token, kBlock);
   if constexpr (kBlock == 128) {
     if (packed) {  // the union rows and their work order, built on the stream, freed after the kernel
       PackedGqaLayout layout(params.plan, static_cast<int>(group), stream);
@@ -192,15 +192,16 @@ void launch(const attention::Params& params, int64_t tokens, int64_t num_kv_head
 }
 
 template <typename T>
-void launch_for_shape(const attention::Params& params, int64_t head_dim, int block_size, int64_t tokens,
-                      int64_t num_kv_heads, int64_t num_ctas, DType dtype, const CudaOptions& options,
-                      cudaStream_t stream) {
+void launch_for_shape(const attention::Params& params, int64_t head_dim, int block_size, int64_t q_tokens,
+                      int64_t k_tokens, int64_t num_kv_heads, int64_t num_ctas, DType dtype,
+                      const CudaOptions& options, cudaStream_t stream) {
   if (head_dim == 128) {
-    if (block_size == 128) launch<T, 128, 128>(params, tokens, num_kv_heads, num_ctas, dtype, options, stream);
-    else launch<T, 128, 64>(params, tokens, num_kv_heads, num_ctas, dtype, options, stream);
+    if (block_size == 128)
+      launch<T, 128, 128>(params, q_tokens, k_tokens, num_kv_heads, num_ctas, dtype, options, stream);
+    else launch<T, 128, 64>(params, q_tokens, k_tokens, num_kv_heads, num_ctas, dtype, options, stream);
   } else {
-    if (block_size == 128) launch<T, 64, 128>(params, tokens, num_kv_heads, num_ctas, dtype, options, stream);
-    else launch<T, 64, 64>(params, tokens, num_kv_heads, num_ctas, dtype, options, stream);
+    if (block_size == 128) launch<T, 64, 128>(params, q_tokens, k_tokens, num_kv_heads, num_ctas, dtype, options, stream);
+    else launch<T, 64, 64>(params, q_tokens, k_tokens, num_kv_heads, num_ctas, dtype, options, stream);
   }
 }
 
@@ -230,9 +231,9 @@ CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int
 }
 
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
-                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, const CudaOptions& options,
-                        cudaStream_t stream) {
-  if (options.kernel == Kernel::portable) return false;
+                        int64_t q_tokens, int64_t k_tokens, int64_t num_kv_heads, int64_t num_ctas,
+                        const CudaOptions& options, cudaStream_t stream) {
+  if (options.kernel == Kernel::portable || params.block_table != nullptr) return false;
   const bool shape_ok = shape_supported(dtype, head_dim, block_size);
   const bool device_ok = kernel_available();
   if (!shape_ok || !device_ok) {
@@ -248,10 +249,11 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
   }
   if (num_ctas == 0) return true;
   if (dtype == DType::bf16)
-    launch_for_shape<__nv_bfloat16>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, dtype, options,
-                                    stream);
+    launch_for_shape<__nv_bfloat16>(params, head_dim, block_size, q_tokens, k_tokens, num_kv_heads, num_ctas, dtype,
+                                    options, stream);
   else
-    launch_for_shape<__half>(params, head_dim, block_size, tokens, num_kv_heads, num_ctas, dtype, options, stream);
+    launch_for_shape<__half>(params, head_dim, block_size, q_tokens, k_tokens, num_kv_heads, num_ctas, dtype, options,
+                             stream);
   return true;
 }
 

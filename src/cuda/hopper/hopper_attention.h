@@ -60,11 +60,13 @@ bool shape_supported(DType dtype, int64_t head_dim, int block_size);
 
 // Runs the Hopper kernel for `params` (the portable kernel's parameters, already checked) when
 // `options` (checked, the CRISP_KERNEL override resolved) and the call allow it; returns false,
-// launching nothing, when the portable kernel should run. `tokens` is the token extent of q/k/v,
-// `num_kv_heads` the kv head count.
+// launching nothing, when the portable kernel should run. `q_tokens` is the token extent of q,
+// `k_tokens` that of k/v, `num_kv_heads` the kv head count. Paged K/V (params.block_table) always
+// run the portable kernel, whatever `options` asks: the Hopper kernel's TMA loads read each key
+// tile as one box of contiguous rows.
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
-                        int64_t tokens, int64_t num_kv_heads, int64_t num_ctas, const CudaOptions& options,
-                        cudaStream_t stream);
+                        int64_t q_tokens, int64_t k_tokens, int64_t num_kv_heads, int64_t num_ctas,
+                        const CudaOptions& options, cudaStream_t stream);
 
 // A 3-D TMA map (dims, tokens, heads) over a [heads, tokens, head_dim] bf16/fp16 tensor with the
 // given element strides, boxes of 64 dims x box_tokens tokens x 1 head, 128-byte swizzle, zero fill

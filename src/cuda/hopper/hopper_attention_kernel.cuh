@@ -25,6 +25,10 @@
 // read the next sequence's tokens (or zeros past the tensor end) and are masked (keys) or not
 // written (queries). Unlike the portable kernel, which zero-fills those rows, a non-finite value in
 // the next sequence's V rows would reach O as 0 * inf = NaN (finite inputs give exact zeros).
+// Queries over a KV prefix (spec §11): the query tile of row r starts at position rB, q row
+// token_offset + rB - (n_k - n_q); in a chunk's first row its rows before the first query are the
+// previous sequence's (or zeros at negative coordinates) and are never written. K/V tiles start at
+// the sequence's kv_offset.
 //
 // Scheduling: the producer takes work items from the plan's work order, heaviest rows first
 // (src/cuda/work_order.h), and hands each to the consumers through a shared-memory slot published

@@ -14,6 +14,7 @@
 #include "cuda/hopper/sm90_primitives.cuh"
 #include "cuda/hopper/tile_scheduler.cuh"
 #include "cuda/hopper/tile_shape.h"
+#include "plan/rules.h"
 
 namespace crisp {
 namespace cuda_detail {
@@ -55,11 +56,15 @@ class ProducerMainloop {
     const layout::SequenceBases bases = p.plan.seqs[it.s];
     int32_t num_tiles;
     const int32_t* row_cols = row_columns<kPacked>(p, it, bases, num_tiles);
-    const int32_t token0 = static_cast<int32_t>(bases.token_offset);  // TMA coordinates are int32
+    // TMA coordinates are int32. Query position rB is q row token_offset + rB - (n_k - n_q) (spec
+    // §11): in a chunk's first row the rows before its first query are another sequence's (or, at
+    // a negative coordinate, zeros); the consumers mask nothing for them and never store them.
+    const int32_t q_token0 = static_cast<int32_t>(bases.token_offset - rules::first_query_position(bases.n, bases.n_q));
+    const int32_t kv_token0 = static_cast<int32_t>(bases.kv_offset);
     const int32_t kv_head = it.h / p.q_per_kv;
-    load_query(map_q, p, it, token0 + it.r * kBlock, kv_head);
+    load_query(map_q, p, it, q_token0 + it.r * kBlock, kv_head);
     for (int j = 0; j < num_tiles; ++j)
-      load_key_value(map_k, map_v, tiles_done_ + j, token0 + row_cols[j] * kBlock, kv_head);
+      load_key_value(map_k, map_v, tiles_done_ + j, kv_token0 + row_cols[j] * kBlock, kv_head);
     tiles_done_ += num_tiles;
     ++items_done_;
   }

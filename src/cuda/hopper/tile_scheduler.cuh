@@ -23,7 +23,7 @@ namespace hopper {
 #if defined(CRISP_HOPPER_DEVICE_CODE)
 
 struct WorkItem {
-  int32_t h, s, r;  // r < 0: a shorter sequence of a varlen batch, nothing to do
+  int32_t h, s, r;  // r < 0 (a shorter sequence of a varlen batch) or r < first_row: nothing to do
 };
 
 // 32-bit arithmetic: the host launches fewer than 2^31 items, and the producer runs in 32
@@ -83,8 +83,8 @@ class TileScheduler {
       if (position >= item_count_) break;
       code = p.work_order != nullptr ? p.work_order[position] : static_cast<int32_t>(position);
       it = decode_item(p, code);
-      if (it.r >= 0) break;
-      code = -1;  // a shorter sequence of a varlen batch: nothing to do, take another
+      if (it.r >= 0 && it.r >= p.plan.seqs[it.s].first_row) break;
+      code = -1;  // a shorter sequence of a varlen batch or a chunk's row without queries: take another
     }
     return code;
   }
