@@ -22,31 +22,69 @@
 namespace crisp {
 namespace cuda_detail {
 
-std::vector<layout::SequenceBases> sequence_bases(const SeqLens& cu_seqlens, int block_size) {
+namespace {
+
+// Offsets {0, ...} of at least one sequence, each of at least one token; `name` names the list.
+void check_offsets(const SeqLens& cu, const char* name) {
+  if (cu.size() < 2)
+    throw Error(name, "has " + std::to_string(cu.size()) + " entries",
+                "the full offsets {0, ..., tokens} of at least one sequence");
+  if (cu[0] != 0) throw Error(name, "does not start at 0", std::string(name) + "[0] == 0");
+  for (std::size_t s = 0; s + 1 < cu.size(); ++s)
+    if (cu[s + 1] <= cu[s])
+      throw Error(name, "sequence " + std::to_string(s) + " has " + std::to_string(cu[s + 1] - cu[s]) + " tokens",
+                  "strictly increasing offsets (no empty sequence)");
+}
+
+}  // namespace
+
+Batch normalized_shape(const Batch& batch) {
+  const bool prompts = batch.cu_seqlens_k.empty();
+  Batch out;
+  out.cu_seqlens_q = batch.cu_seqlens_q;
+  out.cu_seqlens_k = prompts ? batch.cu_seqlens_q : batch.cu_seqlens_k;
+  check_offsets(out.cu_seqlens_q, prompts ? "cu_seqlens" : "batch.cu_seqlens_q");
+  if (prompts) return out;
+  check_offsets(out.cu_seqlens_k, "batch.cu_seqlens_k");
+  if (out.cu_seqlens_k.size() != out.cu_seqlens_q.size())
+    throw Error("batch.cu_seqlens_k",
+                "lists " + std::to_string(out.cu_seqlens_k.size() - 1) + " sequences but cu_seqlens_q lists " +
+                    std::to_string(out.cu_seqlens_q.size() - 1),
+                "one entry per sequence in both lists");
+  for (std::size_t s = 0; s + 1 < out.cu_seqlens_q.size(); ++s) {
+    const int64_t n_q = out.cu_seqlens_q[s + 1] - out.cu_seqlens_q[s];
+    const int64_t n_k = out.cu_seqlens_k[s + 1] - out.cu_seqlens_k[s];
+    if (n_q > n_k)
+      throw Error("batch.cu_seqlens_q",
+                  "sequence " + std::to_string(s) + " has " + std::to_string(n_q) + " queries but only " +
+                      std::to_string(n_k) + " keys",
+                  "n_q <= n_k (the queries are the last n_q of the sequence's n_k positions)");
+  }
+  return out;
+}
+
+std::vector<layout::SequenceBases> sequence_bases(const Batch& batch, int block_size) {
   if (!shape_rules::valid_block_size(block_size))
     throw Error("config.block_size", "is " + std::to_string(block_size), shape_rules::kBlockSizeExpected);
-  if (cu_seqlens.size() < 2)
-    throw Error("cu_seqlens", "has " + std::to_string(cu_seqlens.size()) + " entries",
-                "the full offsets {0, ..., tokens} of at least one sequence");
-  if (cu_seqlens[0] != 0) throw Error("cu_seqlens", "does not start at 0", "cu_seqlens[0] == 0");
+  const Batch shape = normalized_shape(batch);
+  const SeqLens& cu_q = shape.cu_seqlens_q;
+  const SeqLens& cu_k = shape.cu_seqlens_k;
   std::vector<layout::SequenceBases> bases;
-  bases.reserve(cu_seqlens.size() - 1);
+  bases.reserve(cu_q.size() - 1);
   int64_t block_base = 0, row_ptr_base = 0, col_base = 0;
-  for (std::size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
-    const int64_t n = cu_seqlens[s + 1] - cu_seqlens[s];
-    if (n <= 0)
-      throw Error("cu_seqlens", "sequence " + std::to_string(s) + " has " + std::to_string(n) + " tokens",
-                  "strictly increasing offsets (no empty sequence)");
+  for (std::size_t s = 0; s + 1 < cu_q.size(); ++s) {
     layout::SequenceBases b{};
-    b.token_offset = cu_seqlens[s];
-    b.n = n;
-    b.n_q = n;  // TODO(issue 16): chunks (n_q < n) and kv_offset from a Batch
-    b.kv_offset = cu_seqlens[s];
-    b.first_row = 0;
-    b.num_blocks = rules::num_blocks(n, block_size);
+    b.token_offset = cu_q[s];
+    b.n = cu_k[s + 1] - cu_k[s];
+    b.n_q = cu_q[s + 1] - cu_q[s];
+    b.kv_offset = cu_k[s];
+    b.first_row = rules::first_query_block(b.n, b.n_q, block_size);
+    b.num_blocks = rules::num_blocks(b.n, block_size);
     b.block_base = block_base;
     b.row_ptr_base = row_ptr_base;
     b.col_base = col_base;
+    // NOTE: the capacity stays the N(N+1)/2 triangle of the whole prompt's grid per head, rows
+    // before first_row included (they stay empty): one layout for prompts and chunks.
     block_base += b.num_blocks;
     row_ptr_base += b.num_blocks + 1;
     col_base += rules::causal_blocks(b.num_blocks);
@@ -159,7 +197,7 @@ struct DevicePlan::Impl {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   int block_size = 128;
-  SeqLens cu_seqlens;
+  Batch batch;  // the normalized shape (both lists filled, no block table)
   Config config;
   double softmax_scale = 0.0;
   std::vector<layout::SequenceBases> bases;
@@ -185,17 +223,17 @@ void check_shape(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) {
 }
 
 std::unique_ptr<DevicePlan::Impl> make_impl(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                                            const SeqLens& cu_seqlens, const Config& config) {
+                                            const Batch& batch, const Config& config) {
   check_shape(num_q_heads, num_kv_heads, head_dim);
   auto impl = std::make_unique<DevicePlan::Impl>();
   impl->num_q_heads = num_q_heads;
   impl->num_kv_heads = num_kv_heads;
   impl->head_dim = head_dim;
   impl->block_size = config.block_size;
-  impl->cu_seqlens = cu_seqlens;
+  impl->batch = cuda_detail::normalized_shape(batch);
   impl->config = config;
   impl->softmax_scale = cuda_detail::resolve_scale(config, head_dim);
-  impl->bases = cuda_detail::sequence_bases(cu_seqlens, config.block_size);
+  impl->bases = cuda_detail::sequence_bases(impl->batch, config.block_size);
   impl->offsets = cuda_detail::buffer_offsets(num_q_heads, impl->bases);
   return impl;
 }
@@ -239,18 +277,19 @@ DevicePlan::Impl& need(const std::unique_ptr<DevicePlan::Impl>& impl) {
   return *impl;
 }
 
-SeqLens cu_seqlens_of(const Plan& plan) {
+// The batch shape of a plan: query and key offsets, checked to be contiguous (the normalized form).
+Batch batch_of(const Plan& plan) {
   if (plan.sequences.empty()) throw Error("plan", "has no sequences", "at least one sequence");
-  SeqLens cu{0};
+  Batch batch({0}, {0});
   for (const auto& s : plan.sequences) {
-    if (s.n_q != s.n_k || s.kv_offset != s.q_offset)
-      throw Error("plan", "holds a chunk (queries over a KV prefix), not yet supported by the CUDA DevicePlan",
-                  "whole prompts (n_q == n_k) on the CUDA backend");
-    if (s.q_offset != cu.back())
-      throw Error("plan", "sequence token offsets are not contiguous", "q_offset == sum of earlier n");
-    cu.push_back(s.q_offset + s.n_k);
+    if (s.q_offset != batch.cu_seqlens_q.back())
+      throw Error("plan", "sequence query offsets are not contiguous", "q_offset == sum of earlier n_q");
+    if (s.kv_offset != batch.cu_seqlens_k.back())
+      throw Error("plan", "sequence key offsets are not contiguous", "kv_offset == sum of earlier n_k");
+    batch.cu_seqlens_q.push_back(s.q_offset + s.n_q);
+    batch.cu_seqlens_k.push_back(s.kv_offset + s.n_k);
   }
-  return cu;
+  return batch;
 }
 
 }  // namespace
@@ -261,8 +300,8 @@ DevicePlan::DevicePlan(DevicePlan&&) noexcept = default;
 DevicePlan& DevicePlan::operator=(DevicePlan&&) noexcept = default;
 
 DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                       const SeqLens& cu_seqlens, const Config& config)
-    : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, cu_seqlens, config)) {
+                       const Batch& batch, const Config& config)
+    : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, batch, config)) {
   void* memory = nullptr;
   const cudaError_t status = cudaMalloc(&memory, impl_->offsets.total);
   if (status != cudaSuccess) {
@@ -276,9 +315,9 @@ DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_d
 }
 
 DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                       const SeqLens& cu_seqlens, const Config& config, void* workspace,
+                       const Batch& batch, const Config& config, void* workspace,
                        std::size_t workspace_bytes)
-    : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, cu_seqlens, config)) {
+    : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, batch, config)) {
   if (workspace == nullptr) throw Error("workspace", "is null", "a device pointer");
   if (reinterpret_cast<std::uintptr_t>(workspace) % cuda_detail::kBufferAlignment != 0)
     throw Error("workspace", "is not 256-byte aligned", "a 256-byte aligned device pointer (as cudaMalloc returns)");
@@ -289,7 +328,7 @@ DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_d
 }
 
 DevicePlan::DevicePlan(const Plan& plan, void* stream)
-    : DevicePlan(plan.num_q_heads, plan.num_kv_heads, plan.head_dim, cu_seqlens_of(plan), [&] {
+    : DevicePlan(plan.num_q_heads, plan.num_kv_heads, plan.head_dim, batch_of(plan), [&] {
         Config c = plan.config;
         c.block_size = plan.block_size;
         return c;
@@ -297,9 +336,13 @@ DevicePlan::DevicePlan(const Plan& plan, void* stream)
   upload(plan, stream);
 }
 
-std::size_t DevicePlan::bytes_required(int64_t num_q_heads, const SeqLens& cu_seqlens, int block_size) {
+std::size_t DevicePlan::bytes_required(int64_t num_q_heads, const Batch& batch, int block_size) {
   if (num_q_heads < 1) throw Error("num_q_heads", "is " + std::to_string(num_q_heads), ">= 1");
-  return cuda_detail::buffer_offsets(num_q_heads, cuda_detail::sequence_bases(cu_seqlens, block_size)).total;
+  return cuda_detail::buffer_offsets(num_q_heads, cuda_detail::sequence_bases(batch, block_size)).total;
+}
+
+std::size_t DevicePlan::bytes_required(int64_t num_q_heads, const SeqLens& cu_seqlens, int block_size) {
+  return bytes_required(num_q_heads, Batch(cu_seqlens), block_size);
 }
 
 void DevicePlan::set_config(const Config& config) {
@@ -317,8 +360,10 @@ int64_t DevicePlan::num_kv_heads() const { return need(impl_).num_kv_heads; }
 int64_t DevicePlan::head_dim() const { return need(impl_).head_dim; }
 int DevicePlan::block_size() const { return need(impl_).block_size; }
 int64_t DevicePlan::num_sequences() const { return static_cast<int64_t>(need(impl_).bases.size()); }
-int64_t DevicePlan::total_tokens() const { return need(impl_).cu_seqlens.back(); }
-const SeqLens& DevicePlan::cu_seqlens() const { return need(impl_).cu_seqlens; }
+int64_t DevicePlan::total_tokens() const { return need(impl_).batch.cu_seqlens_q.back(); }
+int64_t DevicePlan::total_keys() const { return need(impl_).batch.cu_seqlens_k.back(); }
+const SeqLens& DevicePlan::cu_seqlens() const { return need(impl_).batch.cu_seqlens_q; }
+const Batch& DevicePlan::batch() const { return need(impl_).batch; }
 const Config& DevicePlan::config() const { return need(impl_).config; }
 double DevicePlan::softmax_scale() const { return need(impl_).softmax_scale; }
 std::size_t DevicePlan::bytes() const { return need(impl_).offsets.total; }
@@ -341,11 +386,14 @@ void DevicePlan::upload(const Plan& plan, void* stream_ptr) {
              static_cast<int64_t>(m.bases.size()));
   for (std::size_t s = 0; s < m.bases.size(); ++s) {
     const auto& sp = plan.sequences[s];
-    if (sp.q_offset != m.bases[s].token_offset || sp.n_k != m.bases[s].n || sp.n_q != sp.n_k ||
-        sp.num_blocks != m.bases[s].num_blocks || static_cast<int64_t>(sp.heads.size()) != m.num_q_heads)
+    const auto& b = m.bases[s];
+    if (sp.q_offset != b.token_offset || sp.n_q != b.n_q || sp.kv_offset != b.kv_offset || sp.n_k != b.n ||
+        sp.num_blocks != b.num_blocks || sp.first_row != b.first_row ||
+        static_cast<int64_t>(sp.heads.size()) != m.num_q_heads)
       throw Error("plan", "sequence " + std::to_string(s) + " does not match the DevicePlan's shape",
-                  "token_offset " + std::to_string(m.bases[s].token_offset) + ", n " +
-                      std::to_string(m.bases[s].n) + ", " + std::to_string(m.num_q_heads) + " heads");
+                  "q_offset " + std::to_string(b.token_offset) + ", n_q " + std::to_string(b.n_q) + ", kv_offset " +
+                      std::to_string(b.kv_offset) + ", n_k " + std::to_string(b.n) + ", " +
+                      std::to_string(m.num_q_heads) + " heads");
   }
   plan.check_well_formed();
 
@@ -462,11 +510,11 @@ Plan DevicePlan::to_host(void* stream_ptr) const {
     const auto& b = m.bases[s];
     SequencePlan& sp = plan.sequences[s];
     sp.q_offset = b.token_offset;
-    sp.n_q = b.n;
-    sp.kv_offset = b.token_offset;
+    sp.n_q = b.n_q;
+    sp.kv_offset = b.kv_offset;
     sp.n_k = b.n;
     sp.num_blocks = b.num_blocks;
-    sp.first_row = 0;
+    sp.first_row = b.first_row;
     sp.heads.resize(H);
     for (int64_t h = 0; h < H; ++h) {
       HeadPlan& hp = sp.heads[h];
@@ -489,7 +537,7 @@ Plan DevicePlan::to_host(void* stream_ptr) const {
       hp.row_ptr.assign(rp, rp + b.num_blocks + 1);
       hp.col.resize(count);
       get(hp.col.data(), o.col + layout::col_offset(b, h, H) * sizeof(int32_t), count * sizeof(int32_t));
-      hp.density = rules::density(count, b.num_blocks);
+      hp.density = rules::density_of_rows(count, b.first_row, b.num_blocks);
     }
   }
   CRISP_CUDA_CHECK(cudaStreamSynchronize(stream));
