@@ -47,12 +47,33 @@ struct KeyTable {
   __device__ __forceinline__ int64_t row(const layout::SequenceBases& sb, int64_t s, int64_t j) const {
     return kv_rows::key_row(sb.kv_offset, table != nullptr ? table + s * row_stride : nullptr, page_size, j);
   }
+  // End of the run of consecutive rows that starts at position j (< end): its page's end, or end.
+  __device__ __forceinline__ int64_t run_end(int64_t j, int64_t end) const {
+    if (table == nullptr) return end;
+    const int64_t page_end = (j / page_size + 1) * page_size;
+    return page_end < end ? page_end : end;
+  }
 };
 
 // The row of q holding the query at position p (>= n - n_q) of a sequence.
 __device__ __forceinline__ int64_t query_row(const layout::SequenceBases& sb, int64_t p) {
   return sb.token_offset + p - rules::first_query_position(sb.n, sb.n_q);
 }
+
+// The positions of one sequence as rows of a view, for block means: row(t), and the end of the
+// run of consecutive rows from t (so a mean reads a page, or the whole block, as one strided run).
+struct SequenceKeys {
+  KeyTable keys;
+  layout::SequenceBases sb;
+  int64_t s;
+  __device__ __forceinline__ int64_t row(int64_t t) const { return keys.row(sb, s, t); }
+  __device__ __forceinline__ int64_t run_end(int64_t t, int64_t end) const { return keys.run_end(t, end); }
+};
+struct SequenceQueries {
+  layout::SequenceBases sb;
+  __device__ __forceinline__ int64_t row(int64_t t) const { return query_row(sb, t); }
+  __device__ __forceinline__ int64_t run_end(int64_t, int64_t end) const { return end; }
+};
 
 // §1 proxy rows of a sequence: L = min(B, n_q). The rows of one query head occupy
 // proxy_row_stride(L) = L rounded up to 64 consecutive proxy-row slots (the rows >= L of a chunk

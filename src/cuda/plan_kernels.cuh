@@ -50,17 +50,22 @@ constexpr int kMeansVecThreads = 256;
 constexpr int means_threads(int vec_dim) { return vec_dim == 0 ? kMeansScalarThreads : kMeansVecThreads; }
 
 // The mean of positions [begin, end) of one head (`head` points at the head's row 0); position t
-// sits at row row_of(t) (a query row, or a key row through the block table).
-template <typename T, int kVecDim, typename RowOf>
-__device__ __forceinline__ void block_mean(const T* head, RowOf row_of, int64_t stride_token, int64_t stride_dim,
+// sits at row rows.row(t) (SequenceQueries, or SequenceKeys through the block table), and the
+// rows from t to rows.run_end(t, end) are consecutive (a page; the whole block when contiguous).
+template <typename T, int kVecDim, typename Rows>
+__device__ __forceinline__ void block_mean(const T* head, const Rows& rows, int64_t stride_token, int64_t stride_dim,
                                            int head_dim, int64_t begin, int64_t end, float* out) {
   const double inv = 1.0 / static_cast<double>(end - begin);
   if constexpr (kVecDim == 0) {
     for (int x = threadIdx.x; x < head_dim; x += blockDim.x) {
       double sum = 0.0;
+      for (int64_t t0 = begin; t0 < end;) {
+        const int64_t count = rows.run_end(t0, end) - t0;
+        const T* run = head + rows.row(t0) * stride_token + x * stride_dim;
 #pragma unroll 8  // NOTE: 8 independent loads in flight per thread (the sum chain is not the limit)
-      for (int64_t t = begin; t < end; ++t)
-        sum += static_cast<double>(to_float(head[row_of(t) * stride_token + x * stride_dim]));
+        for (int64_t t = 0; t < count; ++t) sum += static_cast<double>(to_float(run[t * stride_token]));
+        t0 += count;
+      }
       out[x] = static_cast<float>(sum * inv);
     }
   } else {
@@ -69,7 +74,7 @@ __device__ __forceinline__ void block_mean(const T* head, RowOf row_of, int64_t 
     const int chunk = threadIdx.x % kChunks, lane = threadIdx.x / kChunks;
     double sum[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
     for (int64_t t = begin + lane; t < end; t += kLanes) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(head + row_of(t) * stride_token + chunk * 8);
+      const uint4 raw = *reinterpret_cast<const uint4*>(head + rows.row(t) * stride_token + chunk * 8);
       const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum[e] += static_cast<double>(to_float(v[e]));
@@ -92,8 +97,8 @@ __global__ void __launch_bounds__(means_threads(kVecDim)) key_means_kernel(Strid
   const layout::SequenceBases sb = P.view.seqs[s];
   if (c >= sb.num_blocks) return;
   const int64_t begin = rules::block_begin(c, P.view.block_size), end = rules::block_end(c, P.view.block_size, sb.n);
-  block_mean<T, kVecDim>(k.data + kv * k.stride_head, [&](int64_t t) { return P.keys.row(sb, s, t); },
-                         k.stride_token, k.stride_dim, P.head_dim, begin, end,
+  block_mean<T, kVecDim>(k.data + kv * k.stride_head, SequenceKeys{P.keys, sb, s}, k.stride_token, k.stride_dim,
+                         P.head_dim, begin, end,
                          P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * P.head_dim);
 }
 
@@ -109,8 +114,8 @@ __global__ void __launch_bounds__(means_threads(kVecDim)) query_means_kernel(Str
   if (c >= sb.num_blocks || c < sb.first_row) return;
   const int64_t begin = rules::row_query_begin(c, P.view.block_size, sb.n, sb.n_q);
   const int64_t end = rules::block_end(c, P.view.block_size, sb.n);
-  block_mean<T, kVecDim>(q.data + h * q.stride_head, [&](int64_t t) { return query_row(sb, t); }, q.stride_token,
-                         q.stride_dim, P.head_dim, begin, end,
+  block_mean<T, kVecDim>(q.data + h * q.stride_head, SequenceQueries{sb}, q.stride_token, q.stride_dim,
+                         P.head_dim, begin, end,
                          P.ws.query_means + (layout::block_array_offset(sb, h, H) + c) * P.head_dim);
 }
 
@@ -528,10 +533,6 @@ __global__ void __launch_bounds__(kLayoutWarps * 32) layout_kernel(SlotParams P)
   if (r >= sb.num_blocks) return;
   const int32_t route = P.view.route[slot];
   int32_t* row_ptr = P.view.row_ptr + layout::row_ptr_offset(sb, h, H);
-  if (r < sb.first_row) {  // no query in this row (§11): empty
-    if (!kFill && lane == 0) row_ptr[r + 1] = 0;
-    return;
-  }
   int32_t* col = P.view.col + layout::col_offset(sb, h, H);
   const int64_t fo = layout::block_array_offset(sb, h, H);
   const int8_t* vflags = P.view.vertical_flags + fo;
@@ -540,9 +541,10 @@ __global__ void __launch_bounds__(kLayoutWarps * 32) layout_kernel(SlotParams P)
                          ? P.ws.pe_keep + layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2
                          : nullptr};
   int32_t written = kFill ? row_ptr[r] : 0;
-  for (int kb0 = 0; kb0 <= r; kb0 += 32) {
+  const int last_kb = r < sb.first_row ? -1 : r;  // rows without a query (§11) stay empty
+  for (int kb0 = 0; kb0 <= last_kb; kb0 += 32) {
     const int kb = kb0 + lane;
-    const bool has = kb <= r && select::layout_keeps(P.plan, route, r, kb, vflags, sflags, pe_row);
+    const bool has = kb <= last_kb && select::layout_keeps(P.plan, route, r, kb, vflags, sflags, pe_row);
     const unsigned ballot = __ballot_sync(0xffffffffu, has);
     if (kFill && has) col[written + __popc(ballot & ((1u << lane) - 1u))] = kb;
     written += __popc(ballot);
