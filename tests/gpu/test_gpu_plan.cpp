@@ -425,6 +425,15 @@ TEST_P(GpuChunkPlanMatchesCpu, RoutesLayoutsAndStatistics) {
     k_device_values = std::move(pool);
   }
   HostInput k_device_host(k_device_values, cc.elem);
+  if (cc.page_size > 0) {  // the pool and table hold the same keys: the CPU plans them alike
+    crisp::BlockTable host_table;
+    host_table.data = table.data();
+    host_table.max_pages_per_sequence = max_pages;
+    host_table.page_size = cc.page_size;
+    const auto pool_view = crisp::TensorView::contiguous(k_device_host.data(), k_device_host.dtype, cc.hkv, k_tokens, d);
+    expect_same_plan(crisp::plan(q_view, pool_view, cfg, crisp::Batch(cu_q, w.cu_seqlens, host_table), f32), cpu32,
+                     "cpu_f32_paged");
+  }
   const std::size_t esize = crisp::dtype_size(q_host.dtype);
   DeviceArray q_dev(q_host.data(), q_host.bytes());
   DeviceArray k_dev(k_device_host.data(), k_device_host.bytes());
