@@ -138,7 +138,9 @@ class DevicePlan {
 // synchronisation. Same rules and results as crisp::plan on the CPU. Paged K/V: k is the page pool
 // and `block_table` (on Device::cuda, page_size a multiple of 16, rows covering every sequence's
 // keys) maps positions to its rows (crisp/tensor.h); page ids are not range-checked here (the
-// table is device memory). An empty table: k holds the keys contiguously (kv_tokens = total_keys()).
+// table is device memory; a table of the wrong shape throws crisp::Error naming
+// "batch.block_table.<field>", as crisp::plan does). An empty table: k holds the keys
+// contiguously (kv_tokens = total_keys()).
 void plan_async(const TensorView& q, const TensorView& k, const Config& config, DevicePlan& plan,
                 void* stream = nullptr, const BlockTable& block_table = {});
 

@@ -722,28 +722,12 @@ void check_input(const TensorView& v, const char* name, int64_t heads, int64_t t
                     "] as the DevicePlan was made for");
 }
 
-// The planner's view of paged K (null table: contiguous), after checking the table's shape against
-// the pool k and the plan's sequences (its page ids are device memory: not read here).
-KeyTable key_table(const BlockTable& table, const TensorView& k, const cuda::DevicePlan& plan) {
+// The planner's view of paged K (null table: contiguous), after the API's checks of the table
+// (detail::normalize_batch: page size, pointer, device, pool size, pages per sequence) against the
+// DevicePlan's batch shape. Its page ids are device memory: not read here.
+KeyTable key_table(const BlockTable& table, const TensorView& q, const TensorView& k, const cuda::DevicePlan& plan) {
   if (table.empty()) return KeyTable{};
-  if (table.page_size < 16 || table.page_size % 16 != 0)
-    throw Error("block_table.page_size", "is " + std::to_string(table.page_size), "a multiple of 16 (0: no table)");
-  if (table.data == nullptr)
-    throw Error("block_table.data", "is null", "[num_sequences, max_pages_per_sequence] page ids");
-  if (table.device != Device::cuda)
-    throw Error("block_table.device", std::string("is ") + to_string(table.device), "Device::cuda, where k is");
-  if (k.shape[1] % table.page_size != 0)
-    throw Error("k", "holds " + std::to_string(k.shape[1]) + " pool tokens, not a whole number of pages of " +
-                         std::to_string(table.page_size),
-                "the page pool [Hkv, num_pages * page_size, d]");
-  const SeqLens& cu_k = plan.batch().cu_seqlens_k;
-  int64_t longest = 0;
-  for (std::size_t s = 0; s + 1 < cu_k.size(); ++s) longest = std::max(longest, cu_k[s + 1] - cu_k[s]);
-  const int64_t pages_needed = (longest + table.page_size - 1) / table.page_size;
-  if (table.max_pages_per_sequence < pages_needed)
-    throw Error("block_table.max_pages_per_sequence", "is " + std::to_string(table.max_pages_per_sequence),
-                "at least " + std::to_string(pages_needed) + " (the pages of the longest sequence, " +
-                    std::to_string(longest) + " keys)");
+  detail::normalize_batch(Batch(plan.batch().cu_seqlens_q, plan.batch().cu_seqlens_k, table), q, k, nullptr);
   return KeyTable{table.data, table.max_pages_per_sequence, table.page_size};
 }
 
@@ -772,7 +756,7 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
   const DevicePlanView& view = view_of(plan);
   check_input(q, "q", plan.num_q_heads(), plan.total_tokens(), plan.head_dim());
   check_input(k, "k", plan.num_kv_heads(), block_table.empty() ? plan.total_keys() : -1, plan.head_dim());
-  const KeyTable keys = key_table(block_table, k, plan);
+  const KeyTable keys = key_table(block_table, q, k, plan);
   if (q.dtype != k.dtype)
     throw Error("k", std::string("has dtype ") + to_string(k.dtype) + " but q has " + to_string(q.dtype),
                 "q and k of one dtype");

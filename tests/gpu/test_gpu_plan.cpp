@@ -508,7 +508,7 @@ std::vector<ChunkCase> chunk_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Chunks, GpuChunkPlanMatchesCpu, testing::ValuesIn(chunk_cases()), chunk_case_name);
 
-// Paged K with a table the planner cannot use is refused naming the field.
+// Paged K with a table the planner cannot use is refused naming the field (the API's names).
 TEST(GpuPlan, RejectsBadBlockTable) {
   SKIP_WITHOUT_GPU();
   crisp::Workload w = crisp::make_workload(crisp_test::workload_spec(4, 2, 64, {1000}, 52));
@@ -539,16 +539,16 @@ TEST(GpuPlan, RejectsBadBlockTable) {
   good.page_size = 16;
   crisp::BlockTable bt = good;
   bt.page_size = 24;
-  expect_refused(bt, k_pool, "block_table.page_size");
+  expect_refused(bt, k_pool, "batch.block_table.page_size");
   bt = good;
   bt.data = nullptr;
-  expect_refused(bt, k_pool, "block_table.data");
+  expect_refused(bt, k_pool, "batch.block_table.data");
   bt = good;
   bt.device = crisp::Device::cpu;
-  expect_refused(bt, k_pool, "block_table.device");
+  expect_refused(bt, k_pool, "batch.block_table.device");
   bt = good;
   bt.max_pages_per_sequence = 62;
-  expect_refused(bt, k_pool, "block_table.max_pages_per_sequence");
+  expect_refused(bt, k_pool, "batch.block_table.max_pages_per_sequence");
   const auto k_partial = crisp::TensorView::contiguous(k_dev.ptr, crisp::DType::f32, 2, 1000, 64, crisp::Device::cuda);
   expect_refused(good, k_partial, "k");
 }
