@@ -25,6 +25,7 @@ void cuda_attend(const TensorView& q, const TensorView& k, const TensorView& v, 
   // NOTE: a DevicePlan (one cudaMalloc + upload) per call keeps this synchronous entry point
   // simple; callers that run many times keep a crisp::cuda::DevicePlan and call attend_async.
   cuda::DevicePlan device_plan(plan, options.stream);
+  require_whole_prompts(device_plan.batch());  // the planner takes chunks; the kernels not yet
   cuda::attend_async(q, k, v, device_plan, out, lse, options.stream, options.cuda);
   CRISP_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(options.stream)));
 }
