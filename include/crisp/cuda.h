@@ -5,7 +5,7 @@
 // This header names no CUDA type, so it can be included from plain C++ translation units.
 // Every `void* stream` is a `cudaStream_t` (nullptr = the legacy default stream).
 //
-//   crisp::cuda::DevicePlan dplan(Hq, Hkv, d, cu_seqlens, cfg);      // cudaMalloc'ed once
+//   crisp::cuda::DevicePlan dplan(Hq, Hkv, d, batch, cfg);           // cudaMalloc'ed once
 //   crisp::cuda::plan_async(q, k, cfg, dplan, stream);                 // plan on the device
 //   crisp::cuda::attend_async(q, k, v, dplan, out, lse, stream);       // block-sparse attention
 //   crisp::Plan host = dplan.to_host(stream);                          // optional: inspect it
@@ -45,8 +45,11 @@ bool gqa_packing_applies(int block_size, int64_t group_size);
 // case, src/plan/plan_layout.h), so planning never has to read a size back before attention.
 //
 // A DevicePlan is made for one batch shape: query/key head counts, head dim, the sequence offsets
-// (a host vector: sequence lengths are shapes, like tensor shapes) and the block size of the
-// Config. It can then be filled any number of times, by plan_async (on the device) or upload
+// (host vectors: sequence lengths are shapes, like tensor shapes) and the block size of the
+// Config. The offsets are a crisp::Batch (crisp/tensor.h): cu_seqlens_q, and cu_seqlens_k for
+// queries over a KV prefix (chunks, n_q <= n_k, spec §11); a plain cu_seqlens list converts to a
+// Batch of whole prompts. The Batch's block table is not part of the shape: paged K/V is passed
+// to plan_async (and to attention) with each call. It can then be filled any number of times, by plan_async (on the device) or upload
 // (from a host Plan), for inputs of that shape.
 //
 // Memory: by default the buffers come from one cudaMalloc made in the constructor and released
@@ -63,15 +66,15 @@ class DevicePlan {
  public:
   // An empty plan (holds nothing; every other method throws crisp::Error until assigned).
   DevicePlan();
-  // Allocates with cudaMalloc. cu_seqlens must be the full offsets {0, ..., tokens} (at least one
-  // sequence, strictly increasing); config.block_size gives B; the softmax scale is
-  // config.softmax_scale or 1/sqrt(head_dim) when that is 0. Throws crisp::Error on bad shapes or
-  // when the allocation fails.
-  DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const SeqLens& cu_seqlens,
+  // Allocates with cudaMalloc. batch.cu_seqlens_q (and batch.cu_seqlens_k when not empty) must be
+  // full offsets {0, ...} (at least one sequence, strictly increasing, n_q <= n_k);
+  // config.block_size gives B; the softmax scale is config.softmax_scale or 1/sqrt(head_dim) when
+  // that is 0. Throws crisp::Error on bad shapes or when the allocation fails.
+  DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const Batch& batch,
              const Config& config);
   // Same, on a caller-provided device workspace (see above). Throws crisp::Error naming
   // "workspace" when it is null, not 256-byte aligned, or smaller than bytes_required.
-  DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const SeqLens& cu_seqlens,
+  DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const Batch& batch,
              const Config& config, void* workspace, std::size_t workspace_bytes);
   // Allocates for the shape of `plan` (cudaMalloc) and uploads it on `stream`.
   explicit DevicePlan(const Plan& plan, void* stream = nullptr);
@@ -85,11 +88,13 @@ class DevicePlan {
   // Device bytes needed for a batch shape (every buffer, 256-byte aligned each), on the current
   // CUDA device: the scratch of the sort that orders the attention work (heaviest rows first) is
   // sized by cub for that device's architecture, so this needs a visible device.
+  static std::size_t bytes_required(int64_t num_q_heads, const Batch& batch, int block_size);
   static std::size_t bytes_required(int64_t num_q_heads, const SeqLens& cu_seqlens, int block_size);
 
   // Copies the device plan back (enqueued on `stream`, then synchronises that stream) and builds
   // the host Plan: routes, statistics, vertical/slash lists from the flags (empty for dense
-  // heads), the CSR rows and density = nnz / (N(N+1)/2).
+  // heads), the CSR rows (rows before a chunk's first_row empty) and the density over the rows
+  // that hold queries (rules::density_of_rows).
   Plan to_host(void* stream = nullptr) const;
 
   // Host Plan -> device buffers (enqueued on `stream`; host staging is released before return, so
@@ -109,8 +114,10 @@ class DevicePlan {
   int64_t head_dim() const;
   int block_size() const;
   int64_t num_sequences() const;
-  int64_t total_tokens() const;
-  const SeqLens& cu_seqlens() const;
+  int64_t total_tokens() const;     // query rows (of q, out and lse)
+  int64_t total_keys() const;       // keys of every sequence (rows of k and v unless paged)
+  const SeqLens& cu_seqlens() const;  // the query offsets (batch().cu_seqlens_q)
+  const Batch& batch() const;       // the shape, both lists filled (no block table)
   const Config& config() const;
   double softmax_scale() const;  // resolved (never 0)
   std::size_t bytes() const;     // device bytes in use (== bytes_required for this shape)
@@ -126,11 +133,16 @@ class DevicePlan {
   std::unique_ptr<Impl> impl_;
 };
 
-// Builds the plan of q/k (views on Device::cuda, [Hq, tokens, d] / [Hkv, tokens, d], the shape
-// the DevicePlan was made for) entirely on the device, on `stream`, with no host synchronisation.
-// Same rules and results as crisp::plan on the CPU.
+// Builds the plan of q/k (views on Device::cuda, [Hq, q_tokens, d] / [Hkv, kv_tokens, d], the
+// shape the DevicePlan was made for) entirely on the device, on `stream`, with no host
+// synchronisation. Same rules and results as crisp::plan on the CPU. Paged K/V: k is the page pool
+// and `block_table` (on Device::cuda, page_size a multiple of 16, rows covering every sequence's
+// keys) maps positions to its rows (crisp/tensor.h); page ids are not range-checked here (the
+// table is device memory; a table of the wrong shape throws crisp::Error naming
+// "batch.block_table.<field>", as crisp::plan does). An empty table: k holds the keys
+// contiguously (kv_tokens = total_keys()).
 void plan_async(const TensorView& q, const TensorView& k, const Config& config, DevicePlan& plan,
-                void* stream = nullptr);
+                void* stream = nullptr, const BlockTable& block_table = {});
 
 // Block-sparse causal attention (spec §6) following the device plan, on `stream`, with no host
 // synchronisation. A plan of chunks (queries over a KV prefix, spec §11) computes only its query

@@ -375,7 +375,9 @@ NB_MODULE(_C, m) {
           },
           nb::arg("num_q_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("cu_seqlens"),
           nb::arg("config"), nb::arg("workspace") = 0, nb::arg("workspace_bytes") = 0)
-      .def_static("bytes_required", &crisp::cuda::DevicePlan::bytes_required, nb::arg("num_q_heads"),
+      .def_static("bytes_required",
+                  nb::overload_cast<int64_t, const crisp::SeqLens&, int>(&crisp::cuda::DevicePlan::bytes_required),
+                  nb::arg("num_q_heads"),
                   nb::arg("cu_seqlens"), nb::arg("block_size"))
       .def(
           "plan_async",

@@ -35,22 +35,22 @@ class CudaPlannedAttention final : public PlannedAttention {
   CudaPlannedAttention(const Config& config, const Options& options) : config_(config), options_(options) {}
 
   void plan(const TensorView& q, const TensorView& k, const Batch& normalized_batch) override {
-    require_whole_prompts(normalized_batch);
-    const SeqLens& normalized_cu_seqlens = normalized_batch.cu_seqlens_q;
-    // The device buffers are sized for one batch shape; a new shape needs new ones (the old are
-    // freed first: cudaFree synchronises the device, as at any reshape).
+    // The device buffers are sized for one batch shape (query and key offsets); a new shape needs
+    // new ones (the old are freed first: cudaFree synchronises the device, as at any reshape).
     const bool same_shape = !plan_.empty() && plan_.num_q_heads() == q.heads() && plan_.num_kv_heads() == k.heads() &&
-                            plan_.head_dim() == q.dim() && plan_.cu_seqlens() == normalized_cu_seqlens;
+                            plan_.head_dim() == q.dim() &&
+                            plan_.batch().cu_seqlens_q == normalized_batch.cu_seqlens_q &&
+                            plan_.batch().cu_seqlens_k == normalized_batch.cu_seqlens_k;
     if (!same_shape) {
       plan_ = cuda::DevicePlan();
-      plan_ = cuda::DevicePlan(q.heads(), k.heads(), q.dim(), normalized_cu_seqlens, config_);
+      plan_ = cuda::DevicePlan(q.heads(), k.heads(), q.dim(), normalized_batch, config_);
     }
-    cuda::plan_async(q, k, config_, plan_, options_.stream);
-    block_table_ = normalized_batch.block_table;
+    batch_ = normalized_batch;
+    cuda::plan_async(q, k, config_, plan_, options_.stream, normalized_batch.block_table);
   }
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const TensorView& lse) const override {
-    cuda::attend_async(q, k, v, plan_, out, lse, options_.stream, options_.cuda, block_table_);
+    cuda::attend_async(q, k, v, plan_, out, lse, options_.stream, options_.cuda, batch_.block_table);
   }
   Plan host_plan() const override { return plan_.to_host(options_.stream); }
 
@@ -58,7 +58,7 @@ class CudaPlannedAttention final : public PlannedAttention {
   Config config_;
   Options options_;
   cuda::DevicePlan plan_;
-  BlockTable block_table_;  // of the planned batch: run() reads K/V through it
+  Batch batch_;  // the planned batch, its block table included (for the runs)
 };
 
 }  // namespace

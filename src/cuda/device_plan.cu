@@ -22,31 +22,69 @@
 namespace crisp {
 namespace cuda_detail {
 
-std::vector<layout::SequenceBases> sequence_bases(const SeqLens& cu_seqlens, int block_size) {
+namespace {
+
+// Offsets {0, ...} of at least one sequence, each of at least one token; `name` names the list.
+void check_offsets(const SeqLens& cu, const char* name) {
+  if (cu.size() < 2)
+    throw Error(name, "has " + std::to_string(cu.size()) + " entries",
+                "the full offsets {0, ..., tokens} of at least one sequence");
+  if (cu[0] != 0) throw Error(name, "does not start at 0", std::string(name) + "[0] == 0");
+  for (std::size_t s = 0; s + 1 < cu.size(); ++s)
+    if (cu[s + 1] <= cu[s])
+      throw Error(name, "sequence " + std::to_string(s) + " has " + std::to_string(cu[s + 1] - cu[s]) + " tokens",
+                  "strictly increasing offsets (no empty sequence)");
+}
+
+}  // namespace
+
+Batch normalized_shape(const Batch& batch) {
+  const bool prompts = batch.cu_seqlens_k.empty();
+  Batch out;
+  out.cu_seqlens_q = batch.cu_seqlens_q;
+  out.cu_seqlens_k = prompts ? batch.cu_seqlens_q : batch.cu_seqlens_k;
+  check_offsets(out.cu_seqlens_q, prompts ? "cu_seqlens" : "batch.cu_seqlens_q");
+  if (prompts) return out;
+  check_offsets(out.cu_seqlens_k, "batch.cu_seqlens_k");
+  if (out.cu_seqlens_k.size() != out.cu_seqlens_q.size())
+    throw Error("batch.cu_seqlens_k",
+                "lists " + std::to_string(out.cu_seqlens_k.size() - 1) + " sequences but cu_seqlens_q lists " +
+                    std::to_string(out.cu_seqlens_q.size() - 1),
+                "one entry per sequence in both lists");
+  for (std::size_t s = 0; s + 1 < out.cu_seqlens_q.size(); ++s) {
+    const int64_t n_q = out.cu_seqlens_q[s + 1] - out.cu_seqlens_q[s];
+    const int64_t n_k = out.cu_seqlens_k[s + 1] - out.cu_seqlens_k[s];
+    if (n_q > n_k)
+      throw Error("batch.cu_seqlens_q",
+                  "sequence " + std::to_string(s) + " has " + std::to_string(n_q) + " queries but only " +
+                      std::to_string(n_k) + " keys",
+                  "n_q <= n_k (the queries are the last n_q of the sequence's n_k positions)");
+  }
+  return out;
+}
+
+std::vector<layout::SequenceBases> sequence_bases(const Batch& batch, int block_size) {
   if (!shape_rules::valid_block_size(block_size))
     throw Error("config.block_size", "is " + std::to_string(block_size), shape_rules::kBlockSizeExpected);
-  if (cu_seqlens.size() < 2)
-    throw Error("cu_seqlens", "has " + std::to_string(cu_seqlens.size()) + " entries",
-                "the full offsets {0, ..., tokens} of at least one sequence");
-  if (cu_seqlens[0] != 0) throw Error("cu_seqlens", "does not start at 0", "cu_seqlens[0] == 0");
+  const Batch shape = normalized_shape(batch);
+  const SeqLens& cu_q = shape.cu_seqlens_q;
+  const SeqLens& cu_k = shape.cu_seqlens_k;
   std::vector<layout::SequenceBases> bases;
-  bases.reserve(cu_seqlens.size() - 1);
+  bases.reserve(cu_q.size() - 1);
   int64_t block_base = 0, row_ptr_base = 0, col_base = 0;
-  for (std::size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
-    const int64_t n = cu_seqlens[s + 1] - cu_seqlens[s];
-    if (n <= 0)
-      throw Error("cu_seqlens", "sequence " + std::to_string(s) + " has " + std::to_string(n) + " tokens",
-                  "strictly increasing offsets (no empty sequence)");
+  for (std::size_t s = 0; s + 1 < cu_q.size(); ++s) {
     layout::SequenceBases b{};
-    b.token_offset = cu_seqlens[s];
-    b.n = n;
-    b.n_q = n;  // TODO(issue 16): chunks (n_q < n) and kv_offset from a Batch
-    b.kv_offset = cu_seqlens[s];
-    b.first_row = 0;
-    b.num_blocks = rules::num_blocks(n, block_size);
+    b.token_offset = cu_q[s];
+    b.n = cu_k[s + 1] - cu_k[s];
+    b.n_q = cu_q[s + 1] - cu_q[s];
+    b.kv_offset = cu_k[s];
+    b.first_row = rules::first_query_block(b.n, b.n_q, block_size);
+    b.num_blocks = rules::num_blocks(b.n, block_size);
     b.block_base = block_base;
     b.row_ptr_base = row_ptr_base;
     b.col_base = col_base;
+    // NOTE: the capacity stays the N(N+1)/2 triangle of the whole prompt's grid per head, rows
+    // before first_row included (they stay empty): one layout for prompts and chunks.
     block_base += b.num_blocks;
     row_ptr_base += b.num_blocks + 1;
     col_base += rules::causal_blocks(b.num_blocks);
@@ -167,7 +205,7 @@ struct DevicePlan::Impl {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   int block_size = 128;
-  SeqLens cu_seqlens;
+  Batch batch;  // the normalized shape (both lists filled, no block table)
   Config config;
   double softmax_scale = 0.0;
   std::vector<layout::SequenceBases> bases;
@@ -193,18 +231,17 @@ void check_shape(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) {
 }
 
 std::unique_ptr<DevicePlan::Impl> make_impl(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                                            const SeqLens& cu_seqlens, const Config& config,
-                                            std::vector<layout::SequenceBases> bases) {
+                                            const Batch& batch, const Config& config) {
   check_shape(num_q_heads, num_kv_heads, head_dim);
   auto impl = std::make_unique<DevicePlan::Impl>();
   impl->num_q_heads = num_q_heads;
   impl->num_kv_heads = num_kv_heads;
   impl->head_dim = head_dim;
   impl->block_size = config.block_size;
-  impl->cu_seqlens = cu_seqlens;
+  impl->batch = cuda_detail::normalized_shape(batch);
   impl->config = config;
   impl->softmax_scale = cuda_detail::resolve_scale(config, head_dim);
-  impl->bases = std::move(bases);
+  impl->bases = cuda_detail::sequence_bases(impl->batch, config.block_size);
   impl->offsets = cuda_detail::buffer_offsets(num_q_heads, impl->bases);
   return impl;
 }
@@ -255,57 +292,19 @@ DevicePlan::Impl& need(const std::unique_ptr<DevicePlan::Impl>& impl) {
   return *impl;
 }
 
-// The query offsets of a plan's sequences (cu_seqlens_q).
-SeqLens cu_seqlens_of(const Plan& plan) {
+// The batch shape of a plan: query and key offsets, checked to be contiguous (the normalized form).
+Batch batch_of(const Plan& plan) {
   if (plan.sequences.empty()) throw Error("plan", "has no sequences", "at least one sequence");
-  SeqLens cu{0};
+  Batch batch({0}, {0});
   for (const auto& s : plan.sequences) {
-    if (s.q_offset != cu.back())
+    if (s.q_offset != batch.cu_seqlens_q.back())
       throw Error("plan", "sequence query offsets are not contiguous", "q_offset == sum of earlier n_q");
-    cu.push_back(s.q_offset + s.n_q);
+    if (s.kv_offset != batch.cu_seqlens_k.back())
+      throw Error("plan", "sequence key offsets are not contiguous", "kv_offset == sum of earlier n_k");
+    batch.cu_seqlens_q.push_back(s.q_offset + s.n_q);
+    batch.cu_seqlens_k.push_back(s.kv_offset + s.n_k);
   }
-  return cu;
-}
-
-// The bases of a plan's sequences, chunks included (spec §11): grid and buffers from n_k, queries at
-// q_offset, keys at kv_offset, rows before first_row empty.
-std::vector<layout::SequenceBases> plan_bases(const Plan& plan) {
-  SeqLens cu_k{0};
-  for (const auto& s : plan.sequences) {
-    if (s.n_q < 1 || s.n_q > s.n_k)
-      throw Error("plan", "holds a sequence of " + std::to_string(s.n_q) + " queries over " + std::to_string(s.n_k) +
-                              " keys", "1 <= n_q <= n_k");
-    cu_k.push_back(cu_k.back() + s.n_k);
-  }
-  std::vector<layout::SequenceBases> bases = cuda_detail::sequence_bases(cu_k, plan.block_size);
-  for (std::size_t i = 0; i < bases.size(); ++i) {
-    const SequencePlan& sp = plan.sequences[i];
-    bases[i].token_offset = sp.q_offset;
-    bases[i].n_q = sp.n_q;
-    bases[i].kv_offset = sp.kv_offset;
-    bases[i].first_row = rules::first_query_block(sp.n_k, sp.n_q, plan.block_size);
-  }
-  return bases;
-}
-
-Config config_of(const Plan& plan) {
-  Config c = plan.config;
-  c.block_size = plan.block_size;
-  return c;
-}
-
-// Allocates the DevicePlan's buffers with cudaMalloc and binds the view to them.
-void allocate(DevicePlan::Impl& impl) {
-  void* memory = nullptr;
-  const cudaError_t status = cudaMalloc(&memory, impl.offsets.total);
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();
-    throw Error("DevicePlan", "cudaMalloc of " + std::to_string(impl.offsets.total) + " bytes failed (" +
-                                  cudaGetErrorString(status) + ")",
-                "enough free device memory (see DevicePlan::bytes_required), or a caller workspace");
-  }
-  impl.owns = true;
-  bind(impl, memory);
+  return batch;
 }
 
 }  // namespace
@@ -316,17 +315,24 @@ DevicePlan::DevicePlan(DevicePlan&&) noexcept = default;
 DevicePlan& DevicePlan::operator=(DevicePlan&&) noexcept = default;
 
 DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                       const SeqLens& cu_seqlens, const Config& config)
-    : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, cu_seqlens, config,
-                      cuda_detail::sequence_bases(cu_seqlens, config.block_size))) {
-  allocate(*impl_);
+                       const Batch& batch, const Config& config)
+    : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, batch, config)) {
+  void* memory = nullptr;
+  const cudaError_t status = cudaMalloc(&memory, impl_->offsets.total);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error("DevicePlan", "cudaMalloc of " + std::to_string(impl_->offsets.total) + " bytes failed (" +
+                                  cudaGetErrorString(status) + ")",
+                "enough free device memory (see DevicePlan::bytes_required), or a caller workspace");
+  }
+  impl_->owns = true;
+  bind(*impl_, memory);
 }
 
 DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                       const SeqLens& cu_seqlens, const Config& config, void* workspace,
+                       const Batch& batch, const Config& config, void* workspace,
                        std::size_t workspace_bytes)
-    : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, cu_seqlens, config,
-                      cuda_detail::sequence_bases(cu_seqlens, config.block_size))) {
+    : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, batch, config)) {
   if (workspace == nullptr) throw Error("workspace", "is null", "a device pointer");
   if (reinterpret_cast<std::uintptr_t>(workspace) % cuda_detail::kBufferAlignment != 0)
     throw Error("workspace", "is not 256-byte aligned", "a 256-byte aligned device pointer (as cudaMalloc returns)");
@@ -337,15 +343,21 @@ DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_d
 }
 
 DevicePlan::DevicePlan(const Plan& plan, void* stream)
-    : impl_(make_impl(plan.num_q_heads, plan.num_kv_heads, plan.head_dim, cu_seqlens_of(plan), config_of(plan),
-                      plan_bases(plan))) {
-  allocate(*impl_);
+    : DevicePlan(plan.num_q_heads, plan.num_kv_heads, plan.head_dim, batch_of(plan), [&] {
+        Config c = plan.config;
+        c.block_size = plan.block_size;
+        return c;
+      }()) {
   upload(plan, stream);
 }
 
-std::size_t DevicePlan::bytes_required(int64_t num_q_heads, const SeqLens& cu_seqlens, int block_size) {
+std::size_t DevicePlan::bytes_required(int64_t num_q_heads, const Batch& batch, int block_size) {
   if (num_q_heads < 1) throw Error("num_q_heads", "is " + std::to_string(num_q_heads), ">= 1");
-  return cuda_detail::buffer_offsets(num_q_heads, cuda_detail::sequence_bases(cu_seqlens, block_size)).total;
+  return cuda_detail::buffer_offsets(num_q_heads, cuda_detail::sequence_bases(batch, block_size)).total;
+}
+
+std::size_t DevicePlan::bytes_required(int64_t num_q_heads, const SeqLens& cu_seqlens, int block_size) {
+  return bytes_required(num_q_heads, Batch(cu_seqlens), block_size);
 }
 
 void DevicePlan::set_config(const Config& config) {
@@ -363,8 +375,10 @@ int64_t DevicePlan::num_kv_heads() const { return need(impl_).num_kv_heads; }
 int64_t DevicePlan::head_dim() const { return need(impl_).head_dim; }
 int DevicePlan::block_size() const { return need(impl_).block_size; }
 int64_t DevicePlan::num_sequences() const { return static_cast<int64_t>(need(impl_).bases.size()); }
-int64_t DevicePlan::total_tokens() const { return need(impl_).cu_seqlens.back(); }
-const SeqLens& DevicePlan::cu_seqlens() const { return need(impl_).cu_seqlens; }
+int64_t DevicePlan::total_tokens() const { return need(impl_).batch.cu_seqlens_q.back(); }
+int64_t DevicePlan::total_keys() const { return need(impl_).batch.cu_seqlens_k.back(); }
+const SeqLens& DevicePlan::cu_seqlens() const { return need(impl_).batch.cu_seqlens_q; }
+const Batch& DevicePlan::batch() const { return need(impl_).batch; }
 const Config& DevicePlan::config() const { return need(impl_).config; }
 double DevicePlan::softmax_scale() const { return need(impl_).softmax_scale; }
 std::size_t DevicePlan::bytes() const { return need(impl_).offsets.total; }
@@ -388,7 +402,7 @@ void DevicePlan::upload(const Plan& plan, void* stream_ptr) {
   for (std::size_t s = 0; s < m.bases.size(); ++s) {
     const auto& sp = plan.sequences[s];
     const auto& b = m.bases[s];
-    if (sp.q_offset != b.token_offset || sp.n_k != b.n || sp.n_q != b.n_q || sp.kv_offset != b.kv_offset ||
+    if (sp.q_offset != b.token_offset || sp.n_q != b.n_q || sp.kv_offset != b.kv_offset || sp.n_k != b.n ||
         sp.num_blocks != b.num_blocks || sp.first_row != b.first_row ||
         static_cast<int64_t>(sp.heads.size()) != m.num_q_heads)
       throw Error("plan", "sequence " + std::to_string(s) + " does not match the DevicePlan's shape",

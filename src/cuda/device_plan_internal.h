@@ -28,8 +28,11 @@ inline DevicePlanView& mutable_view_of(cuda::DevicePlan& plan) {
 // plan or is handed to another plan made later at the same address. Never throws.
 void release_planner_workspace(const void* key) noexcept;
 
+// The batch shape with both lists filled (an empty cu_seqlens_k: whole prompts) and the block
+// table dropped, after checking the offsets. Throws crisp::Error naming the list.
+Batch normalized_shape(const Batch& batch);
 // Host-side per-sequence bases of a batch shape (also copied to view.seqs on the device).
-std::vector<layout::SequenceBases> sequence_bases(const SeqLens& cu_seqlens, int block_size);
+std::vector<layout::SequenceBases> sequence_bases(const Batch& batch, int block_size);
 
 }  // namespace cuda_detail
 }  // namespace crisp

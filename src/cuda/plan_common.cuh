@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "common/kv_rows.h"
 #include "plan/plan_layout.h"
 #include "plan/rules.h"
 
@@ -35,6 +36,55 @@ struct Strided3 {
     return to_float(data[h * stride_head + t * stride_token + x * stride_dim]);
   }
 };
+
+// ---------------------------------------------------------------- rows of a sequence (spec §11)
+// Where the planner reads K: contiguous rows (table null) or the page pool through a block table.
+struct KeyTable {
+  const int32_t* table = nullptr;  // device [sequences][row_stride] page ids; null: contiguous K
+  int64_t row_stride = 0;          // max_pages_per_sequence
+  int64_t page_size = 0;
+  // The row of k holding key position j of sequence s (kv_rows::key_row, the one rule).
+  __device__ __forceinline__ int64_t row(const layout::SequenceBases& sb, int64_t s, int64_t j) const {
+    return kv_rows::key_row(sb.kv_offset, table != nullptr ? table + s * row_stride : nullptr, page_size, j);
+  }
+  // End of the run of consecutive rows that starts at position j (< end): its page's end, or end.
+  __device__ __forceinline__ int64_t run_end(int64_t j, int64_t end) const {
+    if (table == nullptr) return end;
+    const int64_t page_end = (j / page_size + 1) * page_size;
+    return page_end < end ? page_end : end;
+  }
+};
+
+// The row of q holding the query at position p (>= n - n_q) of a sequence.
+__device__ __forceinline__ int64_t query_row(const layout::SequenceBases& sb, int64_t p) {
+  return sb.token_offset + p - rules::first_query_position(sb.n, sb.n_q);
+}
+
+// The positions of one sequence as rows of a view, for block means: row(t), and the end of the
+// run of consecutive rows from t (so a mean reads a page, or the whole block, as one strided run).
+struct SequenceKeys {
+  KeyTable keys;
+  layout::SequenceBases sb;
+  int64_t s;
+  __device__ __forceinline__ int64_t row(int64_t t) const { return keys.row(sb, s, t); }
+  __device__ __forceinline__ int64_t run_end(int64_t t, int64_t end) const { return keys.run_end(t, end); }
+};
+struct SequenceQueries {
+  layout::SequenceBases sb;
+  __device__ __forceinline__ int64_t row(int64_t t) const { return query_row(sb, t); }
+  __device__ __forceinline__ int64_t run_end(int64_t, int64_t end) const { return end; }
+};
+
+// §1 proxy rows of a sequence: L = min(B, n_q). The rows of one query head occupy
+// proxy_row_stride(L) = L rounded up to 64 consecutive proxy-row slots (the rows >= L of a chunk
+// with n_q < B are padding and never scored), so a tile of rows never splits a head's rows
+// unevenly: 8 consecutive rows (one thread of plan_proxy.cuh) lie in one head, and a 128-row tile
+// holds at most two heads. For every whole prompt that is estimated L = B and the stride is L.
+// NOTE: 64 = the smaller block size, so the stride of a whole prompt is always L itself.
+constexpr int64_t kProxyHeadRowAlign = 64;
+CRISP_HD int64_t proxy_row_stride(int64_t L) {
+  return (L + kProxyHeadRowAlign - 1) / kProxyHeadRowAlign * kProxyHeadRowAlign;
+}
 
 // ---------------------------------------------------------------- reductions
 // Block-wide reductions for blockDim.x a multiple of 32 (<= 1024). `scratch` holds 32 entries.
@@ -85,7 +135,7 @@ struct MaxOp {
 // Per-slot arrays use the layouts of src/plan/plan_layout.h:
 //  - [slot][N]-sized arrays at layout::block_array_offset,
 //  - [slot][N(N+1)/2] causal-entry arrays at layout::col_offset,
-//  - [slot][n] token arrays at token_offset * H + h * n,
+//  - [slot][n] token arrays at kv_offset * H + h * n (n = n_k: one entry per key position),
 //  - [slot][B] proxy-row arrays at slot * B.
 struct Workspace {
   // §1 proxy statistics.

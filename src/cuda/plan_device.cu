@@ -87,7 +87,9 @@ struct Shape {
         estimated != o.estimated || bases.size() != o.bases.size())
       return false;
     for (std::size_t s = 0; s < bases.size(); ++s)
-      if (bases[s].n != o.bases[s].n || bases[s].token_offset != o.bases[s].token_offset) return false;
+      if (bases[s].n != o.bases[s].n || bases[s].n_q != o.bases[s].n_q ||
+          bases[s].token_offset != o.bases[s].token_offset || bases[s].kv_offset != o.bases[s].kv_offset)
+        return false;
     return true;
   }
 };
@@ -161,8 +163,9 @@ class PlanWorkspace {
     for (std::size_t s = 0; s < S; ++s) {
       if (!shape_.estimated[s]) continue;
       const layout::SequenceBases& sb = shape_.bases[s];
-      const int64_t L = rules::proxy_rows(sb.n, shape_.B);
-      const int64_t row_tiles = (group * L + rows_per_item - 1) / rows_per_item;
+      // The rows of each head at a stride of R (plan_common.cuh; R = L = B on the tensor-core path).
+      const int64_t R = proxy_row_stride(rules::proxy_rows(sb.n_q, shape_.B));
+      const int64_t row_tiles = (group * R + rows_per_item - 1) / rows_per_item;
       // Splits of this sequence's keys, in proportion to its share of the tokens.
       const double share = static_cast<double>(sb.n) / static_cast<double>(estimated_tokens);
       int64_t splits = 1;
@@ -183,7 +186,7 @@ class PlanWorkspace {
       item_base_[s] = static_cast<int64_t>(items_.size());
       for (int64_t kv = 0; kv < shape_.Hkv; ++kv)
         for (int64_t rt = 0; rt < row_tiles; ++rt) {
-          const int64_t rows_here = std::min(rows_per_item, group * L - rt * rows_per_item);
+          const int64_t rows_here = std::min(rows_per_item, group * R - rt * rows_per_item);
           for (int64_t sp = 0; sp < splits; ++sp) {
             ProxyWorkItem it{};
             it.seq = static_cast<int32_t>(s);
@@ -210,7 +213,7 @@ class PlanWorkspace {
     const auto& last = sh.bases.back();
     block_entries_ = static_cast<std::size_t>(last.block_base + last.num_blocks) * sh.H;
     const std::size_t causal_entries = static_cast<std::size_t>(last.col_base + rules::causal_blocks(last.num_blocks)) * sh.H;
-    const std::size_t tokens = static_cast<std::size_t>(last.token_offset + last.n);
+    const std::size_t tokens = static_cast<std::size_t>(last.kv_offset + last.n);  // key positions of the batch
     token_entries_ = tokens * sh.H;
     max_blocks_ = 0;
     max_tokens_ = 0;
@@ -467,8 +470,8 @@ void proxy_on_tensor_cores(const Strided3<T>& qs, const Strided3<T>& ks, const P
 template <typename T>
 class PlanStages {
  public:
-  PlanStages(const TensorView& q, const TensorView& k, const PlanParams& params, const DevicePlanView& view,
-             PlanWorkspace& pw, double scale, cudaStream_t stream)
+  PlanStages(const TensorView& q, const TensorView& k, const KeyTable& keys, const PlanParams& params,
+             const DevicePlanView& view, PlanWorkspace& pw, double scale, cudaStream_t stream)
       : sh_(pw.shape()), ws_(pw.ws()), pw_(pw), view_(view), qs_(strided<T>(q)), ks_(strided<T>(k)),
         needs_(needs_of(params)), slots_(static_cast<int>(pw.slots())), max_n_(pw.max_blocks()), scale_(scale),
         stream_(stream) {
@@ -479,6 +482,7 @@ class PlanStages {
     sp_.group = static_cast<int32_t>(sh_.H / sh_.Hkv);
     sp_.head_dim = static_cast<int32_t>(sh_.d);
     sp_.scale = static_cast<float>(scale);
+    sp_.keys = keys;
     sp_.plan = params;
     sp_.walk_v = pw.states(0);
     sp_.walk_u = pw.states(1);
@@ -496,6 +500,7 @@ class PlanStages {
     pp.scale = static_cast<float>(scale_);
     pp.w_sink = sp_.plan.w_sink;
     pp.w_local = sp_.plan.w_local;
+    pp.keys = sp_.keys;
     pp.ws = ws_;
     ProxyCombineParams cp{};
     cp.seqs = view_.seqs;
@@ -673,9 +678,9 @@ class PlanStages {
 };
 
 template <typename T>
-void plan_typed(const TensorView& q, const TensorView& k, const PlanParams& params, const DevicePlanView& view,
-                PlanWorkspace& pw, double scale, cudaStream_t stream) {
-  PlanStages<T> stages(q, k, params, view, pw, scale, stream);
+void plan_typed(const TensorView& q, const TensorView& k, const KeyTable& keys, const PlanParams& params,
+                const DevicePlanView& view, PlanWorkspace& pw, double scale, cudaStream_t stream) {
+  PlanStages<T> stages(q, k, keys, params, view, pw, scale, stream);
   const bool estimate = pw.any_estimated();
   StageTimer timer(stream);
   if (estimate) {
@@ -702,11 +707,13 @@ void plan_typed(const TensorView& q, const TensorView& k, const PlanParams& para
   timer.report();
 }
 
+// tokens < 0: any token count (the page pool of paged K).
 void check_input(const TensorView& v, const char* name, int64_t heads, int64_t tokens, int64_t dim) {
   if (v.device != Device::cuda)
     throw Error(name, std::string("is on ") + to_string(v.device), "a view on Device::cuda");
   if (v.data == nullptr) throw Error(name, "has no data", "a device pointer");
   if (v.rank != 3) throw Error(name, "has rank " + std::to_string(v.rank), "rank 3 [heads, tokens, dim]");
+  if (tokens < 0) tokens = v.shape[1];
   if (v.shape[0] != heads || v.shape[1] != tokens || v.shape[2] != dim)
     throw Error(name,
                 "has shape [" + std::to_string(v.shape[0]) + ", " + std::to_string(v.shape[1]) + ", " +
@@ -715,11 +722,24 @@ void check_input(const TensorView& v, const char* name, int64_t heads, int64_t t
                     "] as the DevicePlan was made for");
 }
 
+// The planner's view of paged K (null table: contiguous), after the API's checks of the table
+// (detail::normalize_batch: page size, pointer, device, pool size, pages per sequence) against the
+// DevicePlan's batch shape. Its page ids are device memory: not read here.
+KeyTable key_table(const BlockTable& table, const TensorView& q, const TensorView& k, const cuda::DevicePlan& plan) {
+  if (table.empty()) return KeyTable{};
+  detail::normalize_batch(Batch(plan.batch().cu_seqlens_q, plan.batch().cu_seqlens_k, table), q, k, nullptr);
+  return KeyTable{table.data, table.max_pages_per_sequence, table.page_size};
+}
+
 // Can the proxy run on tensor cores (plan_proxy_mma.cuh)? bf16 / fp16, d 64 or 128, rows of
-// contiguous elements at 16-byte aligned addresses (cp.async of 16-byte chunks).
-bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d) {
+// contiguous elements at 16-byte aligned addresses (cp.async of 16-byte chunks), and L = B proxy
+// rows for every estimated sequence (a chunk of n_q < B queries runs the FFMA path, whose row
+// tiles take any L).
+bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d, const Shape& sh) {
   if (q.dtype != DType::bf16 && q.dtype != DType::f16) return false;
   if (d != 64 && d != 128) return false;
+  for (std::size_t s = 0; s < sh.bases.size(); ++s)
+    if (sh.estimated[s] && sh.bases[s].n_q < sh.B) return false;
   for (const TensorView* v : {&q, &k}) {
     if (v->stride[2] != 1 || v->stride[1] % 8 != 0 || v->stride[0] % 8 != 0) return false;
     if (reinterpret_cast<std::uintptr_t>(v->data) % 16 != 0) return false;
@@ -730,12 +750,13 @@ bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d) {
 }  // namespace
 
 // The whole device planning of q/k into `plan`, using `pw` as workspace.
-void plan_on_device(const TensorView& q, const TensorView& k, const Config& config, cuda::DevicePlan& plan,
-                    PlanWorkspace& pw, cudaStream_t stream) {
+void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& block_table, const Config& config,
+                    cuda::DevicePlan& plan, PlanWorkspace& pw, cudaStream_t stream) {
   config.validate();
   const DevicePlanView& view = view_of(plan);
   check_input(q, "q", plan.num_q_heads(), plan.total_tokens(), plan.head_dim());
-  check_input(k, "k", plan.num_kv_heads(), plan.total_tokens(), plan.head_dim());
+  check_input(k, "k", plan.num_kv_heads(), block_table.empty() ? plan.total_keys() : -1, plan.head_dim());
+  const KeyTable keys = key_table(block_table, q, k, plan);
   if (q.dtype != k.dtype)
     throw Error("k", std::string("has dtype ") + to_string(k.dtype) + " but q has " + to_string(q.dtype),
                 "q and k of one dtype");
@@ -746,18 +767,18 @@ void plan_on_device(const TensorView& q, const TensorView& k, const Config& conf
   sh.Hkv = plan.num_kv_heads();
   sh.d = plan.head_dim();
   sh.B = plan.block_size();
-  sh.bases = sequence_bases(plan.cu_seqlens(), sh.B);
-  sh.tensor_cores = tensor_core_proxy(q, k, sh.d);
+  sh.bases = sequence_bases(plan.batch(), sh.B);
   const PlanParams params = plan_params(config);
   sh.estimated.resize(sh.bases.size());
   for (std::size_t s = 0; s < sh.bases.size(); ++s) sh.estimated[s] = select::estimates(params, sh.bases[s].n);
+  sh.tensor_cores = tensor_core_proxy(q, k, sh.d, sh);
   pw.ensure(sh, needs_of(params));
   const double scale = plan.softmax_scale();
   switch (q.dtype) {
-    case DType::f32: plan_typed<float>(q, k, params, view, pw, scale, stream); break;
-    case DType::f64: plan_typed<double>(q, k, params, view, pw, scale, stream); break;
-    case DType::f16: plan_typed<__half>(q, k, params, view, pw, scale, stream); break;
-    case DType::bf16: plan_typed<__nv_bfloat16>(q, k, params, view, pw, scale, stream); break;
+    case DType::f32: plan_typed<float>(q, k, keys, params, view, pw, scale, stream); break;
+    case DType::f64: plan_typed<double>(q, k, keys, params, view, pw, scale, stream); break;
+    case DType::f16: plan_typed<__half>(q, k, keys, params, view, pw, scale, stream); break;
+    case DType::bf16: plan_typed<__nv_bfloat16>(q, k, keys, params, view, pw, scale, stream); break;
   }
   build_work_order(mutable_view_of(plan), stream);
 }
@@ -780,7 +801,8 @@ std::map<const void*, std::unique_ptr<cuda_detail::planner::PlanWorkspace>>& wor
 }
 }  // namespace
 
-void plan_async(const TensorView& q, const TensorView& k, const Config& config, DevicePlan& plan, void* stream) {
+void plan_async(const TensorView& q, const TensorView& k, const Config& config, DevicePlan& plan, void* stream,
+                const BlockTable& block_table) {
   const void* key = cuda_detail::view_of(plan).seqs;  // unique per live DevicePlan buffer
   cuda_detail::planner::PlanWorkspace* pw = nullptr;
   {
@@ -789,7 +811,7 @@ void plan_async(const TensorView& q, const TensorView& k, const Config& config, 
     if (!slot) slot = std::make_unique<cuda_detail::planner::PlanWorkspace>();
     pw = slot.get();
   }
-  cuda_detail::planner::plan_on_device(q, k, config, plan, *pw, static_cast<cudaStream_t>(stream));
+  cuda_detail::planner::plan_on_device(q, k, block_table, config, plan, *pw, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace cuda
@@ -813,11 +835,10 @@ namespace detail {
 
 Plan cuda_plan(const TensorView& q, const TensorView& k, const Config& config, const Batch& normalized_batch,
                const Options& options) {
-  require_whole_prompts(normalized_batch);
-  cuda::DevicePlan plan(q.heads(), k.heads(), q.dim(), normalized_batch.cu_seqlens_q, config);
+  cuda::DevicePlan plan(q.heads(), k.heads(), q.dim(), normalized_batch, config);
   cuda_detail::planner::PlanWorkspace workspace;
   const cudaStream_t stream = static_cast<cudaStream_t>(options.stream);
-  cuda_detail::planner::plan_on_device(q, k, config, plan, workspace, stream);
+  cuda_detail::planner::plan_on_device(q, k, normalized_batch.block_table, config, plan, workspace, stream);
   Plan host = plan.to_host(options.stream);
   return host;
 }

@@ -20,6 +20,7 @@ struct SlotParams {
   const int8_t* estimated;  // [seq] 1 = the proxy was computed (not dense, not short)
   int32_t num_kv_heads, group, head_dim;
   float scale;
+  KeyTable keys;  // where K's rows are (contiguous or paged)
   PlanParams plan;
   const SelectState* walk_v;  // the token walks (§3 cumulative / topk) of the VS slots, per slot
   const SelectState* walk_u;
@@ -48,15 +49,23 @@ constexpr int kMeansScalarThreads = 128;
 constexpr int kMeansVecThreads = 256;
 constexpr int means_threads(int vec_dim) { return vec_dim == 0 ? kMeansScalarThreads : kMeansVecThreads; }
 
-template <typename T, int kVecDim>
-__device__ __forceinline__ void block_mean(const T* rows, int64_t stride_token, int64_t stride_dim, int head_dim,
-                                           int64_t count, float* out) {
-  const double inv = 1.0 / static_cast<double>(count);
+// The mean of positions [begin, end) of one head (`head` points at the head's row 0); position t
+// sits at row rows.row(t) (SequenceQueries, or SequenceKeys through the block table), and the
+// rows from t to rows.run_end(t, end) are consecutive (a page; the whole block when contiguous).
+template <typename T, int kVecDim, typename Rows>
+__device__ __forceinline__ void block_mean(const T* head, const Rows& rows, int64_t stride_token, int64_t stride_dim,
+                                           int head_dim, int64_t begin, int64_t end, float* out) {
+  const double inv = 1.0 / static_cast<double>(end - begin);
   if constexpr (kVecDim == 0) {
     for (int x = threadIdx.x; x < head_dim; x += blockDim.x) {
       double sum = 0.0;
+      for (int64_t t0 = begin; t0 < end;) {
+        const int64_t count = rows.run_end(t0, end) - t0;
+        const T* run = head + rows.row(t0) * stride_token + x * stride_dim;
 #pragma unroll 8  // NOTE: 8 independent loads in flight per thread (the sum chain is not the limit)
-      for (int64_t t = 0; t < count; ++t) sum += static_cast<double>(to_float(rows[t * stride_token + x * stride_dim]));
+        for (int64_t t = 0; t < count; ++t) sum += static_cast<double>(to_float(run[t * stride_token]));
+        t0 += count;
+      }
       out[x] = static_cast<float>(sum * inv);
     }
   } else {
@@ -64,8 +73,8 @@ __device__ __forceinline__ void block_mean(const T* rows, int64_t stride_token, 
     __shared__ double partial[kLanes][kVecDim];
     const int chunk = threadIdx.x % kChunks, lane = threadIdx.x / kChunks;
     double sum[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-    for (int64_t t = lane; t < count; t += kLanes) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(rows + t * stride_token + chunk * 8);
+    for (int64_t t = begin + lane; t < end; t += kLanes) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(head + rows.row(t) * stride_token + chunk * 8);
       const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum[e] += static_cast<double>(to_float(v[e]));
@@ -88,8 +97,8 @@ __global__ void __launch_bounds__(means_threads(kVecDim)) key_means_kernel(Strid
   const layout::SequenceBases sb = P.view.seqs[s];
   if (c >= sb.num_blocks) return;
   const int64_t begin = rules::block_begin(c, P.view.block_size), end = rules::block_end(c, P.view.block_size, sb.n);
-  block_mean<T, kVecDim>(k.data + kv * k.stride_head + (sb.token_offset + begin) * k.stride_token, k.stride_token,
-                         k.stride_dim, P.head_dim, end - begin,
+  block_mean<T, kVecDim>(k.data + kv * k.stride_head, SequenceKeys{P.keys, sb, s}, k.stride_token, k.stride_dim,
+                         P.head_dim, begin, end,
                          P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * P.head_dim);
 }
 
@@ -101,10 +110,12 @@ __global__ void __launch_bounds__(means_threads(kVecDim)) query_means_kernel(Str
   const int c = blockIdx.x;
   if (P.view.route[slot] != rules::kRoutePe) return;
   const layout::SequenceBases sb = P.view.seqs[s];
-  if (c >= sb.num_blocks) return;
-  const int64_t begin = rules::block_begin(c, P.view.block_size), end = rules::block_end(c, P.view.block_size, sb.n);
-  block_mean<T, kVecDim>(q.data + h * q.stride_head + (sb.token_offset + begin) * q.stride_token, q.stride_token,
-                         q.stride_dim, P.head_dim, end - begin,
+  // A chunk (§11) has queries in rows first_row .. N-1 only; its first row may start mid-block.
+  if (c >= sb.num_blocks || c < sb.first_row) return;
+  const int64_t begin = rules::row_query_begin(c, P.view.block_size, sb.n, sb.n_q);
+  const int64_t end = rules::block_end(c, P.view.block_size, sb.n);
+  block_mean<T, kVecDim>(q.data + h * q.stride_head, SequenceQueries{sb}, q.stride_token, q.stride_dim,
+                         P.head_dim, begin, end,
                          P.ws.query_means + (layout::block_array_offset(sb, h, H) + c) * P.head_dim);
 }
 
@@ -119,14 +130,14 @@ __device__ double slot_jsd(const Strided3<T>& q, const SlotParams& P, const layo
   __shared__ float f_scratch[32];
   const int H = P.view.num_heads;
   const int B = P.view.block_size, N = sb.num_blocks, d = P.head_dim;
-  const int64_t n = sb.n, L = rules::proxy_rows(n, B);
+  const int64_t n = sb.n, L = rules::proxy_rows(sb.n_q, B);
   const double inv_L = proxy::rows_inverse(L);
   float* logits = route_smem;
   float* mean_query = route_smem + N;
   for (int x = threadIdx.x; x < d; x += blockDim.x) {
     double sum = 0.0;
     for (int64_t i = 0; i < L; ++i)
-      sum += static_cast<double>(q.at(h, sb.token_offset + rules::proxy_position(n, L, i), x));
+      sum += static_cast<double>(q.at(h, query_row(sb, rules::proxy_position(n, L, i)), x));
     mean_query[x] = proxy::mean_query_component<float>(sum, L);
   }
   __syncthreads();
@@ -170,7 +181,7 @@ __global__ void route_kernel(Strided3<T> q, SlotParams P) {
     return;
   }
   const int64_t n = sb.n;
-  const double c_struct = P.ws.cs_sum[slot] * proxy::rows_inverse(rules::proxy_rows(n, P.view.block_size));
+  const double c_struct = P.ws.cs_sum[slot] * proxy::rows_inverse(rules::proxy_rows(sb.n_q, P.view.block_size));
   const double jsd = select::needs_jsd(P.plan) ? slot_jsd(q, P, sb, h, route_smem) : NAN;
   if (threadIdx.x == 0) {
     P.view.route[slot] = select::decide_route(P.plan, c_struct, jsd, n);
@@ -272,7 +283,7 @@ __device__ void vs_side(const SlotParams& P, int64_t slot, const layout::Sequenc
                         double* d_scratch) {
   const int N = sb.num_blocks;
   const int64_t n = sb.n;
-  const double inv_L = 1.0 / static_cast<double>(rules::proxy_rows(n, P.view.block_size));
+  const double inv_L = 1.0 / static_cast<double>(rules::proxy_rows(sb.n_q, P.view.block_size));
   const int64_t base = layout::block_array_offset(sb, h, P.view.num_heads);
   const double* mass_sum = vertical ? P.ws.pv_sum : P.ws.ps_sum;
   for (int b = threadIdx.x; b < N; b += blockDim.x) {
@@ -322,9 +333,9 @@ __global__ void init_token_select_kernel(SelectState* states, SlotParams P, bool
   const int64_t h = slot % H, n = sb.n;
   const select::TokenWalk walk = select::token_walk(P.plan, vertical, n);
   SelectState st{};
-  st.base = sb.token_offset * H + h * n + walk.first;
+  st.base = sb.kv_offset * H + h * n + walk.first;
   st.len = n - walk.first;
-  st.scale = 1.0 / static_cast<double>(rules::proxy_rows(n, P.view.block_size));
+  st.scale = 1.0 / static_cast<double>(rules::proxy_rows(sb.n_q, P.view.block_size));
   st.walk = walk.rule;
   st.active = P.view.route[slot] == rules::kRouteVs;
   if (walk.rule.mode == select::kCount) {
@@ -383,6 +394,8 @@ __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
   const int r0 = row_tile * kPeTile, c0 = col_tile * kPeTile;
   if (r0 >= N) return;
   const int last_row = min(r0 + kPeTile - 1, N - 1);  // also the largest c any row of the tile needs
+  const int first_row = sb.first_row;                 // rows before it hold no query (§11)
+  if (last_row < first_row) return;
   const float* qm = P.ws.query_means + layout::block_array_offset(sb, h, H) * d;  // row r at qm + r d
   const int64_t kv = h / P.group;
   const float* km = P.ws.key_means + key_mean_index(sb, kv, 0, P.num_kv_heads) * d;  // block c at km + c d
@@ -400,7 +413,8 @@ __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
     for (int idx = threadIdx.x; idx < kPeTile * kPeDepth; idx += kPeThreads) {
       const int row = idx / kPeDepth, x = idx % kPeDepth;
       const bool in_x = x0 + x < d;
-      q_slice[x][row] = in_x && r0 + row < N ? qm[static_cast<int64_t>(r0 + row) * d + x0 + x] : 0.f;
+      q_slice[x][row] = in_x && r0 + row < N && r0 + row >= first_row ? qm[static_cast<int64_t>(r0 + row) * d + x0 + x]
+                                                                       : 0.f;
       k_slice[x][row] = in_x && c0 + row <= last_row ? km[static_cast<int64_t>(c0 + row) * d + x0 + x] : 0.f;
     }
     __syncthreads();
@@ -419,7 +433,7 @@ __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
 #pragma unroll
   for (int i = 0; i < kPeMicro; ++i) {
     const int r = r0 + ty * kPeMicro + i;
-    if (r >= N) continue;
+    if (r >= N || r < first_row) continue;
     double* row_out = head_out + static_cast<int64_t>(r) * (r + 1) / 2;
 #pragma unroll
     for (int j = 0; j < kPeMicro; ++j) {
@@ -443,7 +457,7 @@ __global__ void __launch_bounds__(kPeSoftmaxWarps * 32) pe_softmax_kernel(SlotPa
   const layout::SequenceBases sb = P.view.seqs[s];
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.x * kPeSoftmaxWarps + (threadIdx.x >> 5);
-  if (r >= sb.num_blocks) return;  // warp-uniform
+  if (r >= sb.num_blocks || r < sb.first_row) return;  // warp-uniform
   double* out = P.ws.pe_prob + layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2;
   float row_max = -INFINITY;
   for (int c = lane; c <= r; c += 32) row_max = fmaxf(row_max, static_cast<float>(out[c]));
@@ -463,11 +477,12 @@ __global__ void init_pe_select_kernel(SelectState* states, SlotParams P, int num
   if (slot >= num_slots) return;
   const int H = P.view.num_heads;
   const layout::SequenceBases sb = P.view.seqs[slot / H];
+  // The entries of rows first_row .. N-1 (all of them for a whole prompt), in entry order.
   SelectState st{};
-  st.base = layout::col_offset(sb, slot % H, H);
-  st.len = rules::causal_blocks(sb.num_blocks);
+  st.base = layout::col_offset(sb, slot % H, H) + rules::causal_blocks(sb.first_row);
+  st.len = rules::causal_blocks_of_rows(sb.first_row, sb.num_blocks);
   st.scale = 1.0;
-  st.walk = select::pe_walk(P.plan, sb.num_blocks);
+  st.walk = select::pe_walk(P.plan, sb.num_blocks - sb.first_row);
   st.active = P.view.route[slot] == rules::kRoutePe;
   states[slot] = st;
 }
@@ -478,7 +493,7 @@ struct PeMark {
   int32_t num_heads;
   __device__ __forceinline__ void operator()(int64_t slot, int64_t e, bool kept) const {
     const layout::SequenceBases& sb = seqs[slot / num_heads];
-    keep[layout::col_offset(sb, slot % num_heads, num_heads) + e] = kept ? 1 : 0;
+    keep[layout::col_offset(sb, slot % num_heads, num_heads) + rules::causal_blocks(sb.first_row) + e] = kept ? 1 : 0;
   }
 };
 
@@ -490,7 +505,7 @@ __global__ void __launch_bounds__(kPeSoftmaxWarps * 32) pe_floor_kernel(SlotPara
   if (P.view.route[slot] != rules::kRoutePe) return;
   const layout::SequenceBases sb = P.view.seqs[slot / H];
   const int r = blockIdx.x * kPeSoftmaxWarps + (threadIdx.x >> 5);
-  if (r >= sb.num_blocks) return;
+  if (r >= sb.num_blocks || r < sb.first_row) return;
   const int64_t row = layout::col_offset(sb, slot % H, H) + static_cast<int64_t>(r) * (r + 1) / 2;
   for (int c = threadIdx.x & 31; c <= r; c += 32)
     P.ws.pe_keep[row + c] = select::pe_floor_keeps(P.plan, r, P.ws.pe_prob[row + c]) ? 1 : 0;
@@ -526,9 +541,10 @@ __global__ void __launch_bounds__(kLayoutWarps * 32) layout_kernel(SlotParams P)
                          ? P.ws.pe_keep + layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2
                          : nullptr};
   int32_t written = kFill ? row_ptr[r] : 0;
-  for (int kb0 = 0; kb0 <= r; kb0 += 32) {
+  const int last_kb = r < sb.first_row ? -1 : r;  // rows without a query (§11) stay empty
+  for (int kb0 = 0; kb0 <= last_kb; kb0 += 32) {
     const int kb = kb0 + lane;
-    const bool has = kb <= r && select::layout_keeps(P.plan, route, r, kb, vflags, sflags, pe_row);
+    const bool has = kb <= last_kb && select::layout_keeps(P.plan, route, r, kb, vflags, sflags, pe_row);
     const unsigned ballot = __ballot_sync(0xffffffffu, has);
     if (kFill && has) col[written + __popc(ballot & ((1u << lane) - 1u))] = kb;
     written += __popc(ballot);

@@ -2,8 +2,10 @@
 // L = min(B, n) queries of every query head, never materialised.
 //
 // One work item = (sequence, kv head, tile of kProxyTileRows proxy rows, range of keys). The
-// rows of a tile are the proxy rows of the kv head's whole GQA group (row rho = head_in_group * L
-// + i), so K is streamed once per row tile for every query head of the group.
+// rows of a tile are the proxy rows of the kv head's whole GQA group (row rho = head_in_group * R
+// + i, R = proxy_row_stride(L), rows i >= L padding), so K is streamed once per row tile for every
+// query head of the group. Queries are read at their rows of q (query_row), keys through the
+// block table when K is paged (KeyTable), so chunks and paged K/V take the same kernels.
 //
 // Two passes over the same work items:
 //  - pass 1: per row, online softmax statistics (max, sum) of s q.k over its key range; a combine
@@ -58,6 +60,7 @@ struct ProxyParams {
   int32_t block;        // B
   float scale;
   int64_t w_sink, w_local;
+  KeyTable keys;
   Workspace ws;
 };
 
@@ -87,11 +90,12 @@ __device__ __forceinline__ void proxy_tile_scores(const float* Qs, const float* 
 }
 
 // Calls score(r, c, p, j) for each of this thread's scores acc[r][c] that is causal: rows at
-// positions p0 + r, keys jt + c (j <= p also keeps j < n).
+// positions p0 + r for r < rows (the rest are padding), keys jt + c (j <= p also keeps j < n).
 template <typename Score>
-__device__ __forceinline__ void for_each_causal_score(int64_t p0, int64_t jt, Score score) {
+__device__ __forceinline__ void for_each_causal_score(int64_t p0, int64_t jt, int rows, Score score) {
 #pragma unroll
   for (int r = 0; r < kProxyRowsPerThread; ++r) {
+    if (r >= rows) continue;
     const int64_t p = p0 + r;
 #pragma unroll
     for (int c = 0; c < kProxyKeysPerThread; ++c) {
@@ -117,10 +121,11 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
   const layout::SequenceBases sb = P.seqs[item.seq];
   const int B = P.block, d = P.head_dim, H = P.num_q_heads;
   const int64_t n = sb.n;
-  const int64_t L = rules::proxy_rows(n, B);
-  const int64_t rows_total = P.group * L;
+  const int64_t L = rules::proxy_rows(sb.n_q, B);
+  const int64_t R = proxy_row_stride(L);
+  const int64_t rows_total = P.group * R;
   const int64_t row0 = static_cast<int64_t>(item.row_tile) * kProxyTileRows;
-  const int first_head_in_group = static_cast<int>(row0 / L);
+  const int first_head_in_group = static_cast<int>(row0 / R);
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
 
   // Proxy queries of the tile, transposed: Qs[x][row].
@@ -128,20 +133,21 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
     const int row = idx / d, x = idx % d;
     const int64_t rho = row0 + row;
     float value = 0.f;
-    if (rho < rows_total) {
-      const int64_t h = static_cast<int64_t>(item.kv) * P.group + rho / L;
-      value = q.at(h, sb.token_offset + rules::proxy_position(n, L, rho % L), x);
+    if (rho < rows_total && rho % R < L) {
+      const int64_t h = static_cast<int64_t>(item.kv) * P.group + rho / R;
+      value = q.at(h, query_row(sb, rules::proxy_position(n, L, rho % R)), x);
     }
     Qs[x * kProxyQStride + row] = value;
   }
 
-  // This thread's rows: all in one query head (8 divides L).
+  // This thread's rows: all in one query head (8 divides R); my_rows of them real (< L).
   const int64_t my_row0 = row0 + ty * kProxyRowsPerThread;
-  const bool rows_valid = my_row0 < rows_total;
-  const int head_local = rows_valid ? static_cast<int>(my_row0 / L) - first_head_in_group : 0;
-  const int64_t my_head = static_cast<int64_t>(item.kv) * P.group + (rows_valid ? my_row0 / L : 0);
+  const bool rows_valid = my_row0 < rows_total && my_row0 % R < L;
+  const int head_local = rows_valid ? static_cast<int>(my_row0 / R) - first_head_in_group : 0;
+  const int64_t my_head = static_cast<int64_t>(item.kv) * P.group + (rows_valid ? my_row0 / R : 0);
   const int64_t my_slot = layout::slot(item.seq, my_head, H);
-  const int64_t my_i0 = rows_valid ? my_row0 % L : 0;  // proxy index of the first row
+  const int64_t my_i0 = rows_valid ? my_row0 % R : 0;  // proxy index of the first row
+  const int my_rows = rows_valid ? static_cast<int>(min(static_cast<int64_t>(kProxyRowsPerThread), L - my_i0)) : 0;
   const int64_t p0 = rules::proxy_position(n, L, my_i0);
 
   float run_max[kProxyRowsPerThread], run_sum[kProxyRowsPerThread];
@@ -152,7 +158,7 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
     run_sum[r] = 0.f;
     row_max[r] = 0.f;
     row_inv[r] = 0.f;
-    if (kPass == 2 && rows_valid) {
+    if (kPass == 2 && r < my_rows) {
       row_max[r] = P.ws.row_max[my_slot * B + my_i0 + r];
       row_inv[r] = P.ws.row_inv_den[my_slot * B + my_i0 + r];
     }
@@ -172,8 +178,9 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
     __syncthreads();  // previous tile's Ks and accumulators are consumed
     {
       const int64_t j = j0 + load_key;
+      const int64_t key_row = j < n ? P.keys.row(sb, item.seq, j) : 0;
       for (int x = load_x0; x < d; x += kProxyThreads / kProxyTileKeys)
-        Ks[x * kProxyKStride + load_key] = j < n ? k.at(item.kv, sb.token_offset + j, x) : 0.f;
+        Ks[x * kProxyKStride + load_key] = j < n ? k.at(item.kv, key_row, x) : 0.f;
     }
     __syncthreads();
     float acc[kProxyRowsPerThread][kProxyKeysPerThread];
@@ -182,7 +189,7 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
 
     if (kPass == 1) {
       if (rows_valid)
-        for_each_causal_score(p0, jt, [&](int r, int c, int64_t, int64_t) {
+        for_each_causal_score(p0, jt, my_rows, [&](int r, int c, int64_t, int64_t) {
           proxy::online_add(run_max[r], run_sum[r], P.scale * acc[r][c], ExpE());
         });
     } else {
@@ -194,7 +201,7 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
       const int64_t t_thread_min = p0 - (jt + kProxyKeysPerThread - 1);
       const int64_t c_thread_lo = proxy::first_distance_block(t_thread_min, B);
       if (rows_valid) {
-        for_each_causal_score(p0, jt, [&](int r, int c, int64_t p, int64_t j) {
+        for_each_causal_score(p0, jt, my_rows, [&](int r, int c, int64_t p, int64_t j) {
           const float a = proxy::row_share<float>(P.scale * acc[r][c], row_max[r], row_inv[r], ExpE());
           const int64_t t = proxy::slash_distance(p, j);
           pv_acc += a;
@@ -220,7 +227,7 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
       __syncthreads();
       // Flush the tile's sums to the per-head accumulators (one atomic per bin).
       const int heads_here = static_cast<int>(
-          (min(row0 + kProxyTileRows, rows_total) - 1) / L - first_head_in_group + 1);
+          (min(row0 + kProxyTileRows, rows_total) - 1) / R - first_head_in_group + 1);
       const int32_t key_block = static_cast<int32_t>(j0 / B);
       if (tid < heads_here * (2 + kProxySlashBins)) {
         const int hl = tid / (2 + kProxySlashBins), what = tid % (2 + kProxySlashBins);
@@ -246,7 +253,7 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
           const int64_t h = static_cast<int64_t>(item.kv) * P.group + first_head_in_group + hl;
           const int64_t j = j0 + key;
           if (s_v[hl][key] != 0.f && j < n)
-            atomicAdd(&P.ws.v_sum[sb.token_offset * H + h * n + j], static_cast<double>(s_v[hl][key]));
+            atomicAdd(&P.ws.v_sum[sb.kv_offset * H + h * n + j], static_cast<double>(s_v[hl][key]));
           s_v[hl][key] = 0.f;
         }
         for (int idx = tid; idx < heads_here * kProxyDistanceSpan; idx += kProxyThreads) {
@@ -254,7 +261,7 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
           const int64_t h = static_cast<int64_t>(item.kv) * P.group + first_head_in_group + hl;
           const int64_t t = t_tile_min + off;
           if (s_u[hl][off] != 0.f && t >= 0 && t < n)
-            atomicAdd(&P.ws.u_sum[sb.token_offset * H + h * n + t], static_cast<double>(s_u[hl][off]));
+            atomicAdd(&P.ws.u_sum[sb.kv_offset * H + h * n + t], static_cast<double>(s_u[hl][off]));
           s_u[hl][off] = 0.f;
         }
       }
@@ -298,10 +305,10 @@ __global__ void proxy_combine_kernel(ProxyCombineParams P) {
   const int splits = P.splits[s];
   if (splits == 0) return;
   const layout::SequenceBases sb = P.seqs[s];
-  const int64_t L = rules::proxy_rows(sb.n, P.block);
+  const int64_t L = rules::proxy_rows(sb.n_q, P.block), R = proxy_row_stride(L);
   const int64_t rho = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (rho >= P.group * L) return;
-  const int64_t row_tiles = (P.group * L + kRowsPerItem - 1) / kRowsPerItem;
+  if (rho >= P.group * R || rho % R >= L) return;  // past the group, or a padding row
+  const int64_t row_tiles = (P.group * R + kRowsPerItem - 1) / kRowsPerItem;
   const int64_t tile = rho / kRowsPerItem, in_tile = rho % kRowsPerItem;
   const int64_t first_item = P.item_base[s] + (kv * row_tiles + tile) * splits;
   float m = -INFINITY;
@@ -311,10 +318,10 @@ __global__ void proxy_combine_kernel(ProxyCombineParams P) {
     const float2 st = P.ws.partial_stats[(first_item + sp) * kRowsPerItem + in_tile];
     den += proxy::rescaled<double>(st.y, st.x, m, ExpOf<kLog2>());
   }
-  const int64_t h = static_cast<int64_t>(kv) * P.group + rho / L;
+  const int64_t h = static_cast<int64_t>(kv) * P.group + rho / R;
   const int64_t slot = layout::slot(s, h, P.num_q_heads);
-  P.ws.row_max[slot * P.block + rho % L] = m;
-  P.ws.row_inv_den[slot * P.block + rho % L] = static_cast<float>(1.0 / den);
+  P.ws.row_max[slot * P.block + rho % R] = m;
+  P.ws.row_inv_den[slot * P.block + rho % R] = static_cast<float>(1.0 / den);
 }
 
 }  // namespace planner

@@ -146,7 +146,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const layout::SequenceBases sb = P.seqs[item.seq];
   const int B = P.block, H = P.num_q_heads;
   const int64_t n = sb.n;
-  const int L = static_cast<int>(rules::proxy_rows(n, B));  // == B: estimated sequences have n > 2B
+  // L = rules::proxy_rows(n_q, B) = B: the host takes this path only when every estimated sequence
+  // has n_q >= B (a chunk with fewer queries runs plan_proxy.cuh), so the proxy-row stride
+  // (proxy_row_stride) is L itself.
+  const int L = B;
   const int rows_total = P.group * L;
   const int row0 = item.row_tile * kMmaRows;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
@@ -160,20 +163,24 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     if (rho < rows_total) {
       const int64_t h = static_cast<int64_t>(item.kv) * P.group + rho / L;
       const int64_t p = rules::proxy_position(n, L, rho % L);
-      src = q.data + h * q.stride_head + (sb.token_offset + p) * q.stride_token + chunk * 8;
+      src = q.data + h * q.stride_head + query_row(sb, p) * q.stride_token + chunk * 8;
       bytes = 16;
     }
     attention::cp_async_16(Qs + attention::swizzled<kDim>(row, chunk), src, bytes);
   }
   const int64_t key_stop = min(item.key_end, n);
   const int tiles = static_cast<int>((key_stop - item.key_begin + kMmaKeyTile - 1) / kMmaKeyTile);
+  // Key j of the sequence at row kv_rows::key_row(kv_offset, table_row, page_size, j): contiguous K
+  // (table_row null) from k_rows = the sequence's first key row; paged K one table read per key row.
+  const int32_t* table_row = P.keys.table != nullptr ? P.keys.table + item.seq * P.keys.row_stride : nullptr;
+  const T* k_rows = k.data + item.kv * k.stride_head + (table_row != nullptr ? 0 : sb.kv_offset * k.stride_token);
   auto load_keys = [&](int64_t j0, int stage) {
     T* dst = Ks + stage * kMmaKeyTile * kDim;
     for (int idx = tid; idx < kMmaKeyTile * kChunks; idx += kMmaThreads) {
       const int key = idx / kChunks, chunk = idx % kChunks;
       const int64_t j = j0 + key;
       const bool inside = j < n;
-      const T* src = inside ? k.data + item.kv * k.stride_head + (sb.token_offset + j) * k.stride_token + chunk * 8
+      const T* src = inside ? k_rows + kv_rows::key_row(0, table_row, P.keys.page_size, j) * k.stride_token + chunk * 8
                             : k.data;
       attention::cp_async_16(dst + attention::swizzled<kDim>(key, chunk), src, inside ? 16 : 0);
     }
@@ -413,7 +420,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         for (int idx = tid; idx < heads_here * kMmaKeyTile; idx += kMmaThreads) {
           const int hl = idx / kMmaKeyTile, key = idx % kMmaKeyTile;
           const int64_t h = static_cast<int64_t>(item.kv) * P.group + row0 / L + hl;
-          const int64_t token_base = sb.token_offset * H + h * n;
+          const int64_t token_base = sb.kv_offset * H + h * n;
           const int64_t j = j0 + key;
           float sum = 0.f;
           for (int w = 0; w < warps_per_head; ++w) sum += s_v[hl * warps_per_head + w][key];
@@ -458,7 +465,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       const int64_t h = static_cast<int64_t>(item.kv) * P.group + row0 / L + hl;
       const int64_t t = t_lo + off;
       const float value = s_u[hl][t & (kMmaRing - 1)];
-      if (t >= 0 && value != 0.f) atomicAdd(&P.ws.u_sum[sb.token_offset * H + h * n + t], static_cast<double>(value));
+      if (t >= 0 && value != 0.f) atomicAdd(&P.ws.u_sum[sb.kv_offset * H + h * n + t], static_cast<double>(value));
     }
   }
 }
@@ -502,7 +509,7 @@ __global__ void __launch_bounds__(256) proxy_mma_finalize_kernel(ProxyFinalizePa
   const layout::SequenceBases sb = P.seqs[s];
   const int B = P.block, N = sb.num_blocks;
   const int64_t n = sb.n;
-  const int L = static_cast<int>(rules::proxy_rows(n, B));
+  const int L = B;  // rules::proxy_rows(n_q, B) on this path (see proxy_mma_kernel)
   const int64_t kv = h / P.group, rho0 = (h % P.group) * L;
   const int64_t row_groups = (static_cast<int64_t>(P.group) * L + kMmaRows - 1) / kMmaRows;
   const int64_t group_item = P.item_base[s] + (kv * row_groups + rho0 / kMmaRows) * P.splits[s];
@@ -553,7 +560,7 @@ __device__ __forceinline__ bool fused_slot_records(const ProxyFinalizeParams& P,
   const int64_t s = slot / H, h = slot % H;
   if (!P.estimated[s]) return false;
   sb = P.seqs[s];
-  const int L = static_cast<int>(rules::proxy_rows(sb.n, P.block));
+  const int L = P.block;  // rules::proxy_rows(n_q, B) on this path (see proxy_mma_kernel)
   const int64_t kv = h / P.group, rho0 = (h % P.group) * L;
   const int64_t row_groups = (static_cast<int64_t>(P.group) * L + kMmaRows - 1) / kMmaRows;
   const int64_t group_item = P.item_base[s] + (kv * row_groups + rho0 / kMmaRows) * P.splits[s];

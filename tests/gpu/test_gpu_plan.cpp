@@ -6,8 +6,12 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -296,6 +300,268 @@ TEST(GpuPlan, RejectsBadArguments) {
     FAIL() << "block size mismatch accepted";
   } catch (const crisp::Error& e) {
     EXPECT_EQ(e.argument(), "config.block_size");
+  }
+}
+
+// ---------------------------------------------------------------- chunks and paged K/V (spec §11)
+// Queries over a KV prefix: sequence s keeps its n_k keys (a structured workload's whole prompt)
+// and only its last n_q queries. K is contiguous, or a page pool whose pages are shuffled (pages
+// the table does not use hold other values, so a wrong row changes the plan). The CUDA plan must
+// match the CPU plan of the same batch over contiguous K (f32 and f64) block for block.
+enum class Elem { f32, f16, bf16 };
+
+struct ChunkCase {
+  std::string name;
+  std::string preset;
+  std::vector<std::string> sets;
+  std::vector<int64_t> n_k, n_q;  // per sequence, n_q <= n_k
+  int64_t hq, hkv, d;
+  int block;
+  uint64_t seed;
+  Elem elem = Elem::f32;
+  int64_t page_size = 0;  // 0: contiguous K
+};
+
+std::string chunk_case_name(const testing::TestParamInfo<ChunkCase>& info) { return info.param.name; }
+
+// Host storage of one [H, T, d] input in the case's element type.
+struct HostInput {
+  std::vector<float> f32;
+  std::vector<uint16_t> bits;
+  crisp::DType dtype = crisp::DType::f32;
+
+  HostInput(const std::vector<float>& values, Elem elem) {
+    if (elem == Elem::f32) {
+      f32 = values;
+      return;
+    }
+    dtype = elem == Elem::f16 ? crisp::DType::f16 : crisp::DType::bf16;
+    bits.resize(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      bits[i] = elem == Elem::f16 ? crisp::half::float_to_f16(values[i]) : crisp::half::float_to_bf16(values[i]);
+  }
+  void* data() { return f32.empty() ? static_cast<void*>(bits.data()) : static_cast<void*>(f32.data()); }
+  std::size_t bytes() const { return f32.empty() ? bits.size() * sizeof(uint16_t) : f32.size() * sizeof(float); }
+};
+
+// Rows [first, first + count) of every head of a row-major [heads, tokens, d] array, appended to out.
+void append_rows(const std::vector<float>& src, int64_t heads, int64_t tokens, int64_t d, int64_t first, int64_t count,
+                 std::vector<std::vector<float>>& out) {
+  for (int64_t h = 0; h < heads; ++h)
+    out[h].insert(out[h].end(), src.begin() + (h * tokens + first) * d, src.begin() + (h * tokens + first + count) * d);
+}
+
+std::vector<float> concat_heads(const std::vector<std::vector<float>>& per_head) {
+  std::vector<float> out;
+  for (const auto& h : per_head) out.insert(out.end(), h.begin(), h.end());
+  return out;
+}
+
+class GpuChunkPlanMatchesCpu : public testing::TestWithParam<ChunkCase> {};
+
+TEST_P(GpuChunkPlanMatchesCpu, RoutesLayoutsAndStatistics) {
+  SKIP_WITHOUT_GPU();
+  const ChunkCase& cc = GetParam();
+  ASSERT_EQ(cc.n_k.size(), cc.n_q.size());
+  const int64_t S = static_cast<int64_t>(cc.n_k.size()), d = cc.d;
+  crisp::Workload w = crisp::make_workload(crisp_test::workload_spec(cc.hq, cc.hkv, d, cc.n_k, cc.seed));
+  crisp::Config cfg = crisp::Config::from_preset(cc.preset);
+  cfg.block_size = cc.block;
+  for (const auto& kv : cc.sets) cfg.set(kv);
+
+  // The chunk's queries: the last n_q rows of each sequence.
+  crisp::SeqLens cu_q{0};
+  std::vector<std::vector<float>> q_heads(static_cast<std::size_t>(cc.hq));
+  for (int64_t s = 0; s < S; ++s) {
+    ASSERT_LE(cc.n_q[s], cc.n_k[s]);
+    append_rows(w.q, cc.hq, w.total_tokens, d, w.cu_seqlens[s + 1] - cc.n_q[s], cc.n_q[s], q_heads);
+    cu_q.push_back(cu_q.back() + cc.n_q[s]);
+  }
+  const int64_t q_tokens = cu_q.back();
+  HostInput q_host(concat_heads(q_heads), cc.elem);
+  HostInput k_host(w.k, cc.elem);
+  const auto q_view = crisp::TensorView::contiguous(q_host.data(), q_host.dtype, cc.hq, q_tokens, d);
+  const auto k_view = crisp::TensorView::contiguous(k_host.data(), k_host.dtype, cc.hkv, w.total_tokens, d);
+  const crisp::Batch batch(cu_q, w.cu_seqlens);
+
+  crisp::Options f32;
+  f32.precision = crisp::Precision::f32;
+  crisp::Options f64;
+  f64.precision = crisp::Precision::f64;
+  const crisp::Plan cpu32 = crisp::plan(q_view, k_view, cfg, batch, f32);
+  const crisp::Plan cpu64 = crisp::plan(q_view, k_view, cfg, batch, f64);
+
+  // Device K: the keys themselves, or a pool of shuffled pages (two spare pages the table never
+  // names, filled with other keys).
+  std::vector<float> k_device_values = w.k;
+  int64_t k_tokens = w.total_tokens;
+  std::vector<int32_t> table;
+  int64_t max_pages = 0;
+  if (cc.page_size > 0) {
+    const int64_t P = cc.page_size;
+    for (int64_t s = 0; s < S; ++s) max_pages = std::max(max_pages, (cc.n_k[s] + P - 1) / P);
+    int64_t used = 0;
+    for (int64_t s = 0; s < S; ++s) used += (cc.n_k[s] + P - 1) / P;
+    const int64_t num_pages = used + 2;
+    std::vector<int32_t> order(static_cast<std::size_t>(num_pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::mt19937 rng(static_cast<uint32_t>(cc.seed) + 1u);
+    std::shuffle(order.begin(), order.end(), rng);
+    k_tokens = num_pages * P;
+    std::vector<float> pool(static_cast<std::size_t>(cc.hkv * k_tokens * d));
+    // Spare pages (and the tails of last pages) hold keys of the workload too, in reverse order.
+    for (std::size_t i = 0; i < pool.size(); ++i) pool[i] = w.k[(w.k.size() - 1 - i % w.k.size())];
+    table.assign(static_cast<std::size_t>(S * max_pages), 0);
+    int64_t next = 0;
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t p = 0; p * P < cc.n_k[s]; ++p) {
+        const int32_t page = order[next++];
+        table[s * max_pages + p] = page;
+        for (int64_t j = p * P; j < std::min((p + 1) * P, cc.n_k[s]); ++j)
+          for (int64_t kv = 0; kv < cc.hkv; ++kv)
+            std::copy_n(w.k.begin() + (kv * w.total_tokens + w.cu_seqlens[s] + j) * d, d,
+                        pool.begin() + (kv * k_tokens + page * P + j % P) * d);
+      }
+    k_device_values = std::move(pool);
+  }
+  HostInput k_device_host(k_device_values, cc.elem);
+  if (cc.page_size > 0) {  // the pool and table hold the same keys: the CPU plans them alike
+    crisp::BlockTable host_table;
+    host_table.data = table.data();
+    host_table.max_pages_per_sequence = max_pages;
+    host_table.page_size = cc.page_size;
+    const auto pool_view = crisp::TensorView::contiguous(k_device_host.data(), k_device_host.dtype, cc.hkv, k_tokens, d);
+    expect_same_plan(crisp::plan(q_view, pool_view, cfg, crisp::Batch(cu_q, w.cu_seqlens, host_table), f32), cpu32,
+                     "cpu_f32_paged");
+  }
+  const std::size_t esize = crisp::dtype_size(q_host.dtype);
+  DeviceArray q_dev(q_host.data(), q_host.bytes());
+  DeviceArray k_dev(k_device_host.data(), k_device_host.bytes());
+  ASSERT_NE(q_dev.ptr, nullptr);
+  ASSERT_NE(k_dev.ptr, nullptr);
+  ASSERT_EQ(k_device_host.bytes(), static_cast<std::size_t>(cc.hkv * k_tokens * d) * esize);
+  crisp::BlockTable device_table;
+  std::unique_ptr<DeviceArray> table_dev;
+  if (cc.page_size > 0) {
+    table_dev = std::make_unique<DeviceArray>(table.data(), table.size() * sizeof(int32_t));
+    ASSERT_NE(table_dev->ptr, nullptr);
+    device_table.data = static_cast<const int32_t*>(table_dev->ptr);
+    device_table.device = crisp::Device::cuda;
+    device_table.max_pages_per_sequence = max_pages;
+    device_table.page_size = cc.page_size;
+  }
+  const auto q_gpu = crisp::TensorView::contiguous(q_dev.ptr, q_host.dtype, cc.hq, q_tokens, d, crisp::Device::cuda);
+  const auto k_gpu = crisp::TensorView::contiguous(k_dev.ptr, q_host.dtype, cc.hkv, k_tokens, d, crisp::Device::cuda);
+
+  crisp::cuda::DevicePlan dplan(cc.hq, cc.hkv, d, batch, cfg);
+  EXPECT_EQ(dplan.total_tokens(), q_tokens);
+  EXPECT_EQ(dplan.total_keys(), w.total_tokens);
+  crisp::cuda::plan_async(q_gpu, k_gpu, cfg, dplan, nullptr, device_table);
+  const crisp::Plan gpu = dplan.to_host(nullptr);
+  ASSERT_NO_THROW(gpu.check_well_formed());
+  expect_same_plan(gpu, cpu32, "cpu_f32");
+  expect_same_plan(gpu, cpu64, "cpu_f64");
+
+  // The API path (crisp::plan on device views: cuda_plan) with the same batch and table.
+  const crisp::Plan api = crisp::plan(q_gpu, k_gpu, cfg, crisp::Batch(cu_q, w.cu_seqlens, device_table));
+  expect_same_plan(api, cpu32, "api_cpu_f32");
+
+  // The host plan round-trips through a DevicePlan made from it (upload / to_host of a chunk plan).
+  crisp::cuda::DevicePlan uploaded(cpu32);
+  expect_same_plan(uploaded.to_host(nullptr), cpu32, "uploaded_cpu_f32");
+}
+
+std::vector<ChunkCase> chunk_cases() {
+  std::vector<ChunkCase> cases;
+  // n_q of 1, < B, = B, unaligned (the first row starts mid-block) and = n_k (a whole prompt) in
+  // one batch; both block sizes, GQA 1 / 4 / 8.
+  const std::vector<int64_t> nk128 = {3000, 2500, 4096, 4096, 2200};
+  const std::vector<int64_t> nq128 = {1, 77, 128, 1000, 2200};
+  const std::vector<int64_t> nk64 = {2500, 3333, 2100};
+  const std::vector<int64_t> nq64 = {64, 1, 2100};
+  // Every estimated sequence with n_q >= B: the tensor-core proxy takes bf16 / f16 chunks.
+  const std::vector<int64_t> nk_tc = {3000, 4096, 2900};
+  const std::vector<int64_t> nq_tc = {128, 1001, 2900};
+  for (const std::string preset : {"crisp", "flexprefill", "minference", "dense"}) {
+    cases.push_back({preset + "_mix_b128_gqa4", preset, {}, nk128, nq128, 8, 2, 128, 128, 40});
+    cases.push_back({preset + "_mix_b128_gqa4_bf16_pages16", preset, {}, nk128, nq128, 8, 2, 128, 128, 41, Elem::bf16,
+                     16});
+    cases.push_back({preset + "_mix_b64_gqa8_f16_pages128", preset, {}, nk64, nq64, 8, 1, 128, 64, 42, Elem::f16, 128});
+    cases.push_back({preset + "_mix_b64_gqa1_d64_pages16", preset, {}, nk64, nq64, 4, 4, 64, 64, 43, Elem::f32, 16});
+    cases.push_back({preset + "_tc_b128_gqa4_bf16", preset, {}, nk_tc, nq_tc, 8, 2, 128, 128, 44, Elem::bf16});
+    cases.push_back({preset + "_tc_b128_gqa8_f16_pages128", preset, {}, nk_tc, nq_tc, 8, 1, 128, 128, 45, Elem::f16,
+                     128});
+    cases.push_back({preset + "_tc_b64_gqa1_d64_bf16_pages16", preset, {}, nk64, {64, 500, 2100}, 4, 4, 64, 64, 46,
+                     Elem::bf16, 16});
+  }
+  // PE heads (forced by tau_proxy) over a chunk's rows: global coverage and the row floor.
+  cases.push_back({"pe_coverage_mix", "crisp", {"routing=cstruct", "tau_proxy=0.6"}, nk128, nq128, 8, 2, 128, 128, 47});
+  cases.push_back({"pe_coverage_mix_bf16_pages16", "crisp", {"routing=cstruct", "tau_proxy=0.6"}, nk_tc, nq_tc, 8, 2,
+                   128, 128, 48, Elem::bf16, 16});
+  cases.push_back({"pe_floor_mix_pages128", "crisp", {"routing=cstruct", "tau_proxy=0.6", "pe_rule=floor"}, nk128,
+                   nq128, 8, 2, 128, 128, 49, Elem::f32, 128});
+  cases.push_back({"jsd_mix_b64", "crisp", {"routing=jsd"}, nk64, nq64, 8, 2, 128, 64, 50});
+  cases.push_back({"topk_mix_bf16", "crisp", {"vs_budget=topk", "vertical_tokens=300", "slash_tokens=700"}, nk128,
+                   nq128, 8, 2, 128, 128, 51, Elem::bf16});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Chunks, GpuChunkPlanMatchesCpu, testing::ValuesIn(chunk_cases()), chunk_case_name);
+
+// Paged K with a table the planner cannot use is refused naming the field (the API's names).
+TEST(GpuPlan, RejectsBadBlockTable) {
+  SKIP_WITHOUT_GPU();
+  crisp::Workload w = crisp::make_workload(crisp_test::workload_spec(4, 2, 64, {1000}, 52));
+  const crisp::Config cfg = crisp::Config::from_preset("crisp");
+  DeviceArray q_dev(w.q.data(), w.q.size() * sizeof(float));
+  DeviceArray k_dev(w.k.data(), w.k.size() * sizeof(float));
+  ASSERT_NE(q_dev.ptr, nullptr);
+  ASSERT_NE(k_dev.ptr, nullptr);
+  const std::vector<int32_t> table(64, 0);
+  DeviceArray table_dev(table.data(), table.size() * sizeof(int32_t));
+  ASSERT_NE(table_dev.ptr, nullptr);
+  const auto q_gpu = crisp::TensorView::contiguous(q_dev.ptr, crisp::DType::f32, 4, w.total_tokens, 64, crisp::Device::cuda);
+  // A pool of 1000 / 16 = 62 whole pages of 16 (the last 8 keys dropped).
+  const auto k_pool = crisp::TensorView::contiguous(k_dev.ptr, crisp::DType::f32, 2, 992, 64, crisp::Device::cuda);
+  crisp::cuda::DevicePlan dplan(4, 2, 64, w.cu_seqlens, cfg);
+  const auto expect_refused = [&](crisp::BlockTable bt, const crisp::TensorView& k, const char* argument) {
+    try {
+      crisp::cuda::plan_async(q_gpu, k, cfg, dplan, nullptr, bt);
+      ADD_FAILURE() << argument << " accepted";
+    } catch (const crisp::Error& e) {
+      EXPECT_EQ(e.argument(), argument);
+    }
+  };
+  crisp::BlockTable good;
+  good.data = static_cast<const int32_t*>(table_dev.ptr);
+  good.device = crisp::Device::cuda;
+  good.max_pages_per_sequence = 63;  // ceil(1000 / 16)
+  good.page_size = 16;
+  crisp::BlockTable bt = good;
+  bt.page_size = 24;
+  expect_refused(bt, k_pool, "batch.block_table.page_size");
+  bt = good;
+  bt.data = nullptr;
+  expect_refused(bt, k_pool, "batch.block_table.data");
+  bt = good;
+  bt.device = crisp::Device::cpu;
+  expect_refused(bt, k_pool, "batch.block_table.device");
+  bt = good;
+  bt.max_pages_per_sequence = 62;
+  expect_refused(bt, k_pool, "batch.block_table.max_pages_per_sequence");
+  const auto k_partial = crisp::TensorView::contiguous(k_dev.ptr, crisp::DType::f32, 2, 1000, 64, crisp::Device::cuda);
+  expect_refused(good, k_partial, "k");
+}
+
+// A DevicePlan for a batch whose chunk has more queries than keys is refused naming the list.
+TEST(GpuPlan, RejectsMoreQueriesThanKeys) {
+  SKIP_WITHOUT_GPU();
+  const crisp::Config cfg = crisp::Config::from_preset("crisp");
+  try {
+    crisp::cuda::DevicePlan dplan(4, 2, 64, crisp::Batch({0, 300, 400}, {0, 200, 600}), cfg);
+    FAIL() << "n_q > n_k accepted";
+  } catch (const crisp::Error& e) {
+    EXPECT_EQ(e.argument(), "batch.cu_seqlens_q");
   }
 }
 
