@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/llama_cpp.sh — fetches llama.cpp (the copy vendored in PyPI's llama-cpp-python sdist,
 # pinned by version and sha256), applies crisp's integration (integrations/llama.cpp/crisp.patch)
-# and builds llama.cpp's tools linking crisp from this checkout. docs/llama_cpp.md explains the
-# integration.
+# and builds llama.cpp's tools linking crisp from this checkout, and the hook's test
+# (test-ggml-crisp). docs/llama_cpp.md explains the integration.
 #
 # Usage: scripts/llama_cpp.sh [--cuda] [--server] [--target NAME]...
 #   --cuda        the GPU machine's build: GGML_CUDA=ON for sm_90a, in .deps/llama.cpp-build-cuda
@@ -29,7 +29,7 @@ die() { echo "llama_cpp: error: $*" >&2; exit 2; }
 say() { echo "llama_cpp: $*" >&2; }
 
 cuda=0
-targets=(llama-cli llama-bench llama-simple)
+targets=(llama-cli llama-bench llama-simple llama-perplexity)
 while [ $# -gt 0 ]; do
   case "$1" in
     --cuda) cuda=1 ;;
@@ -116,5 +116,16 @@ say "building ${targets[*]} (-j$jobs)"
 if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" >> "$log" 2>&1; then
   tail -n 30 "$log" >&2
   die "building llama.cpp failed (log: $log)"
+fi
+
+# The hook's own test (integrations/llama.cpp/test_ggml_crisp.cpp), linked to the patched ggml.
+test_src="$repo_root/integrations/llama.cpp/test_ggml_crisp.cpp"
+test_bin="$build/bin/test-ggml-crisp"
+if [ ! -x "$test_bin" ] || [ "$test_src" -nt "$test_bin" ] || [ "$build/bin/libggml-cpu.so" -nt "$test_bin" ]; then
+  if ! "${CXX:-c++}" -O2 -std=c++17 -Wall -I "$src/ggml/include" "$test_src" -o "$test_bin" \
+      -L "$build/bin" -lggml-cpu -lggml-base -lggml -Wl,-rpath,"$build/bin" >> "$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    die "building test-ggml-crisp failed (log: $log)"
+  fi
 fi
 echo "$build/bin"

@@ -144,6 +144,8 @@ extern "C" bool ggml_cpu_set_sparse_prefill(const char * policy, const char * co
   if (!policy) return fail("policy is null; expected crisp, flexprefill, minference, dense or off");
   if (n_settings < 0 || (n_settings > 0 && !settings)) return fail("settings: expected n_settings >= 0 key=value strings");
   const std::string name = policy;
+  if (name != "crisp" && name != "flexprefill" && name != "minference" && name != "dense" && name != "off")
+    return fail("unknown policy '" + name + "'; expected crisp, flexprefill, minference, dense or off");
   if (name == "off") {
     if (n_settings > 0) return fail("--sparse-prefill-set given with --sparse-prefill off");
     std::lock_guard<std::mutex> lock(g_mutex);

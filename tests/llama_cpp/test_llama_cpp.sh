@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# tests/llama_cpp/test_llama_cpp.sh — crisp inside llama.cpp (docs/llama_cpp.md), end to end with
-# llama-cli on SmolLM2:
+# tests/llama_cpp/test_llama_cpp.sh — crisp inside llama.cpp (docs/llama_cpp.md):
+#   0. test-ggml-crisp: the hook on ggml's flash-attention op against an f64 reference, and every
+#      fallback (integrations/llama.cpp/test_ggml_crisp.cpp);
+#   then end to end with llama-cli on SmolLM2:
 #   1. --sparse-prefill dense gives the same greedy continuation as llama.cpp's own flash
 #      attention, and crisp computed the prompt's attention (its log line, no fallback);
 #   2. --sparse-prefill crisp runs and crisp computed the prompt's attention;
@@ -15,13 +17,17 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bin="${1:-$repo_root/.deps/llama.cpp-build/bin}"
 model="${2:-${CRISP_MODEL_PATH:-${CRISP_MODEL_DIR:-$repo_root/.cache/model}/SmolLM2-135M-Instruct.Q4_1.gguf}}"
 cli="$bin/llama-cli"
-[ -x "$cli" ] || { echo "skip: no llama-cli at $cli (run scripts/llama_cpp.sh)"; exit 77; }
-[ -f "$model" ] || { echo "skip: no model at $model (run scripts/fetch_model.sh)"; exit 77; }
+[ -x "$cli" ] && [ -x "$bin/test-ggml-crisp" ] || { echo "skip: no llama.cpp build in $bin (run scripts/llama_cpp.sh)"; exit 77; }
 
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# 0. the hook itself (no model needed)
+"$bin/test-ggml-crisp" 2>/dev/null || fail "test-ggml-crisp"
+
+[ -f "$model" ] || { echo "skip: no model at $model (run scripts/fetch_model.sh)"; [ "$failures" -eq 0 ] && exit 77; exit 1; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
 
 # A retrieval prompt of about 1000 tokens (several of crisp's 128-token blocks), whose answer sits
 # in the middle of the document.
@@ -66,7 +72,7 @@ expect_error() {  # expect_error PATTERN ARGS...
     fail "llama-cli $*: the error does not name '$pattern': $(grep -m1 error "$work/bad.err")"
   fi
 }
-expect_error "preset" --sparse-prefill bogus
+expect_error "unknown policy 'bogus'" --sparse-prefill bogus
 expect_error "no_such_key" --sparse-prefill crisp --sparse-prefill-set no_such_key=1
 expect_error "alpha" --sparse-prefill crisp --sparse-prefill-set alpha=banana
 expect_error "needs --sparse-prefill" --sparse-prefill-set alpha=1
