@@ -9,6 +9,8 @@
 #                 (crisp's hook is on the CPU backend only so far; see docs/llama_cpp.md)
 #   --server      also build llama-server (several minutes more on two cores)
 #   --target T    build T too (repeatable), e.g. test-backend-ops
+#   --update-patch  after editing .deps/llama.cpp-src: rewrite crisp.patch from it (the files the
+#                 patch touches, plus LLAMA_CPP_PATCH_FILES, paths inside llama.cpp) and stop
 # Prints the directory of the built binaries on stdout (and nothing else), so callers can write
 # BIN=$(scripts/llama_cpp.sh). Progress goes to stderr, compiler output to a log in the build
 # directory (its tail is printed on failure). JOBS (default 2) sets the build's parallelism.
@@ -29,14 +31,16 @@ die() { echo "llama_cpp: error: $*" >&2; exit 2; }
 say() { echo "llama_cpp: $*" >&2; }
 
 cuda=0
+update_patch=0
 targets=(llama-cli llama-bench llama-simple llama-perplexity)
 while [ $# -gt 0 ]; do
   case "$1" in
     --cuda) cuda=1 ;;
     --server) targets+=(llama-server) ;;
     --target) [ $# -ge 2 ] || die "--target needs a target name"; targets+=("$2"); shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1'; expected --cuda, --server, --target NAME or --help" ;;
+    --update-patch) update_patch=1 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1'; expected --cuda, --server, --target NAME, --update-patch or --help" ;;
   esac
   shift
 done
@@ -73,6 +77,24 @@ if [ ! -f "$sdist" ]; then
   mv "$tmp/$SDIST_NAME" "$sdist"
   rm -rf "$tmp"
   trap - EXIT
+fi
+
+# ---- crisp.patch rewritten from an edited source tree
+if [ "$update_patch" -eq 1 ]; then
+  [ -d "$src" ] || die "no $src to make the patch from (run this script once first)"
+  pristine="$(mktemp -d)"
+  trap 'rm -rf "$pristine"' EXIT
+  tar -xzf "$sdist" -C "$pristine" --strip-components=3 "$VENDORED_DIR" || die "could not extract $VENDORED_DIR"
+  files="$(sed -n 's|^+++ b/||p' "$patch_file") ${LLAMA_CPP_PATCH_FILES:-}"
+  new_patch="$(mktemp)"
+  for f in $(echo "$files" | tr ' ' '\n' | sort -u); do
+    [ -f "$src/$f" ] || die "LLAMA_CPP_PATCH_FILES: no file $f in $src"
+    diff -u --label "a/$f" --label "b/$f" "$pristine/$f" "$src/$f" >> "$new_patch" || true
+  done
+  mv "$new_patch" "$patch_file"
+  echo "sdist $SDIST_SHA256 patch $(sha256sum "$patch_file" | cut -d' ' -f1)" > "$src/.crisp-stamp"
+  say "wrote $patch_file ($(grep -c '^+++ ' "$patch_file") files)"
+  exit 0
 fi
 
 # ---- the patched source tree
