@@ -126,10 +126,6 @@ std::string decline_reason(const ggml_tensor * dst, int64_t * n_past) {
     return "Q/K/V strides that are not whole elements";
   *n_past = causal_prefix(mask, q->ne[1]);
   if (*n_past < 0) return "a KQ mask that is not plain causal over a contiguous prefix (non-causal, sliding window, several sequences)";
-  // CHUNKED PREFILL: the one condition to lift once crisp takes queries that are the last n_q of
-  // n_k = n_past + n_q keys (bottom-right causal). Then the K/V views below cover n_past + n_q
-  // tokens and the call passes the chunk's shape instead of n_q == n_k.
-  if (*n_past != 0) return "a ubatch after earlier tokens (n_past > 0: chunked prefill is not in crisp yet)";
   return "";
 }
 
@@ -204,6 +200,9 @@ bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth) {
   // Plans are per (sequence, query head), so the split changes nothing in what is computed.
   crisp::Options options;
   options.num_threads = 1;
+  // The ubatch's queries are the last n_q of the n_k = n_past + n_q cells (bottom-right causal):
+  // a chunk of a chunked prefill, or the whole prompt when n_past == 0.
+  const crisp::Batch batch({0, n_q}, {0, n_k});
   std::vector<float> lse(n_q);
   for (int64_t h = heads * ith / nth; h < heads * (ith + 1) / nth; ++h) {
     crisp::TensorView qv, kv, vv;
@@ -218,10 +217,11 @@ bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth) {
     out.stride = {static_cast<int64_t>(dst->nb[1] / sizeof(float)), static_cast<int64_t>(dst->nb[2] / sizeof(float)), 1};
     const crisp::TensorView lse_view = crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 1, n_q);
     try {
-      crisp::prefill(qv, kv, vv, config, out, lse_view, {}, options);
+      crisp::prefill(qv, kv, vv, config, out, lse_view, batch, options);
     } catch (const std::exception & e) {
-      // The checks above make this unreachable for any tensor llama.cpp builds; other threads may
-      // have written their heads already, so there is no consistent fallback left.
+      // Past the checks above only non-finite Q/K/V values get here (crisp refuses them, where
+      // llama.cpp's kernel would carry the NaN on). Other threads may have written their heads
+      // already, so there is no consistent fallback left: stop with crisp's message.
       GGML_ABORT("crisp: sparse prefill failed on head %lld: %s", static_cast<long long>(h), e.what());
     }
   }

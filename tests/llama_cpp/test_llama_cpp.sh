@@ -4,7 +4,8 @@
 #      fallback (integrations/llama.cpp/test_ggml_crisp.cpp);
 #   then end to end with llama-cli on SmolLM2:
 #   1. --sparse-prefill dense gives the same greedy continuation as llama.cpp's own flash
-#      attention, and crisp computed the prompt's attention (its log line, no fallback);
+#      attention, and crisp computed the prompt's attention (its log line, no fallback), with the
+#      prompt in one ubatch and in ubatches of 256 (chunks over the cache);
 #   2. --sparse-prefill crisp runs and crisp computed the prompt's attention;
 #   3. a bad policy, key or value stops llama-cli with an error naming it.
 # Usage: tests/llama_cpp/test_llama_cpp.sh [BIN_DIR [MODEL]]
@@ -37,7 +38,7 @@ for i in $(seq 1 60); do
 done
 prompt+="Question: what is the secret code of box number 23?"$'\n'"Answer: the secret code of box number 23 is"
 
-# One prompt ubatch on an empty cache (the case crisp takes before chunked prefill), greedy.
+# Greedy; one prompt ubatch unless the caller passes -ub (a later -ub replaces the earlier one).
 run_cli() {  # run_cli NAME ARGS... -> $work/NAME.out (stdout), $work/NAME.err (stderr), returns rc
   local name="$1"; shift
   "$cli" -m "$model" -no-cnv -p "$prompt" -n 16 --temp 0 --seed 1 -c 2048 -b 2048 -ub 2048 -t 2 \
@@ -56,6 +57,15 @@ if ! cmp -s "$work/fa.out" "$work/dense.out"; then
   diff "$work/fa.out" "$work/dense.out" | head -n 10
 fi
 [ -s "$work/fa.out" ] || fail "llama-cli -fa printed nothing"
+
+# 1b. the same prompt in ubatches of 256: the later ones are chunks over the cached tokens
+run_cli fa_ub256 -fa -ub 256 || fail "llama-cli -fa -ub 256 exited $?: $(tail -n 3 "$work/fa_ub256.err")"
+run_cli dense_ub256 --sparse-prefill dense -ub 256 || fail "llama-cli --sparse-prefill dense -ub 256 exited $?"
+grep -q "crisp: sparse prefill 'dense' computes" "$work/dense_ub256.err" || fail "dense -ub 256: crisp did not compute"
+if grep -q "crisp: sparse prefill falls back" "$work/dense_ub256.err"; then
+  fail "dense -ub 256: fell back: $(grep "falls back" "$work/dense_ub256.err")"
+fi
+cmp -s "$work/fa_ub256.out" "$work/dense_ub256.out" || fail "dense -ub 256 output differs from llama.cpp's flash attention"
 
 # 2. the crisp policy runs through crisp
 run_cli crisp --sparse-prefill crisp || fail "llama-cli --sparse-prefill crisp exited $?: $(tail -n 3 "$work/crisp.err")"
