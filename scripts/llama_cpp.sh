@@ -15,7 +15,8 @@
 # BIN=$(scripts/llama_cpp.sh). Progress goes to stderr, compiler output to a log in the build
 # directory (its tail is printed on failure). JOBS (default 2) sets the build's parallelism.
 #
-# Idempotent: the sdist is kept in .deps/ and re-checked against its sha256; the source tree in
+# Idempotent: the sdist is kept in .deps/ and checked against its sha256 whenever a source tree is
+# made from it (a machine holding the patched tree needs no sdist); the source tree in
 # .deps/llama.cpp-src is extracted and patched again only when the sdist or the patch changed
 # (a stamp file records both sha256s); the build is incremental (ccache when installed).
 set -euo pipefail
@@ -58,30 +59,33 @@ done
 [ -f "$patch_file" ] || die "missing $patch_file"
 mkdir -p "$deps"
 
-# ---- the sdist, verified
+# ---- the sdist, verified (fetched only when a source tree must be made from it)
 sdist="$deps/$SDIST_NAME"
-if [ -f "$sdist" ] && [ "$(sha256sum "$sdist" | cut -d' ' -f1)" != "$SDIST_SHA256" ]; then
-  say "removing $sdist: its sha256 is not the pinned one"
-  rm -f "$sdist"
-fi
-if [ ! -f "$sdist" ]; then
-  command -v python3 >/dev/null 2>&1 || die "python3 (with pip) is needed to download $SDIST_SPEC"
-  say "downloading $SDIST_SPEC (sdist, about 50 MB) from PyPI"
-  tmp="$(mktemp -d "$deps/download.XXXXXX")"
-  trap 'rm -rf "$tmp"' EXIT
-  python3 -m pip download --quiet --no-deps --no-binary :all: "$SDIST_SPEC" -d "$tmp" >&2 \
-    || die "pip could not download $SDIST_SPEC"
-  [ -f "$tmp/$SDIST_NAME" ] || die "pip did not produce $SDIST_NAME"
-  got="$(sha256sum "$tmp/$SDIST_NAME" | cut -d' ' -f1)"
-  [ "$got" = "$SDIST_SHA256" ] || die "$SDIST_NAME has sha256 $got; expected $SDIST_SHA256"
-  mv "$tmp/$SDIST_NAME" "$sdist"
-  rm -rf "$tmp"
-  trap - EXIT
-fi
+ensure_sdist() {
+  if [ -f "$sdist" ] && [ "$(sha256sum "$sdist" | cut -d' ' -f1)" != "$SDIST_SHA256" ]; then
+    say "removing $sdist: its sha256 is not the pinned one"
+    rm -f "$sdist"
+  fi
+  if [ ! -f "$sdist" ]; then
+    command -v python3 >/dev/null 2>&1 || die "python3 (with pip) is needed to download $SDIST_SPEC"
+    say "downloading $SDIST_SPEC (sdist, about 50 MB) from PyPI"
+    tmp="$(mktemp -d "$deps/download.XXXXXX")"
+    trap 'rm -rf "$tmp"' EXIT
+    python3 -m pip download --quiet --no-deps --no-binary :all: "$SDIST_SPEC" -d "$tmp" >&2 \
+      || die "pip could not download $SDIST_SPEC"
+    [ -f "$tmp/$SDIST_NAME" ] || die "pip did not produce $SDIST_NAME"
+    got="$(sha256sum "$tmp/$SDIST_NAME" | cut -d' ' -f1)"
+    [ "$got" = "$SDIST_SHA256" ] || die "$SDIST_NAME has sha256 $got; expected $SDIST_SHA256"
+    mv "$tmp/$SDIST_NAME" "$sdist"
+    rm -rf "$tmp"
+    trap - EXIT
+  fi
+}
 
 # ---- crisp.patch rewritten from an edited source tree
 if [ "$update_patch" -eq 1 ]; then
   [ -d "$src" ] || die "no $src to make the patch from (run this script once first)"
+  ensure_sdist
   pristine="$(mktemp -d)"
   trap 'rm -rf "$pristine"' EXIT
   tar -xzf "$sdist" -C "$pristine" --strip-components=3 "$VENDORED_DIR" || die "could not extract $VENDORED_DIR"
@@ -100,6 +104,7 @@ fi
 # ---- the patched source tree
 stamp_want="sdist $SDIST_SHA256 patch $(sha256sum "$patch_file" | cut -d' ' -f1)"
 if [ ! -f "$src/.crisp-stamp" ] || [ "$(cat "$src/.crisp-stamp")" != "$stamp_want" ]; then
+  ensure_sdist
   say "extracting llama.cpp from $SDIST_NAME and applying crisp.patch"
   rm -rf "$src" "$src.tmp"
   mkdir -p "$src.tmp"
