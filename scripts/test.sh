@@ -6,7 +6,9 @@
 #                 build-consumer/ against it with find_package(crisp) and run;
 #  3. build-asan/ CPU only, AddressSanitizer + UndefinedBehaviorSanitizer, the CPU tests again
 #                 (the fuzz harnesses of tests/fuzz among them);
-#  4. build-python/ the Python package and its tests.
+#  4. build-python/ the Python package and its tests;
+#  5. .deps/llama.cpp-build/ llama.cpp with crisp's integration (scripts/llama_cpp.sh), its tests
+#                 (label llama_cpp); CRISP_LLAMA_CPP=0 skips it.
 # The real model is fetched first (scripts/fetch_model.sh) so that its tests run too.
 # Exits non-zero if any build or test fails. CRISP_JOBS sets the build parallelism.
 set -euo pipefail
@@ -26,7 +28,7 @@ failed=()
 echo "== build/ (Release, CUDA auto)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$jobs"
-ctest --test-dir build --output-on-failure -LE gpu -j "$jobs" || failed+=("cpu tests (build/)")
+ctest --test-dir build --output-on-failure -LE 'gpu|llama_cpp' -j "$jobs" || failed+=("cpu tests (build/)")
 ctest --test-dir build --output-on-failure -L gpu || failed+=("gpu tests (build/)")
 
 echo "== build-install/ (cmake --install build) and tests/consumer against it (find_package(crisp))"
@@ -45,7 +47,7 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRISP_SANITIZE=ON -
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=halt_on_error=1:abort_on_error=0:detect_leaks=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  ctest --test-dir build-asan --output-on-failure -LE gpu -j "$jobs" || failed+=("cpu tests (build-asan/)")
+  ctest --test-dir build-asan --output-on-failure -LE 'gpu|llama_cpp' -j "$jobs" || failed+=("cpu tests (build-asan/)")
 
 echo "== Python package (pip install . into a venv, CPU backend; pytest tests/python)"
 # Skipped, not failed, when the machine has no Python headers (python3-dev), cannot make a venv
@@ -72,6 +74,15 @@ if [ "${CRISP_PYTHON_TESTS:-1}" = 1 ]; then
     fi
   else
     echo "test.sh: python package step skipped (no Python.h, no venv, or no package index for scikit-build-core/nanobind)"
+  fi
+fi
+
+if [ "${CRISP_LLAMA_CPP:-1}" = 1 ]; then
+  echo "== llama.cpp with crisp's integration (scripts/llama_cpp.sh; tests labelled llama_cpp)"
+  if JOBS="$jobs" ./scripts/llama_cpp.sh >/dev/null; then
+    ctest --test-dir build --output-on-failure -L llama_cpp || failed+=("llama.cpp integration tests")
+  else
+    failed+=("llama.cpp build (scripts/llama_cpp.sh)")
   fi
 fi
 

@@ -1,0 +1,14 @@
+// integrations/llama.cpp/ggml-crisp.h — crisp's hook inside ggml's CPU backend (see
+// docs/llama_cpp.md). Compiled into ggml-cpu by integrations/llama.cpp/crisp.patch; the public
+// setter (ggml_cpu_set_sparse_prefill) is declared in the patched ggml-cpu.h.
+#pragma once
+
+struct ggml_tensor;
+
+// Called by every thread of ggml's CPU flash-attention op (GGML_OP_FLASH_ATTN_EXT) before its
+// own kernel. Returns true when crisp computed this thread's share of `dst` (thread `ith` of
+// `nth`); false when the op is not one crisp handles (sparse prefill off, a decode step, a mask
+// that is not plain causal over a contiguous prefix, ALiBi, softcap, sinks, ...), and then
+// llama.cpp's own kernel runs. The answer depends only on the op's tensors and the setting, so
+// every thread of one op gives the same one without talking to the others.
+bool ggml_crisp_flash_attn_ext(struct ggml_tensor * dst, int ith, int nth);

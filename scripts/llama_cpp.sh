@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# scripts/llama_cpp.sh — fetches llama.cpp (the copy vendored in PyPI's llama-cpp-python sdist,
+# pinned by version and sha256), applies crisp's integration (integrations/llama.cpp/crisp.patch)
+# and builds llama.cpp's tools linking crisp from this checkout, and the hook's test
+# (test-ggml-crisp). docs/llama_cpp.md explains the integration.
+#
+# Usage: scripts/llama_cpp.sh [--cuda] [--server] [--target NAME]...
+#   --cuda        the GPU machine's build: GGML_CUDA=ON for sm_90a, in .deps/llama.cpp-build-cuda
+#                 (crisp's hook is on the CPU backend only so far; see docs/llama_cpp.md)
+#   --server      also build llama-server (several minutes more on two cores)
+#   --target T    build T too (repeatable), e.g. test-backend-ops
+#   --update-patch  after editing .deps/llama.cpp-src: rewrite crisp.patch from it (the files the
+#                 patch touches, plus LLAMA_CPP_PATCH_FILES, paths inside llama.cpp) and stop
+# Prints the directory of the built binaries on stdout (and nothing else), so callers can write
+# BIN=$(scripts/llama_cpp.sh). Progress goes to stderr, compiler output to a log in the build
+# directory (its tail is printed on failure). JOBS (default 2) sets the build's parallelism.
+#
+# Idempotent: the sdist is kept in .deps/ and checked against its sha256 whenever a source tree is
+# made from it (a machine holding the patched tree needs no sdist); the source tree in
+# .deps/llama.cpp-src is extracted and patched again only when the sdist or the patch changed
+# (a stamp file records both sha256s); the build is incremental (ccache when installed).
+set -euo pipefail
+
+readonly SDIST_SPEC="llama-cpp-python==0.3.16"
+readonly SDIST_NAME="llama_cpp_python-0.3.16.tar.gz"
+# The pinned artifact: sha256 of the sdist on PyPI when this script was written. A mismatch means
+# a different file: refuse it.
+readonly SDIST_SHA256="34ed0f9bd9431af045bb63d9324ae620ad0536653740e9bb163a2e1fcb973be6"
+readonly VENDORED_DIR="llama_cpp_python-0.3.16/vendor/llama.cpp"
+
+die() { echo "llama_cpp: error: $*" >&2; exit 2; }
+say() { echo "llama_cpp: $*" >&2; }
+
+cuda=0
+update_patch=0
+targets=(llama-cli llama-bench llama-simple llama-perplexity)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cuda) cuda=1 ;;
+    --server) targets+=(llama-server) ;;
+    --target) [ $# -ge 2 ] || die "--target needs a target name"; targets+=("$2"); shift ;;
+    --update-patch) update_patch=1 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1'; expected --cuda, --server, --target NAME, --update-patch or --help" ;;
+  esac
+  shift
+done
+jobs="${JOBS:-2}"
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "JOBS='$jobs'; expected a positive integer"
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+deps="$repo_root/.deps"
+patch_file="$repo_root/integrations/llama.cpp/crisp.patch"
+src="$deps/llama.cpp-src"
+if [ "$cuda" -eq 1 ]; then build="$deps/llama.cpp-build-cuda"; else build="$deps/llama.cpp-build"; fi
+for tool in cmake tar sha256sum patch; do
+  command -v "$tool" >/dev/null 2>&1 || die "'$tool' is not installed (scripts/setup.sh installs the build tools)"
+done
+[ -f "$patch_file" ] || die "missing $patch_file"
+mkdir -p "$deps"
+
+# ---- the sdist, verified (fetched only when a source tree must be made from it)
+sdist="$deps/$SDIST_NAME"
+ensure_sdist() {
+  if [ -f "$sdist" ] && [ "$(sha256sum "$sdist" | cut -d' ' -f1)" != "$SDIST_SHA256" ]; then
+    say "removing $sdist: its sha256 is not the pinned one"
+    rm -f "$sdist"
+  fi
+  if [ ! -f "$sdist" ]; then
+    command -v python3 >/dev/null 2>&1 || die "python3 (with pip) is needed to download $SDIST_SPEC"
+    say "downloading $SDIST_SPEC (sdist, about 50 MB) from PyPI"
+    tmp="$(mktemp -d "$deps/download.XXXXXX")"
+    trap 'rm -rf "$tmp"' EXIT
+    python3 -m pip download --quiet --no-deps --no-binary :all: "$SDIST_SPEC" -d "$tmp" >&2 \
+      || die "pip could not download $SDIST_SPEC"
+    [ -f "$tmp/$SDIST_NAME" ] || die "pip did not produce $SDIST_NAME"
+    got="$(sha256sum "$tmp/$SDIST_NAME" | cut -d' ' -f1)"
+    [ "$got" = "$SDIST_SHA256" ] || die "$SDIST_NAME has sha256 $got; expected $SDIST_SHA256"
+    mv "$tmp/$SDIST_NAME" "$sdist"
+    rm -rf "$tmp"
+    trap - EXIT
+  fi
+}
+
+# ---- crisp.patch rewritten from an edited source tree
+if [ "$update_patch" -eq 1 ]; then
+  [ -d "$src" ] || die "no $src to make the patch from (run this script once first)"
+  ensure_sdist
+  pristine="$(mktemp -d)"
+  trap 'rm -rf "$pristine"' EXIT
+  tar -xzf "$sdist" -C "$pristine" --strip-components=3 "$VENDORED_DIR" || die "could not extract $VENDORED_DIR"
+  files="$(sed -n 's|^+++ b/||p' "$patch_file") ${LLAMA_CPP_PATCH_FILES:-}"
+  new_patch="$(mktemp)"
+  for f in $(echo "$files" | tr ' ' '\n' | sort -u); do
+    [ -f "$src/$f" ] || die "LLAMA_CPP_PATCH_FILES: no file $f in $src"
+    diff -u --label "a/$f" --label "b/$f" "$pristine/$f" "$src/$f" >> "$new_patch" || true
+  done
+  mv "$new_patch" "$patch_file"
+  echo "sdist $SDIST_SHA256 patch $(sha256sum "$patch_file" | cut -d' ' -f1)" > "$src/.crisp-stamp"
+  say "wrote $patch_file ($(grep -c '^+++ ' "$patch_file") files)"
+  exit 0
+fi
+
+# ---- the patched source tree
+stamp_want="sdist $SDIST_SHA256 patch $(sha256sum "$patch_file" | cut -d' ' -f1)"
+if [ ! -f "$src/.crisp-stamp" ] || [ "$(cat "$src/.crisp-stamp")" != "$stamp_want" ]; then
+  ensure_sdist
+  say "extracting llama.cpp from $SDIST_NAME and applying crisp.patch"
+  rm -rf "$src" "$src.tmp"
+  mkdir -p "$src.tmp"
+  tar -xzf "$sdist" -C "$src.tmp" --strip-components=3 "$VENDORED_DIR" || die "could not extract $VENDORED_DIR"
+  # The sdist keeps a submodule's .git file pointing at a directory it does not ship; llama.cpp's
+  # build asks git for its version and would warn about it.
+  rm -f "$src.tmp/.git"
+  patch -d "$src.tmp" -p1 --quiet --forward < "$patch_file" || die "crisp.patch does not apply to $SDIST_NAME"
+  echo "$stamp_want" > "$src.tmp/.crisp-stamp"
+  mv "$src.tmp" "$src"
+fi
+
+# ---- configure and build
+cmake_args=(-S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON
+  -DGGML_CRISP_SOURCE_DIR="$repo_root" -DCRISP_CUDA=OFF)
+if command -v ninja >/dev/null 2>&1; then cmake_args+=(-G Ninja); fi
+if command -v ccache >/dev/null 2>&1; then
+  cmake_args+=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+if [ "$cuda" -eq 1 ]; then
+  cmake_args+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a)
+else
+  cmake_args+=(-DGGML_CUDA=OFF)
+fi
+mkdir -p "$build"
+log="$build/crisp-build.log"
+if [ ! -f "$build/CMakeCache.txt" ] || [ "$src/.crisp-stamp" -nt "$build/CMakeCache.txt" ]; then
+  say "configuring $build"
+  if ! cmake "${cmake_args[@]}" > "$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    die "configuring llama.cpp failed (log: $log)"
+  fi
+fi
+say "building ${targets[*]} (-j$jobs)"
+if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" >> "$log" 2>&1; then
+  tail -n 30 "$log" >&2
+  die "building llama.cpp failed (log: $log)"
+fi
+
+# The hook's own test (integrations/llama.cpp/test_ggml_crisp.cpp), linked to the patched ggml.
+test_src="$repo_root/integrations/llama.cpp/test_ggml_crisp.cpp"
+test_bin="$build/bin/test-ggml-crisp"
+if [ ! -x "$test_bin" ] || [ "$test_src" -nt "$test_bin" ] || [ "$build/bin/libggml-cpu.so" -nt "$test_bin" ]; then
+  if ! "${CXX:-c++}" -O2 -std=c++17 -Wall -I "$src/ggml/include" "$test_src" -o "$test_bin" \
+      -L "$build/bin" -lggml-cpu -lggml-base -lggml -Wl,-rpath,"$build/bin" >> "$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    die "building test-ggml-crisp failed (log: $log)"
+  fi
+fi
+echo "$build/bin"

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# tests/llama_cpp/test_llama_cpp.sh — crisp inside llama.cpp (docs/llama_cpp.md):
+#   0. test-ggml-crisp: the hook on ggml's flash-attention op against an f64 reference, and every
+#      fallback (integrations/llama.cpp/test_ggml_crisp.cpp);
+#   then end to end with llama-cli on SmolLM2:
+#   1. --sparse-prefill dense gives the same greedy continuation as llama.cpp's own flash
+#      attention, and crisp computed the prompt's attention (its log line, no fallback), with the
+#      prompt in one ubatch and in ubatches of 256 (chunks over the cache);
+#   2. --sparse-prefill crisp runs and crisp computed the prompt's attention;
+#   3. a bad policy, key or value stops llama-cli with an error naming it.
+# Usage: tests/llama_cpp/test_llama_cpp.sh [BIN_DIR [MODEL]]
+#   BIN_DIR: llama.cpp's binaries (default .deps/llama.cpp-build/bin, what scripts/llama_cpp.sh
+#   builds); MODEL: the GGUF (default: scripts/fetch_model.sh's cached SmolLM2 file).
+# Exits 77 (CTest's skip) when the llama.cpp build or the model is absent: neither is fetched here.
+set -uo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+bin="${1:-$repo_root/.deps/llama.cpp-build/bin}"
+model="${2:-${CRISP_MODEL_PATH:-${CRISP_MODEL_DIR:-$repo_root/.cache/model}/SmolLM2-135M-Instruct.Q4_1.gguf}}"
+cli="$bin/llama-cli"
+[ -x "$cli" ] && [ -x "$bin/test-ggml-crisp" ] || { echo "skip: no llama.cpp build in $bin (run scripts/llama_cpp.sh)"; exit 77; }
+
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# 0. the hook itself (no model needed)
+"$bin/test-ggml-crisp" 2>/dev/null || fail "test-ggml-crisp"
+
+[ -f "$model" ] || { echo "skip: no model at $model (run scripts/fetch_model.sh)"; [ "$failures" -eq 0 ] && exit 77; exit 1; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# A retrieval prompt of about 1000 tokens (several of crisp's 128-token blocks), whose answer sits
+# in the middle of the document.
+prompt="Below is a list of boxes and their secret codes. Remember them."$'\n'
+for i in $(seq 1 60); do
+  prompt+="Box number $i holds the secret code $(( (i * 7919) % 10000 ))."$'\n'
+done
+prompt+="Question: what is the secret code of box number 23?"$'\n'"Answer: the secret code of box number 23 is"
+
+# Greedy; one prompt ubatch unless the caller passes -ub (a later -ub replaces the earlier one).
+run_cli() {  # run_cli NAME ARGS... -> $work/NAME.out (stdout), $work/NAME.err (stderr), returns rc
+  local name="$1"; shift
+  "$cli" -m "$model" -no-cnv -p "$prompt" -n 16 --temp 0 --seed 1 -c 2048 -b 2048 -ub 2048 -t 2 \
+    --no-warmup "$@" < /dev/null > "$work/$name.out" 2> "$work/$name.err"
+}
+
+# 1. dense through crisp == llama.cpp's flash attention
+run_cli fa -fa || fail "llama-cli -fa exited $?: $(tail -n 3 "$work/fa.err")"
+run_cli dense --sparse-prefill dense || fail "llama-cli --sparse-prefill dense exited $?: $(tail -n 3 "$work/dense.err")"
+grep -q "crisp: sparse prefill 'dense' computes" "$work/dense.err" || fail "dense: crisp did not compute the prompt's attention"
+if grep -q "crisp: sparse prefill falls back" "$work/dense.err"; then
+  fail "dense: fell back: $(grep "falls back" "$work/dense.err")"
+fi
+if ! cmp -s "$work/fa.out" "$work/dense.out"; then
+  fail "dense output differs from llama.cpp's flash attention"
+  diff "$work/fa.out" "$work/dense.out" | head -n 10
+fi
+[ -s "$work/fa.out" ] || fail "llama-cli -fa printed nothing"
+
+# 1b. the same prompt in ubatches of 256: the later ones are chunks over the cached tokens
+run_cli fa_ub256 -fa -ub 256 || fail "llama-cli -fa -ub 256 exited $?: $(tail -n 3 "$work/fa_ub256.err")"
+run_cli dense_ub256 --sparse-prefill dense -ub 256 || fail "llama-cli --sparse-prefill dense -ub 256 exited $?"
+grep -q "crisp: sparse prefill 'dense' computes" "$work/dense_ub256.err" || fail "dense -ub 256: crisp did not compute"
+if grep -q "crisp: sparse prefill falls back" "$work/dense_ub256.err"; then
+  fail "dense -ub 256: fell back: $(grep "falls back" "$work/dense_ub256.err")"
+fi
+cmp -s "$work/fa_ub256.out" "$work/dense_ub256.out" || fail "dense -ub 256 output differs from llama.cpp's flash attention"
+
+# 2. the crisp policy runs through crisp
+run_cli crisp --sparse-prefill crisp || fail "llama-cli --sparse-prefill crisp exited $?: $(tail -n 3 "$work/crisp.err")"
+grep -q "crisp: sparse prefill 'crisp' computes" "$work/crisp.err" || fail "crisp: crisp did not compute the prompt's attention"
+echo "flash attention: $(tail -c 120 "$work/fa.out" | tr '\n' ' ')"
+echo "crisp:           $(tail -c 120 "$work/crisp.out" | tr '\n' ' ')"
+
+# 3. bad input: a clear error, never a run
+expect_error() {  # expect_error PATTERN ARGS...
+  local pattern="$1"; shift
+  if "$cli" -m "$model" -no-cnv -p x -n 1 "$@" < /dev/null > "$work/bad.out" 2> "$work/bad.err"; then
+    fail "llama-cli $* succeeded; expected an error"
+  elif ! grep -q -- "$pattern" "$work/bad.err"; then
+    fail "llama-cli $*: the error does not name '$pattern': $(grep -m1 error "$work/bad.err")"
+  fi
+}
+expect_error "unknown policy 'bogus'" --sparse-prefill bogus
+expect_error "no_such_key" --sparse-prefill crisp --sparse-prefill-set no_such_key=1
+expect_error "alpha" --sparse-prefill crisp --sparse-prefill-set alpha=banana
+expect_error "needs --sparse-prefill" --sparse-prefill-set alpha=1
+expect_error "softmax_scale" --sparse-prefill dense --sparse-prefill-set softmax_scale=0.5
+
+if [ "$failures" -gt 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "llama.cpp integration: all checks passed"
