@@ -39,6 +39,7 @@
 #include "common/half.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
+#include "bench_chunked.h"
 #include "bench_context_parallel.h"
 #include "gpu_timing.h"
 #include "io_util.h"
@@ -92,6 +93,9 @@ struct BenchArgs {
   int gpus = 1;
   std::vector<std::string> partitions = {"zigzag"};
   std::vector<std::string> kernels;  // empty: portable, plus hopper where it can run
+  // --chunks: chunked prefill against one shot (tools/bench_chunked.cpp), over --page-sizes too.
+  std::vector<int64_t> chunks;
+  std::vector<int64_t> page_sizes;
 };
 
 #if defined(CRISP_WITH_CUDA)
@@ -329,6 +333,8 @@ void run_bench(const BenchArgs& a) {
 
 }  // namespace
 
+const crisp::CudaOptions& bench_kernel_options(const std::string& kernel) { return kernel_options(kernel); }
+
 void register_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* sub = app.add_subcommand(
@@ -368,9 +374,44 @@ void register_bench_command(CLI::App& app) {
                   "Query-block partitions of --gpus > 1 (comma separated): contiguous, zigzag")
       ->delimiter(',')
       ->check(CLI::IsMember({"contiguous", "zigzag"}));
+  sub->add_option("--chunks", args->chunks,
+                  "Chunked prefill: prefill each --seq prompt in chunks of these sizes (comma separated) over its "
+                  "growing KV cache, against the one-shot prefill (total time, density, recall); random layouts "
+                  "are not run")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
+  sub->add_option("--page-sizes", args->page_sizes,
+                  "With --chunks: also run over a paged K/V (vLLM layout, shuffled pages) of these page sizes "
+                  "(multiples of 16), against contiguous K/V")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{16}, int64_t{1} << 20));
   sub->callback([args] {
     if (args->heads % args->kv_heads != 0)
       throw crisp::Error("--kv-heads", "does not divide --heads", "a divisor of the query head count");
+    for (const int64_t p : args->page_sizes)
+      if (p % 16 != 0) throw crisp::Error("--page-sizes", "has " + std::to_string(p), "multiples of 16");
+    if (!args->page_sizes.empty() && args->chunks.empty())
+      throw crisp::Error("--page-sizes", "is given without --chunks", "--chunks (paged K/V is measured on chunked runs)");
+    if (!args->chunks.empty()) {
+      ChunkedBenchArgs c;
+      c.seq = args->seq;
+      c.chunks = args->chunks;
+      c.page_sizes = args->page_sizes;
+      c.presets = args->presets;
+      c.kernels = args->kernels;
+      c.heads = args->heads;
+      c.kv_heads = args->kv_heads;
+      c.dim = args->dim;
+      c.block = args->block;
+      c.reps = args->reps;
+      c.warmup = args->warmup;
+      c.seed = args->seed;
+      c.diffuse_share = args->diffuse_share;
+      c.json_path = args->json_path;
+      c.quiet = args->quiet;
+      run_chunked_bench(c);
+      return;
+    }
     if (args->gpus > 1) {
       ContextParallelBenchArgs cp;
       cp.gpus = args->gpus;

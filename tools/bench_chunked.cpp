@@ -1,0 +1,290 @@
+// tools/bench_chunked.cpp — `crisp bench --chunks`: see bench_chunked.h.
+//
+// For each length n, preset and chunk size C: the prompt's queries are cut into chunks of C
+// (the last one shorter); chunk i plans and attends its queries [iC, min((i+1)C, n)) over the
+// keys [0, min((i+1)C, n)) (a crisp::Batch with cu_seqlens_q {0, n_q}, cu_seqlens_k {0, n_k}).
+// One DevicePlan per chunk is made before timing (an engine keeps its workspaces); the time is
+// the whole prefill (every chunk's plan_async + attend_async, CUDA events, median of --reps after
+// --warmup). Density: the computed blocks of every chunk over the prompt's causal blocks (a block
+// row that a chunk boundary cuts is computed by both chunks, and counted twice: what it costs).
+// Recall: exp(LSE - LSE_dense) per query against the one-shot dense run, mean and minimum.
+// Paged runs copy K/V into a page pool in vLLM's layout [pages, P, Hkv, d] with the pages
+// shuffled, and run the same chunks (plans and attention read K/V through the block table).
+#include "bench_chunked.h"
+
+#include "commands.h"
+
+#if defined(CRISP_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "common/half.h"
+#include "crisp/cuda.h"
+#include "crisp/workload.h"
+#include "gpu_timing.h"
+#include "io_util.h"
+#include "progress.h"
+#endif
+
+#if defined(CRISP_WITH_CUDA)
+namespace {
+
+using crisp_cli::gpu::check;
+using crisp_cli::gpu::DeviceBuffer;
+using crisp_cli::gpu::time_ms;
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = crisp::half::float_to_bf16(x[i]);
+  return out;
+}
+
+// K or V of [Hkv, n, d] in a pool of `pages` pages of P tokens, vLLM's [pages, P, Hkv, d], logical
+// page i of the sequence at pool page table[i].
+std::vector<uint16_t> to_pages(const std::vector<uint16_t>& x, int64_t Hkv, int64_t n, int64_t d, int64_t P,
+                               const std::vector<int32_t>& table, int64_t pages) {
+  std::vector<uint16_t> pool(static_cast<std::size_t>(pages * P * Hkv * d), 0);
+  for (int64_t g = 0; g < Hkv; ++g)
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t row = static_cast<int64_t>(table[t / P]) * P + t % P;
+      std::copy_n(&x[(g * n + t) * d], d, &pool[(row * Hkv + g) * d]);
+    }
+  return pool;
+}
+
+struct Chunk {
+  int64_t q_begin, n_q, n_k;
+};
+
+std::vector<Chunk> chunks_of(int64_t n, int64_t C) {
+  std::vector<Chunk> out;
+  for (int64_t b = 0; b < n; b += C) out.push_back({b, std::min(C, n - b), std::min(b + C, n)});
+  return out;
+}
+
+}  // namespace
+#endif
+
+void run_chunked_bench(const ChunkedBenchArgs& a) {
+#if !defined(CRISP_WITH_CUDA)
+  (void)a;
+  throw crisp_cli::CommandFailure("crisp bench needs the CUDA backend; this build has none (CRISP_CUDA=OFF)");
+#else
+  if (!crisp::cuda::available()) throw crisp_cli::CommandFailure("crisp bench: no CUDA device is visible");
+  crisp_cli::Progress progress(!a.quiet);
+  cudaDeviceProp prop{};
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const std::vector<std::string> kernels = a.kernels.empty() ? std::vector<std::string>{"auto"} : a.kernels;
+
+  nlohmann::json out;
+  out["device"] = prop.name;
+  out["dtype"] = "bf16";
+  out["head_dim"] = a.dim;
+  out["block_size"] = a.block;
+  out["reps"] = a.reps;
+  out["warmup"] = a.warmup;
+  out["runs"] = nlohmann::json::array();
+  const auto write_json = [&] {
+    if (!a.json_path.empty()) crisp_cli::write_text_file("--json", a.json_path, out.dump(2) + "\n");
+  };
+  std::printf("device: %s, bf16, d=%lld, B=%d, Hq %lld / Hkv %lld, median of %d runs after %d warm-up\n", prop.name,
+              static_cast<long long>(a.dim), a.block, static_cast<long long>(a.heads),
+              static_cast<long long>(a.kv_heads), a.reps, a.warmup);
+  std::printf("%-8s %-12s %-10s %7s %6s %10s %10s %10s %8s %8s %10s %10s\n", "n", "preset", "kernel", "chunk", "page",
+              "total_ms", "vs_oneshot", "vs_contig", "density", "chunks", "recall_mean", "recall_min");
+
+  for (const int64_t n : a.seq) {
+    const int64_t H = a.heads, Hkv = a.kv_heads, d = a.dim;
+    crisp::WorkloadSpec spec;
+    spec.num_q_heads = H;
+    spec.num_kv_heads = Hkv;
+    spec.head_dim = d;
+    spec.seq_lens = {n};
+    spec.seed = a.seed;
+    spec.diffuse_head_share = a.diffuse_share;
+    progress.begin("workload n=" + std::to_string(n));
+    std::vector<uint16_t> qh, kh, vh;
+    {
+      const crisp::Workload w = crisp::make_workload(spec);
+      qh = to_bf16(w.q);
+      kh = to_bf16(w.k);
+      vh = to_bf16(w.v);
+    }
+    progress.done();
+    DeviceBuffer qd(qh.size() * 2), kd(kh.size() * 2), vd(vh.size() * 2), od(qh.size() * 2);
+    DeviceBuffer lse_dense(static_cast<std::size_t>(H * n) * 4), lse_run(static_cast<std::size_t>(H * n) * 4);
+    check(cudaMemcpy(qd.ptr, qh.data(), qh.size() * 2, cudaMemcpyHostToDevice), "copy q");
+    check(cudaMemcpy(kd.ptr, kh.data(), kh.size() * 2, cudaMemcpyHostToDevice), "copy k");
+    check(cudaMemcpy(vd.ptr, vh.data(), vh.size() * 2, cudaMemcpyHostToDevice), "copy v");
+    const auto dev = crisp::Device::cuda;
+    using crisp::TensorView;
+    // Views of rows [begin, begin + count) of a [heads, n, d] (or [heads, n]) tensor.
+    const auto rows3 = [&](void* base, int64_t heads, int64_t begin, int64_t count) {
+      TensorView t = TensorView::contiguous(static_cast<uint16_t*>(base) + begin * d, crisp::DType::bf16, heads, count, d, dev);
+      t.stride = {n * d, d, 1};
+      return t;
+    };
+    const auto rows2 = [&](void* base, int64_t begin, int64_t count) {
+      TensorView t = TensorView::contiguous2d(static_cast<float*>(base) + begin, crisp::DType::f32, H, count, dev);
+      t.stride = {n, 1, 0};
+      return t;
+    };
+
+    // The dense one-shot LSE: every recall's reference.
+    {
+      crisp::Config dense = crisp::Config::from_preset("dense");
+      dense.block_size = a.block;
+      crisp::cuda::DevicePlan plan(H, Hkv, d, crisp::SeqLens{0, n}, dense);
+      crisp::cuda::plan_async(rows3(qd.ptr, H, 0, n), rows3(kd.ptr, Hkv, 0, n), dense, plan, stream);
+      crisp::cuda::attend_async(rows3(qd.ptr, H, 0, n), rows3(kd.ptr, Hkv, 0, n), rows3(vd.ptr, Hkv, 0, n), plan,
+                                rows3(od.ptr, H, 0, n), rows2(lse_dense.ptr, 0, n), stream);
+      check(cudaStreamSynchronize(stream), "dense reference");
+    }
+    std::vector<float> lse_dense_host(static_cast<std::size_t>(H * n)), lse_host(lse_dense_host.size());
+    check(cudaMemcpy(lse_dense_host.data(), lse_dense.ptr, lse_dense_host.size() * 4, cudaMemcpyDeviceToHost), "lse");
+
+    // Contiguous first: every paged run's baseline (same preset, kernel and chunk size).
+    std::vector<int64_t> page_sizes{0};
+    for (const int64_t P : a.page_sizes)
+      if (P > 0) page_sizes.push_back(P);
+    std::map<std::string, double> contiguous_ms;
+    for (const int64_t P : page_sizes) {
+      // Paged K/V: a shuffled pool with two spare pages, vLLM's layout.
+      std::unique_ptr<DeviceBuffer> kpool, vpool, table_d;
+      int64_t pool_tokens = 0;
+      if (P > 0) {
+        const int64_t used = (n + P - 1) / P, pages = used + 2;
+        std::vector<int32_t> order(static_cast<std::size_t>(pages));
+        std::iota(order.begin(), order.end(), 0);
+        std::mt19937 rng(static_cast<unsigned>(a.seed + 7));
+        std::shuffle(order.begin(), order.end(), rng);
+        order.resize(static_cast<std::size_t>(used));
+        const std::vector<uint16_t> kp = to_pages(kh, Hkv, n, d, P, order, pages), vp = to_pages(vh, Hkv, n, d, P, order, pages);
+        kpool = std::make_unique<DeviceBuffer>(kp.size() * 2);
+        vpool = std::make_unique<DeviceBuffer>(vp.size() * 2);
+        table_d = std::make_unique<DeviceBuffer>(order.size() * 4);
+        check(cudaMemcpy(kpool->ptr, kp.data(), kp.size() * 2, cudaMemcpyHostToDevice), "copy k pages");
+        check(cudaMemcpy(vpool->ptr, vp.data(), vp.size() * 2, cudaMemcpyHostToDevice), "copy v pages");
+        check(cudaMemcpy(table_d->ptr, order.data(), order.size() * 4, cudaMemcpyHostToDevice), "copy table");
+        pool_tokens = pages * P;
+      }
+      const auto pool_view = [&](void* base) {
+        TensorView t = TensorView::contiguous(base, crisp::DType::bf16, Hkv, pool_tokens, d, dev);
+        t.stride = {d, Hkv * d, 1};
+        return t;
+      };
+      crisp::BlockTable table;
+      if (P > 0) {
+        table.data = static_cast<const int32_t*>(table_d->ptr);
+        table.device = dev;
+        table.max_pages_per_sequence = (n + P - 1) / P;
+        table.page_size = P;
+      }
+
+      for (const std::string& preset : a.presets) {
+        crisp::Config cfg = crisp::Config::from_preset(preset);
+        cfg.block_size = a.block;
+        for (const std::string& kernel : kernels) {
+          const crisp::CudaOptions& options = bench_kernel_options(kernel);
+          double oneshot_ms = 0.0;
+          std::vector<int64_t> sizes = a.chunks;
+          sizes.insert(sizes.begin(), n);  // the one-shot prefill first
+          for (const int64_t C : sizes) {
+            progress.begin("n=" + std::to_string(n) + " " + preset + " chunk " + std::to_string(C) +
+                           (P ? " page " + std::to_string(P) : ""));
+            const std::vector<Chunk> chunks = chunks_of(n, C);
+            struct Step {
+              TensorView q, k, v, o, lse;
+              crisp::BlockTable table;
+              std::unique_ptr<crisp::cuda::DevicePlan> plan;
+            };
+            std::vector<Step> steps;
+            for (const Chunk& c : chunks) {
+              Step s;
+              s.q = rows3(qd.ptr, H, c.q_begin, c.n_q);
+              s.o = rows3(od.ptr, H, c.q_begin, c.n_q);
+              s.lse = rows2(lse_run.ptr, c.q_begin, c.n_q);
+              crisp::Batch batch({0, c.n_q}, {0, c.n_k});
+              if (P > 0) {
+                s.k = pool_view(kpool->ptr);
+                s.v = pool_view(vpool->ptr);
+                batch.block_table = table;
+                s.table = table;
+              } else {
+                s.k = rows3(kd.ptr, Hkv, 0, c.n_k);
+                s.v = rows3(vd.ptr, Hkv, 0, c.n_k);
+              }
+              s.plan = std::make_unique<crisp::cuda::DevicePlan>(H, Hkv, d, batch, cfg);
+              steps.push_back(std::move(s));
+            }
+            const double total_ms = time_ms(stream, a.warmup, a.reps, [&] {
+              for (Step& s : steps) {
+                crisp::cuda::plan_async(s.q, s.k, cfg, *s.plan, stream, s.table);
+                crisp::cuda::attend_async(s.q, s.k, s.v, *s.plan, s.o, s.lse, stream, options, s.table);
+              }
+            });
+            check(cudaMemcpy(lse_host.data(), lse_run.ptr, lse_host.size() * 4, cudaMemcpyDeviceToHost), "lse");
+            double computed = 0.0, causal = 0.0;
+            for (Step& s : steps) {
+              const crisp::Plan host = s.plan->to_host(stream);
+              for (const crisp::SequencePlan& sp : host.sequences)
+                for (const crisp::HeadPlan& hp : sp.heads) computed += static_cast<double>(hp.col.size());
+            }
+            const int64_t N = (n + a.block - 1) / a.block;
+            causal = static_cast<double>(H) * static_cast<double>(N) * static_cast<double>(N + 1) / 2.0;
+            double rsum = 0.0, rmin = 1e300;
+            for (std::size_t i = 0; i < lse_host.size(); ++i) {
+              const double r = std::exp(static_cast<double>(lse_host[i]) - lse_dense_host[i]);
+              rsum += r;
+              rmin = std::min(rmin, r);
+            }
+            progress.done();
+            nlohmann::json r;
+            r["n"] = n;
+            r["preset"] = preset;
+            r["kernel"] = kernel;
+            r["chunk"] = C;
+            r["page_size"] = P;
+            r["chunks"] = chunks.size();
+            r["total_ms"] = total_ms;
+            r["vs_one_shot"] = C == n ? 1.0 : total_ms / oneshot_ms;
+            r["density"] = computed / causal;
+            r["recall_mean"] = rsum / static_cast<double>(lse_host.size());
+            r["recall_min"] = rmin;
+            if (C == n) oneshot_ms = total_ms;
+            const std::string key = preset + "/" + kernel + "/" + std::to_string(C);
+            if (P == 0) contiguous_ms[key] = total_ms;
+            char vs_contiguous[32] = "-";
+            if (P > 0 && contiguous_ms.count(key)) {
+              std::snprintf(vs_contiguous, sizeof vs_contiguous, "%.3fx", total_ms / contiguous_ms[key]);
+              r["vs_contiguous"] = total_ms / contiguous_ms[key];
+            }
+            out["runs"].push_back(r);
+            std::printf("%-8lld %-12s %-10s %7lld %6lld %10.3f %9.3fx %10s %8.4f %8zu %10.4f %10.4f\n",
+                        static_cast<long long>(n), preset.c_str(), kernel.c_str(), static_cast<long long>(C),
+                        static_cast<long long>(P), total_ms, total_ms / oneshot_ms, vs_contiguous, computed / causal, chunks.size(),
+                        rsum / static_cast<double>(lse_host.size()), rmin);
+            std::fflush(stdout);
+            write_json();
+          }
+        }
+      }
+    }
+  }
+  cudaStreamDestroy(stream);
+  write_json();
+#endif
+}
