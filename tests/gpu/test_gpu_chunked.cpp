@@ -140,9 +140,9 @@ struct AttendCase {
 };
 std::ostream& operator<<(std::ostream& os, const AttendCase& c) { return os << c.name; }
 
-class GpuChunkedAttention : public ::testing::TestWithParam<AttendCase> {};
+class GpuApiChunkedAttention : public ::testing::TestWithParam<AttendCase> {};
 
-TEST_P(GpuChunkedAttention, MatchesCpuFloat64OnTheSamePlan) {
+TEST_P(GpuApiChunkedAttention, MatchesCpuFloat64OnTheSamePlan) {
   SKIP_WITHOUT_GPU();
   const AttendCase& c = GetParam();
   if (c.kernel == crisp::Kernel::hopper && !hopper_device()) GTEST_SKIP() << "the Hopper kernel needs an sm_90 device";
@@ -186,7 +186,7 @@ constexpr auto portable = crisp::Kernel::portable;
 constexpr auto hopper = crisp::Kernel::hopper;
 
 INSTANTIATE_TEST_SUITE_P(
-    Shapes, GpuChunkedAttention,
+    Shapes, GpuApiChunkedAttention,
     ::testing::Values(
         // name, dtype, d, B, page size, kernel, seed
         AttendCase{"portable_bf16_d128_B128_contiguous", bf16, 128, 128, 0, portable, 1},
@@ -216,11 +216,11 @@ struct PlanCase {
 };
 std::ostream& operator<<(std::ostream& os, const PlanCase& c) { return os << c.name; }
 
-class GpuChunkedPlan : public ::testing::TestWithParam<PlanCase> {};
+class GpuApiChunkedPlan : public ::testing::TestWithParam<PlanCase> {};
 
 // The CUDA plan of the batch (its K/V contiguous or paged) has the CPU plan's shapes, routes,
 // verticals, slashes and CSR, on the same rounded inputs.
-TEST_P(GpuChunkedPlan, MatchesCpuPlan) {
+TEST_P(GpuApiChunkedPlan, MatchesCpuPlan) {
   SKIP_WITHOUT_GPU();
   const PlanCase& c = GetParam();
   RoundedChunks in(c.seed, c.block, c.d, c.dtype, c.page_size);
@@ -260,7 +260,7 @@ TEST_P(GpuChunkedPlan, MatchesCpuPlan) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Shapes, GpuChunkedPlan,
+    Shapes, GpuApiChunkedPlan,
     ::testing::Values(
         // name, preset, dtype, d, B, page size, seed
         PlanCase{"crisp_bf16_d128_B128_contiguous", "crisp", bf16, 128, 128, 0, 21},
