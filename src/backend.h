@@ -121,8 +121,6 @@ bool cuda_backend_built();
 // Same contract as cpu_plan, views on Device::cuda. options.stream is the cudaStream_t.
 Plan cuda_plan(const TensorView& q, const TensorView& k, const Config& config, const Batch& normalized_batch,
                const Options& options);
-// Throws crisp::Error naming "batch" for a batch the CUDA backend cannot run yet (chunks, pages).
-void require_whole_prompts(const Batch& normalized_batch);
 // Same contract as cpu_attend, views on Device::cuda.
 void cuda_attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
                  const BlockTable& block_table, const TensorView& out, const TensorView& lse, const Options& options);

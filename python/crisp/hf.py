@@ -31,7 +31,6 @@ import weakref
 from typing import Any, Dict
 
 from ._extras import require
-from ._C import Error
 from .ops import prefill
 
 torch = require("torch", "hf", "crisp.hf")
@@ -80,7 +79,6 @@ def _fallback_reason(module, query, key, value, attention_mask, dropout, kwargs)
 
 
 _MASK_REASON = "attention mask (not causal with padding)"
-_CUDA_REFUSES = "not yet supported by the CUDA backend"
 # The last mask read and what it said: every layer of a forward pass gets the same mask object.
 _last_mask: Dict[str, Any] = {"ref": None, "key": None, "rows": None}
 
@@ -167,21 +165,15 @@ def _make_forward(policy: str, params: Dict[str, Any]):
             call_params["softmax_scale"] = float(scaling)
         q_len, k_len = query.shape[2], key.shape[2]
         varlen = rows is not None and any(r != (0, k_len) for r in rows)
-        try:
-            if varlen:
-                out = _varlen_call(query, key, value, rows, policy, call_params)
-            else:
-                # query [B, Hq, q_len, D], key/value [B, Hkv, k_len, D] (GQA handled by crisp, no
-                # repeat), passed as their free [B, S, H, D] transposes: the output is then the
-                # contiguous [B, q_len, Hq, D] transformers wants from an attention function.
-                # q_len < k_len: a chunk over the cache, its queries the last q_len positions.
-                out, _ = prefill(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), policy=policy,
-                                 layout="bshd", **call_params)
-        except Error as e:
-            # A CUDA build whose backend does not take chunks yet refuses them naming the batch.
-            if query.device.type == "cuda" and _CUDA_REFUSES in str(e):
-                return fall_back("sdpa", "chunk or padded batch on a CUDA backend without them", *args)
-            raise
+        if varlen:
+            out = _varlen_call(query, key, value, rows, policy, call_params)
+        else:
+            # query [B, Hq, q_len, D], key/value [B, Hkv, k_len, D] (GQA handled by crisp, no
+            # repeat), passed as their free [B, S, H, D] transposes: the output is then the
+            # contiguous [B, q_len, Hq, D] transformers wants from an attention function.
+            # q_len < k_len: a chunk over the cache, its queries the last q_len positions.
+            out, _ = prefill(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), policy=policy,
+                             layout="bshd", **call_params)
         stats["crisp"] += 1
         stats["varlen"] += varlen
         stats["chunks"] += any(end - start > q_len for start, end in rows) if varlen else q_len < k_len

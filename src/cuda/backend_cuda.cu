@@ -13,12 +13,6 @@ namespace detail {
 
 bool cuda_backend_built() { return true; }
 
-void require_whole_prompts(const Batch& normalized_batch) {
-  if (!normalized_batch.whole_prompts())
-    throw Error("batch", "has queries over a KV prefix or paged K/V, not yet supported by the CUDA backend",
-                "whole prompts over contiguous K/V on CUDA (the CPU backend runs chunks and pages)");
-}
-
 void cuda_attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
                  const BlockTable& block_table, const TensorView& out, const TensorView& lse, const Options& options) {
   // NOTE: a DevicePlan (one cudaMalloc + upload) per call keeps this synchronous entry point

@@ -23,8 +23,6 @@ void cuda_attend(const TensorView&, const TensorView&, const TensorView&, const 
   throw_unavailable("q");
 }
 
-void require_whole_prompts(const Batch&) {}
-
 std::unique_ptr<PlannedAttention> make_cuda_planned_attention(const Config&, const Options&) {
   throw_unavailable("q");
 }

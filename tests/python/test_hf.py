@@ -121,8 +121,6 @@ def test_chunked_prefill_generate_equals_sdpa_with_zero_fallbacks(padded, device
         if impl == "crisp_dense":
             stats = dict(crisp.hf.stats)
     layers, new_tokens = 2, 12
-    if any("CUDA backend without them" in reason for reason in stats["fallback_reasons"]):
-        pytest.skip(f"the CUDA backend does not take chunks yet: {stats}")
     assert stats["sdpa"] == 0 and stats["fallback_reasons"] == {}, stats
     assert stats["crisp"] == layers * (len(chunks) + 1), stats
     assert stats["chunks"] == layers * len(chunks), stats  # every call but the first chunk has a KV prefix
