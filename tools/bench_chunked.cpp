@@ -42,12 +42,6 @@ using crisp_cli::gpu::check;
 using crisp_cli::gpu::DeviceBuffer;
 using crisp_cli::gpu::time_ms;
 
-std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
-  std::vector<uint16_t> out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) out[i] = crisp::half::float_to_bf16(x[i]);
-  return out;
-}
-
 // K or V of [Hkv, n, d] in a pool of `pages` pages of P tokens, vLLM's [pages, P, Hkv, d], logical
 // page i of the sequence at pool page table[i].
 std::vector<uint16_t> to_pages(const std::vector<uint16_t>& x, int64_t Hkv, int64_t n, int64_t d, int64_t P,
@@ -108,21 +102,9 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
 
   for (const int64_t n : a.seq) {
     const int64_t H = a.heads, Hkv = a.kv_heads, d = a.dim;
-    crisp::WorkloadSpec spec;
-    spec.num_q_heads = H;
-    spec.num_kv_heads = Hkv;
-    spec.head_dim = d;
-    spec.seq_lens = {n};
-    spec.seed = a.seed;
-    spec.diffuse_head_share = a.diffuse_share;
     progress.begin("workload n=" + std::to_string(n));
-    std::vector<uint16_t> qh, kh, vh;
-    {
-      const crisp::Workload w = crisp::make_workload(spec);
-      qh = to_bf16(w.q);
-      kh = to_bf16(w.k);
-      vh = to_bf16(w.v);
-    }
+    const crisp_cli::gpu::Bf16Workload w = crisp_cli::gpu::bf16_workload(H, Hkv, d, n, a.seed, a.diffuse_share);
+    const std::vector<uint16_t>&qh = w.q, &kh = w.k, &vh = w.v;
     progress.done();
     DeviceBuffer qd(qh.size() * 2), kd(kh.size() * 2), vd(vh.size() * 2), od(qh.size() * 2);
     DeviceBuffer lse_dense(static_cast<std::size_t>(H * n) * 4), lse_run(static_cast<std::size_t>(H * n) * 4);

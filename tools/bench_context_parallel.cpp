@@ -52,13 +52,6 @@ using crisp_cli::gpu::DeviceBuffer;
 using crisp_cli::gpu::median;
 using crisp_cli::gpu::time_ms;
 
-std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
-  std::vector<uint16_t> out(x.size());
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < static_cast<int64_t>(x.size()); ++i) out[i] = crisp::half::float_to_bf16(x[i]);
-  return out;
-}
-
 struct RankRun {
   double layer_ms = 0.0;
   std::vector<uint16_t> out;  // [Hq, local_tokens, d] bf16
@@ -123,19 +116,14 @@ void run_context_parallel_bench(const ContextParallelBenchArgs& a) {
     if (quarter)
       std::printf("note: n=%lld runs %lld query / %lld kv heads (a quarter of the heads)\n", static_cast<long long>(n),
                   static_cast<long long>(H), static_cast<long long>(Hkv));
-    crisp::WorkloadSpec spec;
-    spec.num_q_heads = H;
-    spec.num_kv_heads = Hkv;
-    spec.head_dim = d;
-    spec.seq_lens = {n};
-    spec.seed = a.seed;
     progress.begin("workload n=" + std::to_string(n) + " (CPU)");
     std::vector<uint16_t> qb, kb, vb;
     {
-      crisp::Workload w = crisp::make_workload(spec);
-      qb = to_bf16(w.q);
-      kb = to_bf16(w.k);
-      vb = to_bf16(w.v);
+      crisp_cli::gpu::Bf16Workload w =
+          crisp_cli::gpu::bf16_workload(H, Hkv, d, n, a.seed, crisp::WorkloadSpec{}.diffuse_head_share);
+      qb = std::move(w.q);
+      kb = std::move(w.k);
+      vb = std::move(w.v);
     }
     progress.done();
 

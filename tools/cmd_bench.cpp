@@ -142,13 +142,6 @@ crisp::Plan random_plan(int64_t H, int64_t Hkv, int64_t d, int64_t n, int B, dou
   return plan;
 }
 
-std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
-  std::vector<uint16_t> out(x.size());
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < static_cast<int64_t>(x.size()); ++i) out[i] = crisp::half::float_to_bf16(x[i]);
-  return out;
-}
-
 void run_bench(const BenchArgs& a) {
   if (!crisp::cuda::available()) throw crisp_cli::CommandFailure("crisp bench: no CUDA device is visible");
   crisp_cli::Progress progress(!a.quiet);
@@ -192,20 +185,13 @@ void run_bench(const BenchArgs& a) {
     if (quarter)
       std::printf("note: n=%lld runs %lld query / %lld kv heads (a quarter of the heads)\n", static_cast<long long>(n),
                   static_cast<long long>(H), static_cast<long long>(Hkv));
-    crisp::WorkloadSpec spec;
-    spec.num_q_heads = H;
-    spec.num_kv_heads = Hkv;
-    spec.head_dim = a.dim;
-    spec.seq_lens = {n};
-    spec.seed = a.seed;
-    spec.diffuse_head_share = a.diffuse_share;
     progress.begin("workload n=" + std::to_string(n) + " (" + std::to_string(H) + " heads, CPU)");
     std::vector<uint16_t> qb, kb, vb;
     {
-      crisp::Workload w = crisp::make_workload(spec);
-      qb = to_bf16(w.q);
-      kb = to_bf16(w.k);
-      vb = to_bf16(w.v);
+      crisp_cli::gpu::Bf16Workload w = crisp_cli::gpu::bf16_workload(H, Hkv, a.dim, n, a.seed, a.diffuse_share);
+      qb = std::move(w.q);
+      kb = std::move(w.k);
+      vb = std::move(w.v);
     }
     const double gen_ms = progress.done();
     DeviceBuffer qd(qb.size() * 2), kd(kb.size() * 2), vd(vb.size() * 2), od(qb.size() * 2);

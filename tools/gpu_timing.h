@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "commands.h"
+#include "common/half.h"
+#include "crisp/workload.h"
 
 namespace crisp_cli {
 namespace gpu {
@@ -55,6 +57,30 @@ double time_ms(cudaStream_t stream, int warmup, int reps, Fn fn) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return median(ms);
+}
+
+// The seeded structured workload (crisp/workload.h) of one sequence, as bf16 q [H, n, d] and
+// k / v [Hkv, n, d]: the inputs of every GPU benchmark.
+struct Bf16Workload {
+  std::vector<uint16_t> q, k, v;
+};
+inline std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> out(x.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < static_cast<int64_t>(x.size()); ++i) out[i] = crisp::half::float_to_bf16(x[i]);
+  return out;
+}
+inline Bf16Workload bf16_workload(int64_t heads, int64_t kv_heads, int64_t dim, int64_t n, uint64_t seed,
+                                  double diffuse_share) {
+  crisp::WorkloadSpec spec;
+  spec.num_q_heads = heads;
+  spec.num_kv_heads = kv_heads;
+  spec.head_dim = dim;
+  spec.seq_lens = {n};
+  spec.seed = seed;
+  spec.diffuse_head_share = diffuse_share;
+  const crisp::Workload w = crisp::make_workload(spec);
+  return {to_bf16(w.q), to_bf16(w.k), to_bf16(w.v)};
 }
 
 }  // namespace gpu
