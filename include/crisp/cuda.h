@@ -152,8 +152,8 @@ void plan_async(const TensorView& q, const TensorView& k, const Config& config, 
 //   (page ids on the device, in [0, num_pages): an id outside reads as zero keys):
 //   f16 or bf16 (all three the same), d = 64 or 128;
 //   out: [Hq, tokens, d], the input dtype; lse: [Hq, tokens] f32 (natural log).
-//   Paged K/V run the portable kernel (the Hopper kernel's TMA loads take contiguous K/V), also
-//   when options.kernel is Kernel::hopper.
+//   Paged K/V run on either kernel (docs/hopper.md); a pool of 2^31 rows or more only on the
+//   portable one.
 //   All on Device::cuda; the last dimension of q/k/v/out must be contiguous (stride 1), and every
 //   row start must be 16-byte aligned (base pointers and the head/token strides).
 // Every element of out and lse is written. Throws crisp::Error naming the offending argument for

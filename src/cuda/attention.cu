@@ -172,8 +172,8 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   params.num_items = static_cast<int32_t>(num_ctas);
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   // The sm_90a kernel (TMA + wgmma) when the device, the shape and the kernel options allow it
-  // (src/cuda/hopper/hopper_attention.h; paged K/V always run the portable kernel); otherwise the
-  // portable kernel below.
+  // (src/cuda/hopper/hopper_attention.h; chunks and paged K/V included); otherwise the portable
+  // kernel below.
   if (cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, k.shape[1], Hkv, num_ctas,
                                               kernel_options, stream))
     return;

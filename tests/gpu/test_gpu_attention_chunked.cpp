@@ -2,7 +2,8 @@
 // (queries over a KV prefix, spec §11) and on paged K/V, against the CPU float64 reference on the
 // same plan and the same (bf16/fp16-rounded) inputs: n_q of 1, below a block, one block, unaligned
 // and n_k, varlen batches mixing them, contiguous K/V and page pools (pages in order or shuffled,
-// unused pool rows NaN so a wrong page read shows), the Hopper kernel with GQA packing off and on
+// unused pool rows NaN so a wrong page read shows; page sizes 16 to 256 and two that are no power
+// of two), the Hopper kernel with GQA packing off and on
 // (where it applies); outputs NaN-poisoned so every element must be written. Plus the work order of
 // a chunk plan and the argument checks of the block table. Every test skips itself without a CUDA
 // device (and the Hopper runs without an sm_90 device with sm_90a code).
@@ -264,14 +265,15 @@ TEST_P(GpuChunkedAttention, BothKernelsMatchFloat64ReferenceAndWriteEveryElement
   check_kernel(c, p, kv, ref, "portable", portable);
   if (!crisp::cuda::hopper_kernel_available()) return;  // no sm_90 device or no sm_90a code
 
-  // Kernel::hopper (paged K/V: the documented fall-back to the portable kernel), GQA packing off.
+  // Kernel::hopper, GQA packing off: the Hopper kernel runs chunks and paged K/V (with
+  // Kernel::hopper it never falls back to the portable kernel; it would throw instead).
   crisp::CudaOptions hopper;
   hopper.kernel = crisp::Kernel::hopper;
   hopper.gqa_packing = crisp::GqaPacking::separate;
   check_kernel(c, p, kv, ref, "hopper", hopper);
   // GQA packing on, where it applies: the kernel then computes the group union.
   const int64_t group = c.num_q_heads / c.num_kv_heads;
-  if (c.page_size == 0 && crisp::cuda::gqa_packing_applies(c.block_size, group)) {
+  if (crisp::cuda::gqa_packing_applies(c.block_size, group)) {
     hopper.gqa_packing = crisp::GqaPacking::pack;
     check_kernel(c, p, kv, reference_of(p, crisp::gqa_union(p.plan)), "hopper packed", hopper);
   }
@@ -299,7 +301,23 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"fp16_d128_B64_paged256_shuffled_vllm_layout", f16, 128, 64, 4, 2, {{77, 1500}, {1000, 1000}},
              Layout::random, 0.15, 256, true, 11, true},
         Case{"bf16_d128_B128_paged32_shuffled_gqa8", bf16, 128, 128, 8, 1, {{500, 2000}}, Layout::dense, 0, 32, true,
-             12}),
+             12},
+        // Every power-of-two page size at both block sizes (pages shorter than B: B / P TMA boxes
+        // per key tile; longer: one), and page sizes that are no power of two (boxes of 16 rows).
+        Case{"fp16_d128_B128_paged64_shuffled_gqa4", f16, 128, 128, 8, 2, {{300, 1000}, {1, 129}}, Layout::random,
+             0.3, 64, true, 13},
+        Case{"bf16_d64_B128_paged256_in_order_vllm_layout", bf16, 64, 128, 4, 2, {{128, 1300}}, Layout::crisp_plan, 0,
+             256, false, 14, true},
+        Case{"bf16_d128_B64_paged16_shuffled", bf16, 128, 64, 4, 2, {{100, 700}, {1, 65}}, Layout::random, 0.3, 16,
+             true, 15},
+        Case{"fp16_d64_B64_paged32_shuffled_vllm_layout", f16, 64, 64, 4, 1, {{64, 999}}, Layout::dense, 0, 32, true,
+             16, true},
+        Case{"bf16_d128_B64_paged128_shuffled_gqa4", bf16, 128, 64, 8, 2, {{500, 1234}}, Layout::crisp_plan, 0, 128,
+             true, 17},
+        Case{"fp16_d128_B128_paged48_shuffled", f16, 128, 128, 4, 2, {{200, 1000}, {33, 333}}, Layout::random, 0.3, 48,
+             true, 18},
+        Case{"bf16_d64_B64_paged80_vllm_layout", bf16, 64, 64, 4, 2, {{77, 800}}, Layout::dense, 0, 80, true, 19,
+             true}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ------------------------------------------------------------------ the work order of chunks

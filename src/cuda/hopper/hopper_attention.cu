@@ -4,6 +4,7 @@
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
+#include <climits>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -167,10 +168,12 @@ void launch(const attention::Params& params, int64_t q_tokens, int64_t k_tokens,
   const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, q_tokens,
                                             params.q_stride_head, params.q_stride_token,
                                             packed ? static_cast<int>(kBlock / group) : kBlock);
+  // Paged K/V: a key tile is B / box_rows boxes, each inside one page (paged_box_rows).
+  const int key_box = params.block_table != nullptr ? paged_box_rows(params.page_size, kBlock) : kBlock;
   const CUtensorMap map_k = make_tensor_map("k", params.k, dtype, kDim, num_kv_heads, k_tokens,
-                                            params.k_stride_head, params.k_stride_token, kBlock);
+                                            params.k_stride_head, params.k_stride_token, key_box);
   const CUtensorMap map_v = make_tensor_map("v", params.v, dtype, kDim, num_kv_heads, k_tokens,
-                                            params.v_stride_head, params.v_stride_token, kBlock);
+                                            params.v_stride_head, params.v_stride_token, key_box);
   if constexpr (kBlock == 128) {
     if (packed) {  // the union rows and their work order, built on the stream, freed after the kernel
       PackedGqaLayout layout(params.plan, static_cast<int>(group), stream);
@@ -209,6 +212,10 @@ void launch_for_shape(const attention::Params& params, int64_t head_dim, int blo
 
 bool kernel_available() { return current_device_traits().hopper_kernel; }
 
+bool paged_pool_supported(const attention::Params& params) {
+  return params.block_table == nullptr || params.pool_rows <= INT32_MAX;
+}
+
 CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int64_t head_dim, int64_t heads,
                             int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens) {
   CUtensorMap map;
@@ -233,8 +240,8 @@ CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
                         int64_t q_tokens, int64_t k_tokens, int64_t num_kv_heads, int64_t num_ctas,
                         const CudaOptions& options, cudaStream_t stream) {
-  if (options.kernel == Kernel::portable || params.block_table != nullptr) return false;
-  const bool shape_ok = shape_supported(dtype, head_dim, block_size);
+  if (options.kernel == Kernel::portable) return false;
+  const bool shape_ok = shape_supported(dtype, head_dim, block_size) && paged_pool_supported(params);
   const bool device_ok = kernel_available();
   if (!shape_ok || !device_ok) {
     if (options.kernel == Kernel::automatic) return false;
@@ -242,10 +249,11 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
                 !device_ok ? std::string("is hopper but the device is not sm_90 or the build has no sm_90a code")
                            : "is hopper but the call has dtype " +
                                  std::string(dtype == DType::bf16 ? "bf16" : dtype == DType::f16 ? "f16" : "other") +
-                                 ", head dim " +
-                                 std::to_string(head_dim) + ", block size " + std::to_string(block_size),
-                "bf16/f16, head dim 64 or 128, block size 64 or 128 on an sm_90 device (or kernel auto, also "
-                "in CRISP_KERNEL)");
+                                 ", head dim " + std::to_string(head_dim) + ", block size " +
+                                 std::to_string(block_size) + ", paged K/V pool of " +
+                                 std::to_string(params.block_table != nullptr ? params.pool_rows : 0) + " rows",
+                "bf16/f16, head dim 64 or 128, block size 64 or 128, a paged K/V pool below 2^31 rows, on an "
+                "sm_90 device (or kernel auto, also in CRISP_KERNEL)");
   }
   if (num_ctas == 0) return true;
   if (dtype == DType::bf16)

@@ -23,8 +23,10 @@
 //
 // Varlen batches: TMA addresses tokens of the whole batch; rows of a tile past the sequence end
 // read the next sequence's tokens (or zeros past the tensor end) and are masked (keys) or not
-// written (queries). Unlike the portable kernel, which zero-fills those rows, a non-finite value in
-// the next sequence's V rows would reach O as 0 * inf = NaN (finite inputs give exact zeros).
+// written (queries); the consumers zero such V rows in shared memory before their PV, so a
+// non-finite value there never reaches O. Paged K/V: each key tile is gathered from the page pool
+// in boxes of gcd(page size, B) rows (mainloop_producer.cuh); rows past the sequence end inside its
+// last page are zeroed the same way.
 // Queries over a KV prefix (spec §11): the query tile of row r starts at position rB, q row
 // token_offset + rB - (n_k - n_q); in a chunk's first row its rows before the first query are the
 // previous sequence's (or zeros at negative coordinates) and are never written. K/V tiles start at

@@ -63,6 +63,7 @@ class ConsumerMainloop {
   using Softmax = OnlineSoftmax<kBlock>;
   static constexpr int kStages = Shape::kStages;
   static constexpr int kOutRegs = kDim / 2;  // O accumulators per thread (64 rows x kDim per warpgroup)
+  static constexpr int kHalves = kDim / kHalfCols;  // 64-dim halves of a tile row
   static_assert(!kPingPong || Shape::kConsumers == 2, "ping-pong takes two consumer warpgroups");
 
   // Descriptors. Q and K are K-major (dims contiguous): the 128-byte swizzle atom is 8 rows x 128
@@ -146,6 +147,7 @@ class ConsumerMainloop {
     // Every S = QK^T of the item is done: the producer may load the next item's query block.
     release(storage_.bar_q_empty());
     const uint32_t last = tiles_done_ + num_tiles - 1;
+    if (last_key0 + kBlock > n) zero_value_rows_past_end(last, n - last_key0);
     begin_turn();
     issue_pv(o_acc, last);
     end_turn();
@@ -195,6 +197,25 @@ class ConsumerMainloop {
 #pragma unroll
     for (int kc = 0; kc < kBlock / 16; ++kc) Ops<T>::pv(o_acc, p_frag_[kc], vd + ((kc * 16 * 128) >> 4));
     wgmma_commit();
+  }
+  // Zeroes rows `valid` .. kBlock - 1 of ring tile t's V (keys past the sequence end). TMA filled
+  // them with whatever follows the sequence: the next sequence's keys, or, for paged K/V, the rest
+  // of its last page, which may hold anything (a NaN there would reach O as P * V = 0 * NaN; their
+  // scores are masked, so K needs no zeroing). Whole 128-byte rows, so the swizzle does not matter.
+  // Each consumer zeroes the rows itself before its own PV (two consumers write the same zeros), and
+  // the generic-proxy stores are fenced for wgmma's async-proxy reads.
+  __device__ __forceinline__ void zero_value_rows_past_end(uint32_t t, int valid) const {
+    const int stage = t % kStages;
+    mbar_wait(storage_.bar_v_full(stage), (t / kStages) & 1);
+    constexpr int kChunksPerRow = 128 / 16;
+    const int chunks = (kBlock - valid) * kChunksPerRow;
+    const uint32_t tile = storage_.v(stage) + valid * 128;
+    for (int c = static_cast<int>(threadIdx.x % 128); c < chunks * kHalves; c += 128) {
+      const uint32_t addr = tile + (c / chunks) * Shape::kHalfBytes + (c % chunks) * 16;
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_barrier_sync(kTailBarrier + consumer_, 128);
   }
   // One arrival per warp, after the warp's own wgmma wait.
   __device__ __forceinline__ void release(uint32_t bar) const {

@@ -60,16 +60,40 @@ class ProducerMainloop {
     // §11): in a chunk's first row the rows before its first query are another sequence's (or, at
     // a negative coordinate, zeros); the consumers mask nothing for them and never store them.
     const int32_t q_token0 = static_cast<int32_t>(bases.token_offset - rules::first_query_position(bases.n, bases.n_q));
-    const int32_t kv_token0 = static_cast<int32_t>(bases.kv_offset);
     const int32_t kv_head = it.h / p.q_per_kv;
     load_query(map_q, p, it, q_token0 + it.r * kBlock, kv_head);
-    for (int j = 0; j < num_tiles; ++j)
-      load_key_value(map_k, map_v, tiles_done_ + j, kv_token0 + row_cols[j] * kBlock, kv_head);
+    if (p.block_table == nullptr) {
+      const int32_t kv_token0 = static_cast<int32_t>(bases.kv_offset);
+      for (int j = 0; j < num_tiles; ++j)
+        load_key_value(map_k, map_v, p, tiles_done_ + j, nullptr, 0, kv_token0 + row_cols[j] * kBlock, kv_head);
+    } else {
+      const int32_t* table_row = p.block_table + it.s * static_cast<int32_t>(p.table_stride);
+      const int32_t n = static_cast<int32_t>(bases.n);
+      for (int j = 0; j < num_tiles; ++j)
+        load_key_value(map_k, map_v, p, tiles_done_ + j, table_row, n, row_cols[j] * kBlock, kv_head);
+    }
     tiles_done_ += num_tiles;
     ++items_done_;
   }
 
  private:
+  // Paged K/V: the TMA token coordinate of the box holding key position `key` (the box's pool row).
+  // Boxes past the sequence's last key or on a page id outside the pool read at the pool's end,
+  // which TMA fills with zeros (the portable kernel reads such page ids as zero keys too). 32-bit
+  // arithmetic: the host takes paged K/V here only below 2^31 pool rows; the page size and pool
+  // rows are read from the kernel parameters where needed, not kept in registers (the producer
+  // runs in 32).
+  static __device__ __forceinline__ int32_t paged_box_token(const attention::Params& p, const int32_t* table_row,
+                                                            int32_t n, int32_t key) {
+    const int32_t pool_rows = static_cast<int32_t>(p.pool_rows);
+    if (key >= n) return pool_rows;
+    // A negative id wraps to a huge page; one multiply instead of a division for the range check.
+    const uint64_t page_row = static_cast<uint64_t>(static_cast<uint32_t>(table_row[key / p.page_size])) *
+                              static_cast<uint32_t>(p.page_size);
+    if (page_row + static_cast<uint32_t>(p.page_size) > static_cast<uint64_t>(pool_rows)) return pool_rows;
+    return static_cast<int32_t>(page_row) + key % p.page_size;
+  }
+
   __device__ __forceinline__ void load_query(const CUtensorMap& map_q, const attention::Params& p, const WorkItem& it,
                                              int q_token, int32_t kv_head) const {
     const uint32_t bar_q = storage_.bar_q();
@@ -93,28 +117,41 @@ class ProducerMainloop {
     }
   }
 
-  // The K and V tiles of ring tile t (key block at `key_token`), each once its slot is free (the
-  // first kStages tiles find the ring empty).
-  __device__ __forceinline__ void load_key_value(const CUtensorMap& map_k, const CUtensorMap& map_v, uint32_t t,
-                                                 int key_token, int32_t kv_head) const {
+  // The K and V tiles of ring tile t, each once its slot is free (the first kStages tiles find
+  // the ring empty). Contiguous K/V (table_row null): the key block at token `key`. Paged: the key
+  // block at sequence position `key` (n keys), through the sequence's page ids `table_row`.
+  __device__ __forceinline__ void load_key_value(const CUtensorMap& map_k, const CUtensorMap& map_v,
+                                                 const attention::Params& p, uint32_t t, const int32_t* table_row,
+                                                 int32_t n, int32_t key, int32_t kv_head) const {
     const int stage = t % kStages;
     const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
     const bool reuse = t >= kStages;
-    load_ring_tile(map_k, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse,
-                   reuse_parity, key_token, kv_head);
-    load_ring_tile(map_v, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse,
-                   reuse_parity, key_token, kv_head);
+    load_ring_tile(map_k, p, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse,
+                   reuse_parity, table_row, n, key, kv_head);
+    load_ring_tile(map_v, p, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse,
+                   reuse_parity, table_row, n, key, kv_head);
   }
   // One tile into `dst`, completing on `bar_full`; with `reuse`, after the consumers released the
-  // slot's previous tile on `bar_empty`.
-  __device__ __forceinline__ void load_ring_tile(const CUtensorMap& map, uint32_t dst, uint32_t bar_full,
-                                                 uint32_t bar_empty, bool reuse, uint32_t reuse_parity,
-                                                 int key_token, int32_t kv_head) const {
+  // slot's previous tile on `bar_empty`. Paged K/V: B / box rows boxes (the map's box,
+  // paged_box_rows: each inside one page, each starting a swizzle atom), together the tile's bytes.
+  __device__ __forceinline__ void load_ring_tile(const CUtensorMap& map, const attention::Params& p, uint32_t dst,
+                                                 uint32_t bar_full, uint32_t bar_empty, bool reuse,
+                                                 uint32_t reuse_parity, const int32_t* table_row, int32_t n,
+                                                 int32_t key, int32_t kv_head) const {
     if (reuse) mbar_wait(bar_empty, reuse_parity);
     mbar_expect_tx(bar_full, Shape::kTileBytes);
+    if (table_row == nullptr) {
 #pragma unroll
-    for (int x = 0; x < kHalves; ++x)
-      tma_load(dst + x * Shape::kHalfBytes, &map, x * kHalfCols, key_token, kv_head, bar_full);
+      for (int x = 0; x < kHalves; ++x)
+        tma_load(dst + x * Shape::kHalfBytes, &map, x * kHalfCols, key, kv_head, bar_full);
+      return;
+    }
+    for (int row = 0; row < kBlock; row += paged_box_rows(p.page_size, kBlock)) {
+      const int32_t token = paged_box_token(p, table_row, n, key + row);
+#pragma unroll
+      for (int x = 0; x < kHalves; ++x)
+        tma_load(dst + x * Shape::kHalfBytes + row * 128, &map, x * kHalfCols, token, kv_head, bar_full);
+    }
   }
 
   // A copy, not a reference: the compiler then keeps the addresses in registers from the start, and
