@@ -95,6 +95,9 @@ constexpr int kTailBarrier = 3;
 __host__ __device__ constexpr int paged_box_rows(int page_size, int block) {
   return (page_size & -page_size) < block ? (page_size & -page_size) : block;
 }
+static_assert(paged_box_rows(16, 128) == 16 && paged_box_rows(64, 64) == 64 && paged_box_rows(256, 128) == 128 &&
+                  paged_box_rows(48, 128) == 16 && paged_box_rows(80, 64) == 16 && paged_box_rows(96, 64) == 32,
+              "a box divides both the page and the tile");
 
 }  // namespace hopper
 }  // namespace cuda_detail
