@@ -202,20 +202,21 @@ class ConsumerMainloop {
   // them with whatever follows the sequence: the next sequence's keys, or, for paged K/V, the rest
   // of its last page, which may hold anything (a NaN there would reach O as P * V = 0 * NaN; their
   // scores are masked, so K needs no zeroing). Whole 128-byte rows, so the swizzle does not matter.
-  // Each consumer zeroes the rows itself before its own PV (two consumers write the same zeros), and
-  // the generic-proxy stores are fenced for wgmma's async-proxy reads.
+  // The consumers (both walk the same tiles) share the stores and then meet on a named barrier, the
+  // stores fenced for wgmma's async-proxy reads: neither issues its PV before every row is zero.
   __device__ __forceinline__ void zero_value_rows_past_end(uint32_t t, int valid) const {
     const int stage = t % kStages;
     mbar_wait(storage_.bar_v_full(stage), (t / kStages) & 1);
     constexpr int kChunksPerRow = 128 / 16;
     const int chunks = (kBlock - valid) * kChunksPerRow;
     const uint32_t tile = storage_.v(stage) + valid * 128;
-    for (int c = static_cast<int>(threadIdx.x % 128); c < chunks * kHalves; c += 128) {
+    constexpr int kThreads = Shape::kConsumers * 128;
+    for (int c = consumer_ * 128 + static_cast<int>(threadIdx.x % 128); c < chunks * kHalves; c += kThreads) {
       const uint32_t addr = tile + (c / chunks) * Shape::kHalfBytes + (c % chunks) * 16;
       asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    named_barrier_sync(kTailBarrier + consumer_, 128);
+    named_barrier_sync(kTailBarrier, kThreads);
   }
   // One arrival per warp, after the warp's own wgmma wait.
   __device__ __forceinline__ void release(uint32_t bar) const {

@@ -86,8 +86,8 @@ static_assert(TileShape<128, 64>::kStages == 2 && TileShape<64, 64>::kStages == 
 // on kPingPongBarrier + c before issuing its matmuls, and the other consumer arrives on it after
 // issuing its own; each involves the 256 consumer threads. Only with two consumers (B = 128).
 constexpr int kPingPongBarrier = 1;
-// Named barriers 3 and 4: consumer c's 128 threads after zeroing the V rows past the sequence end
-// (ConsumerMainloop), before its PV reads them.
+// Named barrier 3: every consumer thread, after zeroing the V rows past the sequence end
+// (ConsumerMainloop), before the PV that reads them.
 constexpr int kTailBarrier = 3;
 
 // The rows of one K/V TMA box for paged K/V: gcd(page_size, B), a power of two >= 16 (page sizes
