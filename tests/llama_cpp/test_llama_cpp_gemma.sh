@@ -46,12 +46,12 @@ run_cli() {  # run_cli NAME ARGS... -> $work/NAME.out (stdout), $work/NAME.err (
 continuation() { tail -c 60 "$work/$1.out" | tr '\n' ' '; }
 
 # 1. dense through crisp == llama.cpp's flash attention; global layers crisp's, windowed ones not
-run_cli fa -fa on || fail "llama-cli -fa on exited $?: $(tail -n 3 "$work/fa.err")"
+run_cli fa -fa || fail "llama-cli -fa exited $?: $(tail -n 3 "$work/fa.err")"
 run_cli dense --sparse-prefill dense || fail "llama-cli --sparse-prefill dense exited $?: $(tail -n 3 "$work/dense.err")"
 grep -q "crisp: sparse prefill 'dense' computes" "$work/dense.err" || fail "dense: crisp computed no layer's attention"
 grep -q "crisp: sparse prefill falls back.*sliding window" "$work/dense.err" ||
   fail "dense: the sliding-window layers did not fall back"
-[ -s "$work/fa.out" ] || fail "llama-cli -fa on printed nothing"
+[ -s "$work/fa.out" ] || fail "llama-cli -fa printed nothing"
 if ! cmp -s "$work/fa.out" "$work/dense.out"; then
   fail "dense output differs from llama.cpp's flash attention"
   diff "$work/fa.out" "$work/dense.out" | tail -n 4
