@@ -2,9 +2,11 @@
 // flash-attention op, with the layouts llama.cpp builds (Q permuted from [D, H, n], K/V views of
 // an F16 cache padded to 256 cells, an F16 causal mask with padded rows):
 //   - dense through crisp matches an f64 reference of the same inputs, at least as closely as
-//     llama.cpp's own CPU kernel does, for a whole prompt and for a later ubatch (n_past > 0);
+//     llama.cpp's own CPU kernel does, for a whole prompt and for a later ubatch (n_past > 0), at
+//     SmolLM2's shapes and Gemma 3's (head dim 256, 4 query heads on 1 KV head), and for a
+//     sliding-window mask whose window still covers every cell (it is plain causal then);
 //   - every op the hook must not take (decode, ALiBi, softcap, non-causal mask, a hole in the
-//     cache, several sequences) runs llama.cpp's kernel: bit-identical to the run with
+//     cache, several sequences, a sliding window shorter than the prefix) runs llama.cpp's kernel: bit-identical to the run with
 //     sparse prefill off, and counted as declined (decode is not counted: it is never a candidate);
 //   - the sparse policies run; bad settings are refused with a message.
 // Built by scripts/llama_cpp.sh against the patched ggml; run by tests/llama_cpp/test_llama_cpp.sh.
@@ -27,16 +29,17 @@ void check(bool ok, const std::string & what) {
   if (!ok) ++g_failures;
 }
 
-constexpr int64_t kDim = 64, kHeads = 4, kKvHeads = 2;  // GQA group of 2, SmolLM2's head dim
 constexpr int kThreads = 2;
 
 // Which cells row i of the mask sees.
-enum class MaskKind { causal, non_causal, hole, two_sequences };
+enum class MaskKind { causal, non_causal, hole, two_sequences, sliding_window };
 
 struct Case {
   int64_t n_q = 300;      // queries in the ubatch (not a multiple of crisp's block size)
   int64_t n_past = 0;     // cached tokens before them
+  int64_t dim = 64, heads = 4, kv_heads = 2;  // SmolLM2's head dim, a GQA group of 2
   MaskKind mask = MaskKind::causal;
+  int64_t window = 0;     // sliding_window: row i sees the `window` cells up to its own (Gemma 3's SWA)
   float max_bias = 0.0f;  // ALiBi
   float softcap = 0.0f;
 };
@@ -51,12 +54,13 @@ bool visible(const Case & c, int64_t i, int64_t j) {
       const int64_t half = (c.n_past + c.n_q) / 2;
       return (j < half) == (last < half) && j <= last;
     }
+    case MaskKind::sliding_window: return j <= last && last - j < c.window;
   }
   return false;
 }
 
 struct Run {
-  std::vector<float> out;  // [n_q][kHeads][kDim], ggml's permuted result
+  std::vector<float> out;  // [n_q][heads][dim], ggml's permuted result
   std::vector<double> reference;
   int64_t handled = 0, declined = 0;
 };
@@ -69,9 +73,10 @@ Run run(const Case & c, uint32_t seed) {
   ggml_init_params params = {size_t(256) << 20, nullptr, false};
   ggml_context * ctx = ggml_init(params);
 
-  ggml_tensor * q_rows = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, kDim, kHeads, c.n_q);
-  ggml_tensor * k_cache = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, kDim, kKvHeads, n_kv);
-  ggml_tensor * v_cache = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, kDim, kKvHeads, n_kv);
+  const int64_t dim = c.dim, heads = c.heads, kv_heads = c.kv_heads;
+  ggml_tensor * q_rows = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, dim, heads, c.n_q);
+  ggml_tensor * k_cache = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, dim, kv_heads, n_kv);
+  ggml_tensor * v_cache = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, dim, kv_heads, n_kv);
   ggml_tensor * mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n_q_pad);
 
   std::mt19937 rng(seed);
@@ -93,7 +98,7 @@ Run run(const Case & c, uint32_t seed) {
   ggml_tensor * q = ggml_permute(ctx, q_rows, 0, 2, 1, 3);  // [D, n_q, H]
   ggml_tensor * k = ggml_permute(ctx, k_cache, 0, 2, 1, 3);  // [D, n_kv, H_kv], strided into the cache
   ggml_tensor * v = ggml_permute(ctx, v_cache, 0, 2, 1, 3);
-  const float scale = 1.0f / std::sqrt(float(kDim));
+  const float scale = 1.0f / std::sqrt(float(dim));
   ggml_tensor * out = ggml_flash_attn_ext(ctx, q, k, v, mask, scale, c.max_bias, c.softcap);
   ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32);
   ggml_cgraph * graph = ggml_new_graph(ctx);
@@ -109,25 +114,26 @@ Run run(const Case & c, uint32_t seed) {
   r.out.assign(static_cast<float *>(out->data), static_cast<float *>(out->data) + ggml_nelements(out));
 
   // f64 reference of plain causal attention on the same (F16-rounded) inputs.
-  if (c.mask == MaskKind::causal && c.max_bias == 0.0f && c.softcap == 0.0f) {
+  const bool window_covers_all = c.mask == MaskKind::sliding_window && c.window >= n_tokens;
+  if ((c.mask == MaskKind::causal || window_covers_all) && c.max_bias == 0.0f && c.softcap == 0.0f) {
     r.reference.assign(r.out.size(), 0.0);
-    for (int64_t h = 0; h < kHeads; ++h) {
-      const int64_t kh = h / (kHeads / kKvHeads);
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t kh = h / (heads / kv_heads);
       for (int64_t i = 0; i < c.n_q; ++i) {
         std::vector<double> s(c.n_past + i + 1);
         double m = -INFINITY, sum = 0.0;
         for (int64_t j = 0; j <= c.n_past + i; ++j) {
           double dot = 0.0;
-          for (int64_t x = 0; x < kDim; ++x)
-            dot += double(qd[(i * kHeads + h) * kDim + x]) * ggml_fp16_to_fp32(kd[(j * kKvHeads + kh) * kDim + x]);
+          for (int64_t x = 0; x < dim; ++x)
+            dot += double(qd[(i * heads + h) * dim + x]) * ggml_fp16_to_fp32(kd[(j * kv_heads + kh) * dim + x]);
           s[j] = dot * scale;
           m = std::max(m, s[j]);
         }
         for (double & e : s) sum += (e = std::exp(e - m));
-        for (int64_t x = 0; x < kDim; ++x) {
+        for (int64_t x = 0; x < dim; ++x) {
           double acc = 0.0;
-          for (int64_t j = 0; j <= c.n_past + i; ++j) acc += s[j] * ggml_fp16_to_fp32(vd[(j * kKvHeads + kh) * kDim + x]);
-          r.reference[(i * kHeads + h) * kDim + x] = acc / sum;
+          for (int64_t j = 0; j <= c.n_past + i; ++j) acc += s[j] * ggml_fp16_to_fp32(vd[(j * kv_heads + kh) * dim + x]);
+          r.reference[(i * heads + h) * dim + x] = acc / sum;
         }
       }
     }
@@ -216,6 +222,28 @@ int main() {
   Case chunk;  // a later ubatch: 300 queries after 100 cached tokens
   chunk.n_past = 100;
   dense_matches_reference("chunk (n_past > 0)", chunk);
+  // Gemma 3: head dim 256, 4 query heads on 1 KV head; its global layers' plain causal masks.
+  Case gemma;
+  gemma.dim = 256;
+  gemma.heads = 4;
+  gemma.kv_heads = 1;
+  dense_matches_reference("head dim 256, GQA 4:1 (Gemma 3), whole prompt", gemma);
+  Case gemma_chunk = gemma;
+  gemma_chunk.n_past = 100;
+  dense_matches_reference("head dim 256, GQA 4:1 (Gemma 3), chunk", gemma_chunk);
+  // Gemma 3's sliding-window layers, once the window no longer covers the prefix: in the prompt
+  // (row i > window) and in a later ubatch (its first row already past the window).
+  Case window = gemma;
+  window.mask = MaskKind::sliding_window;
+  window.window = 128;
+  falls_back("sliding window shorter than the prompt", window);
+  // A window that still covers every cell is plain causal, cell for cell: crisp computes it.
+  Case wide_window = window;
+  wide_window.window = 512;
+  dense_matches_reference("sliding window covering the whole prompt", wide_window);
+  Case window_chunk = window;
+  window_chunk.n_past = 200;
+  falls_back("sliding window, later ubatch", window_chunk);
   Case decode;
   decode.n_q = 1;
   decode.n_past = 40;
