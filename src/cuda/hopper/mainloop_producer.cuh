@@ -126,32 +126,66 @@ class ProducerMainloop {
     const int stage = t % kStages;
     const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
     const bool reuse = t >= kStages;
-    load_ring_tile(map_k, p, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse,
-                   reuse_parity, table_row, n, key, kv_head);
-    load_ring_tile(map_v, p, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse,
-                   reuse_parity, table_row, n, key, kv_head);
-  }
-  // One tile into `dst`, completing on `bar_full`; with `reuse`, after the consumers released the
-  // slot's previous tile on `bar_empty`. Paged K/V: B / box rows boxes (the map's box,
-  // paged_box_rows: each inside one page, each starting a swizzle atom), together the tile's bytes.
-  __device__ __forceinline__ void load_ring_tile(const CUtensorMap& map, const attention::Params& p, uint32_t dst,
-                                                 uint32_t bar_full, uint32_t bar_empty, bool reuse,
-                                                 uint32_t reuse_parity, const int32_t* table_row, int32_t n,
-                                                 int32_t key, int32_t kv_head) const {
-    if (reuse) mbar_wait(bar_empty, reuse_parity);
-    mbar_expect_tx(bar_full, Shape::kTileBytes);
-    if (table_row == nullptr) {
-#pragma unroll
-      for (int x = 0; x < kHalves; ++x)
-        tma_load(dst + x * Shape::kHalfBytes, &map, x * kHalfCols, key, kv_head, bar_full);
+    if (table_row != nullptr) {
+      load_paged_tiles(map_k, map_v, p, stage, reuse, reuse_parity, table_row, n, key, kv_head);
       return;
     }
-    for (int row = 0; row < kBlock; row += paged_box_rows(p.page_size, kBlock)) {
-      const int32_t token = paged_box_token(p, table_row, n, key + row);
-#pragma unroll
-      for (int x = 0; x < kHalves; ++x)
-        tma_load(dst + x * Shape::kHalfBytes + row * 128, &map, x * kHalfCols, token, kv_head, bar_full);
+    load_ring_tile(map_k, p, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse,
+                   reuse_parity, key, kv_head);
+    load_ring_tile(map_v, p, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse,
+                   reuse_parity, key, kv_head);
+  }
+
+  // NOTE: page ids are read kPageIdsAtOnce at a time, so their global-memory latencies overlap
+  // instead of one dependent read per box (at pages of 16 tokens a 128-key tile is 8 boxes); two
+  // keep the producer within its registers (four spilled 8-36 bytes in the B = 128 kernels).
+  static constexpr int kPageIdsAtOnce = 2;
+
+  // Paged K/V: the K and V tiles of one ring slot share their page lookups. B / box rows boxes per
+  // tile (the maps' box, paged_box_rows: each inside one page, each starting a swizzle atom),
+  // together the tile's bytes on each full barrier; the slot's previous K and V released first.
+  __device__ __forceinline__ void load_paged_tiles(const CUtensorMap& map_k, const CUtensorMap& map_v,
+                                                   const attention::Params& p, int stage, bool reuse,
+                                                   uint32_t reuse_parity, const int32_t* table_row, int32_t n,
+                                                   int32_t key, int32_t kv_head) const {
+    const uint32_t k_full = storage_.bar_k_full(stage), v_full = storage_.bar_v_full(stage);
+    const uint32_t k_dst = storage_.k(stage), v_dst = storage_.v(stage);
+    if (reuse) {
+      mbar_wait(storage_.bar_k_empty(stage), reuse_parity);
+      mbar_wait(storage_.bar_v_empty(stage), reuse_parity);
     }
+    mbar_expect_tx(k_full, Shape::kTileBytes);
+    mbar_expect_tx(v_full, Shape::kTileBytes);
+    const int box = paged_box_rows(p.page_size, kBlock);
+    for (int row0 = 0; row0 < kBlock; row0 += kPageIdsAtOnce * box) {
+      int32_t token[kPageIdsAtOnce];
+#pragma unroll
+      for (int i = 0; i < kPageIdsAtOnce; ++i) {
+        const int row = row0 + i * box;
+        token[i] = row < kBlock ? paged_box_token(p, table_row, n, key + row) : 0;
+      }
+#pragma unroll
+      for (int i = 0; i < kPageIdsAtOnce; ++i) {
+        const int row = row0 + i * box;
+        if (row >= kBlock) break;
+#pragma unroll
+        for (int x = 0; x < kHalves; ++x) {
+          tma_load(k_dst + x * Shape::kHalfBytes + row * 128, &map_k, x * kHalfCols, token[i], kv_head, k_full);
+          tma_load(v_dst + x * Shape::kHalfBytes + row * 128, &map_v, x * kHalfCols, token[i], kv_head, v_full);
+        }
+      }
+    }
+  }
+  // Contiguous K/V: one tile into `dst` at token `key`, completing on `bar_full`; with `reuse`,
+  // after the consumers released the slot's previous tile on `bar_empty`.
+  __device__ __forceinline__ void load_ring_tile(const CUtensorMap& map, const attention::Params& p, uint32_t dst,
+                                                 uint32_t bar_full, uint32_t bar_empty, bool reuse,
+                                                 uint32_t reuse_parity, int32_t key, int32_t kv_head) const {
+    (void)p;
+    if (reuse) mbar_wait(bar_empty, reuse_parity);
+    mbar_expect_tx(bar_full, Shape::kTileBytes);
+#pragma unroll
+    for (int x = 0; x < kHalves; ++x) tma_load(dst + x * Shape::kHalfBytes, &map, x * kHalfCols, key, kv_head, bar_full);
   }
 
   // A copy, not a reference: the compiler then keeps the addresses in registers from the start, and
