@@ -117,6 +117,14 @@ endforeach()
 crisp_cli_test(plan.sets
   ARGS "plan|${QK_A}|--set|routing=jsd|--set|vs_budget=noise_floor|--set|alpha=2|--block|64|--precision|f64|--threads|1|--json|${CLI_DIR}/plan_sets.json"
   RC 0 FILES "${CLI_DIR}/plan_sets.json" JSON "${CLI_DIR}/plan_sets.json" HEADS 8 REQUIRES cli_gen_a)
+# A chunk: 384 queries (gen_b) as the last positions of gen_a's 640 keys; and the reverse, refused.
+crisp_cli_test(attend.chunk
+  ARGS "attend|--q|${GEN_B}/q.npy|--k|${GEN_A}/k.npy|--v|${GEN_A}/v.npy|--out|${CLI_DIR}/o_chunk.npy|--lse|${CLI_DIR}/lse_chunk.npy"
+  RC 0 STDOUT "n_q = 384 of n_k = 640" FILES "${CLI_DIR}/o_chunk.npy|${CLI_DIR}/lse_chunk.npy"
+  REQUIRES "cli_gen_a;cli_gen_b")
+crisp_cli_test(attend.more_queries_than_keys
+  ARGS "attend|--q|${GEN_A}/q.npy|--k|${GEN_B}/k.npy|--v|${GEN_B}/v.npy|--out|${CLI_DIR}/o_bad.npy|--lse|${CLI_DIR}/lse_bad.npy"
+  RC 2 STDERR "--q.*640 positions but --k only 384" REQUIRES "cli_gen_a;cli_gen_b")
 crisp_cli_test(attend.flexprefill
   ARGS "attend|${QK_A}|--v|${GEN_A}/v.npy|--policy|flexprefill|--set|slash_cover=exact|--out|${CLI_DIR}/o.npy|--lse|${CLI_DIR}/lse.npy|--json|${CLI_DIR}/attend_plan.json"
   RC 0 FILES "${CLI_DIR}/o.npy|${CLI_DIR}/lse.npy|${CLI_DIR}/attend_plan.json"

@@ -82,6 +82,10 @@ crisp::Options make_run_options(const PolicyOptions& options) {
 
 crisp::Batch one_sequence(const crisp::TensorView& q, const crisp::TensorView& k) {
   if (q.tokens() == k.tokens()) return crisp::Batch{};
+  if (q.tokens() > k.tokens())
+    throw crisp::Error("--q", "holds " + std::to_string(q.tokens()) + " positions but --k only " +
+                                  std::to_string(k.tokens()),
+                       "n_q <= n_k: the queries are the last n_q of the keys' positions");
   return crisp::Batch({0, q.tokens()}, {0, k.tokens()});
 }
 
