@@ -185,12 +185,14 @@ struct Outputs {
   double lse_at(size_t i) const { return f64() ? lse64[i] : lse32[i]; }
   size_t out_size() const { return static_cast<size_t>(heads * tokens * dim); }
   size_t lse_size() const { return static_cast<size_t>(heads * tokens); }
-  // Bit-identical to another run's outputs.
+  // Bit-identical to another run's outputs. (memcmp, not ==, so that NaN bits compare too; never
+  // on an empty vector, whose data() may be null: UBSan's nonnull check.)
   bool same_bits(const Outputs& o) const {
-    return dtype == o.dtype && out64 == o.out64 && lse64 == o.lse64 && out32.size() == o.out32.size() &&
-           lse32.size() == o.lse32.size() &&
-           std::memcmp(out32.data(), o.out32.data(), out32.size() * sizeof(float)) == 0 &&
-           std::memcmp(lse32.data(), o.lse32.data(), lse32.size() * sizeof(float)) == 0;
+    return dtype == o.dtype && out64 == o.out64 && lse64 == o.lse64 && same_float_bits(out32, o.out32) &&
+           same_float_bits(lse32, o.lse32);
+  }
+  static bool same_float_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
   }
 };
 
