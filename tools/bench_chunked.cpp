@@ -227,12 +227,7 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
             }
             const int64_t N = (n + a.block - 1) / a.block;
             causal = static_cast<double>(H) * static_cast<double>(N) * static_cast<double>(N + 1) / 2.0;
-            double rsum = 0.0, rmin = 1e300;
-            for (std::size_t i = 0; i < lse_host.size(); ++i) {
-              const double r = std::exp(static_cast<double>(lse_host[i]) - lse_dense_host[i]);
-              rsum += r;
-              rmin = std::min(rmin, r);
-            }
+            const crisp_cli::gpu::Recall recall = crisp_cli::gpu::recall_against_dense(lse_host, lse_dense_host);
             progress.done();
             nlohmann::json r;
             r["n"] = n;
@@ -244,8 +239,8 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
             r["total_ms"] = total_ms;
             r["vs_one_shot"] = C == n ? 1.0 : total_ms / oneshot_ms;
             r["density"] = computed / causal;
-            r["recall_mean"] = rsum / static_cast<double>(lse_host.size());
-            r["recall_min"] = rmin;
+            r["recall_mean"] = recall.mean;
+            r["recall_min"] = recall.min;
             if (C == n) oneshot_ms = total_ms;
             const std::string key = preset + "/" + kernel + "/" + std::to_string(C);
             if (P == 0) contiguous_ms[key] = total_ms;
@@ -258,7 +253,7 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
             std::printf("%-8lld %-12s %-10s %7lld %6lld %10.3f %9.3fx %10s %8.4f %8zu %10.4f %10.4f\n",
                         static_cast<long long>(n), preset.c_str(), kernel.c_str(), static_cast<long long>(C),
                         static_cast<long long>(P), total_ms, total_ms / oneshot_ms, vs_contiguous, computed / causal, chunks.size(),
-                        rsum / static_cast<double>(lse_host.size()), rmin);
+                        recall.mean, recall.min);
             std::fflush(stdout);
             write_json();
           }

@@ -247,14 +247,9 @@ void run_bench(const BenchArgs& a) {
       double rmean = std::nan(""), rmin = std::nan("");
       if (with_recall && have_dense) {
         check(cudaMemcpy(lse_host.data(), ls.data, lse_host.size() * 4, cudaMemcpyDeviceToHost), "copy lse");
-        double sum = 0.0, mn = 1e300;
-        for (std::size_t i = 0; i < lse_host.size(); ++i) {
-          const double rc = std::exp(static_cast<double>(lse_host[i]) - lse_dense_host[i]);
-          sum += rc;
-          mn = std::min(mn, rc);
-        }
-        rmean = sum / static_cast<double>(lse_host.size());
-        rmin = mn;
+        const crisp_cli::gpu::Recall recall = crisp_cli::gpu::recall_against_dense(lse_host, lse_dense_host);
+        rmean = recall.mean;
+        rmin = recall.min;
         r["recall_mean"] = rmean;
         r["recall_min"] = rmin;
       }

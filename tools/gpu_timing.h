@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -57,6 +58,20 @@ double time_ms(cudaStream_t stream, int warmup, int reps, Fn fn) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return median(ms);
+}
+
+// Recall per query, exp(LSE - LSE_dense), over every (head, query): mean and minimum.
+struct Recall {
+  double mean = 0.0, min = 0.0;
+};
+inline Recall recall_against_dense(const std::vector<float>& lse, const std::vector<float>& lse_dense) {
+  double sum = 0.0, lowest = 1e300;
+  for (std::size_t i = 0; i < lse.size(); ++i) {
+    const double r = std::exp(static_cast<double>(lse[i]) - lse_dense[i]);
+    sum += r;
+    lowest = std::min(lowest, r);
+  }
+  return {sum / static_cast<double>(lse.size()), lowest};
 }
 
 // The seeded structured workload (crisp/workload.h) of one sequence, as bf16 q [H, n, d] and
