@@ -1,72 +1,103 @@
 #!/usr/bin/env bash
-# scripts/split_model_for_gpu.sh — prepares the real model (SmolLM2-135M-Instruct Q4_1 GGUF, 98 MB)
-# for the GPU machine, which takes at most 64 MiB of working tree per `run` call (the tree itself
-# included), split unevenly so that the second call also has room for the binaries.
+# scripts/split_model_for_gpu.sh — prepares model files (GGUF, hundreds of MB) for the GPU machine,
+# which takes at most 64 MiB per `run` call (the working tree that travels with every call
+# included): each model is cut into pieces, the pieces are packed into carry folders
+# .modelcarry/c00, c01, ... of at most --part-mb MB each, and every folder also holds each model's
+# name and sha256, so the join on the machine can check what arrived.
 #
-# The file goes over in two consecutive `run` calls (a warm machine keeps its disk for 30 s after a
-# call, so the second call must follow the first at once):
+#   here:   scripts/split_model_for_gpu.sh [--part-mb MB] MODEL...   # default: the SmolLM2 model
+#   call i (one per folder, each at once after the one before: a warm machine keeps /tmp for 30 s
+#   after a call):
+#           run(carry=[".modelcarry/c0i"], command="mkdir -p /tmp/modelstore && cp .modelcarry/c0i/* /tmp/modelstore/")
+#   the last call also joins and runs, e.g.
+#           "... && scripts/split_model_for_gpu.sh --join /tmp/modelstore && CRISP_MODEL_PATH=/tmp/modelstore/<name> ..."
 #
-#   here:   scripts/split_model_for_gpu.sh          # -> .modelcarry/part_a/, .modelcarry/part_b/
-#   call 1: run(carry=[".modelcarry/part_a"], command=
-#             "mkdir -p /tmp/modelstore && cp .modelcarry/part_a/* /tmp/modelstore/")
-#   call 2 (at once): run(carry=[".modelcarry/part_b", ".gpubin", ".whl"], command=
-#             "cp .modelcarry/part_b/* /tmp/modelstore/ && scripts/split_model_for_gpu.sh --join /tmp/modelstore &&
-#              CRISP_MODEL_PATH=/tmp/modelstore/SmolLM2-135M-Instruct.Q4_1.gguf CRISP_GPU_BIN=.gpubin scripts/gpu.sh model")
+# --join DIR concatenates DIR/<name>.part000, .part001, ... of every model whose manifest
+# (DIR/<name>.parts: the number of pieces) is there into DIR/<name> and checks its sha256
+# (DIR/<name>.sha256); it exits 1, removing the joined file, when a piece is missing or the sum
+# differs, so a half-copied or stale piece never runs. The pieces are deleted after a good join.
 #
-# --join DIR concatenates DIR/model.part_a + DIR/model.part_b into DIR/<model file name> and checks
-# its sha256 against DIR/model.sha256; it exits 1 (and removes the joined file) on a mismatch, so a
-# half-copied or stale part is never run.
-#
-# The first part waits in /tmp on the machine: a folder inside the working tree that a call did not
+# The pieces wait in /tmp on the machine: a folder inside the working tree that a call did not
 # carry is not kept for the next call (seen 2026-11-29), /tmp of a warm machine is. .modelcarry/
-# must be ignored (.git/info/exclude) so that it travels only when carried; this script adds it.
+# must be ignored (.gitignore) so that it travels only when carried.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+die() { echo "split_model_for_gpu: error: $1" >&2; exit "${2:-2}"; }
+
 if [ "${1:-}" = "--join" ]; then
   DIR=${2:?usage: $0 --join DIR}
-  NAME=$(cat "$DIR/model.name")
-  cat "$DIR/model.part_a" "$DIR/model.part_b" >"$DIR/$NAME"
-  if ! (cd "$DIR" && sha256sum -c model.sha256); then
-    echo "sha256 mismatch: $DIR/$NAME is not the model file (a part is missing or stale)" >&2
-    rm -f "$DIR/$NAME"
-    exit 1
-  fi
-  echo "model: $DIR/$NAME ($(stat -c %s "$DIR/$NAME") bytes, sha256 ok)"
+  joined=0
+  for manifest in "$DIR"/*.parts; do
+    [ -e "$manifest" ] || continue
+    NAME=$(basename "$manifest" .parts)
+    COUNT=$(cat "$manifest")
+    pieces=()
+    for ((i = 0; i < COUNT; i++)); do
+      piece=$(printf '%s/%s.part%03d' "$DIR" "$NAME" "$i")
+      [ -f "$piece" ] || die "$piece is missing: carry every .modelcarry folder first" 1
+      pieces+=("$piece")
+    done
+    cat "${pieces[@]}" >"$DIR/$NAME"
+    if ! (cd "$DIR" && sha256sum -c --quiet "$NAME.sha256"); then
+      rm -f "$DIR/$NAME"
+      die "sha256 mismatch: $DIR/$NAME is not the model file (a piece is stale)" 1
+    fi
+    rm -f "${pieces[@]}" "$manifest"
+    echo "model: $DIR/$NAME ($(stat -c %s "$DIR/$NAME") bytes, sha256 ok)"
+    joined=$((joined + 1))
+  done
+  # Models joined by an earlier call stay usable: only a missing manifest AND model is an error.
+  [ "$joined" -gt 0 ] || ls "$DIR"/*.gguf >/dev/null 2>&1 || die "no model manifest (*.parts) in $DIR" 1
   exit 0
 fi
 
-MODEL=${CRISP_MODEL_PATH:-.cache/model/SmolLM2-135M-Instruct.Q4_1.gguf}
-[ -f "$MODEL" ] || { echo "no model at $MODEL (run scripts/fetch_model.sh)" >&2; exit 1; }
-NAME=$(basename "$MODEL")
-SIZE=$(stat -c %s "$MODEL")
-# The first part takes what call 1 can carry: 64 MiB less the working tree that travels with every
-# call (tracked + untracked-not-ignored files) and a 2 MiB margin; the second part the rest, which
-# leaves call 2 room for the binaries (.gpubin: crisp + long_qa_prompts.json, ~13 MB) and .whl.
+PART_MB=48  # NOTE: 48 MB of model per call leaves 16 MiB of the 64 MiB for the working tree (~8 MB).
+models=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --part-mb) [ $# -ge 2 ] || die "--part-mb needs a number of MB"; PART_MB=$2; shift ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) die "unknown option '$1'; expected --part-mb MB, --join DIR or model paths" ;;
+    *) models+=("$1") ;;
+  esac
+  shift
+done
+[[ "$PART_MB" =~ ^[1-9][0-9]*$ ]] || die "--part-mb '$PART_MB': expected a positive whole number of MB"
+[ ${#models[@]} -gt 0 ] || models=("${CRISP_MODEL_PATH:-.cache/model/SmolLM2-135M-Instruct.Q4_1.gguf}")
+for m in "${models[@]}"; do [ -f "$m" ] || die "no model at $m (scripts/fetch_model.sh fetches them)" 1; done
+
 LIMIT=$(( 64 * 1024 * 1024 ))
 TREE=$(git ls-files -co --exclude-standard -z | xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
-MARGIN=$(( 2 * 1024 * 1024 ))
-HALF=${PART_A_BYTES:-$(( LIMIT - TREE - MARGIN ))}
-[ "$HALF" -ge "$SIZE" ] && HALF=$(( (SIZE + 1) / 2 ))
-[ "$HALF" -le 0 ] && { echo "the working tree ($TREE bytes) leaves no room for a model part" >&2; exit 1; }
-for ignored in /.modelcarry/; do
-  grep -qx "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >>.git/info/exclude
-done
+PART=$(( PART_MB * 1000 * 1000 ))
+[ $(( PART + TREE )) -le "$LIMIT" ] || die "--part-mb $PART_MB plus the working tree ($TREE bytes) exceeds the 64 MiB a call carries"
+grep -qx "/.modelcarry/" .gitignore || die ".modelcarry/ is not ignored in .gitignore"
+
 rm -rf .modelcarry
-mkdir -p .modelcarry/part_a .modelcarry/part_b
-head -c "$HALF" "$MODEL" >.modelcarry/part_a/model.part_a
-tail -c +"$((HALF + 1))" "$MODEL" >.modelcarry/part_b/model.part_b
-(cd "$(dirname "$MODEL")" && sha256sum "$NAME") >.modelcarry/part_b/model.sha256
-echo "$NAME" >.modelcarry/part_b/model.name
-cp .modelcarry/part_b/model.sha256 .modelcarry/part_b/model.name .modelcarry/part_a/
-# Check the split here before anything travels.
-cat .modelcarry/part_a/model.part_a .modelcarry/part_b/model.part_b | cmp - "$MODEL"
-B=$(( SIZE - HALF ))
-BIN_BYTES=$(du -cb .gpubin .whl 2>/dev/null | tail -1 | cut -f1)
-echo "working tree $TREE bytes; call 1 carries $HALF + tree = $(( HALF + TREE )) bytes; call 2 carries $B + tree +" \
-     "binaries/wheels $BIN_BYTES = $(( B + TREE + BIN_BYTES )) bytes (limit $LIMIT each)"
-if [ $(( HALF + TREE )) -gt "$LIMIT" ] || [ $(( B + TREE + BIN_BYTES )) -gt "$LIMIT" ]; then
-  echo "a call would exceed the 64 MiB limit: carry less (e.g. only crisp in .gpubin) or set PART_A_BYTES" >&2
-  exit 1
-fi
-echo "ok: carry .modelcarry/part_a in one call and .modelcarry/part_b in the next (see the header)"
+folder=0 used=0
+folder_path() { printf '.modelcarry/c%02d' "$1"; }
+mkdir -p "$(folder_path 0)"
+manifests=()
+for m in "${models[@]}"; do
+  NAME=$(basename "$m")
+  SIZE=$(stat -c %s "$m")
+  offset=0 piece=0
+  while [ "$offset" -lt "$SIZE" ]; do
+    room=$(( PART - used ))
+    if [ "$room" -le 0 ]; then folder=$((folder + 1)); used=0; room=$PART; mkdir -p "$(folder_path "$folder")"; fi
+    take=$(( SIZE - offset < room ? SIZE - offset : room ))
+    out=$(printf '%s/%s.part%03d' "$(folder_path "$folder")" "$NAME" "$piece")
+    dd if="$m" of="$out" bs=1M iflag=skip_bytes,count_bytes skip="$offset" count="$take" status=none
+    offset=$(( offset + take )); used=$(( used + take )); piece=$((piece + 1))
+  done
+  (cd "$(dirname "$m")" && sha256sum "$NAME") >".modelcarry/$NAME.sha256"
+  echo "$piece" >".modelcarry/$NAME.parts"
+  manifests+=(".modelcarry/$NAME.sha256" ".modelcarry/$NAME.parts")
+  # Check the pieces here before anything travels.
+  cat $(for ((i = 0; i < piece; i++)); do ls .modelcarry/c*/"$(printf '%s.part%03d' "$NAME" "$i")"; done) | cmp - "$m"
+done
+# Every folder carries the manifests (tiny), so the join works whichever call comes last.
+for d in .modelcarry/c*; do cp "${manifests[@]}" "$d/"; done
+rm -f "${manifests[@]}"
+echo "working tree $TREE bytes; $((folder + 1)) calls, one per folder:"
+for d in .modelcarry/c*; do echo "  $d $(du -cb "$d" | tail -1 | cut -f1) bytes"; done
