@@ -177,10 +177,10 @@ void check_input_values(const TensorView& q, const TensorView& k, const TensorVi
   }
 }
 
-SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens, const char* name) {
-  if (cu_seqlens.empty()) return SeqLens{0, tokens};
+void check_offsets(const SeqLens& cu_seqlens, const char* name) {
   if (cu_seqlens.size() < 2)
-    throw Error(name, "has one entry", "an empty list (one sequence) or {0, ..., tokens} with >= 2 entries");
+    throw Error(name, "has " + str(static_cast<int64_t>(cu_seqlens.size())) + " entries",
+                "an empty list (one sequence) or {0, ..., tokens} with >= 2 entries");
   if (cu_seqlens.front() != 0)
     throw Error(name, "starts at " + str(cu_seqlens.front()), "the first offset to be 0");
   for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
@@ -193,10 +193,31 @@ SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens, const char*
                                     str(cu_seqlens[s]) + " repeated)",
                   "every sequence to have at least one token");
   }
+}
+
+SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens, const char* name) {
+  if (cu_seqlens.empty()) return SeqLens{0, tokens};
+  check_offsets(cu_seqlens, name);
   if (cu_seqlens.back() != tokens)
     throw Error(name, "ends at " + str(cu_seqlens.back()) + " but the tensors hold " + str(tokens) + " tokens",
                 "the last offset to equal the token count");
   return cu_seqlens;
+}
+
+void check_queries_within_keys(const Batch& batch) {
+  if (batch.cu_seqlens_k.size() != batch.cu_seqlens_q.size())
+    throw Error("batch.cu_seqlens_k",
+                "lists " + str(static_cast<int64_t>(batch.cu_seqlens_k.size()) - 1) + " sequences but cu_seqlens_q lists " +
+                    str(static_cast<int64_t>(batch.cu_seqlens_q.size()) - 1),
+                "one entry per sequence in both lists");
+  for (size_t s = 0; s + 1 < batch.cu_seqlens_q.size(); ++s) {
+    const int64_t n_q = batch.cu_seqlens_q[s + 1] - batch.cu_seqlens_q[s];
+    const int64_t n_k = batch.cu_seqlens_k[s + 1] - batch.cu_seqlens_k[s];
+    if (n_q > n_k)
+      throw Error("batch.cu_seqlens_q", "sequence " + str(static_cast<int64_t>(s)) + " has " + str(n_q) +
+                                            " queries but only " + str(n_k) + " keys",
+                  "n_q <= n_k (the queries are the last n_q of the sequence's n_k positions)");
+  }
 }
 
 void validate_qkv(const TensorView& q, const TensorView& k, const TensorView* v) {
@@ -290,19 +311,7 @@ Batch normalize_batch(const Batch& batch, const TensorView& q, const TensorView&
       out.cu_seqlens_k = normalize_seqlens(cu_k, k.tokens(), "batch.cu_seqlens_k");
     }
   }
-  if (out.cu_seqlens_k.size() != out.cu_seqlens_q.size())
-    throw Error("batch.cu_seqlens_k",
-                "lists " + str(static_cast<int64_t>(out.cu_seqlens_k.size()) - 1) + " sequences but cu_seqlens_q lists " +
-                    str(static_cast<int64_t>(out.cu_seqlens_q.size()) - 1),
-                "one entry per sequence in both lists");
-  for (size_t s = 0; s + 1 < out.cu_seqlens_q.size(); ++s) {
-    const int64_t n_q = out.cu_seqlens_q[s + 1] - out.cu_seqlens_q[s];
-    const int64_t n_k = out.cu_seqlens_k[s + 1] - out.cu_seqlens_k[s];
-    if (n_q > n_k)
-      throw Error("batch.cu_seqlens_q", "sequence " + str(static_cast<int64_t>(s)) + " has " + str(n_q) +
-                                            " queries but only " + str(n_k) + " keys",
-                  "n_q <= n_k (the queries are the last n_q of the sequence's n_k positions)");
-  }
+  check_queries_within_keys(out);
   if (paged) check_block_table(batch.block_table, out.cu_seqlens_k, q, k);
   return out;
 }

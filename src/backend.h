@@ -50,6 +50,11 @@ bool plan_stage_timing_requested();
 // Returns {0, tokens} for an empty list; otherwise checks cu_seqlens against `tokens` and
 // returns it unchanged. Throws crisp::Error naming `name` ("cu_seqlens", "batch.cu_seqlens_q").
 SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens, const char* name = "cu_seqlens");
+// The offset rules of every cu_seqlens list (at least two entries, from 0, strictly increasing),
+// errors naming `name`; normalize_seqlens adds the token count of the tensors.
+void check_offsets(const SeqLens& cu_seqlens, const char* name);
+// Both lists of a normalized batch name the same sequences, each with n_q <= n_k (spec §11).
+void check_queries_within_keys(const Batch& normalized_batch);
 // Checks q and k (and v when non-null) for a consistent attention problem: rank, dtype, device,
 // head counts, head dim, non-null data (token counts: normalize_batch). Throws crisp::Error naming
 // the argument.

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend.h"
 #include "common/shape_rules.h"
 #include "crisp/cuda.h"
 #include "cuda/cuda_check.h"
@@ -22,64 +23,33 @@
 namespace crisp {
 namespace cuda_detail {
 
-namespace {
-
-// Offsets {0, ...} of at least one sequence, each of at least one token; `name` names the list.
-void check_offsets(const SeqLens& cu, const char* name) {
-  if (cu.size() < 2)
-    throw Error(name, "has " + std::to_string(cu.size()) + " entries",
-                "the full offsets {0, ..., tokens} of at least one sequence");
-  if (cu[0] != 0) throw Error(name, "does not start at 0", std::string(name) + "[0] == 0");
-  for (std::size_t s = 0; s + 1 < cu.size(); ++s)
-    if (cu[s + 1] <= cu[s])
-      throw Error(name, "sequence " + std::to_string(s) + " has " + std::to_string(cu[s + 1] - cu[s]) + " tokens",
-                  "strictly increasing offsets (no empty sequence)");
-}
-
-}  // namespace
-
 Batch normalized_shape(const Batch& batch) {
   const bool prompts = batch.cu_seqlens_k.empty();
   Batch out;
   out.cu_seqlens_q = batch.cu_seqlens_q;
   out.cu_seqlens_k = prompts ? batch.cu_seqlens_q : batch.cu_seqlens_k;
-  check_offsets(out.cu_seqlens_q, prompts ? "cu_seqlens" : "batch.cu_seqlens_q");
+  detail::check_offsets(out.cu_seqlens_q, prompts ? "cu_seqlens" : "batch.cu_seqlens_q");
   if (prompts) return out;
-  check_offsets(out.cu_seqlens_k, "batch.cu_seqlens_k");
-  if (out.cu_seqlens_k.size() != out.cu_seqlens_q.size())
-    throw Error("batch.cu_seqlens_k",
-                "lists " + std::to_string(out.cu_seqlens_k.size() - 1) + " sequences but cu_seqlens_q lists " +
-                    std::to_string(out.cu_seqlens_q.size() - 1),
-                "one entry per sequence in both lists");
-  for (std::size_t s = 0; s + 1 < out.cu_seqlens_q.size(); ++s) {
-    const int64_t n_q = out.cu_seqlens_q[s + 1] - out.cu_seqlens_q[s];
-    const int64_t n_k = out.cu_seqlens_k[s + 1] - out.cu_seqlens_k[s];
-    if (n_q > n_k)
-      throw Error("batch.cu_seqlens_q",
-                  "sequence " + std::to_string(s) + " has " + std::to_string(n_q) + " queries but only " +
-                      std::to_string(n_k) + " keys",
-                  "n_q <= n_k (the queries are the last n_q of the sequence's n_k positions)");
-  }
+  detail::check_offsets(out.cu_seqlens_k, "batch.cu_seqlens_k");
+  detail::check_queries_within_keys(out);
   return out;
 }
 
 std::vector<layout::SequenceBases> sequence_bases(const Batch& batch, int block_size) {
   if (!shape_rules::valid_block_size(block_size))
     throw Error("config.block_size", "is " + std::to_string(block_size), shape_rules::kBlockSizeExpected);
-  const Batch shape = normalized_shape(batch);
-  const SeqLens& cu_q = shape.cu_seqlens_q;
-  const SeqLens& cu_k = shape.cu_seqlens_k;
+  const std::vector<SequencePlan> shapes = detail::sequence_shapes(normalized_shape(batch), block_size);
   std::vector<layout::SequenceBases> bases;
-  bases.reserve(cu_q.size() - 1);
+  bases.reserve(shapes.size());
   int64_t block_base = 0, row_ptr_base = 0, col_base = 0;
-  for (std::size_t s = 0; s + 1 < cu_q.size(); ++s) {
+  for (const SequencePlan& sp : shapes) {
     layout::SequenceBases b{};
-    b.token_offset = cu_q[s];
-    b.n = cu_k[s + 1] - cu_k[s];
-    b.n_q = cu_q[s + 1] - cu_q[s];
-    b.kv_offset = cu_k[s];
-    b.first_row = rules::first_query_block(b.n, b.n_q, block_size);
-    b.num_blocks = rules::num_blocks(b.n, block_size);
+    b.token_offset = sp.q_offset;
+    b.n = sp.n_k;
+    b.n_q = sp.n_q;
+    b.kv_offset = sp.kv_offset;
+    b.first_row = sp.first_row;
+    b.num_blocks = sp.num_blocks;
     b.block_base = block_base;
     b.row_ptr_base = row_ptr_base;
     b.col_base = col_base;
