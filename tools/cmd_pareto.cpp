@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "eval/frontier.h"
+#include "eval/structured_frontier.h"
 #include "eval/niah.h"
 #include "eval/splits.h"
 #include "eval/sweep.h"
@@ -36,6 +37,9 @@ struct ParetoArgs {
   std::vector<std::string> sweep_files;
   std::vector<std::string> captures;
   double top_mass_share = 0.9;
+  bool structured = false;
+  std::vector<std::string> workload_settings;
+  int64_t error_queries = 256;
   std::string model_path;
   std::vector<std::string> tasks{"niah_single", "niah_multikey", "passkey", "niah_prose"};
   std::vector<int64_t> lengths{2048, 4096, 8192};
@@ -64,6 +68,31 @@ std::vector<ce::FrontierPoint> sweep_points(const ParetoArgs& args) {
     throw crisp::Error("--sweep", "none given", "at least one --sweep (e.g. crisp:alpha=0.5,1,2) or --sweep-file");
   }
   return ce::expand_sweeps(sweeps, "--sweep");
+}
+
+void print_structured_table(const json& doc) {
+  std::printf("%7s  %-44s %8s %8s %8s %9s %9s %8s %8s %8s\n", "tokens", "point", "density", "needles", "ndl min",
+              "rel err", "err max", "d struct", "d noloc", "d diff");
+  std::vector<json> rows(doc.at("rows").begin(), doc.at("rows").end());
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const json& a, const json& b) { return a.at("length").get<int64_t>() < b.at("length").get<int64_t>(); });
+  auto cell = [](const json& v, const char* format) {
+    char text[32] = "-";
+    if (!v.is_null()) std::snprintf(text, sizeof text, format, v.get<double>());
+    return std::string(text);
+  };
+  for (const json& r : rows) {
+    std::printf("%7lld  %-44s %8s %8s %8s %9s %9s %8s %8s %8s\n", static_cast<long long>(r.at("length").get<int64_t>()),
+                r.at("point").get<std::string>().c_str(), cell(r.at("density_mean"), "%.4f").c_str(),
+                cell(r.at("needles_kept_mean"), "%.4f").c_str(), cell(r.at("needles_kept_min"), "%.4f").c_str(),
+                cell(r.at("rel_error_mean"), "%.5f").c_str(), cell(r.at("rel_error_max"), "%.5f").c_str(),
+                cell(r.at("density_structured"), "%.4f").c_str(), cell(r.at("density_no_local"), "%.4f").c_str(),
+                cell(r.at("density_diffuse"), "%.4f").c_str());
+  }
+  std::printf("needles: share of (query block, needle block) pairs kept, mean over the heads that retrieve needles "
+              "(min: the worst head); rel err: output error of the last queries against dense; d struct / d noloc / "
+              "d diff: density of the structured heads, of those without local structure, of the diffuse ones; all "
+              "averaged over the workloads (seeds).\n");
 }
 
 void print_table(const json& doc, bool captures) {
@@ -115,6 +144,31 @@ void run_pareto(const ParetoArgs& given) {
   const bool captures = !args.captures.empty();
   int64_t computed = 0;
   std::unique_ptr<ce::FrontierFile> file;
+  if (args.structured && captures)
+    throw crisp::Error("--structured", "is given with --captures", "one source: the model, --captures or --structured");
+  if (args.structured) {
+    ce::StructuredFrontierSettings s;
+    for (const std::string& setting : args.workload_settings) crisp::set_workload_field(s.workload, setting, "--workload-set");
+    s.lengths = args.lengths;
+    if (!args.split.empty()) {
+      s.seeds = crisp_cli::load_eval_splits(args.splits_path).structured_split(args.split, "--split");
+    } else {
+      for (int64_t i = 0; i < args.seeds; ++i) s.seeds.push_back(args.seed + static_cast<uint64_t>(i));
+    }
+    s.error_queries = args.error_queries;
+    s.options.num_threads = args.threads;
+    s.stop_after = args.stop_after;
+    json settings = {{"mode", "structured"},     {"workload_set", args.workload_settings},
+                     {"lengths", s.lengths},      {"seeds", s.seeds},
+                     {"split", args.split.empty() ? json(nullptr) : json(args.split)},
+                     {"error_queries", s.error_queries}};
+    file = std::make_unique<ce::FrontierFile>(ce::FrontierFile::open(args.json_path, settings, "--json"));
+    computed = ce::run_structured_frontier(s, points, *file, hooks);
+    print_structured_table(file->document());
+    std::printf("%s: %lld workloads computed in this run; %s\n", args.json_path.c_str(), static_cast<long long>(computed),
+                file->document().at("complete").get<bool>() ? "complete" : "INCOMPLETE (re-run to resume)");
+    return;
+  }
   if (captures) {
     json settings = {{"mode", "captures"}, {"captures", args.captures}, {"top_mass_share", args.top_mass_share}};
     file = std::make_unique<ce::FrontierFile>(ce::FrontierFile::open(args.json_path, settings, "--json"));
@@ -213,6 +267,20 @@ void register_eval_pareto(CLI::App& eval) {
                   "of its true mass")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 1.0));
+  CLI::Option* structured =
+      sub->add_flag("--structured", args->structured,
+                    "Measure on the structured synthetic workload (docs/workload.md) instead of the model: density, "
+                    "needle blocks kept, output error of the last queries; seeds from --split (eval/splits.json "
+                    "'structured') or --seed/--seeds, one sequence per --lengths entry");
+  sub->add_option("--workload-set", args->workload_settings,
+                  "Structured: a workload field, FIELD=VALUE (e.g. background_scale=2, no_local_head_share=0.5, "
+                  "num_q_heads=8); repeatable")
+      ->needs(structured);
+  sub->add_option("--error-queries", args->error_queries,
+                  "Structured: the output error is measured over the last this many queries")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->needs(structured);
   crisp_cli::add_model_option(sub, &args->model_path);
   crisp_cli::add_niah_grid_options(sub, {&args->tasks, &args->lengths, &args->depths, &args->seeds, &args->seed,
                                           &args->split, &args->splits_path, &args->prose_path, &args->max_new_tokens,

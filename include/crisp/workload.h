@@ -20,6 +20,11 @@ struct WorkloadSpec {
   // Share of query heads that are diffuse (no sink/local/slash structure; broad, input-dependent
   // attention) so that both routes are exercised. Heads are chosen deterministically from the seed.
   double diffuse_head_share = 0.25;
+  // Share of query heads (taken after the diffuse ones, from the same seeded permutation; the two
+  // shares sum to at most 1) that are structured but WITHOUT local structure: their queries carry
+  // the sink, the needles and the background noise, no local window and no slash lines. With a
+  // heavy background this is the "sink + needles + noise" head whose tail is most of its mass.
+  double no_local_head_share = 0.0;
 
   // Structured heads: logit strengths (in units of the softmax logit, after scaling).
   double sink_strength = 8.0;     // extra logit of the first sink_tokens keys
@@ -44,11 +49,19 @@ struct Workload {
   // Needle key positions per (sequence, kv head), relative to the sequence start.
   std::vector<std::vector<int64_t>> needle_positions;  // index: seq * Hkv + kv_head
   std::vector<bool> head_is_diffuse;                    // per query head
+  std::vector<bool> head_has_no_local;                  // per query head (no_local_head_share)
 
   TensorView q_view();
   TensorView k_view();
   TensorView v_view();
 };
+
+// Sets one field of `spec` from "field=value" (a field name of WorkloadSpec other than seq_lens and
+// seed, e.g. "background_scale=2" or "no_local_head_share=0.5"). Throws crisp::Error naming
+// `argument` for a missing '=', an unknown field or a value that is not a number of the field's
+// type; ranges are checked by make_workload.
+void set_workload_field(WorkloadSpec& spec, const std::string& field_equals_value,
+                        const std::string& argument = "workload");
 
 // Deterministic for a given spec (seed included). Throws crisp::Error on an invalid spec.
 Workload make_workload(const WorkloadSpec& spec);

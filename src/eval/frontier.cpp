@@ -24,7 +24,8 @@ using nlohmann::json;
 
 constexpr const char* kDense = "dense";
 
-// Dense first: every other point is read against its answers; added when the sweeps lack it.
+}  // namespace
+
 void put_dense_first(std::vector<FrontierPoint>& points) {
   const auto it = std::find_if(points.begin(), points.end(), [](const FrontierPoint& p) { return p.name == kDense; });
   if (it == points.end()) {
@@ -40,8 +41,6 @@ void put_dense_first(std::vector<FrontierPoint>& points) {
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
-
-}  // namespace
 
 FrontierFile FrontierFile::open(const std::string& path, const json& settings, const std::string& argument) {
   FrontierFile file;
@@ -141,6 +140,7 @@ void FrontierFile::save() {
 
 void FrontierFile::summarize() {
   const bool captures = doc_["settings"].value("mode", "") == "captures";
+  if (doc_["settings"].value("mode", "") == "structured") return summarize_structured();
   const json* dense = find_point(kDense);
   json rows = json::array();
   for (const json& point : doc_["points"]) {
@@ -196,6 +196,44 @@ void FrontierFile::summarize() {
                                                         : json(nullptr)},
                     {"mean_density", row.density / row.units}});
       }
+      rows.push_back(out);
+    }
+  }
+  doc_["rows"] = rows;
+}
+
+void FrontierFile::summarize_structured() {
+  // Per point and length: means over the workloads (seeds); null-valued kinds (no such heads) skipped.
+  json rows = json::array();
+  const char* const mean_fields[] = {"density", "vs_share", "needles_kept_mean", "rel_error_mean",
+                                     "density_structured", "density_no_local", "density_diffuse"};
+  for (const json& point : doc_["points"]) {
+    std::map<int64_t, std::vector<const json*>> by_length;
+    for (const auto& [unit, r] : point.at("units").items()) by_length[r.at("length").get<int64_t>()].push_back(&r);
+    for (const auto& [length, units] : by_length) {
+      json out = {{"point", point.at("name")}, {"policy", point.at("policy")}, {"knobs", point.at("knobs")},
+                  {"length", length}, {"workloads", units.size()}};
+      for (const char* field : mean_fields) {
+        double sum = 0.0;
+        int64_t count = 0;
+        for (const json* r : units) {
+          if (r->at(field).is_null()) continue;
+          sum += r->at(field).get<double>();
+          ++count;
+        }
+        out[std::string(field) == "density" ? "density_mean" : field] = count ? json(sum / count) : json(nullptr);
+      }
+      double kept_min = 1.0, error_max = 0.0;
+      bool any_kept = false;
+      for (const json* r : units) {
+        if (!r->at("needles_kept_min").is_null()) {
+          kept_min = std::min(kept_min, r->at("needles_kept_min").get<double>());
+          any_kept = true;
+        }
+        error_max = std::max(error_max, r->at("rel_error_max").get<double>());
+      }
+      out["needles_kept_min"] = any_kept ? json(kept_min) : json(nullptr);
+      out["rel_error_max"] = error_max;
       rows.push_back(out);
     }
   }

@@ -8,6 +8,7 @@
 //   run_niah_frontier(model, tokenizer, niah, points, prose, file, hooks);
 //   file.summarize(); file.save();
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -45,6 +46,10 @@ class FrontierFile {
   // null when dense answers none), mean_density; captures — heads, density_mean, recall_mean,
   // recall_min, top_mass_recall (mean and min), rel_error (mean and max). Sets "rows".
   void summarize();
+  // Structured workloads (settings mode "structured", src/eval/structured_frontier.h): per point and
+  // length, means over the workloads of density, vs_share, needles_kept_mean, rel_error_mean and the
+  // per-kind densities; needles_kept_min and rel_error_max over them. Called by summarize().
+  void summarize_structured();
   // Per run: computed and skipped units (appended to "runs" by begin_run / counted by record).
   void begin_run();
   int64_t computed_this_run() const { return computed_; }
@@ -61,6 +66,11 @@ class FrontierFile {
   nlohmann::json doc_;
   int64_t computed_ = 0;
 };
+
+// Shared by the frontier runners: the dense point first (added when the sweeps lack it: every other
+// point is read against it), and the seconds of a run so far for progress lines.
+void put_dense_first(std::vector<FrontierPoint>& points);
+double seconds_since(std::chrono::steady_clock::time_point start);
 
 // NIAH frontier: the samples of a NIAH grid (tasks x lengths x depths x seeds; dry_run ignored),
 // every point on each.

@@ -81,6 +81,14 @@ std::vector<CaptureItem> parse_capture_split(const json& entry, const std::strin
   return items;
 }
 
+std::vector<uint64_t> parse_structured_split(const json& entry, const std::string& where, const std::string& argument) {
+  const json& seeds = member(entry, "seeds", where, argument, "{seeds: [workload seeds]}");
+  if (!seeds.is_array() || seeds.empty()) throw Error(argument, where + ".seeds is " + seeds.dump(), "a non-empty list of seeds");
+  std::vector<uint64_t> out;
+  for (const json& s : seeds) out.push_back(static_cast<uint64_t>(integer_at(s, where + ".seeds[]", argument, 0)));
+  return out;
+}
+
 template <typename Map>
 const typename Map::mapped_type& named(const Map& map, const std::string& name, const std::string& what,
                                        const std::string& path, const std::string& argument) {
@@ -99,6 +107,10 @@ const NiahSplit& EvalSplits::niah_split(const std::string& name, const std::stri
 
 const std::vector<CaptureItem>& EvalSplits::capture_split(const std::string& name, const std::string& argument) const {
   return named(captures, name, "captures", path, argument);
+}
+
+const std::vector<uint64_t>& EvalSplits::structured_split(const std::string& name, const std::string& argument) const {
+  return named(structured, name, "structured", path, argument);
 }
 
 std::vector<std::string> EvalSplits::other_splits(const std::string& name) const {
@@ -125,6 +137,13 @@ EvalSplits load_splits(const std::string& path, const std::string& argument) {
     if (!captures.is_object()) throw Error(argument, "'" + path + "': captures is " + captures.dump(), expected);
     for (const auto& [name, entry] : captures.items()) {
       splits.captures[name] = parse_capture_split(entry, "'" + path + "': captures." + name, argument);
+    }
+  }
+  if (data.contains("structured")) {
+    const json& structured = data.at("structured");
+    if (!structured.is_object()) throw Error(argument, "'" + path + "': structured is " + structured.dump(), expected);
+    for (const auto& [name, entry] : structured.items()) {
+      splits.structured[name] = parse_structured_split(entry, "'" + path + "': structured." + name, argument);
     }
   }
   return splits;

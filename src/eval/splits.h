@@ -33,10 +33,12 @@ struct EvalSplits {
   std::string path;  // where it was read from (for messages)
   std::map<std::string, NiahSplit> niah;                   // "tuning", "test"
   std::map<std::string, std::vector<CaptureItem>> captures;  // "tuning", "test"
+  std::map<std::string, std::vector<uint64_t>> structured;   // "tuning", "test": workload seeds
 
   // The split named `name`; throws crisp::Error naming `argument` for an unknown name.
   const NiahSplit& niah_split(const std::string& name, const std::string& argument) const;
   const std::vector<CaptureItem>& capture_split(const std::string& name, const std::string& argument) const;
+  const std::vector<uint64_t>& structured_split(const std::string& name, const std::string& argument) const;
   // The names of the splits other than `name` (their prompts are kept out of `name`'s haystack).
   std::vector<std::string> other_splits(const std::string& name) const;
 };

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <limits>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -180,6 +181,10 @@ void validate(const WorkloadSpec& spec) {
         "a workload that fits in memory");
   if (!std::isfinite(spec.diffuse_head_share) || spec.diffuse_head_share < 0.0 || spec.diffuse_head_share > 1.0)
     bad("diffuse_head_share", "value " + std::to_string(spec.diffuse_head_share) + " is out of range", "a number in [0, 1]");
+  if (!std::isfinite(spec.no_local_head_share) || spec.no_local_head_share < 0.0 ||
+      spec.no_local_head_share + spec.diffuse_head_share > 1.0 + 1e-12)
+    bad("no_local_head_share", "value " + std::to_string(spec.no_local_head_share) + " is out of range",
+        "a number in [0, 1 - diffuse_head_share]");
   check_strength("sink_strength", spec.sink_strength, kMaxStrength);
   check_strength("local_strength", spec.local_strength, kMaxStrength);
   check_strength("slash_strength", spec.slash_strength, kMaxStrength);
@@ -281,8 +286,10 @@ Workload make_workload(const WorkloadSpec& spec) {
   const double rho = std::exp(-1.0 / tau);
   const double innovation = std::sqrt(1.0 - rho * rho);
 
-  // Diffuse heads: the first round(share · Hq) of a seeded permutation.
+  // Diffuse heads: the first round(share · Hq) of a seeded permutation; heads without local
+  // structure the next round(no_local_head_share · Hq) of it.
   w.head_is_diffuse.assign(static_cast<size_t>(Hq), false);
+  w.head_has_no_local.assign(static_cast<size_t>(Hq), false);
   {
     std::vector<int64_t> order(static_cast<size_t>(Hq));
     for (int64_t h = 0; h < Hq; ++h) order[static_cast<size_t>(h)] = h;
@@ -291,6 +298,9 @@ Workload make_workload(const WorkloadSpec& spec) {
       std::swap(order[static_cast<size_t>(i)], order[rng.below(static_cast<uint64_t>(i), static_cast<uint64_t>(i + 1))]);
     const int64_t count = std::llround(spec.diffuse_head_share * static_cast<double>(Hq));
     for (int64_t i = 0; i < count; ++i) w.head_is_diffuse[static_cast<size_t>(order[static_cast<size_t>(i)])] = true;
+    const int64_t plain = std::min(Hq - count, static_cast<int64_t>(std::llround(spec.no_local_head_share * static_cast<double>(Hq))));
+    for (int64_t i = count; i < count + plain; ++i)
+      w.head_has_no_local[static_cast<size_t>(order[static_cast<size_t>(i)])] = true;
   }
 
   // Slash distances of each structured query head (the same in every sequence: a property of the head).
@@ -397,7 +407,9 @@ Workload make_workload(const WorkloadSpec& spec) {
       const float* kg = w.k.data() + (g * T + offset) * d;
       float* qh = w.q.data() + (h * T + offset) * d;
       const bool diffuse = w.head_is_diffuse[static_cast<size_t>(h)];
-      const std::vector<int64_t>& lines = slash_distance[static_cast<size_t>(h)];
+      const bool no_local = w.head_has_no_local[static_cast<size_t>(h)];
+      // A head without local structure has no positional term at all: no window, no slash lines.
+      const std::vector<int64_t> lines = no_local ? std::vector<int64_t>() : slash_distance[static_cast<size_t>(h)];
       const std::vector<int32_t> query_topic =
           diffuse ? topic_segments(Stream(spec.seed, kQueryTopics, useq, uh), n, kQuerySegmentMin, kQuerySegmentMax,
                                    dims.topics)
@@ -428,7 +440,7 @@ Workload make_workload(const WorkloadSpec& spec) {
           // queries therefore have no local term: the sink keys' code is zero).
           double* pos = buf;
           const float* cp = kg + p * d + dims.pos_begin;
-          for (int64_t x = 0; x < dims.pos_count; ++x) pos[x] = local_weight * cp[x];
+          for (int64_t x = 0; x < dims.pos_count; ++x) pos[x] = no_local ? 0.0 : local_weight * cp[x];
           for (int64_t t : lines) {
             if (p - t < 0) continue;
             const float* ct = kg + (p - t) * d + dims.pos_begin;
@@ -454,6 +466,57 @@ Workload make_workload(const WorkloadSpec& spec) {
     }
   }
   return w;
+}
+
+void set_workload_field(WorkloadSpec& spec, const std::string& field_equals_value, const std::string& argument) {
+  const std::size_t eq = field_equals_value.find('=');
+  if (eq == std::string::npos)
+    throw Error(argument, "'" + field_equals_value + "' has no '='", "field=value, e.g. background_scale=2");
+  const std::string field = field_equals_value.substr(0, eq), value = field_equals_value.substr(eq + 1);
+  struct IntField { const char* name; int64_t WorkloadSpec::*member; };
+  struct RealField { const char* name; double WorkloadSpec::*member; };
+  static const IntField int_fields[] = {
+      {"num_q_heads", &WorkloadSpec::num_q_heads}, {"num_kv_heads", &WorkloadSpec::num_kv_heads},
+      {"head_dim", &WorkloadSpec::head_dim},       {"sink_tokens", &WorkloadSpec::sink_tokens},
+      {"local_width", &WorkloadSpec::local_width}, {"slash_lines", &WorkloadSpec::slash_lines},
+      {"needles", &WorkloadSpec::needles}};
+  static const RealField real_fields[] = {
+      {"diffuse_head_share", &WorkloadSpec::diffuse_head_share},
+      {"no_local_head_share", &WorkloadSpec::no_local_head_share},
+      {"sink_strength", &WorkloadSpec::sink_strength},
+      {"local_strength", &WorkloadSpec::local_strength},
+      {"slash_strength", &WorkloadSpec::slash_strength},
+      {"needle_strength", &WorkloadSpec::needle_strength},
+      {"background_scale", &WorkloadSpec::background_scale}};
+  std::size_t used = 0;
+  for (const IntField& f : int_fields) {
+    if (field != f.name) continue;
+    int64_t parsed = 0;
+    try {
+      parsed = std::stoll(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (value.empty() || used != value.size()) throw Error(argument, field + " is '" + value + "'", "an integer");
+    spec.*f.member = parsed;
+    return;
+  }
+  for (const RealField& f : real_fields) {
+    if (field != f.name) continue;
+    double parsed = 0.0;
+    try {
+      parsed = std::stod(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (value.empty() || used != value.size()) throw Error(argument, field + " is '" + value + "'", "a number");
+    spec.*f.member = parsed;
+    return;
+  }
+  std::string names;
+  for (const IntField& f : int_fields) names += std::string(names.empty() ? "" : ", ") + f.name;
+  for (const RealField& f : real_fields) names += std::string(", ") + f.name;
+  throw Error(argument, "unknown field '" + field + "'", "one of " + names);
 }
 
 }  // namespace crisp
