@@ -85,8 +85,14 @@ class ProducerMainloop {
     if (leader()) load_query(map_q, p, it, q_token0 + it.r * kBlock, kv_head);
     if (p.block_table == nullptr) {
       const int32_t kv_token0 = static_cast<int32_t>(bases.kv_offset);
-      for (int j = 0; j < num_tiles; ++j)
-        load_key_value(map_k, map_v, p, tiles_done_ + j, kv_token0 + row_cols[j] * kBlock, kv_head);
+      for (int j = 0; j < num_tiles; ++j) {
+        const int32_t key = kv_token0 + row_cols[j] * kBlock;
+        load_key_value(map_k, map_v, tiles_done_ + j,
+                       [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
+                           uint32_t reuse_parity) {
+                         load_ring_tile(map, dst, bar_full, bar_empty, reuse, reuse_parity, key, kv_head);
+                       });
+      }
     } else {
       load_paged_item(map_k, map_v, p, it.s * static_cast<int32_t>(p.table_stride), static_cast<int32_t>(bases.n),
                       row_cols, num_tiles, kv_head);
@@ -124,26 +130,24 @@ class ProducerMainloop {
     }
   }
 
-  // Contiguous K/V: the K and V tiles of ring tile t (the key block at token `key`), each once its
-  // slot is free (the first kStages tiles find the ring empty).
-  __device__ __forceinline__ void load_key_value(const CUtensorMap& map_k, const CUtensorMap& map_v,
-                                                 const attention::Params& p, uint32_t t, int32_t key,
-                                                 int32_t kv_head) const {
+  // The K and V tiles of ring tile t, K first, each through load_tile(map, dst, bar_full,
+  // bar_empty, reuse, reuse_parity): into its slot's buffer `dst`, completing on `bar_full`; with
+  // `reuse` (the first kStages tiles find the ring empty), once the consumers released the slot's
+  // previous tile on `bar_empty`, the phase of parity `reuse_parity`.
+  template <typename LoadTile>
+  __device__ __forceinline__ void load_key_value(const CUtensorMap& map_k, const CUtensorMap& map_v, uint32_t t,
+                                                 LoadTile&& load_tile) const {
     const int stage = t % kStages;
     const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
     const bool reuse = t >= kStages;
-    load_ring_tile(map_k, p, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse,
-                   reuse_parity, key, kv_head);
-    load_ring_tile(map_v, p, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse,
-                   reuse_parity, key, kv_head);
+    load_tile(map_k, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse, reuse_parity);
+    load_tile(map_v, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse, reuse_parity);
   }
 
-  // Contiguous K/V: one tile into `dst` at token `key`, completing on `bar_full`; with `reuse`,
-  // after the consumers released the slot's previous tile on `bar_empty`.
-  __device__ __forceinline__ void load_ring_tile(const CUtensorMap& map, const attention::Params& p, uint32_t dst,
-                                                 uint32_t bar_full, uint32_t bar_empty, bool reuse,
-                                                 uint32_t reuse_parity, int32_t key, int32_t kv_head) const {
-    (void)p;
+  // Contiguous K/V: one tile at token `key` (load_key_value's tile loader).
+  __device__ __forceinline__ void load_ring_tile(const CUtensorMap& map, uint32_t dst, uint32_t bar_full,
+                                                 uint32_t bar_empty, bool reuse, uint32_t reuse_parity, int32_t key,
+                                                 int32_t kv_head) const {
     if (reuse) mbar_wait(bar_empty, reuse_parity);
     mbar_expect_tx(bar_full, Shape::kTileBytes);
 #pragma unroll
@@ -172,14 +176,11 @@ class ProducerMainloop {
         if (following % 32 == 0) cols = following + lane < num_tiles ? row_cols[following + lane] : 0;
         page_id = look_up_page(p, table_row, n, __shfl_sync(kWarp, cols, following % 32) * kBlock, box_row);
       }
-      const uint32_t t = tiles_done_ + j;
-      const int stage = t % kStages;
-      const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
-      const bool reuse = t >= kStages;
-      load_paged_tile(map_k, p, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse,
-                      reuse_parity, token, kv_head);
-      load_paged_tile(map_v, p, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse,
-                      reuse_parity, token, kv_head);
+      load_key_value(map_k, map_v, tiles_done_ + j,
+                     [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
+                         uint32_t reuse_parity) {
+                       load_paged_tile(map, p, dst, bar_full, bar_empty, reuse, reuse_parity, token, kv_head);
+                     });
     }
   }
 
@@ -206,10 +207,9 @@ class ProducerMainloop {
     return static_cast<int32_t>(page_row) + position % p.page_size;
   }
 
-  // Paged K/V: one tile into `dst` as boxes (box i at the pool row `token` of lane i), completing
-  // on `bar_full` (the tile's bytes, counted once by the leader, who issues every box); with
-  // `reuse`, after the consumers released the slot's previous tile on `bar_empty`. Every lane runs
-  // it (the shuffles); only the leader issues.
+  // Paged K/V: one tile as boxes, box i at the pool row `token` of lane i (load_key_value's tile
+  // loader); the tile's bytes are counted once, by the leader, who issues every box. Every lane
+  // runs it (the shuffles).
   __device__ __forceinline__ void load_paged_tile(const CUtensorMap& map, const attention::Params& p, uint32_t dst,
                                                   uint32_t bar_full, uint32_t bar_empty, bool reuse,
                                                   uint32_t reuse_parity, int32_t token, int32_t kv_head) const {
