@@ -216,37 +216,63 @@ suite_sanitizers() {
 
 # ---------------------------------------------------------------- bench
 # TFLOP/s and plan time per (n, layout, kernel) of a bench JSON, one line each; with a second
-# JSON, before -> after side by side.
+# JSON, before -> after side by side. Chunked runs (--chunks, rows with a "chunk"): the whole
+# prefill's total ms per (n, preset, kernel, chunk, page size), and its ratio to contiguous K/V.
 bench_table() {
   $PY - "$@" <<'PY'
 import json, sys
+def chunked(r):
+    return "chunk" in r
+def key(r):
+    if chunked(r):
+        return (r["n"], r["preset"], r["kernel"], r["chunk"], r["page_size"])
+    return (r["n"], r["layout"], r["kernel"])
 def rows(path):
-    out = {}
-    for r in json.load(open(path)).get("runs", []):
-        out[(r["n"], r["layout"], r["kernel"])] = r
-    return out
+    return {key(r): r for r in json.load(open(path)).get("runs", [])}
+def paging(r):
+    return "vs contiguous %.3fx" % r["vs_contiguous"] if "vs_contiguous" in r else ""
 after = rows(sys.argv[1])
 before = rows(sys.argv[2]) if len(sys.argv) > 2 else None
-if before is None:
+if any(chunked(r) for r in after.values()):
+    if before is None:
+        print("%8s %-12s %-10s %7s %5s %10s  %s" % ("n", "preset", "kernel", "chunk", "page", "total_ms", ""))
+        for k, r in after.items():
+            print("%8d %-12s %-10s %7d %5d %10.3f  %s" % (*k, r["total_ms"], paging(r)))
+    else:
+        print("%8s %-12s %-10s %7s %5s %12s %12s %7s  %s" % ("n", "preset", "kernel", "chunk", "page", "baseline ms",
+              "this ms", "change", "baseline -> this"))
+        for k, r in after.items():
+            b = before.get(k)
+            if b is None:
+                continue
+            print("%8d %-12s %-10s %7d %5d %12.3f %12.3f %+6.1f%%  %s -> %s" % (*k, b["total_ms"], r["total_ms"],
+                  100.0 * (r["total_ms"] / b["total_ms"] - 1.0), paging(b) or "-", paging(r) or "-"))
+elif before is None:
     print("%8s %-14s %-22s %9s %9s %8s" % ("n", "layout", "kernel", "plan_ms", "attn_ms", "TFLOP/s"))
-    for key, r in after.items():
-        print("%8d %-14s %-22s %9.3f %9.3f %8.1f" % (*key, r["plan_ms"], r["attention_ms"], r["effective_tflops"]))
+    for k, r in after.items():
+        print("%8d %-14s %-22s %9.3f %9.3f %8.1f" % (*k, r["plan_ms"], r["attention_ms"], r["effective_tflops"]))
 else:
     print("%8s %-14s %-22s %14s %14s %7s" % ("n", "layout", "kernel", "baseline TF/s", "this TF/s", "change"))
-    for key, r in after.items():
-        b = before.get(key)
+    for k, r in after.items():
+        b = before.get(k)
         if b is None:
             continue
-        print("%8d %-14s %-22s %14.1f %14.1f %+6.1f%%" % (*key, b["effective_tflops"], r["effective_tflops"],
+        print("%8d %-14s %-22s %14.1f %14.1f %+6.1f%%" % (*k, b["effective_tflops"], r["effective_tflops"],
               100.0 * (r["effective_tflops"] / b["effective_tflops"] - 1.0)))
 PY
 }
-# The suite's key figures: TFLOP/s of each kernel on each layout at the longest n, and the plan time.
+# The suite's key figures: TFLOP/s of each kernel on each layout at the longest n, and the plan
+# time; chunked runs: the paged runs' ratio to contiguous K/V at the longest n.
 bench_figures() {
   $PY - "$1" <<'PY'
 import json, sys
 runs = json.load(open(sys.argv[1])).get("runs", [])
-if runs:
+if runs and "chunk" in runs[0]:
+    n = max(r["n"] for r in runs)
+    parts = ["%s/%s chunk %d page %d %.3fx" % (r["preset"], r["kernel"], r["chunk"], r["page_size"], r["vs_contiguous"])
+             for r in runs if r["n"] == n and "vs_contiguous" in r]
+    print("n=%d paged vs contiguous: %s" % (n, ", ".join(parts)))
+elif runs:
     n = max(r["n"] for r in runs)
     parts = ["%s/%s %.0f" % (r["layout"], r["kernel"], r["effective_tflops"]) for r in runs if r["n"] == n]
     plans = {r["layout"]: r["plan_ms"] for r in runs if r["n"] == n and r["plan_ms"] > 0 and r["layout"] != "dense"}

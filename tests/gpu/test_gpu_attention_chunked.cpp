@@ -317,7 +317,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"fp16_d128_B128_paged48_shuffled", f16, 128, 128, 4, 2, {{200, 1000}, {33, 333}}, Layout::random, 0.3, 48,
              true, 18},
         Case{"bf16_d64_B64_paged80_vllm_layout", bf16, 64, 64, 4, 2, {{77, 800}}, Layout::dense, 0, 80, true, 19,
-             true}),
+             true},
+        // Rows of more than 32 and 64 key blocks: the Hopper producer reads a row's key blocks 32 at
+        // a time (one per lane) and its page ids a tile ahead, across those boundaries too.
+        Case{"bf16_d128_B64_paged16_shuffled_long_rows", bf16, 128, 64, 4, 2, {{130, 4500}}, Layout::dense, 0, 16,
+             true, 20},
+        Case{"fp16_d64_B128_paged48_shuffled_long_rows_gqa4", f16, 64, 128, 8, 2, {{128, 9000}, {1, 4200}},
+             Layout::dense, 0, 48, true, 21, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ------------------------------------------------------------------ the work order of chunks

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +23,7 @@
 #include "crisp/cuda.h"
 #include "gpu/gpu_test_util.h"
 #include "crisp/workload.h"
+#include "cuda/attention_params.h"
 #include "cuda/device_plan_internal.h"
 #include "cuda/hopper/gqa_pack.h"
 #include "cuda/hopper/hopper_attention.h"
@@ -365,6 +367,28 @@ TEST(GpuHopperDispatch, LaunchRulesNeedNoDevice) {
   EXPECT_FALSE(hop::shape_supported(crisp::DType::f32, 128, 128));
   EXPECT_FALSE(hop::shape_supported(bf16, 96, 128));
   EXPECT_FALSE(hop::shape_supported(bf16, 128, 32));
+}
+
+// Paged K/V take the Hopper kernel below 2^31 pool rows (int32 TMA coordinates) and 2^31 block
+// table entries (int32 table indices in the producer); host code, no device needed.
+TEST(GpuHopperDispatch, PagedPoolAndTableLimitsNeedNoDevice) {
+  namespace hop = crisp::cuda_detail::hopper;
+  crisp::cuda_detail::attention::Params params{};
+  EXPECT_TRUE(hop::paged_pool_supported(params));  // contiguous K/V
+  const int32_t table_entry = 0;
+  params.block_table = &table_entry;
+  params.page_size = 16;
+  params.plan.num_sequences = 4;
+  params.table_stride = 1000;
+  params.pool_rows = INT32_MAX;
+  EXPECT_TRUE(hop::paged_pool_supported(params));
+  params.pool_rows = int64_t{INT32_MAX} + 1;
+  EXPECT_FALSE(hop::paged_pool_supported(params));
+  params.pool_rows = 4096;
+  params.table_stride = INT32_MAX / 4;  // 4 x (2^31 - 1) / 4 entries: below 2^31
+  EXPECT_TRUE(hop::paged_pool_supported(params));
+  params.table_stride = int64_t{1} << 29;  // 4 x 2^29 = 2^31 entries
+  EXPECT_FALSE(hop::paged_pool_supported(params));
 }
 
 // The kernel options at a launch: "hopper", "portable" and "auto" all run block size 64 (the

@@ -213,7 +213,8 @@ void launch_for_shape(const attention::Params& params, int64_t head_dim, int blo
 bool kernel_available() { return current_device_traits().hopper_kernel; }
 
 bool paged_pool_supported(const attention::Params& params) {
-  return params.block_table == nullptr || params.pool_rows <= INT32_MAX;
+  return params.block_table == nullptr ||
+         (params.pool_rows <= INT32_MAX && params.plan.num_sequences * params.table_stride <= INT32_MAX);
 }
 
 CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int64_t head_dim, int64_t heads,
@@ -251,9 +252,14 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
                                  std::string(dtype == DType::bf16 ? "bf16" : dtype == DType::f16 ? "f16" : "other") +
                                  ", head dim " + std::to_string(head_dim) + ", block size " +
                                  std::to_string(block_size) + ", paged K/V pool of " +
-                                 std::to_string(params.block_table != nullptr ? params.pool_rows : 0) + " rows",
-                "bf16/f16, head dim 64 or 128, block size 64 or 128, a paged K/V pool below 2^31 rows, on an "
-                "sm_90 device (or kernel auto, also in CRISP_KERNEL)");
+                                 std::to_string(params.block_table != nullptr ? params.pool_rows : 0) +
+                                 " rows and a block table of " +
+                                 std::to_string(params.block_table != nullptr
+                                                    ? params.plan.num_sequences * params.table_stride
+                                                    : 0) +
+                                 " entries",
+                "bf16/f16, head dim 64 or 128, block size 64 or 128, a paged K/V pool below 2^31 rows and block "
+                "table below 2^31 entries, on an sm_90 device (or kernel auto, also in CRISP_KERNEL)");
   }
   if (num_ctas == 0) return true;
   if (dtype == DType::bf16)

@@ -58,7 +58,8 @@ bool kernel_available();
 // The shapes the Hopper kernel is compiled for.
 bool shape_supported(DType dtype, int64_t head_dim, int block_size);
 
-// Contiguous K/V, or a paged K/V pool of fewer than 2^31 rows (the kernel's int32 TMA coordinates).
+// Contiguous K/V, or a paged K/V pool of fewer than 2^31 rows (the kernel's int32 TMA coordinates)
+// with a block table of fewer than 2^31 entries (int32 table indices).
 bool paged_pool_supported(const attention::Params& params);
 
 // Runs the Hopper kernel for `params` (the portable kernel's parameters, already checked) when
@@ -66,8 +67,8 @@ bool paged_pool_supported(const attention::Params& params);
 // launching nothing, when the portable kernel should run. `q_tokens` is the token extent of q,
 // `k_tokens` that of k/v (the page pool's rows for paged K/V), `num_kv_heads` the kv head count.
 // Paged K/V (params.block_table) run here too, any page size (key tiles of gcd(page size, B)-row
-// TMA boxes), when the pool has fewer than 2^31 rows (TMA coordinates are int32); otherwise the
-// portable kernel (automatic) or a crisp::Error (hopper).
+// TMA boxes), when the pool has fewer than 2^31 rows and the table fewer than 2^31 entries
+// (paged_pool_supported); otherwise the portable kernel (automatic) or a crisp::Error (hopper).
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,
                         int64_t q_tokens, int64_t k_tokens, int64_t num_kv_heads, int64_t num_ctas,
                         const CudaOptions& options, cudaStream_t stream);

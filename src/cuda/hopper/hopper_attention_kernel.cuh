@@ -15,8 +15,9 @@
 //  - epilogue.cuh: normalise, write O and LSE.
 //
 // Roles (B = 128: 384 threads, three warpgroups; B = 64: 160 threads, a warpgroup and a warp):
-//  - the producer (warpgroup 0 at B = 128, warp 4 at B = 64): one thread loads; at B = 128 the
-//    warpgroup keeps 32 registers (setmaxnreg) and gives the rest to the consumers;
+//  - the producer (warpgroup 0 at B = 128, warp 4 at B = 64): one thread loads (with paged K/V its
+//    warp looks up the page ids); at B = 128 the warpgroup keeps 40 registers (setmaxnreg) and
+//    gives the rest to the consumers;
 //  - the consumer warpgroups (1 and 2 at B = 128, 0 at B = 64), 64 query rows each: 232 (B = 128)
 //    or 200 (B = 64) registers each (TileShape). At B = 64 two CTAs share an SM and their
 //    consumers interleave on the tensor cores without any barrier.
@@ -88,13 +89,14 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
     // ================================================================ producer
     if constexpr (Shape::kSplitRegisters)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Shape::kProducerRegisters));
-    if (thread != producer_thread0) return;
+    using Producer = ProducerMainloop<kDim, kBlock, kPacked>;
+    if (!Producer::loading_thread(p, thread - producer_thread0)) return;
     TileScheduler scheduler(p);
-    ProducerMainloop<kDim, kBlock, kPacked> producer(storage);
+    Producer producer(storage);
     while (true) {
       producer.wait_query_free();
       WorkItem it{};
-      const int32_t code = scheduler.next(p, it);
+      const int32_t code = producer.take_item(scheduler, p, it);
       if (!producer.publish(code)) break;
       producer.load(map_q, map_k, map_v, p, it);
     }

@@ -4,6 +4,9 @@
 // completing on the "full" mbarriers; it waits on a ring slot's "empty" mbarrier before reusing it.
 // The walk over the CSR column list is the only place the sparsity appears: every load is a whole
 // tile at a gathered block address.
+// Paged K/V: the producer's whole warp takes part (ProducerMainloop::loading_thread): lane i looks
+// up the page of the tile's box i, one tile ahead of the loads, and lane 0 (the leader) still
+// issues every TMA load and every mbarrier operation, so each box is counted once.
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; nothing is linked from the driver library)
 
@@ -32,6 +35,12 @@ class ProducerMainloop {
   __device__ __forceinline__ explicit ProducerMainloop(const SharedStorage<kDim, kBlock>& storage)
       : storage_(storage) {}
 
+  // Whether producer thread `producer_thread` (0 = the role's first) takes part in the loads: the
+  // leader, and with paged K/V the rest of its warp (lanes look up page ids). The others return.
+  static __device__ __forceinline__ bool loading_thread(const attention::Params& p, int producer_thread) {
+    return producer_thread == 0 || (producer_thread < 32 && p.block_table != nullptr);
+  }
+
   // Waits until the consumers released the query buffer (and the item slot), which they do once
   // the last S = QK^T of the previous item is done; only then is the next item taken, so an item
   // is committed to this CTA as late as possible.
@@ -39,15 +48,27 @@ class ProducerMainloop {
     if (items_done_ > 0) mbar_wait(storage_.bar_q_empty(), (items_done_ - 1) & 1);
   }
 
+  // The next item from `scheduler` (its code, -1 for none, and the item in `it`): the leader takes
+  // it, and with paged K/V hands it to the other lanes.
+  __device__ __forceinline__ int32_t take_item(TileScheduler& scheduler, const attention::Params& p,
+                                               WorkItem& it) const {
+    int32_t code = -1;
+    if (leader()) code = scheduler.next(p, it);
+    if (p.block_table == nullptr) return code;  // the leader alone
+    it.h = __shfl_sync(kWarp, it.h, 0);
+    it.s = __shfl_sync(kWarp, it.s, 0);
+    it.r = __shfl_sync(kWarp, it.r, 0);
+    return __shfl_sync(kWarp, code, 0);
+  }
+
   // Hands item `code` to the consumers. -1 (no more) completes the query barrier's phase without
   // data, so the consumers read -1 and stop; returns whether there is an item to load.
   __device__ __forceinline__ bool publish(int32_t code) const {
-    *storage_.item_slot = code;
-    if (code < 0) {
-      mbar_arrive(storage_.bar_q());
-      return false;
+    if (leader()) {
+      *storage_.item_slot = code;
+      if (code < 0) mbar_arrive(storage_.bar_q());
     }
-    return true;
+    return code >= 0;
   }
 
   // Issues the loads of one item: its query block, then the K and V tiles of its listed key blocks.
@@ -61,38 +82,30 @@ class ProducerMainloop {
     // a negative coordinate, zeros); the consumers mask nothing for them and never store them.
     const int32_t q_token0 = static_cast<int32_t>(bases.token_offset - rules::first_query_position(bases.n, bases.n_q));
     const int32_t kv_head = it.h / p.q_per_kv;
-    load_query(map_q, p, it, q_token0 + it.r * kBlock, kv_head);
+    if (leader()) load_query(map_q, p, it, q_token0 + it.r * kBlock, kv_head);
     if (p.block_table == nullptr) {
       const int32_t kv_token0 = static_cast<int32_t>(bases.kv_offset);
-      for (int j = 0; j < num_tiles; ++j)
-        load_key_value(map_k, map_v, p, tiles_done_ + j, nullptr, 0, kv_token0 + row_cols[j] * kBlock, kv_head);
+      for (int j = 0; j < num_tiles; ++j) {
+        const int32_t key = kv_token0 + row_cols[j] * kBlock;
+        load_key_value(map_k, map_v, tiles_done_ + j,
+                       [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
+                           uint32_t reuse_parity) {
+                         load_ring_tile(map, dst, bar_full, bar_empty, reuse, reuse_parity, key, kv_head);
+                       });
+      }
     } else {
-      const int32_t* table_row = p.block_table + it.s * static_cast<int32_t>(p.table_stride);
-      const int32_t n = static_cast<int32_t>(bases.n);
-      for (int j = 0; j < num_tiles; ++j)
-        load_key_value(map_k, map_v, p, tiles_done_ + j, table_row, n, row_cols[j] * kBlock, kv_head);
+      load_paged_item(map_k, map_v, p, it.s * static_cast<int32_t>(p.table_stride), static_cast<int32_t>(bases.n),
+                      row_cols, num_tiles, kv_head);
     }
     tiles_done_ += num_tiles;
     ++items_done_;
   }
 
  private:
-  // Paged K/V: the TMA token coordinate of the box holding key position `key` (the box's pool row).
-  // Boxes past the sequence's last key or on a page id outside the pool read at the pool's end,
-  // which TMA fills with zeros (the portable kernel reads such page ids as zero keys too). 32-bit
-  // arithmetic: the host takes paged K/V here only below 2^31 pool rows; the page size and pool
-  // rows are read from the kernel parameters where needed, not kept in registers (the producer
-  // runs in 32).
-  static __device__ __forceinline__ int32_t paged_box_token(const attention::Params& p, const int32_t* table_row,
-                                                            int32_t n, int32_t key) {
-    const int32_t pool_rows = static_cast<int32_t>(p.pool_rows);
-    if (key >= n) return pool_rows;
-    // A negative id wraps to a huge page; one multiply instead of a division for the range check.
-    const uint64_t page_row = static_cast<uint64_t>(static_cast<uint32_t>(table_row[key / p.page_size])) *
-                              static_cast<uint32_t>(p.page_size);
-    if (page_row + static_cast<uint32_t>(p.page_size) > static_cast<uint64_t>(pool_rows)) return pool_rows;
-    return static_cast<int32_t>(page_row) + key % p.page_size;
-  }
+  static constexpr unsigned kWarp = 0xffffffffu;  // paged K/V: every lane of the producer warp
+
+  // Lane 0 issues every TMA load and mbarrier operation (the only thread with contiguous K/V).
+  static __device__ __forceinline__ bool leader() { return threadIdx.x % 32 == 0; }
 
   __device__ __forceinline__ void load_query(const CUtensorMap& map_q, const attention::Params& p, const WorkItem& it,
                                              int q_token, int32_t kv_head) const {
@@ -117,75 +130,100 @@ class ProducerMainloop {
     }
   }
 
-  // The K and V tiles of ring tile t, each once its slot is free (the first kStages tiles find
-  // the ring empty). Contiguous K/V (table_row null): the key block at token `key`. Paged: the key
-  // block at sequence position `key` (n keys), through the sequence's page ids `table_row`.
-  __device__ __forceinline__ void load_key_value(const CUtensorMap& map_k, const CUtensorMap& map_v,
-                                                 const attention::Params& p, uint32_t t, const int32_t* table_row,
-                                                 int32_t n, int32_t key, int32_t kv_head) const {
+  // The K and V tiles of ring tile t, K first, each through load_tile(map, dst, bar_full,
+  // bar_empty, reuse, reuse_parity): into its slot's buffer `dst`, completing on `bar_full`; with
+  // `reuse` (the first kStages tiles find the ring empty), once the consumers released the slot's
+  // previous tile on `bar_empty`, the phase of parity `reuse_parity`.
+  template <typename LoadTile>
+  __device__ __forceinline__ void load_key_value(const CUtensorMap& map_k, const CUtensorMap& map_v, uint32_t t,
+                                                 LoadTile&& load_tile) const {
     const int stage = t % kStages;
     const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
     const bool reuse = t >= kStages;
-    if (table_row != nullptr) {
-      load_paged_tiles(map_k, map_v, p, stage, reuse, reuse_parity, table_row, n, key, kv_head);
-      return;
-    }
-    load_ring_tile(map_k, p, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse,
-                   reuse_parity, key, kv_head);
-    load_ring_tile(map_v, p, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse,
-                   reuse_parity, key, kv_head);
+    load_tile(map_k, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse, reuse_parity);
+    load_tile(map_v, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse, reuse_parity);
   }
 
-  // NOTE: page ids are read kPageIdsAtOnce at a time, so their global-memory latencies overlap
-  // instead of one dependent read per box (at pages of 16 tokens a 128-key tile is 8 boxes); two
-  // keep the producer within its registers (four spilled 8-36 bytes in the B = 128 kernels).
-  static constexpr int kPageIdsAtOnce = 2;
-
-  // Paged K/V: the K and V tiles of one ring slot share their page lookups. B / box rows boxes per
-  // tile (the maps' box, paged_box_rows: each inside one page, each starting a swizzle atom),
-  // together the tile's bytes on each full barrier; the slot's previous K and V released first.
-  __device__ __forceinline__ void load_paged_tiles(const CUtensorMap& map_k, const CUtensorMap& map_v,
-                                                   const attention::Params& p, int stage, bool reuse,
-                                                   uint32_t reuse_parity, const int32_t* table_row, int32_t n,
-                                                   int32_t key, int32_t kv_head) const {
-    const uint32_t k_full = storage_.bar_k_full(stage), v_full = storage_.bar_v_full(stage);
-    const uint32_t k_dst = storage_.k(stage), v_dst = storage_.v(stage);
-    if (reuse) {
-      mbar_wait(storage_.bar_k_empty(stage), reuse_parity);
-      mbar_wait(storage_.bar_v_empty(stage), reuse_parity);
-    }
-    mbar_expect_tx(k_full, Shape::kTileBytes);
-    mbar_expect_tx(v_full, Shape::kTileBytes);
-    const int box = paged_box_rows(p.page_size, kBlock);
-    for (int row0 = 0; row0 < kBlock; row0 += kPageIdsAtOnce * box) {
-      int32_t token[kPageIdsAtOnce];
-#pragma unroll
-      for (int i = 0; i < kPageIdsAtOnce; ++i) {
-        const int row = row0 + i * box;
-        token[i] = row < kBlock ? paged_box_token(p, table_row, n, key + row) : 0;
-      }
-#pragma unroll
-      for (int i = 0; i < kPageIdsAtOnce; ++i) {
-        const int row = row0 + i * box;
-        if (row >= kBlock) break;
-#pragma unroll
-        for (int x = 0; x < kHalves; ++x) {
-          tma_load(k_dst + x * Shape::kHalfBytes + row * 128, &map_k, x * kHalfCols, token[i], kv_head, k_full);
-          tma_load(v_dst + x * Shape::kHalfBytes + row * 128, &map_v, x * kHalfCols, token[i], kv_head, v_full);
-        }
-      }
-    }
-  }
-  // Contiguous K/V: one tile into `dst` at token `key`, completing on `bar_full`; with `reuse`,
-  // after the consumers released the slot's previous tile on `bar_empty`.
-  __device__ __forceinline__ void load_ring_tile(const CUtensorMap& map, const attention::Params& p, uint32_t dst,
-                                                 uint32_t bar_full, uint32_t bar_empty, bool reuse,
-                                                 uint32_t reuse_parity, int32_t key, int32_t kv_head) const {
-    (void)p;
+  // Contiguous K/V: one tile at token `key` (load_key_value's tile loader).
+  __device__ __forceinline__ void load_ring_tile(const CUtensorMap& map, uint32_t dst, uint32_t bar_full,
+                                                 uint32_t bar_empty, bool reuse, uint32_t reuse_parity, int32_t key,
+                                                 int32_t kv_head) const {
     if (reuse) mbar_wait(bar_empty, reuse_parity);
     mbar_expect_tx(bar_full, Shape::kTileBytes);
 #pragma unroll
     for (int x = 0; x < kHalves; ++x) tma_load(dst + x * Shape::kHalfBytes, &map, x * kHalfCols, key, kv_head, bar_full);
+  }
+
+  // Paged K/V. A key tile is B / box rows boxes (the maps' box, paged_box_rows: each inside one
+  // page, each starting a swizzle atom), at most B / 16 = 8, so lane i owns box i of every tile:
+  // it reads that box's page id (the ids of a tile are consecutive entries of the table row: one
+  // coalesced read), one tile ahead, while the leader waits for a free slot and issues the current
+  // tile's boxes, so the reads' latency is off the load path. The key blocks come from the CSR row
+  // 32 at a time (lane l holds column 32 c + l). Registers are few (40 a thread at B = 128): a
+  // lane keeps its next page id, not its pool row, and recomputes the tile's key block.
+  __device__ __forceinline__ void load_paged_item(const CUtensorMap& map_k, const CUtensorMap& map_v,
+                                                  const attention::Params& p, int32_t table_row, int32_t n,
+                                                  const int32_t* row_cols, int32_t num_tiles, int32_t kv_head) const {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int box_row = lane * paged_box_rows(p.page_size, kBlock);  // this lane's box: rows from box_row
+    int32_t cols = lane < num_tiles ? row_cols[lane] : 0;           // columns 32 c .. 32 c + 31
+    int32_t page_id = look_up_page(p, table_row, n, __shfl_sync(kWarp, cols, 0) * kBlock, box_row);
+    for (int j = 0; j < num_tiles; ++j) {
+      // The pool row of this lane's box in tile j, from the id read during the previous tile.
+      const int32_t token = box_token(p, page_id, __shfl_sync(kWarp, cols, j % 32) * kBlock + box_row);
+      const int following = j + 1;
+      if (following < num_tiles) {  // the same on every lane
+        if (following % 32 == 0) cols = following + lane < num_tiles ? row_cols[following + lane] : 0;
+        page_id = look_up_page(p, table_row, n, __shfl_sync(kWarp, cols, following % 32) * kBlock, box_row);
+      }
+      load_key_value(map_k, map_v, tiles_done_ + j,
+                     [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
+                         uint32_t reuse_parity) {
+                       load_paged_tile(map, p, dst, bar_full, bar_empty, reuse, reuse_parity, token, kv_head);
+                     });
+    }
+  }
+
+  // Starts the read of the page id of the box at rows [box_row, box_row + box) of the key tile at
+  // sequence position `key` (n keys): -1, read from nowhere, for a lane past the tile's boxes and a
+  // box past the sequence. The value is first used by box_token, a tile later.
+  static __device__ __forceinline__ int32_t look_up_page(const attention::Params& p, int32_t table_row, int32_t n,
+                                                         int32_t key, int box_row) {
+    const int32_t position = key + box_row;
+    return box_row < kBlock && position < n ? p.block_table[table_row + position / p.page_size] : -1;
+  }
+
+  // The TMA token coordinate (pool row) of the box at sequence position `position` on page
+  // `page_id`. Boxes past the sequence's last key or on a page id outside the pool read at the
+  // pool's end, which TMA fills with zeros (the portable kernel reads such page ids as zero keys
+  // too). 32-bit arithmetic: the host takes paged K/V here only below 2^31 pool rows; the page size
+  // and pool rows are read from the kernel parameters where needed, not kept in registers.
+  static __device__ __forceinline__ int32_t box_token(const attention::Params& p, int32_t page_id, int32_t position) {
+    const int32_t pool_rows = static_cast<int32_t>(p.pool_rows);
+    // A negative id (-1 included) wraps to a huge page; one multiply instead of a division for the
+    // range check.
+    const uint64_t page_row = static_cast<uint64_t>(static_cast<uint32_t>(page_id)) * static_cast<uint32_t>(p.page_size);
+    if (page_row + static_cast<uint32_t>(p.page_size) > static_cast<uint64_t>(pool_rows)) return pool_rows;
+    return static_cast<int32_t>(page_row) + position % p.page_size;
+  }
+
+  // Paged K/V: one tile as boxes, box i at the pool row `token` of lane i (load_key_value's tile
+  // loader); the tile's bytes are counted once, by the leader, who issues every box. Every lane
+  // runs it (the shuffles).
+  __device__ __forceinline__ void load_paged_tile(const CUtensorMap& map, const attention::Params& p, uint32_t dst,
+                                                  uint32_t bar_full, uint32_t bar_empty, bool reuse,
+                                                  uint32_t reuse_parity, int32_t token, int32_t kv_head) const {
+    if (reuse) mbar_wait(bar_empty, reuse_parity);
+    if (leader()) mbar_expect_tx(bar_full, Shape::kTileBytes);
+    const int box = paged_box_rows(p.page_size, kBlock);
+    for (int i = 0; i * box < kBlock; ++i) {
+      const int32_t pool_row = __shfl_sync(kWarp, token, i);
+      if (leader()) {
+#pragma unroll
+        for (int x = 0; x < kHalves; ++x)
+          tma_load(dst + x * Shape::kHalfBytes + i * box * 128, &map, x * kHalfCols, pool_row, kv_head, bar_full);
+      }
+    }
   }
 
   // A copy, not a reference: the compiler then keeps the addresses in registers from the start, and

@@ -26,7 +26,7 @@ struct WorkItem {
   int32_t h, s, r;  // r < 0 (a shorter sequence of a varlen batch) or r < first_row: nothing to do
 };
 
-// 32-bit arithmetic: the host launches fewer than 2^31 items, and the producer runs in 32
+// 32-bit arithmetic: the host launches fewer than 2^31 items, and the producer runs in 40
 // registers (64-bit divisions spill there).
 __device__ __forceinline__ WorkItem decode_item(const attention::Params& p, int32_t item_code) {
   const int32_t H = p.num_q_heads;

@@ -65,10 +65,11 @@ struct TileShape {
   // NOTE: register split (B = 128): the launch gives every thread 65536 / 384 = 168 registers
   // (rounded down to a multiple of 8), and setmaxnreg only moves registers inside that allocation:
   // setmaxnreg.inc waits until other warpgroups of the CTA have released enough, so a split above
-  // the launch total would wait forever. 32 for the producer warpgroup (its scheduling loop spills
-  // at 24), the rest to the consumers: 128 x 32 + 2 x 128 x 232 = 63488 <= 64512.
+  // the launch total would wait forever. 40 for the producer warpgroup (its scheduling loop spills
+  // at 24; the paged K/V loads, a warp looking up page ids a tile ahead, spilled 48-72 bytes at 32),
+  // the rest to the consumers: 128 x 40 + 2 x 128 x 232 = 64512, the whole launch allocation.
   static constexpr int kLaunchRegisters = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
-  static constexpr int kProducerRegisters = 32;
+  static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters =
       kSplitRegisters ? (kThreads * kLaunchRegisters - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8
                       : kLaunchRegisters;
