@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/llama_cpp.sh — fetches llama.cpp (the copy vendored in PyPI's llama-cpp-python sdist,
 # pinned by version and sha256), applies crisp's integration (integrations/llama.cpp/crisp.patch)
-# and builds llama.cpp's tools linking crisp from this checkout, and the hook's test
-# (test-ggml-crisp). docs/llama_cpp.md explains the integration.
+# and builds llama.cpp's tools linking crisp from this checkout, the hook's test
+# (test-ggml-crisp) and llama-attn-time (the attention share of prompt processing).
+# docs/llama_cpp.md explains the integration.
 #
 # Usage: scripts/llama_cpp.sh [--cuda] [--server] [--target NAME]...
 #   --cuda        the GPU machine's build: GGML_CUDA=ON for sm_90a, in .deps/llama.cpp-build-cuda
@@ -153,6 +154,19 @@ if [ ! -x "$test_bin" ] || [ "$test_src" -nt "$test_bin" ] || [ "$build/bin/libg
       -L "$build/bin" -lggml-cpu -lggml-base -lggml -Wl,-rpath,"$build/bin" >> "$log" 2>&1; then
     tail -n 30 "$log" >&2
     die "building test-ggml-crisp failed (log: $log)"
+  fi
+fi
+# llama-attn-time (integrations/llama.cpp/llama_attn_time.cpp): the attention share of prompt
+# processing, timed node by node (scripts/llama_bench.py); linked to llama.cpp's libllama and common.
+attn_src="$repo_root/integrations/llama.cpp/llama_attn_time.cpp"
+attn_bin="$build/bin/llama-attn-time"
+if [ ! -x "$attn_bin" ] || [ "$attn_src" -nt "$attn_bin" ] || [ "$build/bin/libllama.so" -nt "$attn_bin" ] \
+   || [ "$build/common/libcommon.a" -nt "$attn_bin" ]; then
+  if ! "${CXX:-c++}" -O2 -std=c++17 -Wall -isystem "$src/common" -isystem "$src/include" -isystem "$src/ggml/include" \
+      "$attn_src" -o "$attn_bin" "$build/common/libcommon.a" -L "$build/bin" -lllama -lggml -lggml-cpu -lggml-base -pthread \
+      -Wl,-rpath,"$build/bin" >> "$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    die "building llama-attn-time failed (log: $log)"
   fi
 fi
 echo "$build/bin"
