@@ -174,7 +174,7 @@ def bench_row(args, model, path, policy, n, timeout):
 def attn_time(args, path, policy, n, timeout):
     ubatch = min(n, args.max_ubatch)
     cmd = [str(args.attn_tool), "-m", path, "--tokens", str(n), "--reps", "1", "-fa", "-ngl", str(args.ngl),
-           "-b", str(n), "-ub", str(ubatch), "--warmup-tokens", str(SHORT_WARMUP_TOKENS)]
+           "-b", str(n), "-ub", str(ubatch), "--warmup-tokens", str(min(n, SHORT_WARMUP_TOKENS))]
     if args.threads:
         cmd += ["-t", str(args.threads)]
     cmd += policy_flags(policy, args.sparse_prefill_set)
@@ -188,7 +188,7 @@ def attn_time(args, path, policy, n, timeout):
     # llama-bench keeps llama.cpp's log quiet; llama-attn-time prints it, the hook's lines included.
     fields = {"attn_command": " ".join(cmd), "stats_available": result.get("stats_available"), **crisp_log(err)}
     for key in ("wall_ms", "attention_ms", "other_nodes_ms", "outside_nodes_ms", "attention_share", "attention_nodes",
-                "logits_finite", "max_abs_logit", "density", "sparse_ops_handled", "sparse_ops_declined", "ms_by_op"):
+                "logits_finite", "max_abs_logit", "logit_correlation_to_previous", "density", "sparse_ops_handled", "sparse_ops_declined", "ms_by_op"):
         fields[("attn_" if key in ("wall_ms", "attention_nodes") else "") + key] = timed.get(key)
     if rc != 0:
         fields["attn_error"] = f"llama-attn-time exited {rc}" + ("" if timed.get("logits_finite") else " (logits not finite)")

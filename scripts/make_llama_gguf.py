@@ -69,7 +69,7 @@ WEIGHT_STD = 0.02
 # one keeps them well above the RMS norm's epsilon.
 EMBEDDING_STD = 0.02
 # NOTE: each quantised block's scale is the one giving WEIGHT_STD, times a random factor in
-# [1 - SCALE_JITTER, 1 + SCALE_JITTER], so blocks differ as in a real quantised model.
+# ±[1 - SCALE_JITTER, 1 + SCALE_JITTER], so blocks differ as in a real quantised model.
 SCALE_JITTER = 0.25
 
 WEIGHT_TYPES = ("q4_0", "q8_0", "f16")
@@ -172,6 +172,10 @@ class RandomWeights:
         blocks = np.frombuffer(bytearray(rng.bytes(n_blocks * block_bytes)), dtype=np.uint8)
         blocks = blocks.reshape(n_blocks, block_bytes)
         jitter = rng.uniform(1.0 - SCALE_JITTER, 1.0 + SCALE_JITTER, size=n_blocks).astype(np.float32)
+        # Random signs: the integers' mean is -1/2 (0..15 less 8, or -128..127), which with
+        # positive scales alone would give every matrix a shared rank-one part, and the network
+        # would map every prompt to the same direction; quantisers write negative scales too.
+        jitter *= rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=n_blocks)
         scales = (np.float32(std / value_std) * jitter).astype(np.float16)
         blocks[:, 0:2] = scales.view(np.uint8).reshape(n_blocks, 2)
         return blocks.reshape(-1)

@@ -139,7 +139,25 @@ struct Pass {
   double wall_ms = 0;
   bool logits_finite = false;
   double max_abs_logit = 0;
+  std::vector<float> logits;  // of the last token
 };
+
+// Pearson correlation of two passes' last logits: near 0 for different random prompts through a
+// working network, near 1 when the network maps every prompt alike (degenerate weights).
+double correlation(const std::vector<float> & a, const std::vector<float> & b) {
+  const size_t n = std::min(a.size(), b.size());
+  double ma = 0, mb = 0;
+  for (size_t i = 0; i < n; i++) ma += a[i], mb += b[i];
+  ma /= n > 0 ? n : 1;
+  mb /= n > 0 ? n : 1;
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < n; i++) {
+    ab += (a[i] - ma) * (b[i] - mb);
+    aa += (a[i] - ma) * (a[i] - ma);
+    bb += (b[i] - mb) * (b[i] - mb);
+  }
+  return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 0.0;
+}
 
 // One prompt of n random tokens from an empty cache, in batches of n_batch (llama_decode splits
 // each into ubatches), as llama-bench's test_prompt.
@@ -172,6 +190,7 @@ Pass run_pass(llama_context * ctx, int n, int n_batch, std::mt19937 & rng) {
     if (!std::isfinite(logits[i])) pass.logits_finite = false;
     else pass.max_abs_logit = std::max(pass.max_abs_logit, (double) std::fabs(logits[i]));
   }
+  if (logits != nullptr) pass.logits.assign(logits, logits + n_vocab);
   return pass;
 }
 
@@ -263,7 +282,9 @@ int main(int argc, char ** argv) {
   std::mt19937 rng((uint32_t) seed);
 
   // One untimed pass: the device's kernels and buffers are loaded once before the timed passes.
-  if (!run_pass(ctx, (int) warmup_tokens, n_batch, rng).ok) return 1;
+  const Pass warmup = run_pass(ctx, (int) warmup_tokens, n_batch, rng);
+  if (!warmup.ok) return 1;
+  std::vector<float> previous_logits = warmup.logits;
 
   std::string runs;
   bool all_ok = true;
@@ -292,12 +313,13 @@ int main(int argc, char ** argv) {
       snprintf(row, sizeof(row),
                "    {\"n_prompt\": %d, \"rep\": %ld, \"wall_ms\": %.3f, \"attention_ms\": %.3f, \"other_nodes_ms\": %.3f, "
                "\"outside_nodes_ms\": %.3f, \"attention_share\": %.4f, \"attention_nodes\": %lld, \"other_nodes\": %lld, "
-               "\"logits_finite\": %s, \"max_abs_logit\": %.4g, \"sparse_ops_handled\": %s, \"sparse_ops_declined\": %s, "
+               "\"logits_finite\": %s, \"max_abs_logit\": %.4g, \"logit_correlation_to_previous\": %.4f, \"sparse_ops_handled\": %s, \"sparse_ops_declined\": %s, "
                "\"density\": %s, ",
                n, rep, pass.wall_ms, timer.attention_ms, timer.other_ms, std::max(0.0, pass.wall_ms - nodes_ms),
                pass.wall_ms > 0 ? timer.attention_ms / pass.wall_ms : 0.0, (long long) timer.attention_nodes,
-               (long long) timer.other_nodes, pass.logits_finite ? "true" : "false", pass.max_abs_logit, handled.c_str(),
+               (long long) timer.other_nodes, pass.logits_finite ? "true" : "false", pass.max_abs_logit, correlation(pass.logits, previous_logits), handled.c_str(),
                declined.c_str(), density.c_str());
+      previous_logits = pass.logits;
       runs += (runs.empty() ? "" : ",\n") + std::string(row) + "\"ms_by_op\": {" + ops + "}}";
       fprintf(stderr, "llama-attn-time: n=%d rep %ld: wall %.1f ms, attention %.1f ms (%.1f%%), other nodes %.1f ms, density %s%s\n",
               n, rep, pass.wall_ms, timer.attention_ms, pass.wall_ms > 0 ? 100.0 * timer.attention_ms / pass.wall_ms : 0.0,
