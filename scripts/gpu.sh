@@ -19,6 +19,11 @@
 #               real model, a split of eval/splits.json (needs CRISP_MODEL_PATH); resumable
 #   cp          context parallelism over 2 GPUs: its tests and crisp bench --gpus 2 (skipped with
 #               fewer than 2 GPUs)
+#   llama       crisp inside llama.cpp: builds llama.cpp for CUDA (scripts/llama_cpp.sh --cuda) and
+#               runs scripts/llama_bench.py (llama-bench prompt processing, llama.cpp's flash attention
+#               against each crisp policy, attention share from llama-attn-time) on the models of
+#               CRISP_GPU_LLAMA_MODELS and on a Llama-3.1-8B-shaped model with random weights written
+#               here by scripts/make_llama_gguf.py (docs/llama_cpp.md, "Benchmarks")
 # docs/gpu.md says how to bring the tree (and a model or prebuilt binaries) to a GPU machine.
 #
 # Knobs (environment; defaults in brackets):
@@ -56,6 +61,18 @@
 #   CRISP_GPU_FRONTIER_JSON  the resumable frontier file [out/frontier/frontier_<split>_gpu.json: ignored,
 #                            so a warm machine keeps it and the next call continues it; copied to $OUT]
 #   CRISP_GPU_CP_SEQ [131072]  CRISP_GPU_CP_PRESETS [dense,crisp]  CRISP_GPU_CP_REPS [3]
+#   CRISP_GPU_LLAMA_BIN      llama: a folder with prebuilt llama-bench, llama-attn-time and their
+#                            libraries (scripts/llama_cpp.sh --cuda's bin/): no build [build with
+#                            scripts/llama_cpp.sh --cuda, which needs .deps/llama_cpp_python-0.3.16.tar.gz
+#                            carried, or .deps/llama.cpp-src]
+#   CRISP_GPU_LLAMA_PARTS [small,8b]  small: CRISP_GPU_LLAMA_MODELS; 8b: the Llama-3.1-8B-shaped model
+#   CRISP_GPU_LLAMA_MODELS   NAME=PATH,... GGUFs (e.g. smollm2=/tmp/modelstore/SmolLM2-135M-Instruct.Q4_1.gguf)
+#   CRISP_GPU_LLAMA_LENGTHS [8192,16384,32768]  CRISP_GPU_LLAMA_REPS [3]
+#   CRISP_GPU_LLAMA_8B_LENGTHS [32768,131072]  CRISP_GPU_LLAMA_8B_REPS [1]
+#   CRISP_GPU_LLAMA_8B_PATH [/tmp/crisp-llama3.1-8b-q4_0.gguf: written when absent, kept on a warm machine]
+#   CRISP_GPU_LLAMA_POLICIES [fa,dense,crisp,flexprefill,minference]  CRISP_GPU_LLAMA_MAX_UBATCH [32768]
+#   CRISP_GPU_LLAMA_ATTN [1; 0: no llama-attn-time pass, no attention share]
+#   CRISP_GPU_LLAMA_ARGS     more scripts/llama_bench.py flags (e.g. "--sparse-prefill-set alpha=2")
 # Python wheels in .whl/ (e.g. gguf, which the model suite's transformers reference needs) are
 # installed into /tmp/crisp-site first.
 set -uo pipefail
@@ -64,7 +81,7 @@ ROOT=$PWD
 # NVLink multicast stays off on shared multi-GPU hosts (NCCL, PyTorch, NVSHMEM).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 
-ALL_SUITES="tests sanitizers bench python compare model frontier cp"
+ALL_SUITES="tests sanitizers bench python compare model frontier cp llama"
 SUITES=("$@")
 [ ${#SUITES[@]} -eq 0 ] && SUITES=(tests sanitizers bench)
 for s in "${SUITES[@]}"; do
@@ -539,6 +556,99 @@ print(", ".join("%s/%s x%.2f" % (r["preset"], r["partition"], r["speedup"]) for 
 PY
 ) ($(( $(date +%s) - T0 )) s)"
   record cp "$status" "$figures"
+}
+
+# ---------------------------------------------------------------- llama
+# The key figures of a llama_bench.py JSON: per model at its longest length, each policy's
+# tokens/s speedup over llama.cpp's flash attention, the attention share and the density.
+llama_figures() {
+  $PY - "$@" <<'PY'
+import json, sys
+parts = []
+for path in sys.argv[1:]:
+    try:
+        rows = json.load(open(path))["rows"]
+    except (OSError, ValueError, KeyError):
+        continue
+    for model in dict.fromkeys(r["model"] for r in rows):
+        done = [r for r in rows if r["model"] == model and "mean_ms" in r]
+        if not done:
+            parts.append("%s: no rows" % model)
+            continue
+        n = max(r["n_prompt"] for r in done)
+        cells = []
+        for r in (r for r in done if r["n_prompt"] == n):
+            cell = r["policy"] + (" %.0f tok/s" % r["tokens_per_s"] if r["policy"] == "fa" else " x%.2f" % r.get("speedup_vs_fa", 0))
+            if r.get("attention_share") is not None:
+                cell += " attn %.0f%%" % (100 * r["attention_share"])
+            if r.get("density") is not None:
+                cell += " d %.2f" % r["density"]
+            cells.append(cell)
+        parts.append("%s n=%d: %s" % (model, n, ", ".join(cells)))
+print("; ".join(parts))
+PY
+}
+suite_llama() {
+  local T0=$(date +%s) rc status=ok bin parts=${CRISP_GPU_LLAMA_PARTS:-small,8b} jsons=() figures=""
+  local common=(--policies "${CRISP_GPU_LLAMA_POLICIES:-fa,dense,crisp,flexprefill,minference}"
+                --max-ubatch "${CRISP_GPU_LLAMA_MAX_UBATCH:-32768}")
+  [ "${CRISP_GPU_LLAMA_ATTN:-1}" = 0 ] && common+=(--no-attn-time)
+  if [ -n "${CRISP_GPU_LLAMA_BIN:-}" ]; then
+    bin=$CRISP_GPU_LLAMA_BIN
+    record "llama build" prebuilt "$bin"
+  else
+    note "llama: scripts/llama_cpp.sh --cuda (-j$JOBS)"
+    bin=$(JOBS=$JOBS timeout "$(left 540)" scripts/llama_cpp.sh --cuda 2>"$DETAIL/llama_build.log")
+    rc=$?
+    if [ $rc != 0 ]; then
+      cp .deps/llama.cpp-build-cuda/crisp-build.log "$DETAIL/llama_build_compiler.log" 2>/dev/null
+      tail -15 "$DETAIL/llama_build.log"
+      record "llama build" "FAILED rc=$rc" "$([ $rc = 124 ] && echo 'deadline: run again, the build resumes; ')see detail/llama_build.log"
+      return
+    fi
+    record "llama build" ok "$(( $(date +%s) - T0 )) s"
+  fi
+  if [[ ",$parts," == *,small,* ]]; then
+    if [ -z "${CRISP_GPU_LLAMA_MODELS:-}" ]; then
+      figures+="small: skipped (CRISP_GPU_LLAMA_MODELS names no model); "
+    else
+      local models=() m
+      IFS=',' read -r -a m <<<"$CRISP_GPU_LLAMA_MODELS"
+      for spec in "${m[@]}"; do models+=(--model "$spec"); done
+      note "llama: llama_bench.py ${m[*]} at ${CRISP_GPU_LLAMA_LENGTHS:-8192,16384,32768}"
+      $PY scripts/llama_bench.py --bin "$bin" "${models[@]}" --lengths "${CRISP_GPU_LLAMA_LENGTHS:-8192,16384,32768}" \
+        --reps "${CRISP_GPU_LLAMA_REPS:-3}" "${common[@]}" --deadline-s "$(left 600)" ${CRISP_GPU_LLAMA_ARGS:-} \
+        --json "$OUT/llama_bench.json" --md "$DETAIL/llama_bench.md" >"$DETAIL/llama_bench.txt" 2>"$DETAIL/llama_bench_progress.log"
+      rc=$?
+      cat "$DETAIL/llama_bench.md" 2>/dev/null
+      [ $rc = 0 ] || { status="FAILED"; figures+="small rc=$rc ($(tail -1 "$DETAIL/llama_bench_progress.log")); "; }
+      jsons+=("$OUT/llama_bench.json")
+    fi
+  fi
+  if [[ ",$parts," == *,8b,* ]] && [ "$(left 1000)" -gt 5 ]; then
+    local model=${CRISP_GPU_LLAMA_8B_PATH:-/tmp/crisp-llama3.1-8b-q4_0.gguf}
+    if [ ! -f "$model" ]; then
+      # Random weights at Llama-3.1-8B's shape (4.5 GB Q4_0), written by the tree's own script.
+      note "llama: make_llama_gguf.py --shape llama3.1-8b -> $model"
+      timeout "$(left 300)" $PY scripts/make_llama_gguf.py --shape llama3.1-8b --out "$model" >"$DETAIL/llama_8b_gguf.log" 2>&1
+      rc=$?
+      tail -2 "$DETAIL/llama_8b_gguf.log"
+      [ $rc = 0 ] || { status="FAILED"; figures+="8b model rc=$rc (detail/llama_8b_gguf.log: numpy and PyYAML needed, .whl/); "; }
+    fi
+    if [ -f "$model" ]; then
+      note "llama: llama_bench.py llama3.1-8b-random at ${CRISP_GPU_LLAMA_8B_LENGTHS:-32768,131072}"
+      $PY scripts/llama_bench.py --bin "$bin" --model llama3.1-8b-random="$model" \
+        --lengths "${CRISP_GPU_LLAMA_8B_LENGTHS:-32768,131072}" --reps "${CRISP_GPU_LLAMA_8B_REPS:-1}" "${common[@]}" \
+        --deadline-s "$(left 600)" ${CRISP_GPU_LLAMA_ARGS:-} --json "$OUT/llama_bench_8b.json" \
+        --md "$DETAIL/llama_bench_8b.md" >"$DETAIL/llama_bench_8b.txt" 2>"$DETAIL/llama_bench_8b_progress.log"
+      rc=$?
+      cat "$DETAIL/llama_bench_8b.md" 2>/dev/null
+      [ $rc = 0 ] || { status="FAILED"; figures+="8b rc=$rc ($(tail -1 "$DETAIL/llama_bench_8b_progress.log")); "; }
+      jsons+=("$OUT/llama_bench_8b.json")
+    fi
+  fi
+  [ ${#jsons[@]} -gt 0 ] && figures+="$(llama_figures "${jsons[@]}" 2>/dev/null)"
+  record llama "$status" "$figures ($(( $(date +%s) - T0 )) s)"
 }
 
 for s in "${SUITES[@]}"; do
