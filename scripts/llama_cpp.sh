@@ -164,7 +164,7 @@ if [ ! -x "$attn_bin" ] || [ "$attn_src" -nt "$attn_bin" ] || [ "$build/bin/libl
    || [ "$build/common/libcommon.a" -nt "$attn_bin" ]; then
   if ! "${CXX:-c++}" -O2 -std=c++17 -Wall -isystem "$src/common" -isystem "$src/include" -isystem "$src/ggml/include" \
       "$attn_src" -o "$attn_bin" "$build/common/libcommon.a" -L "$build/bin" -lllama -lggml -lggml-cpu -lggml-base -pthread \
-      -Wl,-rpath,"$build/bin" >> "$log" 2>&1; then
+      -Wl,-rpath,'$ORIGIN' >> "$log" 2>&1; then
     tail -n 30 "$log" >&2
     die "building llama-attn-time failed (log: $log)"
   fi
