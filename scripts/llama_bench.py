@@ -97,7 +97,7 @@ def parse_args(argv):
         die(f"--bin {args.bin}: no llama-attn-time there (scripts/llama_cpp.sh builds it; --no-attn-time skips it)")
     models = []
     for spec in args.model:
-        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        name, _, path = spec.partition("=") if "=" in spec else ("", "", spec)
         if not Path(path).is_file():
             die(f"--model {spec}: no file {path}")
         models.append((name or Path(path).stem, path))
