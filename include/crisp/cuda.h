@@ -36,6 +36,11 @@ bool available();
 // library built with sm_90a code. Throws crisp::Error when the CUDA runtime fails.
 bool hopper_kernel_available();
 
+// Whether the CUDA attention kernels are built for this head dim (anything else makes
+// attend_async throw). A shape rule: answered in every build, CPU-only ones included, without
+// touching a device. Never throws.
+bool head_dim_supported(int64_t head_dim);
+
 // Whether GqaPacking::pack packs a whole-plan launch of this block size and GQA group size
 // (Hq / Hkv); elsewhere the heads run separately and the launch
 // computes the plan as planned (crisp/options.h).

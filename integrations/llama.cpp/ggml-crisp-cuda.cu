@@ -1,0 +1,335 @@
+// integrations/llama.cpp/ggml-crisp-cuda.cu — routes llama.cpp's prompt-processing attention on
+// the CUDA backend through crisp's CUDA plan + attend, reading the KV cache in place. Compiled into
+// ggml-cuda by crisp.patch (as its own source, with its own include paths, so the rest of
+// ggml-cuda compiles as upstream does); the layouts, the mask check and its one synchronisation,
+// the memory and the fallbacks are explained in docs/llama_cpp.md.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "common.cuh"
+#include "crisp/cuda.h"
+#include "cuda/device_plan.h"
+#include "ggml-crisp-cuda.h"
+#include "ggml-crisp-rules.h"
+
+// Functions are static as well as in an anonymous namespace: nvcc names the namespace, and ggml's
+// -Wmissing-declarations would flag them otherwise.
+namespace {
+
+using namespace ggml_crisp;
+
+// ---------------------------------------------------------------- the mask check, on the device
+// One block reads row 0 and writes the n_past it implies (ggml_crisp::n_past_of_row0) or -1.
+// NOTE: 256 threads: row 0 is n_kv cells (a few thousand); one block is plenty.
+constexpr int kRow0Threads = 256;
+__global__ void mask_row0_kernel(const uint16_t * __restrict__ row0, int64_t n_kv, int64_t n_q, int * result) {
+  __shared__ unsigned long long first_nonzero;
+  if (threadIdx.x == 0) first_nonzero = static_cast<unsigned long long>(n_kv);
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < n_kv; j += blockDim.x)
+    if (!is_zero_f16(row0[j])) {
+      atomicMin(&first_nonzero, static_cast<unsigned long long>(j));
+      break;  // later cells of this thread's stride cannot be smaller
+    }
+  __syncthreads();
+  if (threadIdx.x == 0) *result = static_cast<int>(n_past_of_row0(static_cast<int64_t>(first_nonzero), n_q, n_kv));
+}
+
+// Every cell of the first n_q rows against ggml_crisp::mask_cell_ok; any mismatch writes -1.
+constexpr int kMaskThreads = 256;  // NOTE: a plain element-wise kernel's block size
+__global__ void mask_cells_kernel(const char * __restrict__ mask, size_t row_bytes, int64_t n_kv, int64_t n_q,
+                                  int * result) {
+  const int n_past = *result;
+  if (n_past < 0) return;
+  for (int64_t i = blockIdx.y; i < n_q; i += gridDim.y) {
+    const uint16_t * row = reinterpret_cast<const uint16_t *>(mask + i * row_bytes);
+    for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n_kv; j += int64_t(gridDim.x) * blockDim.x)
+      if (!mask_cell_ok(row[j], i, j, n_past)) *result = -1;
+  }
+}
+
+// Pinned host word the verdict is copied into (per host thread: ggml may drive devices from
+// several threads).
+static int * pinned_verdict() {
+  thread_local int * word = nullptr;
+  if (!word) CUDA_CHECK(cudaMallocHost(&word, sizeof(int)));
+  return word;
+}
+
+// n_past when the mask is bottom-right causal over a contiguous prefix, else -1: two kernels on
+// the op's stream, then the op's one synchronisation (a 4-byte copy the host must see before it
+// can choose between crisp and llama.cpp's kernel).
+static int64_t causal_prefix_on_device(ggml_backend_cuda_context & ctx, const ggml_tensor * mask, int64_t n_q) {
+  cudaStream_t stream = ctx.stream();
+  const int64_t n_kv = mask->ne[0];
+  ggml_cuda_pool_alloc<int> verdict(ctx.pool(), 1);
+  mask_row0_kernel<<<1, kRow0Threads, 0, stream>>>(static_cast<const uint16_t *>(mask->data), n_kv, n_q, verdict.get());
+  // NOTE: at most 65535 rows per launch (gridDim.y's limit), the kernel strides over the rest.
+  const dim3 grid(static_cast<unsigned>((n_kv + kMaskThreads - 1) / kMaskThreads),
+                  static_cast<unsigned>(std::min<int64_t>(n_q, 65535)));
+  mask_cells_kernel<<<grid, kMaskThreads, 0, stream>>>(static_cast<const char *>(mask->data), mask->nb[1], n_kv, n_q,
+                                                      verdict.get());
+  CUDA_CHECK(cudaGetLastError());
+  int * host = pinned_verdict();
+  CUDA_CHECK(cudaMemcpyAsync(host, verdict.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  return *host;
+}
+
+// ---------------------------------------------------------------- conversions
+// Q: F32 [d, n_q, Hq] with ggml byte strides -> T [n_q, Hq, d] (crisp view {d, Hq*d, 1}).
+template <typename T>
+__global__ void q_to_scratch_kernel(const char * __restrict__ q, size_t nb1, size_t nb2, int64_t d, int64_t heads,
+                                    int64_t n, T * __restrict__ out) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t x = e % d, h = (e / d) % heads, t = e / (d * heads);
+    const float value = *reinterpret_cast<const float *>(q + t * nb1 + h * nb2 + x * sizeof(float));
+    out[e] = T(value);
+  }
+}
+
+// O: T [n_q, Hq, d], the layout of dst -> F32 dst.
+template <typename T>
+__global__ void out_to_f32_kernel(const T * __restrict__ in, int64_t n, float * __restrict__ dst) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
+    dst[e] = float(in[e]);
+}
+
+// NOTE: element-wise launches: 256 threads, a grid capped at 4096 blocks that strides over the rest.
+constexpr int kElementThreads = 256;
+static unsigned element_blocks(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + kElementThreads - 1) / kElementThreads, 4096));
+}
+
+// ---------------------------------------------------------------- statistics on the device
+// kept blocks of every query head of a one-sequence plan (its nnz slots), added to a device counter.
+__global__ void add_kept_blocks_kernel(const int32_t * __restrict__ nnz, int heads, unsigned long long * counter) {
+  unsigned long long sum = 0;
+  for (int h = threadIdx.x; h < heads; h += blockDim.x) sum += static_cast<unsigned long long>(nnz[h]);
+  if (sum) atomicAdd(counter, sum);
+}
+
+// One counter per device, allocated on first use and never freed (8 bytes).
+std::mutex g_counter_mutex;
+unsigned long long * g_kept_counter[GGML_CUDA_MAX_DEVICES] = {};
+
+static unsigned long long * kept_counter(int device) {
+  std::lock_guard<std::mutex> lock(g_counter_mutex);
+  if (!g_kept_counter[device]) {
+    CUDA_CHECK(cudaMalloc(&g_kept_counter[device], sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemset(g_kept_counter[device], 0, sizeof(unsigned long long)));
+    CUDA_CHECK(cudaDeviceSynchronize());  // done before the next op's count, on any stream
+  }
+  return g_kept_counter[device];
+}
+
+// ---------------------------------------------------------------- device plans, cached per shape
+// A DevicePlan is made for one batch shape and owns its buffers and planner workspace (cudaMalloc:
+// making one, or dropping one, synchronises). Every layer of a ubatch has the same shape, so the
+// plan of the shape is made once per ubatch and reused by all its layers; a later ubatch (a longer
+// prefix) is a new shape. NOTE: 4 shapes kept per device: the current ubatch's, and a few for
+// models whose layers differ in heads or head dim; the least recently used goes first.
+constexpr size_t kCachedPlans = 4;
+
+struct PlanKey {
+  int device;
+  int64_t q_heads, kv_heads, head_dim, n_q, n_k;
+  int block_size;
+  bool operator==(const PlanKey & o) const {
+    return std::tie(device, q_heads, kv_heads, head_dim, n_q, n_k, block_size) ==
+           std::tie(o.device, o.q_heads, o.kv_heads, o.head_dim, o.n_q, o.n_k, o.block_size);
+  }
+};
+
+std::mutex g_plans_mutex;
+std::list<std::pair<PlanKey, std::shared_ptr<crisp::cuda::DevicePlan>>> g_plans;  // most recent first
+
+static std::shared_ptr<crisp::cuda::DevicePlan> plan_for(const PlanKey & key, const crisp::Config & config) {
+  std::lock_guard<std::mutex> lock(g_plans_mutex);
+  for (auto it = g_plans.begin(); it != g_plans.end(); ++it)
+    if (it->first == key) {
+      g_plans.splice(g_plans.begin(), g_plans, it);
+      return g_plans.front().second;
+    }
+  int same_device = 0;
+  for (const auto & entry : g_plans) same_device += entry.first.device == key.device;
+  if (same_device >= static_cast<int>(kCachedPlans))
+    for (auto it = g_plans.end(); it != g_plans.begin();) {
+      --it;
+      if (it->first.device == key.device) {
+        g_plans.erase(it);  // the op that used it is ordered before ours on the stream; cudaFree waits for it
+        break;
+      }
+    }
+  const crisp::Batch batch({0, key.n_q}, {0, key.n_k});
+  auto plan = std::make_shared<crisp::cuda::DevicePlan>(key.q_heads, key.kv_heads, key.head_dim, batch, config);
+  g_plans.emplace_front(key, plan);
+  return plan;
+}
+
+static bool cuda_head_dim_supported(int64_t head_dim) { return crisp::cuda::head_dim_supported(head_dim); }
+
+template <typename T>
+static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::DType dtype, int64_t n_past,
+             const crisp::Config & config) {
+  const ggml_tensor * q = dst->src[0];
+  const ggml_tensor * k = dst->src[1];
+  const ggml_tensor * v = dst->src[2];
+  cudaStream_t stream = ctx.stream();
+  const int64_t d = q->ne[0], n_q = q->ne[1], heads = q->ne[2], kv_heads = k->ne[2], n_k = n_past + n_q;
+  const int64_t n = d * heads * n_q;
+
+  // Q and O in dst's token-major layout [n_q, Hq, d], crisp views {d, Hq*d, 1}; LSE [Hq, n_q].
+  ggml_cuda_pool_alloc<T> q_scratch(ctx.pool(), n), out_scratch(ctx.pool(), n);
+  ggml_cuda_pool_alloc<float> lse(ctx.pool(), heads * n_q);
+  auto token_major = [&](void * data) {
+    crisp::TensorView view;
+    view.data = data;
+    view.dtype = dtype;
+    view.device = crisp::Device::cuda;
+    view.shape = {heads, n_q, d};
+    view.stride = {d, heads * d, 1};
+    return view;
+  };
+  auto cache_view = [&](const ggml_tensor * t) {
+    const int64_t es = static_cast<int64_t>(ggml_type_size(t->type));
+    crisp::TensorView view;
+    view.data = t->data;
+    view.dtype = dtype;
+    view.device = crisp::Device::cuda;
+    view.shape = {kv_heads, n_k, d};
+    view.stride = {static_cast<int64_t>(t->nb[2]) / es, static_cast<int64_t>(t->nb[1]) / es, 1};
+    return view;
+  };
+  const crisp::TensorView qv = token_major(q_scratch.get()), out = token_major(out_scratch.get());
+  const crisp::TensorView kv = cache_view(k), vv = cache_view(v);
+  const crisp::TensorView lse_view = crisp::TensorView::contiguous2d(lse.get(), crisp::DType::f32, heads, n_q, crisp::Device::cuda);
+
+  q_to_scratch_kernel<T><<<element_blocks(n), kElementThreads, 0, stream>>>(
+      static_cast<const char *>(q->data), q->nb[1], q->nb[2], d, heads, n, q_scratch.get());
+  CUDA_CHECK(cudaGetLastError());
+  const PlanKey key{ctx.device, heads, kv_heads, d, n_q, n_k, config.block_size};
+  const std::shared_ptr<crisp::cuda::DevicePlan> plan = plan_for(key, config);
+  crisp::cuda::plan_async(qv, kv, config, *plan, stream);
+  crisp::cuda::attend_async(qv, kv, vv, *plan, out, lse_view, stream);
+  // Past attend_async nothing throws: dst is written only from here on.
+  const auto * view = static_cast<const crisp::cuda_detail::DevicePlanView *>(plan->raw_view());
+  add_kept_blocks_kernel<<<1, 32, 0, stream>>>(view->nnz, static_cast<int>(heads), kept_counter(ctx.device));
+  out_to_f32_kernel<T><<<element_blocks(n), kElementThreads, 0, stream>>>(out_scratch.get(), n,
+                                                                         static_cast<float *>(dst->data));
+  CUDA_CHECK(cudaGetLastError());
+  count_blocks(0, heads * causal_blocks_of_op(n_past, n_q, config.block_size));
+}
+
+static void decline(const std::string & reason) {
+  count_declined();
+  log_once("sparse prefill falls back to llama.cpp's attention (CUDA): " + reason);
+}
+
+}  // namespace
+
+bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+  if (!is_prompt_op(dst)) return false;  // decode steps stay llama.cpp's
+  const std::shared_ptr<const SparsePrefill> setting = current_setting();
+  if (!setting) return false;
+  ggml_cuda_set_device(ctx.device);  // the kernels below launch on the current device
+
+  BackendLimits limits;
+  limits.f32_kv = false;  // crisp's CUDA kernels read f16 or bf16
+  limits.head_dim_supported = cuda_head_dim_supported;
+  limits.row_alignment = 16;  // crisp's CUDA kernels load 16-byte rows
+  const std::string reason = shape_decline_reason(dst, limits);
+  if (!reason.empty()) {
+    decline(reason);
+    return false;
+  }
+  // A stream being captured into a CUDA graph cannot wait for the mask verdict (llama.cpp
+  // captures only single-token batches today; this keeps any other capture correct).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    decline("a stream being captured into a CUDA graph");
+    return false;
+  }
+  const int64_t n_past = causal_prefix_on_device(ctx, dst->src[3], dst->src[0]->ne[1]);
+  if (n_past < 0) {
+    decline(kMaskDeclineReason);
+    return false;
+  }
+
+  float scale = 1.0f;
+  std::memcpy(&scale, dst->op_params, sizeof(float));
+  crisp::Config config = setting->config;
+  config.softmax_scale = scale;
+  try {
+    if (dst->src[1]->type == GGML_TYPE_F16) {
+      compute<__half>(ctx, dst, crisp::DType::f16, n_past, config);
+    } else {
+      compute<__nv_bfloat16>(ctx, dst, crisp::DType::bf16, n_past, config);
+    }
+  } catch (const crisp::Error & e) {
+    // crisp refused the shape before writing dst (compute writes dst last): llama.cpp's kernel
+    // computes the op instead.
+    decline(std::string("crisp refused the op: ") + e.what());
+    return false;
+  }
+  count_handled();
+  log_once("sparse prefill '" + setting->policy + "' computes the attention of prompt ubatches (CUDA)");
+  return true;
+}
+
+extern "C" bool ggml_cuda_set_sparse_prefill(const char * policy, const char * const * settings, int n_settings,
+                                             char * error, size_t error_size) {
+  return set_sparse_prefill(policy, settings, n_settings, error, error_size);
+}
+
+// kept_blocks are summed on each device (no synchronisation per op); reading them waits for every
+// device to finish its work, so ask between batches, as llama.cpp's tools do.
+extern "C" void ggml_cuda_get_sparse_prefill_stats(int64_t * handled, int64_t * declined, int64_t * kept_blocks,
+                                                   int64_t * causal_blocks) {
+  const Stats s = stats();
+  int64_t kept = 0;
+  if (kept_blocks) {
+    std::lock_guard<std::mutex> lock(g_counter_mutex);
+    int current = 0;
+    CUDA_CHECK(cudaGetDevice(&current));
+    for (int device = 0; device < GGML_CUDA_MAX_DEVICES; ++device) {
+      if (!g_kept_counter[device]) continue;
+      unsigned long long value = 0;
+      CUDA_CHECK(cudaSetDevice(device));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      CUDA_CHECK(cudaMemcpy(&value, g_kept_counter[device], sizeof(value), cudaMemcpyDeviceToHost));
+      kept += static_cast<int64_t>(value);
+    }
+    CUDA_CHECK(cudaSetDevice(current));
+  }
+  if (handled) *handled = s.handled;
+  if (declined) *declined = s.declined;
+  if (kept_blocks) *kept_blocks = kept;
+  if (causal_blocks) *causal_blocks = s.causal_blocks;
+}
+
+extern "C" void ggml_cuda_reset_sparse_prefill_stats(void) {
+  reset_stats();
+  std::lock_guard<std::mutex> lock(g_counter_mutex);
+  int current = 0;
+  CUDA_CHECK(cudaGetDevice(&current));
+  for (int device = 0; device < GGML_CUDA_MAX_DEVICES; ++device) {
+    if (!g_kept_counter[device]) continue;
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemset(g_kept_counter[device], 0, sizeof(unsigned long long)));
+    CUDA_CHECK(cudaDeviceSynchronize());  // done before the next op's count, on any stream
+  }
+  CUDA_CHECK(cudaSetDevice(current));
+}

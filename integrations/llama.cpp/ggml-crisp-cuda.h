@@ -1,0 +1,24 @@
+// integrations/llama.cpp/ggml-crisp-cuda.h — crisp's hook inside ggml's CUDA backend (see
+// docs/llama_cpp.md). Compiled into ggml-cuda by crisp.patch, whose fattn.cu and ggml-cuda.cu
+// repeat these declarations (their include paths do not reach this directory).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+struct ggml_tensor;
+struct ggml_backend_cuda_context;
+
+// Called by ggml_cuda_flash_attn_ext before its own kernels. Returns true when crisp computed
+// `dst` (enqueued on ctx's stream); false when the op is not one crisp handles (sparse prefill off,
+// a decode step, a mask that is not plain causal over a contiguous prefix, ALiBi, softcap, sinks,
+// a quantised cache, a head dim crisp's CUDA kernels lack, ...), and then llama.cpp's kernel runs.
+bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
+
+// The registry's "ggml_backend_set_sparse_prefill", "ggml_backend_get_sparse_prefill_stats" and
+// "ggml_backend_reset_sparse_prefill_stats" of the CUDA backend.
+extern "C" bool ggml_cuda_set_sparse_prefill(const char * policy, const char * const * settings, int n_settings,
+                                             char * error, size_t error_size);
+extern "C" void ggml_cuda_get_sparse_prefill_stats(int64_t * handled, int64_t * declined, int64_t * kept_blocks,
+                                                   int64_t * causal_blocks);
+extern "C" void ggml_cuda_reset_sparse_prefill_stats(void);

@@ -1,0 +1,147 @@
+// integrations/llama.cpp/ggml-crisp-rules.cpp — the setting, statistics and op rules shared by
+// crisp's CPU and CUDA hooks (ggml-crisp-rules.h). Compiled into each backend library.
+#include "ggml-crisp-rules.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <set>
+
+#include "ggml-impl.h"
+#include "plan/rules.h"
+
+namespace ggml_crisp {
+
+namespace {
+std::mutex g_mutex;                              // guards g_setting and g_reasons
+std::shared_ptr<const SparsePrefill> g_setting;  // null: off
+std::set<std::string> g_reasons;                 // messages already logged
+std::atomic<int64_t> g_handled{0}, g_declined{0}, g_kept_blocks{0}, g_causal_blocks{0};
+}  // namespace
+
+const char * const kMaskDeclineReason =
+    "a KQ mask that is not plain causal over a contiguous prefix (non-causal, sliding window, several sequences)";
+
+bool set_sparse_prefill(const char * policy, const char * const * settings, int n_settings, char * error,
+                        size_t error_size) {
+  auto fail = [&](const std::string & message) {
+    if (error && error_size > 0) std::snprintf(error, error_size, "%s", message.c_str());
+    return false;
+  };
+  if (!policy) return fail("policy is null; expected crisp, flexprefill, minference, dense or off");
+  if (n_settings < 0 || (n_settings > 0 && !settings)) return fail("settings: expected n_settings >= 0 key=value strings");
+  const std::string name = policy;
+  if (name != "crisp" && name != "flexprefill" && name != "minference" && name != "dense" && name != "off")
+    return fail("unknown policy '" + name + "'; expected crisp, flexprefill, minference, dense or off");
+  if (name == "off") {
+    if (n_settings > 0) return fail("--sparse-prefill-set given with --sparse-prefill off");
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_setting.reset();
+    return true;
+  }
+  auto setting = std::make_shared<SparsePrefill>();
+  setting->policy = name;
+  try {
+    setting->config = crisp::Config::from_preset(name);
+    for (int i = 0; i < n_settings; ++i) setting->config.set(std::string(settings[i]));
+    setting->config.validate();
+  } catch (const std::exception & e) {
+    return fail(e.what());
+  }
+  // Each layer's scale is the model's (the op's scale parameter); a fixed one would be wrong.
+  if (setting->config.softmax_scale != 0.0)
+    return fail("softmax_scale: is set by the model in llama.cpp; expected it unset (0)");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_setting = std::move(setting);
+  return true;
+}
+
+std::shared_ptr<const SparsePrefill> current_setting() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_setting;
+}
+
+void log_once(const std::string & message) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_reasons.insert(message).second) GGML_LOG_INFO("crisp: %s\n", message.c_str());
+}
+
+void count_handled() { ++g_handled; }
+
+void count_declined() { ++g_declined; }
+
+void count_blocks(int64_t kept_blocks, int64_t causal_blocks) {
+  g_kept_blocks += kept_blocks;
+  g_causal_blocks += causal_blocks;
+}
+
+Stats stats() {
+  Stats s;
+  s.handled = g_handled.load();
+  s.declined = g_declined.load();
+  s.kept_blocks = g_kept_blocks.load();
+  s.causal_blocks = g_causal_blocks.load();
+  return s;
+}
+
+void reset_stats() {
+  g_handled = 0;
+  g_declined = 0;
+  g_kept_blocks = 0;
+  g_causal_blocks = 0;
+}
+
+int64_t causal_blocks_of_op(int64_t n_past, int64_t n_q, int block_size) {
+  const int64_t n_k = n_past + n_q;
+  const int32_t num_blocks = static_cast<int32_t>((n_k + block_size - 1) / block_size);
+  return crisp::rules::causal_blocks_of_rows(crisp::rules::first_query_block(n_k, n_q, block_size), num_blocks);
+}
+
+namespace {
+// A ggml tensor whose ne are [d, tokens, heads, 1] read as crisp's [heads, tokens, d] with element
+// strides: the innermost dimension dense, the others whole elements, and row starts aligned.
+bool whole_element_rows(const ggml_tensor * t, size_t row_alignment) {
+  const size_t es = ggml_type_size(t->type);
+  return t->nb[0] == es && t->nb[1] % es == 0 && t->nb[2] % es == 0 &&
+         reinterpret_cast<uintptr_t>(t->data) % row_alignment == 0 && t->nb[1] % row_alignment == 0 &&
+         t->nb[2] % row_alignment == 0;
+}
+}  // namespace
+
+std::string shape_decline_reason(const ggml_tensor * dst, const BackendLimits & limits) {
+  const ggml_tensor * q = dst->src[0];
+  const ggml_tensor * k = dst->src[1];
+  const ggml_tensor * v = dst->src[2];
+  const ggml_tensor * mask = dst->src[3];
+  const ggml_tensor * sinks = dst->src[4];
+  float max_bias = 0.0f, softcap = 0.0f;
+  std::memcpy(&max_bias, reinterpret_cast<const float *>(dst->op_params) + 1, sizeof(float));
+  std::memcpy(&softcap, reinterpret_cast<const float *>(dst->op_params) + 2, sizeof(float));
+  auto kv_type_ok = [&](ggml_type type) {
+    return type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 || (limits.f32_kv && type == GGML_TYPE_F32);
+  };
+  if (max_bias != 0.0f) return "ALiBi (max_bias != 0)";
+  if (softcap != 0.0f) return "logit softcap";
+  if (sinks) return "attention sinks";
+  if (!mask) return "no KQ mask (non-causal attention)";
+  if (mask->type != GGML_TYPE_F16) return "a KQ mask that is not F16";
+  if (mask->ne[2] != 1 || mask->ne[3] != 1) return "a KQ mask per head or per stream";
+  if (mask->nb[0] != sizeof(uint16_t) || mask->nb[1] % sizeof(uint16_t) != 0) return "a KQ mask with non-contiguous rows";
+  if (q->ne[3] != 1 || k->ne[3] != 1 || v->ne[3] != 1) return "several KV streams in one ubatch";
+  if (q->type != GGML_TYPE_F32) return "Q that is not F32";
+  if (!kv_type_ok(k->type) || !kv_type_ok(v->type))
+    return limits.f32_kv ? "a quantised KV cache (F16, BF16 or F32 only)" : "a KV cache that is not F16 or BF16";
+  if (k->type != v->type) return "K and V of different types";
+  if (k->ne[0] != v->ne[0] || q->ne[0] != k->ne[0]) return "K and V head dims differ";
+  if (!limits.head_dim_supported(q->ne[0])) return "head dim " + std::to_string(q->ne[0]) + " (not supported by crisp here)";
+  if (q->ne[2] % k->ne[2] != 0 || v->ne[2] != k->ne[2]) return "head counts that are not GQA";
+  if (!ggml_is_contiguous(dst)) return "a non-contiguous output";
+  if (!whole_element_rows(q, 1) || !whole_element_rows(k, limits.row_alignment) ||
+      !whole_element_rows(v, limits.row_alignment))
+    return "Q/K/V strides that are not whole (aligned) elements";
+  return "";
+}
+
+}  // namespace ggml_crisp
