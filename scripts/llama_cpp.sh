@@ -5,11 +5,16 @@
 # (test-ggml-crisp) and llama-attn-time (the attention share of prompt processing).
 # docs/llama_cpp.md explains the integration.
 #
-# Usage: scripts/llama_cpp.sh [--cuda] [--server] [--target NAME]...
-#   --cuda        the GPU machine's build: GGML_CUDA=ON for sm_90a, in .deps/llama.cpp-build-cuda
-#                 (crisp's hook is on the CPU backend only so far; see docs/llama_cpp.md)
+# Usage: scripts/llama_cpp.sh [--cuda] [--server] [--target NAME]... [--pack DIR]
+#   --cuda        the GPU machine's build: GGML_CUDA=ON for sm_90a, in .deps/llama.cpp-build-cuda,
+#                 with crisp's CUDA backend (CRISP_CUDA=ON) and its hook in ggml-cuda
 #   --server      also build llama-server (several minutes more on two cores)
 #   --target T    build T too (repeatable), e.g. test-backend-ops
+#   --pack DIR    then copy the build's runtime (bin/*.so, llama-cli, llama-bench, llama-server
+#                 when built, test-ggml-crisp, llama-attn-time; stripped; they find each other by
+#                 rpath $ORIGIN) into DIR (emptied first; e.g. .gpubin/llama-cuda, ignored) and print
+#                 its size: binaries to carry to a machine that runs them without building (it needs
+#                 the CUDA runtime and cuBLAS of the toolkit they were built with)
 #   --update-patch  after editing .deps/llama.cpp-src: rewrite crisp.patch from it (the files the
 #                 patch touches, plus LLAMA_CPP_PATCH_FILES, paths inside llama.cpp) and stop
 # Prints the directory of the built binaries on stdout (and nothing else), so callers can write
@@ -34,6 +39,7 @@ say() { echo "llama_cpp: $*" >&2; }
 
 cuda=0
 update_patch=0
+pack_dir=""
 targets=(llama-cli llama-bench llama-simple llama-perplexity)
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -41,8 +47,9 @@ while [ $# -gt 0 ]; do
     --server) targets+=(llama-server) ;;
     --target) [ $# -ge 2 ] || die "--target needs a target name"; targets+=("$2"); shift ;;
     --update-patch) update_patch=1 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1'; expected --cuda, --server, --target NAME, --update-patch or --help" ;;
+    --pack) [ $# -ge 2 ] || die "--pack needs a directory"; pack_dir="$2"; shift ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1'; expected --cuda, --server, --target NAME, --pack DIR, --update-patch or --help" ;;
   esac
   shift
 done
@@ -121,15 +128,17 @@ fi
 # ---- configure and build
 cmake_args=(-S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON
-  -DGGML_CRISP_SOURCE_DIR="$repo_root" -DCRISP_CUDA=OFF)
+  -DGGML_CRISP_SOURCE_DIR="$repo_root" -DCRISP_NCCL=OFF
+  -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON)  # bin/ finds its libraries by $ORIGIN: --pack copies it as is
 if command -v ninja >/dev/null 2>&1; then cmake_args+=(-G Ninja); fi
 if command -v ccache >/dev/null 2>&1; then
   cmake_args+=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 if [ "$cuda" -eq 1 ]; then
-  cmake_args+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a)
+  # crisp's CUDA backend for the hook in ggml-cuda, for the same architecture as ggml's kernels
+  cmake_args+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCRISP_CUDA=ON)
 else
-  cmake_args+=(-DGGML_CUDA=OFF)
+  cmake_args+=(-DGGML_CUDA=OFF -DCRISP_CUDA=OFF)
 fi
 mkdir -p "$build"
 log="$build/crisp-build.log"
@@ -151,7 +160,7 @@ test_src="$repo_root/integrations/llama.cpp/test_ggml_crisp.cpp"
 test_bin="$build/bin/test-ggml-crisp"
 if [ ! -x "$test_bin" ] || [ "$test_src" -nt "$test_bin" ] || [ "$build/bin/libggml-cpu.so" -nt "$test_bin" ]; then
   if ! "${CXX:-c++}" -O2 -std=c++17 -Wall -I "$src/ggml/include" "$test_src" -o "$test_bin" \
-      -L "$build/bin" -lggml-cpu -lggml-base -lggml -Wl,-rpath,"$build/bin" >> "$log" 2>&1; then
+      -L "$build/bin" -lggml-cpu -lggml-base -lggml -Wl,-rpath,'$ORIGIN' >> "$log" 2>&1; then
     tail -n 30 "$log" >&2
     die "building test-ggml-crisp failed (log: $log)"
   fi
@@ -168,5 +177,17 @@ if [ ! -x "$attn_bin" ] || [ "$attn_src" -nt "$attn_bin" ] || [ "$build/bin/libl
     tail -n 30 "$log" >&2
     die "building llama-attn-time failed (log: $log)"
   fi
+fi
+
+# ---- the runtime, packed to be carried elsewhere
+if [ -n "$pack_dir" ]; then
+  rm -rf "$pack_dir"
+  mkdir -p "$pack_dir"
+  for f in "$build"/bin/*.so "$build"/bin/llama-cli "$build"/bin/llama-bench "$build"/bin/llama-server "$test_bin" "$attn_bin"; do
+    [ -f "$f" ] || continue
+    cp "$f" "$pack_dir/"
+    strip --strip-unneeded "$pack_dir/$(basename "$f")"  # keeps the RUNPATH: $ORIGIN (see cmake_args)
+  done
+  say "packed $(ls "$pack_dir" | wc -l) files into $pack_dir: $(du -sh "$pack_dir" | cut -f1)"
 fi
 echo "$build/bin"

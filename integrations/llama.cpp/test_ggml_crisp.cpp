@@ -1,23 +1,35 @@
-// integrations/llama.cpp/test_ggml_crisp.cpp — the hook of crisp.patch on ggml's own
-// flash-attention op, with the layouts llama.cpp builds (Q permuted from [D, H, n], K/V views of
-// an F16 cache padded to 256 cells, an F16 causal mask with padded rows):
-//   - dense through crisp matches an f64 reference of the same inputs, at least as closely as
-//     llama.cpp's own CPU kernel does, for a whole prompt and for a later ubatch (n_past > 0), at
-//     SmolLM2's shapes and Gemma 3's (head dim 256, 4 query heads on 1 KV head), and for a
-//     sliding-window mask whose window still covers every cell (it is plain causal then);
+// integrations/llama.cpp/test_ggml_crisp.cpp — the hooks of crisp.patch on ggml's own
+// flash-attention op, through ggml's backend API, on the CPU backend (default) or the CUDA backend
+// (`test-ggml-crisp cuda`; exits 77, a skip, where no CUDA device exists), with the layouts
+// llama.cpp builds (Q permuted from [D, H, n], K/V views of an F16 cache padded to 256 cells, an
+// F16 causal mask with padded rows):
+//   - dense through crisp matches an f64 reference of the same inputs (on CUDA: Q rounded to the
+//     cache's type, as the hook hands it to crisp), for a whole prompt and for a later ubatch
+//     (n_past > 0), at SmolLM2's shapes and Gemma 3's (head dim 256, 4 query heads on 1 KV head),
+//     for a BF16 cache, and for a sliding-window mask whose window still covers every cell; on the
+//     CPU at least as closely as llama.cpp's own kernel does;
 //   - every op the hook must not take (decode, ALiBi, softcap, non-causal mask, a hole in the
-//     cache, several sequences, a sliding window shorter than the prefix) runs llama.cpp's kernel: bit-identical to the run with
-//     sparse prefill off, and counted as declined (decode is not counted: it is never a candidate);
+//     cache, several sequences, a sliding window shorter than the prefix) runs llama.cpp's kernel:
+//     bit-identical to the run with sparse prefill off, and counted as declined (decode is not
+//     counted: it is never a candidate);
+//   - the output is poisoned with NaN before every run and must come back finite (fully written);
+//   - the statistics: dense keeps every causal block of the rows it computes (kept == causal ==
+//     the count from the shape), the sparse policies keep at most that; reset zeroes them;
 //   - the sparse policies run; bad settings are refused with a message.
-// Built by scripts/llama_cpp.sh against the patched ggml; run by tests/llama_cpp/test_llama_cpp.sh.
+// The setter and the statistics are found through the backend's registry, as llama.cpp's tools
+// find them. Built by scripts/llama_cpp.sh against the patched ggml; run by
+// tests/llama_cpp/test_llama_cpp.sh (CPU) and tests/llama_cpp/test_llama_cpp_cuda.sh (CUDA).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
 
@@ -31,6 +43,16 @@ void check(bool ok, const std::string & what) {
 
 constexpr int kThreads = 2;
 
+// The backend under test and its registry's crisp entry points (docs/llama_cpp.md).
+struct Backend {
+  bool cuda = false;
+  ggml_backend_t backend = nullptr;
+  bool (*set)(const char *, const char * const *, int, char *, size_t) = nullptr;
+  void (*get_stats)(int64_t *, int64_t *, int64_t *, int64_t *) = nullptr;
+  void (*reset_stats)(void) = nullptr;
+};
+Backend g_backend;
+
 // Which cells row i of the mask sees.
 enum class MaskKind { causal, non_causal, hole, two_sequences, sliding_window };
 
@@ -38,6 +60,7 @@ struct Case {
   int64_t n_q = 300;      // queries in the ubatch (not a multiple of crisp's block size)
   int64_t n_past = 0;     // cached tokens before them
   int64_t dim = 64, heads = 4, kv_heads = 2;  // SmolLM2's head dim, a GQA group of 2
+  ggml_type cache = GGML_TYPE_F16;
   MaskKind mask = MaskKind::causal;
   int64_t window = 0;     // sliding_window: row i sees the `window` cells up to its own (Gemma 3's SWA)
   float max_bias = 0.0f;  // ALiBi
@@ -59,42 +82,43 @@ bool visible(const Case & c, int64_t i, int64_t j) {
   return false;
 }
 
+struct Stats {
+  int64_t handled = 0, declined = 0, kept = 0, causal = 0;
+};
+Stats stats() {
+  Stats s;
+  g_backend.get_stats(&s.handled, &s.declined, &s.kept, &s.causal);
+  return s;
+}
+
 struct Run {
   std::vector<float> out;  // [n_q][heads][dim], ggml's permuted result
   std::vector<double> reference;
-  int64_t handled = 0, declined = 0;
+  Stats delta;             // the run's share of the statistics
+  bool finite = true;      // every output element written (the output was poisoned with NaN)
 };
 
-// Builds one flash-attention op as llama.cpp's build_attn_mha does and computes it.
+float cache_value(ggml_type type, const std::vector<uint16_t> & cache, size_t i) {
+  return type == GGML_TYPE_F16 ? ggml_fp16_to_fp32(cache[i]) : ggml_bf16_to_fp32(ggml_bf16_t{cache[i]});
+}
+
+uint16_t to_cache(ggml_type type, float x) {
+  return type == GGML_TYPE_F16 ? ggml_fp32_to_fp16(x) : ggml_fp32_to_bf16(x).bits;
+}
+
+// Builds one flash-attention op as llama.cpp's build_attn_mha does and computes it on the backend.
 Run run(const Case & c, uint32_t seed) {
   const int64_t n_tokens = c.n_past + c.n_q;
   const int64_t n_kv = (n_tokens + 255) / 256 * 256;  // llama.cpp pads the cache view to 256 cells
   const int64_t n_q_pad = (c.n_q + GGML_KQ_MASK_PAD - 1) / GGML_KQ_MASK_PAD * GGML_KQ_MASK_PAD;
-  ggml_init_params params = {size_t(256) << 20, nullptr, false};
+  ggml_init_params params = {ggml_tensor_overhead() * 16 + ggml_graph_overhead(), nullptr, true};
   ggml_context * ctx = ggml_init(params);
 
   const int64_t dim = c.dim, heads = c.heads, kv_heads = c.kv_heads;
   ggml_tensor * q_rows = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, dim, heads, c.n_q);
-  ggml_tensor * k_cache = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, dim, kv_heads, n_kv);
-  ggml_tensor * v_cache = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, dim, kv_heads, n_kv);
+  ggml_tensor * k_cache = ggml_new_tensor_3d(ctx, c.cache, dim, kv_heads, n_kv);
+  ggml_tensor * v_cache = ggml_new_tensor_3d(ctx, c.cache, dim, kv_heads, n_kv);
   ggml_tensor * mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n_q_pad);
-
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  float * qd = static_cast<float *>(q_rows->data);
-  // NOTE: q scaled by 3 so that the softmax is peaked rather than near uniform (scores up to ~24).
-  for (int64_t i = 0; i < ggml_nelements(q_rows); ++i) qd[i] = 3.0f * uniform(rng);
-  ggml_fp16_t * kd = static_cast<ggml_fp16_t *>(k_cache->data);
-  ggml_fp16_t * vd = static_cast<ggml_fp16_t *>(v_cache->data);
-  for (int64_t i = 0; i < ggml_nelements(k_cache); ++i) {
-    kd[i] = ggml_fp32_to_fp16(uniform(rng));
-    vd[i] = ggml_fp32_to_fp16(uniform(rng));
-  }
-  ggml_fp16_t * md = static_cast<ggml_fp16_t *>(mask->data);
-  for (int64_t i = 0; i < n_q_pad; ++i)
-    for (int64_t j = 0; j < n_kv; ++j)
-      md[i * n_kv + j] = ggml_fp32_to_fp16(i < c.n_q && j < n_tokens && visible(c, i, j) ? 0.0f : -INFINITY);
-
   ggml_tensor * q = ggml_permute(ctx, q_rows, 0, 2, 1, 3);  // [D, n_q, H]
   ggml_tensor * k = ggml_permute(ctx, k_cache, 0, 2, 1, 3);  // [D, n_kv, H_kv], strided into the cache
   ggml_tensor * v = ggml_permute(ctx, v_cache, 0, 2, 1, 3);
@@ -103,19 +127,45 @@ Run run(const Case & c, uint32_t seed) {
   ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32);
   ggml_cgraph * graph = ggml_new_graph(ctx);
   ggml_build_forward_expand(graph, out);
+  ggml_backend_buffer_t buffer = ggml_backend_alloc_ctx_tensors(ctx, g_backend.backend);
+
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> qd(ggml_nelements(q_rows));
+  // NOTE: q scaled by 3 so that the softmax is peaked rather than near uniform (scores up to ~24).
+  for (float & x : qd) x = 3.0f * uniform(rng);
+  std::vector<uint16_t> kd(ggml_nelements(k_cache)), vd(ggml_nelements(v_cache));
+  for (size_t i = 0; i < kd.size(); ++i) {
+    kd[i] = to_cache(c.cache, uniform(rng));
+    vd[i] = to_cache(c.cache, uniform(rng));
+  }
+  std::vector<ggml_fp16_t> md(n_kv * n_q_pad);
+  for (int64_t i = 0; i < n_q_pad; ++i)
+    for (int64_t j = 0; j < n_kv; ++j)
+      md[i * n_kv + j] = ggml_fp32_to_fp16(i < c.n_q && j < n_tokens && visible(c, i, j) ? 0.0f : -INFINITY);
+  ggml_backend_tensor_set(q_rows, qd.data(), 0, ggml_nbytes(q_rows));
+  ggml_backend_tensor_set(k_cache, kd.data(), 0, ggml_nbytes(k_cache));
+  ggml_backend_tensor_set(v_cache, vd.data(), 0, ggml_nbytes(v_cache));
+  ggml_backend_tensor_set(mask, md.data(), 0, ggml_nbytes(mask));
+  const std::vector<float> poison(ggml_nelements(out), std::numeric_limits<float>::quiet_NaN());
+  ggml_backend_tensor_set(out, poison.data(), 0, ggml_nbytes(out));
 
   Run r;
-  int64_t h0, d0, h1, d1;
-  ggml_cpu_get_sparse_prefill_stats(&h0, &d0);
-  if (ggml_graph_compute_with_ctx(ctx, graph, kThreads) != GGML_STATUS_SUCCESS) check(false, "ggml_graph_compute");
-  ggml_cpu_get_sparse_prefill_stats(&h1, &d1);
-  r.handled = h1 - h0;
-  r.declined = d1 - d0;
-  r.out.assign(static_cast<float *>(out->data), static_cast<float *>(out->data) + ggml_nelements(out));
+  const Stats before = stats();
+  if (ggml_backend_graph_compute(g_backend.backend, graph) != GGML_STATUS_SUCCESS) check(false, "ggml_backend_graph_compute");
+  const Stats after = stats();
+  r.delta = {after.handled - before.handled, after.declined - before.declined, after.kept - before.kept,
+             after.causal - before.causal};
+  r.out.resize(ggml_nelements(out));
+  ggml_backend_tensor_get(out, r.out.data(), 0, ggml_nbytes(out));
+  for (float x : r.out) r.finite = r.finite && std::isfinite(x);
 
-  // f64 reference of plain causal attention on the same (F16-rounded) inputs.
+  // f64 reference of plain causal attention on the inputs crisp reads: the cache's values, and Q
+  // as the hook hands it over (F32 on the CPU; rounded to the cache's type on CUDA).
   const bool window_covers_all = c.mask == MaskKind::sliding_window && c.window >= n_tokens;
   if ((c.mask == MaskKind::causal || window_covers_all) && c.max_bias == 0.0f && c.softcap == 0.0f) {
+    if (g_backend.cuda)
+      for (float & x : qd) x = cache_value(c.cache, {to_cache(c.cache, x)}, 0);
     r.reference.assign(r.out.size(), 0.0);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t kh = h / (heads / kv_heads);
@@ -125,28 +175,36 @@ Run run(const Case & c, uint32_t seed) {
         for (int64_t j = 0; j <= c.n_past + i; ++j) {
           double dot = 0.0;
           for (int64_t x = 0; x < dim; ++x)
-            dot += double(qd[(i * heads + h) * dim + x]) * ggml_fp16_to_fp32(kd[(j * kv_heads + kh) * dim + x]);
+            dot += double(qd[(i * heads + h) * dim + x]) * cache_value(c.cache, kd, (j * kv_heads + kh) * dim + x);
           s[j] = dot * scale;
           m = std::max(m, s[j]);
         }
         for (double & e : s) sum += (e = std::exp(e - m));
         for (int64_t x = 0; x < dim; ++x) {
           double acc = 0.0;
-          for (int64_t j = 0; j <= c.n_past + i; ++j) acc += s[j] * ggml_fp16_to_fp32(vd[(j * kv_heads + kh) * dim + x]);
+          for (int64_t j = 0; j <= c.n_past + i; ++j) acc += s[j] * cache_value(c.cache, vd, (j * kv_heads + kh) * dim + x);
           r.reference[(i * heads + h) * dim + x] = acc / sum;
         }
       }
     }
   }
+  ggml_backend_buffer_free(buffer);
   ggml_free(ctx);
   return r;
 }
 
 bool set_policy(const char * policy, std::vector<const char *> settings = {}, std::string * error = nullptr) {
   char message[512] = "";
-  const bool ok = ggml_cpu_set_sparse_prefill(policy, settings.data(), int(settings.size()), message, sizeof(message));
+  const bool ok = g_backend.set(policy, settings.data(), int(settings.size()), message, sizeof(message));
   if (error) *error = message;
   return ok;
+}
+
+// The causal blocks of the rows a plan of n_q queries after n_past cells computes, for every
+// query head (crisp's default block size, 128): rows n_past / 128 .. N - 1 of N = ceil(n_k / 128).
+int64_t causal_blocks(const Case & c) {
+  const int64_t block = 128, n_k = c.n_past + c.n_q, rows = (n_k + block - 1) / block, first = c.n_past / block;
+  return c.heads * (rows * (rows + 1) / 2 - first * (first + 1) / 2);
 }
 
 double max_error(const std::vector<float> & got, const std::vector<double> & want) {
@@ -155,18 +213,55 @@ double max_error(const std::vector<float> & got, const std::vector<double> & wan
   return worst;
 }
 
-void dense_matches_reference(const std::string & name, const Case & c) {
-  set_policy("off");
-  const Run llama = run(c, 1);
+bool identical(const Run & a, const Run & b) {
+  return std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)) == 0;
+}
+
+// NOTE: the tolerance against the f64 reference. CPU 1e-4: crisp computes in f32 (softmax over
+// <= 400 keys, |v| <= 1), so its error is rounding at ~1e-6 relative. CUDA 2e-3: crisp's kernels
+// round P to 16 bits for the PV product and write O in the cache's type (relative 2^-9 for bf16,
+// 2^-11 for f16, each at most that of |o| <= 1), about 1e-3 for f16 in the worst case; 2e-3
+// leaves a factor two. bf16 rounds 8x coarser: 1.6e-2.
+double tolerance(const Case & c) {
+  if (!g_backend.cuda) return 1e-4;
+  return c.cache == GGML_TYPE_BF16 ? 1.6e-2 : 2e-3;
+}
+
+// Dense through crisp against the f64 reference. compare_llama: also run llama.cpp's kernel (its
+// CUDA kernel has no BF16 cache). On CUDA a head dim crisp's kernels lack is declined, identical
+// to llama.cpp's kernel (crisp::cuda::head_dim_supported decides; Gemma 3's 256 once it says yes).
+void dense_matches_reference(const std::string & name, const Case & c, bool compare_llama = true) {
+  Run llama;
+  if (compare_llama) {
+    set_policy("off");
+    llama = run(c, 1);
+  }
   set_policy("dense");
   const Run crisp = run(c, 1);
-  check(crisp.handled == 1 && crisp.declined == 0, name + ": crisp computed the op");
-  const double llama_error = max_error(llama.out, llama.reference), crisp_error = max_error(crisp.out, crisp.reference);
-  std::printf("      max |out - f64 reference|: llama.cpp %.3g, crisp dense %.3g\n", llama_error, crisp_error);
-  // NOTE: 1e-4: crisp computes in f32 (softmax over <= 400 keys, |v| <= 1), so its error is
-  // rounding at ~1e-6 relative; llama.cpp's kernel rounds Q to F16 and accumulates in F16 (~1e-3).
-  check(crisp_error <= 1e-4, name + ": crisp dense within 1e-4 of the f64 reference");
-  check(crisp_error <= llama_error, name + ": crisp at least as close to the reference as llama.cpp's kernel");
+  if (g_backend.cuda && compare_llama && crisp.delta.handled == 0 && crisp.delta.declined == 1) {
+    std::printf("      %s: left to llama.cpp (crisp's CUDA kernels lack head dim %lld)\n", name.c_str(),
+                static_cast<long long>(c.dim));
+    check(identical(llama, crisp), name + ": declined, output identical to llama.cpp's");
+    return;
+  }
+  check(crisp.delta.handled == 1 && crisp.delta.declined == 0, name + ": crisp computed the op");
+  check(crisp.finite, name + ": every output element written");
+  check(crisp.delta.kept == causal_blocks(c) && crisp.delta.causal == causal_blocks(c),
+        name + ": stats: dense kept every causal block (" + std::to_string(crisp.delta.kept) + " of " +
+            std::to_string(crisp.delta.causal) + ", expected " + std::to_string(causal_blocks(c)) + ")");
+  const double crisp_error = max_error(crisp.out, crisp.reference);
+  if (compare_llama) {
+    const double llama_error = max_error(llama.out, llama.reference);
+    std::printf("      max |out - f64 reference|: llama.cpp %.3g, crisp dense %.3g\n", llama_error, crisp_error);
+    // On CUDA both round Q and P to 16 bits, in different orders: neither is the closer one by rule.
+    if (!g_backend.cuda)
+      check(crisp_error <= llama_error, name + ": crisp at least as close to the reference as llama.cpp's kernel");
+  } else {
+    std::printf("      max |out - f64 reference|: crisp dense %.3g\n", crisp_error);
+  }
+  char bound[32];
+  std::snprintf(bound, sizeof(bound), "%g", tolerance(c));
+  check(crisp_error <= tolerance(c), name + ": crisp dense within " + bound + " of the f64 reference");
 }
 
 void falls_back(const std::string & name, const Case & c, bool candidate = true) {
@@ -174,9 +269,9 @@ void falls_back(const std::string & name, const Case & c, bool candidate = true)
   const Run llama = run(c, 2);
   set_policy("dense");
   const Run hooked = run(c, 2);
-  check(hooked.handled == 0 && hooked.declined == (candidate ? 1 : 0), name + ": left to llama.cpp");
-  check(std::memcmp(llama.out.data(), hooked.out.data(), llama.out.size() * sizeof(float)) == 0,
-        name + ": output identical to llama.cpp's");
+  check(hooked.delta.handled == 0 && hooked.delta.declined == (candidate ? 1 : 0), name + ": left to llama.cpp");
+  check(identical(llama, hooked), name + ": output identical to llama.cpp's");
+  check(hooked.finite, name + ": every output element written");
 }
 
 void sparse_policies_run() {
@@ -189,12 +284,19 @@ void sparse_policies_run() {
     set_policy(policy);
     for (const Case & c : {prompt, chunk}) {
       const Run r = run(c, 3);
-      bool finite = true;
-      for (float x : r.out) finite = finite && std::isfinite(x);
-      check(r.handled == 1 && finite, std::string(policy) + (c.n_past ? ", chunk" : ", prompt") +
-                                          ": crisp computed the op, finite output");
+      const std::string name = std::string(policy) + (c.n_past ? ", chunk" : ", prompt");
+      check(r.delta.handled == 1 && r.finite, name + ": crisp computed the op, every output element written, finite");
+      check(r.delta.causal == causal_blocks(c) && r.delta.kept >= c.heads && r.delta.kept <= r.delta.causal,
+            name + ": stats: kept " + std::to_string(r.delta.kept) + " of " + std::to_string(r.delta.causal) +
+                " causal blocks");
     }
   }
+}
+
+void stats_reset() {
+  g_backend.reset_stats();
+  const Stats s = stats();
+  check(s.handled == 0 && s.declined == 0 && s.kept == 0 && s.causal == 0, "stats reset to zero");
 }
 
 // Each setting refused, with a message naming the culprit.
@@ -215,9 +317,42 @@ void bad_settings_refused() {
   check(accepted, "good settings accepted " + error);
 }
 
+// The backend named by argv[1] (cpu, the default, or cuda) and its registry's entry points.
+// Returns false when the backend is absent (no CUDA device).
+bool open_backend(const std::string & name) {
+  ggml_backend_dev_t dev = ggml_backend_dev_by_type(name == "cuda" ? GGML_BACKEND_DEVICE_TYPE_GPU : GGML_BACKEND_DEVICE_TYPE_CPU);
+  if (!dev) return false;
+  g_backend.cuda = name == "cuda";
+  g_backend.backend = ggml_backend_dev_init(dev, nullptr);
+  if (!g_backend.backend) return false;
+  if (!g_backend.cuda) ggml_backend_cpu_set_n_threads(g_backend.backend, kThreads);
+  ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+  g_backend.set = reinterpret_cast<decltype(g_backend.set)>(ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_sparse_prefill"));
+  g_backend.get_stats = reinterpret_cast<decltype(g_backend.get_stats)>(
+      ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_sparse_prefill_stats"));
+  g_backend.reset_stats = reinterpret_cast<decltype(g_backend.reset_stats)>(
+      ggml_backend_reg_get_proc_address(reg, "ggml_backend_reset_sparse_prefill_stats"));
+  return true;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char ** argv) {
+  const std::string backend = argc > 1 ? argv[1] : "cpu";
+  if (argc > 2 || (backend != "cpu" && backend != "cuda")) {
+    std::fprintf(stderr, "usage: test-ggml-crisp [cpu|cuda]\n");
+    return 2;
+  }
+  if (!open_backend(backend)) {
+    std::printf("skip: no %s device\n", backend.c_str());
+    return 77;
+  }
+  std::printf("backend: %s (%s)\n", backend.c_str(), ggml_backend_name(g_backend.backend));
+  if (!g_backend.set || !g_backend.get_stats || !g_backend.reset_stats) {
+    check(false, "the backend registry has ggml_backend_set/get/reset sparse prefill entry points");
+    return 1;
+  }
+  stats_reset();
   dense_matches_reference("whole prompt", Case{});
   Case chunk;  // a later ubatch: 300 queries after 100 cached tokens
   chunk.n_past = 100;
@@ -263,9 +398,17 @@ int main() {
   Case two;
   two.mask = MaskKind::two_sequences;
   falls_back("two sequences", two);
+  Case bf16;  // a BF16 cache (llama.cpp's own CUDA kernel has none: crisp alone, against the reference)
+  bf16.cache = GGML_TYPE_BF16;
+  dense_matches_reference("BF16 cache", bf16, !g_backend.cuda);
+  Case bf16_chunk = bf16;
+  bf16_chunk.n_past = 100;
+  dense_matches_reference("BF16 cache, chunk", bf16_chunk, !g_backend.cuda);
   sparse_policies_run();
   bad_settings_refused();
+  stats_reset();
   set_policy("off");
+  ggml_backend_free(g_backend.backend);
   std::printf("%s\n", g_failures == 0 ? "all checks passed" : "some checks failed");
   return g_failures == 0 ? 0 : 1;
 }

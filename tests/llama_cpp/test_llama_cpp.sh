@@ -8,14 +8,30 @@
 #      prompt in one ubatch and in ubatches of 256 (chunks over the cache);
 #   2. --sparse-prefill crisp runs and crisp computed the prompt's attention;
 #   3. a bad policy, key or value stops llama-cli with an error naming it.
-# Usage: tests/llama_cpp/test_llama_cpp.sh [BIN_DIR [MODEL]]
+# Usage: tests/llama_cpp/test_llama_cpp.sh [--cuda] [BIN_DIR [MODEL]]
+#   --cuda: the same on the CUDA backend (the GPU machine): test-ggml-crisp cuda, every layer
+#   offloaded (-ngl 99), crisp's CUDA hook computing the prompt (its "(CUDA)" log line); BIN_DIR
+#   then defaults to .deps/llama.cpp-build-cuda/bin (scripts/llama_cpp.sh --cuda), or a directory
+#   packed by its --pack.
 #   BIN_DIR: llama.cpp's binaries (default .deps/llama.cpp-build/bin, what scripts/llama_cpp.sh
 #   builds); MODEL: the GGUF (default: scripts/fetch_model.sh's cached SmolLM2 file).
-# Exits 77 (CTest's skip) when the llama.cpp build or the model is absent: neither is fetched here.
+# Exits 77 (CTest's skip) when the llama.cpp build or the model is absent (neither is fetched
+# here), or with --cuda where no CUDA device exists.
 set -uo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-bin="${1:-$repo_root/.deps/llama.cpp-build/bin}"
+backend=cpu
+offload=()          # llama-cli arguments that put the layers on the backend under test
+computes_suffix=""  # what the hook's "computes" log line ends with on that backend
+default_bin="$repo_root/.deps/llama.cpp-build/bin"
+if [ "${1:-}" = "--cuda" ]; then
+  shift
+  backend=cuda
+  offload=(-ngl 99)
+  computes_suffix=" (CUDA)"
+  default_bin="$repo_root/.deps/llama.cpp-build-cuda/bin"
+fi
+bin="${1:-$default_bin}"
 model="${2:-${CRISP_MODEL_PATH:-${CRISP_MODEL_DIR:-$repo_root/.cache/model}/SmolLM2-135M-Instruct.Q4_1.gguf}}"
 cli="$bin/llama-cli"
 [ -x "$cli" ] && [ -x "$bin/test-ggml-crisp" ] || { echo "skip: no llama.cpp build in $bin (run scripts/llama_cpp.sh)"; exit 77; }
@@ -24,7 +40,13 @@ failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 # 0. the hook itself (no model needed)
-"$bin/test-ggml-crisp" 2>/dev/null || fail "test-ggml-crisp"
+"$bin/test-ggml-crisp" "$backend" 2>/dev/null
+rc=$?
+if [ "$rc" -eq 77 ]; then
+  echo "skip: no $backend device"
+  exit 77
+fi
+[ "$rc" -eq 0 ] || fail "test-ggml-crisp $backend"
 
 [ -f "$model" ] || { echo "skip: no model at $model (run scripts/fetch_model.sh)"; [ "$failures" -eq 0 ] && exit 77; exit 1; }
 work="$(mktemp -d)"
@@ -42,13 +64,13 @@ prompt+="Question: what is the secret code of box number 23?"$'\n'"Answer: the s
 run_cli() {  # run_cli NAME ARGS... -> $work/NAME.out (stdout), $work/NAME.err (stderr), returns rc
   local name="$1"; shift
   "$cli" -m "$model" -no-cnv -p "$prompt" -n 16 --temp 0 --seed 1 -c 2048 -b 2048 -ub 2048 -t 2 \
-    --no-warmup "$@" < /dev/null > "$work/$name.out" 2> "$work/$name.err"
+    --no-warmup "${offload[@]}" "$@" < /dev/null > "$work/$name.out" 2> "$work/$name.err"
 }
 
 # 1. dense through crisp == llama.cpp's flash attention
 run_cli fa -fa || fail "llama-cli -fa exited $?: $(tail -n 3 "$work/fa.err")"
 run_cli dense --sparse-prefill dense || fail "llama-cli --sparse-prefill dense exited $?: $(tail -n 3 "$work/dense.err")"
-grep -q "crisp: sparse prefill 'dense' computes" "$work/dense.err" || fail "dense: crisp did not compute the prompt's attention"
+grep -q "crisp: sparse prefill 'dense' computes the attention of prompt ubatches$computes_suffix" "$work/dense.err" || fail "dense: crisp did not compute the prompt's attention"
 if grep -q "crisp: sparse prefill falls back" "$work/dense.err"; then
   fail "dense: fell back: $(grep "falls back" "$work/dense.err")"
 fi
@@ -61,7 +83,7 @@ fi
 # 1b. the same prompt in ubatches of 256: the later ones are chunks over the cached tokens
 run_cli fa_ub256 -fa -ub 256 || fail "llama-cli -fa -ub 256 exited $?: $(tail -n 3 "$work/fa_ub256.err")"
 run_cli dense_ub256 --sparse-prefill dense -ub 256 || fail "llama-cli --sparse-prefill dense -ub 256 exited $?"
-grep -q "crisp: sparse prefill 'dense' computes" "$work/dense_ub256.err" || fail "dense -ub 256: crisp did not compute"
+grep -q "crisp: sparse prefill 'dense' computes the attention of prompt ubatches$computes_suffix" "$work/dense_ub256.err" || fail "dense -ub 256: crisp did not compute"
 if grep -q "crisp: sparse prefill falls back" "$work/dense_ub256.err"; then
   fail "dense -ub 256: fell back: $(grep "falls back" "$work/dense_ub256.err")"
 fi
@@ -69,7 +91,7 @@ cmp -s "$work/fa_ub256.out" "$work/dense_ub256.out" || fail "dense -ub 256 outpu
 
 # 2. the crisp policy runs through crisp
 run_cli crisp --sparse-prefill crisp || fail "llama-cli --sparse-prefill crisp exited $?: $(tail -n 3 "$work/crisp.err")"
-grep -q "crisp: sparse prefill 'crisp' computes" "$work/crisp.err" || fail "crisp: crisp did not compute the prompt's attention"
+grep -q "crisp: sparse prefill 'crisp' computes the attention of prompt ubatches$computes_suffix" "$work/crisp.err" || fail "crisp: crisp did not compute the prompt's attention"
 echo "flash attention: $(tail -c 120 "$work/fa.out" | tr '\n' ' ')"
 echo "crisp:           $(tail -c 120 "$work/crisp.out" | tr '\n' ' ')"
 
