@@ -297,8 +297,7 @@ extern "C" bool ggml_cuda_set_sparse_prefill(const char * policy, const char * c
 // device to finish its work, so ask between batches, as llama.cpp's tools do.
 extern "C" void ggml_cuda_get_sparse_prefill_stats(int64_t * handled, int64_t * declined, int64_t * kept_blocks,
                                                    int64_t * causal_blocks) {
-  const Stats s = stats();
-  int64_t kept = 0;
+  Stats s = stats();  // kept_blocks there is 0: this hook counts them on the devices
   if (kept_blocks) {
     std::lock_guard<std::mutex> lock(g_counter_mutex);
     int current = 0;
@@ -309,14 +308,11 @@ extern "C" void ggml_cuda_get_sparse_prefill_stats(int64_t * handled, int64_t * 
       CUDA_CHECK(cudaSetDevice(device));
       CUDA_CHECK(cudaDeviceSynchronize());
       CUDA_CHECK(cudaMemcpy(&value, g_kept_counter[device], sizeof(value), cudaMemcpyDeviceToHost));
-      kept += static_cast<int64_t>(value);
+      s.kept_blocks += static_cast<int64_t>(value);
     }
     CUDA_CHECK(cudaSetDevice(current));
   }
-  if (handled) *handled = s.handled;
-  if (declined) *declined = s.declined;
-  if (kept_blocks) *kept_blocks = kept;
-  if (causal_blocks) *causal_blocks = s.causal_blocks;
+  store_stats(s, handled, declined, kept_blocks, causal_blocks);
 }
 
 extern "C" void ggml_cuda_reset_sparse_prefill_stats(void) {

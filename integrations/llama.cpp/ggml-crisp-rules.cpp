@@ -86,6 +86,13 @@ Stats stats() {
   return s;
 }
 
+void store_stats(const Stats & s, int64_t * handled, int64_t * declined, int64_t * kept_blocks, int64_t * causal_blocks) {
+  if (handled) *handled = s.handled;
+  if (declined) *declined = s.declined;
+  if (kept_blocks) *kept_blocks = s.kept_blocks;
+  if (causal_blocks) *causal_blocks = s.causal_blocks;
+}
+
 void reset_stats() {
   g_handled = 0;
   g_declined = 0;

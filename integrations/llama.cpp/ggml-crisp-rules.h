@@ -54,6 +54,8 @@ void count_declined();
 void count_blocks(int64_t kept_blocks, int64_t causal_blocks);  // any share of an op's heads
 Stats stats();
 void reset_stats();
+// Writes s to the "ggml_backend_get_sparse_prefill_stats" out-parameters (any may be null).
+void store_stats(const Stats & s, int64_t * handled, int64_t * declined, int64_t * kept_blocks, int64_t * causal_blocks);
 
 // The causal blocks of the rows an op of n_q queries after n_past cached cells computes, per query
 // head, with crisp's block size (the rows first_row .. N-1 of the whole prompt's grid).

@@ -85,11 +85,7 @@ extern "C" bool ggml_cpu_set_sparse_prefill(const char * policy, const char * co
 
 extern "C" void ggml_cpu_get_sparse_prefill_stats(int64_t * handled, int64_t * declined, int64_t * kept_blocks,
                                                   int64_t * causal_blocks) {
-  const Stats s = stats();
-  if (handled) *handled = s.handled;
-  if (declined) *declined = s.declined;
-  if (kept_blocks) *kept_blocks = s.kept_blocks;
-  if (causal_blocks) *causal_blocks = s.causal_blocks;
+  store_stats(stats(), handled, declined, kept_blocks, causal_blocks);
 }
 
 extern "C" void ggml_cpu_reset_sparse_prefill_stats(void) { reset_stats(); }
