@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "cpu/cpu_common.h"
 #include "crisp/crisp.h"
+#include "crisp/cuda.h"
 #include "plan/rules.h"
 
 namespace crisp {
@@ -579,5 +580,10 @@ std::vector<HeadMetrics> compare(const TensorView& out_sparse, const TensorView&
   });
   return metrics;
 }
+
+namespace cuda {
+// Here rather than in src/cuda: a pure shape rule that CPU-only builds answer too.
+bool head_dim_supported(int64_t head_dim) { return shape_rules::cuda_head_dim_supported(head_dim); }
+}  // namespace cuda
 
 }  // namespace crisp
