@@ -317,7 +317,17 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"fp16_d128_B128_paged48_shuffled", f16, 128, 128, 4, 2, {{200, 1000}, {33, 333}}, Layout::random, 0.3, 48,
              true, 18},
         Case{"bf16_d64_B64_paged80_vllm_layout", bf16, 64, 64, 4, 2, {{77, 800}}, Layout::dense, 0, 80, true, 19,
-             true}),
+             true},
+        // Head dim 256 (Gemma 3): chunks, contiguous and paged (pages shorter and longer than B).
+        Case{"bf16_d256_B128_varlen_mixed_gqa4", bf16, 256, 128, 8, 2, {{1, 700}, {129, 129}, {200, 1300}},
+             Layout::random, 0.25, 0, false, 20},
+        Case{"fp16_d256_B64_unaligned_gqa2", f16, 256, 64, 4, 2, {{300, 1500}, {64, 64}}, Layout::crisp_plan, 0, 0,
+             false, 21},
+        Case{"bf16_d256_B128_paged16_shuffled_vllm_layout", bf16, 256, 128, 4, 1, {{1, 700}, {300, 1100}},
+             Layout::random, 0.3, 16, true, 22, true},
+        Case{"fp16_d256_B64_paged128_shuffled_gqa4", f16, 256, 64, 8, 2, {{500, 1234}, {1, 65}}, Layout::crisp_plan, 0,
+             128, true, 23},
+        Case{"bf16_d256_B64_paged48_shuffled", bf16, 256, 64, 4, 2, {{77, 800}}, Layout::dense, 0, 48, true, 24}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ------------------------------------------------------------------ the work order of chunks
