@@ -54,6 +54,9 @@ crisp_cli_test(help.plan ARGS "plan|--help" RC 0 STDOUT "--q.*--k.*--json.*--pol
 crisp_cli_test(help.attend ARGS "attend|--help" RC 0 STDOUT "--v.*--out.*--lse.*--policy")
 crisp_cli_test(help.gen ARGS "gen|--help" RC 0 STDOUT "--seq.*--out-dir")
 crisp_cli_test(help.bench ARGS "bench|--help" RC 0 STDOUT "bench")
+# --dim takes the CUDA kernels' head dims only (checked before the GPU is looked for).
+crisp_cli_test(bench.dim_refused ARGS "bench|--dim|96" RC 2 STDERR "${ERR}--dim: '96' is not 64, 128 or 256")
+crisp_cli_test(help.bench_dims ARGS "bench|--help" RC 0 STDOUT "--dim.*64, 128 or 256")
 # Commands of the model runner and the evaluation (tools/cmd_run.cpp, cmd_eval.cpp).
 crisp_cli_test(help.run ARGS "run|--help" RC 0 STDOUT "Usage: crisp run")
 crisp_cli_test(help.eval ARGS "eval|--help" RC 0 STDOUT "Usage: crisp eval")

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "crisp/crisp.h"
+#include "crisp/cuda.h"
 #include "crisp/npy.h"
 #include "oracle.h"
 #include "test_util.h"
@@ -81,6 +82,13 @@ TEST(BadInput, HeadDimTooLarge) {
   // d = 256 is accepted.
   Tensor3 q2 = crisp_test::random_tensor(1, 1, 4, 256), k2 = crisp_test::random_tensor(2, 1, 4, 256);
   EXPECT_NO_THROW(crisp::plan(q2.view(), k2.view(), crisp_cfg()));
+}
+
+// The CUDA kernels' head dims, answered without a device (CPU-only builds included): what a caller
+// such as a framework hook asks before it hands a layer to crisp on the GPU.
+TEST(BadInput, CudaHeadDimQuery) {
+  for (const int64_t d : {64, 128, 256}) EXPECT_TRUE(crisp::cuda::head_dim_supported(d)) << d;
+  for (const int64_t d : {-128, 0, 32, 96, 192, 255, 257, 512}) EXPECT_FALSE(crisp::cuda::head_dim_supported(d)) << d;
 }
 
 TEST(BadInput, ZeroTokens) {

@@ -37,6 +37,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/half.h"
+#include "common/shape_rules.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
 #include "bench_chunked.h"
@@ -329,7 +330,17 @@ void register_bench_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--heads", args->heads, "Query heads")->check(CLI::PositiveNumber);
   sub->add_option("--kv-heads", args->kv_heads, "Key/value heads (divides --heads)")->check(CLI::PositiveNumber);
-  sub->add_option("--dim", args->dim, "Head dimension (64 or 128)")->check(CLI::IsMember({64, 128}));
+  sub->add_option("--dim", args->dim, std::string("Head dimension (") + crisp::shape_rules::kCudaHeadDimExpected + ")")
+      ->check(CLI::Validator(
+          [](std::string& input) -> std::string {
+            std::size_t used = 0;
+            try {
+              if (crisp::cuda::head_dim_supported(std::stoll(input, &used)) && used == input.size()) return "";
+            } catch (const std::exception&) {
+            }
+            return "'" + input + "' is not " + crisp::shape_rules::kCudaHeadDimExpected;
+          },
+          "HEAD_DIM"));
   sub->add_option("--block", args->block, "Block size (64 or 128)")->check(CLI::IsMember({64, 128}));
   sub->add_option("--reps", args->reps, "Timed runs per measurement (median reported)")->check(CLI::Range(1, 1000));
   sub->add_option("--warmup", args->warmup, "Untimed runs before timing")->check(CLI::Range(0, 100));

@@ -116,7 +116,7 @@ bool nccl_built();
 // times (NCCL collectives; a missing rank hangs the others, as with any collective).
 class ContextParallelPrefill {
  public:
-  // dtype: bf16 or f16; head_dim 64 or 128; config validated; nccl_comm an ncclComm_t of `world`
+  // dtype: bf16 or f16; head_dim 64, 128 or 256; config validated; nccl_comm an ncclComm_t of `world`
   // ranks in which this one is `rank`. Throws crisp::Error naming the argument on bad input, or
   // "built without NCCL" when the library has no NCCL.
   ContextParallelPrefill(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t n, DType dtype,

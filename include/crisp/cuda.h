@@ -36,8 +36,8 @@ bool available();
 // library built with sm_90a code. Throws crisp::Error when the CUDA runtime fails.
 bool hopper_kernel_available();
 
-// Whether the CUDA attention kernels are built for this head dim (anything else makes
-// attend_async throw). A shape rule: answered in every build, CPU-only ones included, without
+// Whether the CUDA attention kernels are built for this head dim (64, 128 or 256; anything else
+// makes attend_async throw). A shape rule: answered in every build, CPU-only ones included, without
 // touching a device. Never throws.
 bool head_dim_supported(int64_t head_dim);
 
@@ -155,7 +155,7 @@ void plan_async(const TensorView& q, const TensorView& k, const Config& config, 
 //   q: [Hq, tokens, d] (the plan's query rows), k, v: [Hkv, key tokens, d] (every sequence's keys
 //   in order), or with a non-empty `block_table` the page pool [Hkv, num_pages * page_size, d]
 //   (page ids on the device, in [0, num_pages): an id outside reads as zero keys):
-//   f16 or bf16 (all three the same), d = 64 or 128;
+//   f16 or bf16 (all three the same), d = 64, 128 or 256 (head_dim_supported);
 //   out: [Hq, tokens, d], the input dtype; lse: [Hq, tokens] f32 (natural log).
 //   Paged K/V run on either kernel (docs/hopper.md); a pool of 2^31 rows or more only on the
 //   portable one.

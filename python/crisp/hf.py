@@ -14,8 +14,8 @@ What runs where. crisp is a *prefill* kernel: it runs a layer's attention when
     unused tail): each row's keys and queries are passed as a varlen batch (cu_seqlens);
     any other mask (custom, bidirectional, packed sequences) falls back,
   * the module is causal, with no sliding window, soft-capping or position bias, no dropout,
-  * and q/k/v are on a device and dtype crisp supports (CUDA: float16/bfloat16, head dim 64 or
-    128; CPU: float32/float16/bfloat16/float64).
+  * and q/k/v are on a device and dtype crisp supports (CUDA: float16/bfloat16, head dim 64,
+    128 or 256; CPU: float32/float16/bfloat16/float64).
 
 Decode steps (one query token) run on transformers' ``sdpa`` attention by design: crisp's
 sparsity is a prefill saving, and one query over the cache is a memory-bound dot product sdpa
@@ -69,7 +69,7 @@ def _fallback_reason(module, query, key, value, attention_mask, dropout, kwargs)
     if query.device.type == "cuda":
         if query.dtype not in (torch.float16, torch.bfloat16):
             return f"dtype {query.dtype} on CUDA"
-        if query.shape[-1] not in (64, 128):
+        if query.shape[-1] not in (64, 128, 256):
             return f"head dim {query.shape[-1]} on CUDA"
     elif query.device.type != "cpu":
         return f"device {query.device.type}"

@@ -13,8 +13,10 @@ constexpr bool valid_block_size(int64_t block_size) { return block_size == 64 ||
 constexpr const char* kBlockSizeExpected = "64 or 128";
 
 // The head dims the CUDA attention kernels (portable and Hopper) are instantiated for.
-constexpr bool cuda_head_dim_supported(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
-constexpr const char* kCudaHeadDimExpected = "64 or 128 on the CUDA backend";
+constexpr bool cuda_head_dim_supported(int64_t head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+constexpr const char* kCudaHeadDimExpected = "64, 128 or 256 on the CUDA backend";
 
 // Spec §6: the softmax scale s: the configured one, or 1/sqrt(d) when it is 0.
 inline double resolve_softmax_scale(double configured, int64_t head_dim) {

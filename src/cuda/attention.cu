@@ -60,7 +60,7 @@ void check_rows(const char* name, const TensorView& t) {
 
 template <typename T, int kDim, int kBlock, bool kPaged>
 void launch(const att::Params& params, int64_t num_ctas, cudaStream_t stream) {
-  constexpr int kThreads = att::threads_per_cta<kBlock>();
+  constexpr int kThreads = att::threads_per_cta<kDim, kBlock>();
   constexpr int kSmemBytes = att::smem_bytes<T, kDim, kBlock>();
   auto kernel = att::block_sparse_attention_kernel<T, kDim, kBlock, kPaged>;
   CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
@@ -71,6 +71,10 @@ void launch(const att::Params& params, int64_t num_ctas, cudaStream_t stream) {
 template <typename T, bool kPaged>
 void dispatch_dim_block(const att::Params& params, int64_t head_dim, int block, int64_t num_ctas,
                         cudaStream_t stream) {
+  if (head_dim == 256) {
+    if (block == 128) return launch<T, 256, 128, kPaged>(params, num_ctas, stream);
+    return launch<T, 256, 64, kPaged>(params, num_ctas, stream);
+  }
   if (head_dim == 128) {
     if (block == 128) return launch<T, 128, 128, kPaged>(params, num_ctas, stream);
     return launch<T, 128, 64, kPaged>(params, num_ctas, stream);

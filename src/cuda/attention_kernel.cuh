@@ -4,12 +4,14 @@
 // One CTA computes one query block r (B rows) of one query head of one sequence. It walks the
 // key blocks listed in the CSR row r of its (sequence, head) plan, in ascending order, each as
 // B/64 key tiles of 64 rows, and keeps the softmax online in registers:
-//  - warps own 32 query rows each (two 16-row mma tiles; B/32 warps); the query block stays in
-//    shared memory and is re-read per key tile, so K/V fragments serve both row tiles;
-//  - K and V tiles stream through a ring of 5 shared-memory slots by cp.async, two key tiles
-//    ahead of the tile being multiplied (K(t+2) is issued at the first barrier of tile t, V(t+2)
-//    at the second), so a gathered block that misses L2 has two tile-times to arrive; rows are
-//    XOR-swizzled in 16-byte chunks so every ldmatrix phase touches 8 distinct bank groups;
+//  - warps own 32 query rows each at d <= 128 (two 16-row mma tiles; B/32 warps), 16 at d = 256
+//    (B/16 warps); the query block stays in shared memory and is re-read per key tile, so K/V
+//    fragments serve both row tiles;
+//  - K and V tiles stream through a ring of 2L + 1 shared-memory slots by cp.async, L key tiles
+//    ahead of the tile being multiplied (K(t+L) is issued at the first barrier of tile t, V(t+L)
+//    at the second; L = 2 at d <= 128, 1 at d = 256), so a gathered block that misses L2 has L
+//    tile-times to arrive; rows are XOR-swizzled in 16-byte chunks so every ldmatrix phase
+//    touches 8 distinct bank groups;
 //  - S = Q K^T and O += P V on mma.sync.m16n8k16 (bf16/fp16 inputs, fp32 accumulation); the
 //    per-lane ldmatrix offsets are computed once, and each k-step only XORs its chunk bits in;
 //  - softmax in base 2 with the scale folded into one FFMA per score; O and the row sums are
@@ -44,26 +46,39 @@ namespace cuda_detail {
 namespace attention {
 
 // NOTE: key tile of 64 rows for both block sizes (B = 128 is walked as two tiles): the S
-// accumulator of a warp is then 2 x 32 fp32 registers per thread, which with O (d/2 x 2) still
-// fits the 255-register cap at d = 128; the FA2 forward kernel uses the same 128 x 64 tiling.
+// accumulator of a warp is then (row tiles) x 32 fp32 registers per thread, which with O (d/2 x
+// row tiles) still fits the 255-register cap; the FA2 forward kernel uses the same 128 x 64 tiling.
 constexpr int kKeyTile = 64;
-// NOTE: each warp owns two 16-row mma tiles (32 query rows): K and V fragments read from shared
-// memory are reused for both, halving shared-memory traffic per FLOP against 16 rows per warp
-// (the measured gain is in bench/RESULTS.md).
-constexpr int kRowTilesPerWarp = 2;
-constexpr int kRowsPerWarp = 16 * kRowTilesPerWarp;
+// NOTE: each warp owns two 16-row mma tiles (32 query rows) at d <= 128: K and V fragments read
+// from shared memory are reused for both, halving shared-memory traffic per FLOP against 16 rows
+// per warp (the measured gain is in bench/RESULTS.md). At d = 256 the O accumulator of two row
+// tiles alone would be 256 fp32 registers per thread (over the 255 cap), so a warp owns one row
+// tile (O 128 + S 32 registers) and the CTA has twice the warps.
+template <int kDim>
+constexpr int row_tiles_per_warp() { return kDim <= 128 ? 2 : 1; }
+template <int kDim>
+constexpr int rows_per_warp() { return 16 * row_tiles_per_warp<kDim>(); }
 
-template <int kBlock>
-constexpr int threads_per_cta() { return kBlock / kRowsPerWarp * 32; }
-// NOTE: 5 ring slots of one 64-key tile each (K and V tiles take turns): with the query block
-// this is 112 KB at d = 128, so two CTAs still fit the 228 KB of a Hopper SM (2 x (112 + 1 KB
-// reserved)), and the ring holds the tile being read plus four in flight, i.e. K and V two key
-// tiles ahead rather than one: gathered sparse blocks miss L2 more often than dense ones and need
-// the longer lead (bench/RESULTS.md).
-constexpr int kRingSlots = 5;
+template <int kDim, int kBlock>
+constexpr int threads_per_cta() { return kBlock / rows_per_warp<kDim>() * 32; }
+// NOTE: the ring holds the tile being read plus 2L in flight, L = key_tiles_ahead key tiles of K
+// and V. At d <= 128, L = 2 (5 slots of one 64-key tile each): with the query block this is 112 KB
+// at d = 128, so two CTAs still fit the 228 KB of a Hopper SM (2 x (112 + 1 KB reserved)), and K
+// and V arrive two key tiles ahead rather than one: gathered sparse blocks miss L2 more often than
+// dense ones and need the longer lead (bench/RESULTS.md). At d = 256 a key tile is 32 KB: 5 slots
+// plus the query block (32 / 64 KB at B = 64 / 128) would exceed the 163 KB an sm_80 CTA may
+// have, so L = 1 (3 slots: 96 KB + the query block = 128 / 160 KB, one CTA per SM).
+template <int kDim>
+constexpr int key_tiles_ahead() { return kDim <= 128 ? 2 : 1; }
+template <int kDim>
+constexpr int ring_slots() { return 2 * key_tiles_ahead<kDim>() + 1; }
+// NOTE: two resident CTAs per SM at d <= 128 (see the kernel); one at d = 256, where the shared
+// memory of one CTA leaves no room for a second and 256 threads x 2 CTAs would cap registers at 128.
+template <int kDim>
+constexpr int min_ctas_per_sm() { return kDim <= 128 ? 2 : 1; }
 // Dynamic shared memory: the K/V ring plus the query block.
 template <typename T, int kDim, int kBlock>
-constexpr int smem_bytes() { return (kRingSlots * kKeyTile + kBlock) * kDim * static_cast<int>(sizeof(T)); }
+constexpr int smem_bytes() { return (ring_slots<kDim>() * kKeyTile + kBlock) * kDim * static_cast<int>(sizeof(T)); }
 
 // ------------------------------------------------------------------ small device helpers
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
@@ -240,23 +255,27 @@ __device__ __forceinline__ WorkItem decode_work_item(const Params& p) {
 }
 
 // ------------------------------------------------------------------ the kernel
-// NOTE: two resident CTAs per SM on Hopper (2 x 112 KB of shared memory at d = 128 fit its
-// 228 KB): while one CTA waits at a barrier or on its copies, the other keeps the tensor cores
+// NOTE: two resident CTAs per SM on Hopper at d <= 128 (2 x 112 KB of shared memory at d = 128 fit
+// its 228 KB): while one CTA waits at a barrier or on its copies, the other keeps the tensor cores
 // busy. The register budget (255 at 2 x 128 threads) holds O (128 fp32), S (64 fp32) and the
-// fragments at d = 128.
+// fragments at d = 128; at d = 256 (one row tile per warp, one CTA) O (128 fp32) and S (32 fp32).
 // kPaged: K/V rows through the block table (Params::block_table), else contiguous from kv_offset.
 template <typename T, int kDim, int kBlock, bool kPaged>
-__global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
+__global__ void __launch_bounds__(threads_per_cta<kDim, kBlock>(), min_ctas_per_sm<kDim>())
     block_sparse_attention_kernel(const Params p) {
-  constexpr int kThreads = threads_per_cta<kBlock>();
+  constexpr int kThreads = threads_per_cta<kDim, kBlock>();
+  constexpr int kRowsPerWarp = rows_per_warp<kDim>();
+  constexpr int kRingSlots = ring_slots<kDim>();
+  constexpr int kLead = key_tiles_ahead<kDim>();  // key tiles of K and V copied ahead
+  constexpr int kInFlight = 2 * kLead - 1;  // copy groups that may stay pending at each wait
   constexpr int kSubTiles = kBlock / kKeyTile;  // key tiles per key block
   constexpr int kRowBytes = kDim * static_cast<int>(sizeof(T));
   constexpr int kTileBytes = kKeyTile * kRowBytes;
   constexpr int kDimChunks = kDim / 16;  // k-steps of QK^T; also pairs of n8 groups of PV
   constexpr int kKeyGroups = kKeyTile / 8;
   constexpr int kKeySteps = kKeyTile / 16;  // k-steps of PV
-  constexpr int R = kRowTilesPerWarp;
-  static_assert(kDim == 64 || kDim == 128, "head dim 64 or 128");
+  constexpr int R = row_tiles_per_warp<kDim>();
+  static_assert(kDim == 64 || kDim == 128 || kDim == 256, "head dim 64, 128 or 256");
   static_assert(kBlock == 64 || kBlock == 128, "block size 64 or 128");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -327,26 +346,30 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   auto copy_k = [&](int key0, int slot) { copy_keys(k_base(), p.k_stride_token, key0, slot); };
   auto copy_v = [&](int key0, int slot) { copy_keys(v_base(), p.v_stride_token, key0, slot); };
 
-  // ---- prologue: the query block with K(0) (one group), then V(0), K(1), V(1) (every row has its
-  // diagonal block, so num_tiles >= 1; missing tiles commit empty groups so the counts stay uniform).
-  // Tile t's K sits in slot (2t) % 5 and its V in the next slot.
+  // ---- prologue: the query block with K(0) (one group), then V(0), and K(j), V(j) for j < kLead
+  // (every row has its diagonal block, so num_tiles >= 1; missing tiles commit empty groups so the
+  // counts stay uniform). Tile t's K sits in slot (2t) % kRingSlots and its V in the next slot.
   // Rows of the tile before the block's first query are zero-filled, unread (in a packed batch they
   // would be another sequence's queries).
   copy_tile_async<T, kDim, kBlock, kThreads>(q_smem, q_head + (q_shift + q_row0) * p.q_stride_token,
                                              p.q_stride_token, n - q_row0, q_head, queries_from - q_row0);
-  int key0_current = take_key0(0);  // tile t
-  copy_k(key0_current, 0);
+  int key0_queue[kLead];  // first keys of tiles t .. t + kLead - 1
+  key0_queue[0] = take_key0(0);
+  copy_k(key0_queue[0], 0);
   cp_async_commit();
-  copy_v(key0_current, 1);
+  copy_v(key0_queue[0], 1);
   cp_async_commit();
-  int key0_next = 0;  // tile t + 1
-  if (num_tiles > 1) {
-    key0_next = take_key0(1);
-    copy_k(key0_next, 2);
+#pragma unroll
+  for (int j = 1; j < kLead; ++j) {
+    key0_queue[j] = 0;
+    if (num_tiles > j) {
+      key0_queue[j] = take_key0(j);
+      copy_k(key0_queue[j], 2 * j);
+    }
+    cp_async_commit();
+    if (num_tiles > j) copy_v(key0_queue[j], 2 * j + 1);
+    cp_async_commit();
   }
-  cp_async_commit();
-  if (num_tiles > 1) copy_v(key0_next, 3);
-  cp_async_commit();
 
   // Per-lane ldmatrix offsets inside a tile; k-step kk of Q and K (and d-pair dp of V) flips the
   // chunk bits by XOR with kk << 5 (chunk 2 kk + hi, swizzled by row & 7 = lane & 7).
@@ -375,19 +398,20 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
   int k_slot = 0;  // (2t) % kRingSlots
   for (int t = 0; t < num_tiles; ++t) {
     const int v_slot = k_slot + 1 == kRingSlots ? 0 : k_slot + 1;
-    const bool issue = t + 2 < num_tiles;
-    int key0_ahead = 0;  // tile t + 2
-    // Groups committed so far end with V(t+1); the 3 newest may stay in flight.
-    cp_async_wait<3>();  // K(t) (and at t = 0 the query block) landed
+    const bool issue = t + kLead < num_tiles;
+    int key0_ahead = 0;  // tile t + kLead
+    // Groups committed so far end with V(t+kLead-1); the kInFlight newest may stay in flight.
+    cp_async_wait<kInFlight>();  // K(t) (and at t = 0 the query block) landed
     __syncthreads();
-    // Every warp is past PV(t-1), so V(t-1)'s slot, (2t + 4) % 5, takes K(t+2).
+    // Every warp is past PV(t-1), so V(t-1)'s slot, (2t - 1) % kRingSlots = (2(t + kLead)) %
+    // kRingSlots, takes K(t+kLead).
     if (issue) {
-      key0_ahead = take_key0(t + 2);
+      key0_ahead = take_key0(t + kLead);
       copy_k(key0_ahead, k_slot == 0 ? kRingSlots - 1 : k_slot - 1);
     }
     cp_async_commit();
 
-    const int key0 = key0_current;
+    const int key0 = key0_queue[0];
     // A warp whose rows all precede the tile (upper part of the diagonal block) skips it.
     const bool warp_active = key0 <= warp_row0 + kRowsPerWarp - 1;
     uint32_t p_frag[R][kKeySteps][4];  // P in bf16/fp16, already in the A-fragment layout of PV
@@ -496,10 +520,10 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
         }
     }
 
-    // Groups committed so far end with K(t+2); the 3 newest may stay in flight.
-    cp_async_wait<3>();  // V(t) landed
+    // Groups committed so far end with K(t+kLead); the kInFlight newest may stay in flight.
+    cp_async_wait<kInFlight>();  // V(t) landed
     __syncthreads();
-    // Every warp is past QK(t), so K(t)'s slot takes V(t+2).
+    // Every warp is past QK(t), so K(t)'s slot takes V(t+kLead).
     if (issue) copy_v(key0_ahead, k_slot);
     cp_async_commit();
 
@@ -521,8 +545,9 @@ __global__ void __launch_bounds__(threads_per_cta<kBlock>(), 2)
         }
       }
     }
-    key0_current = key0_next;
-    key0_next = key0_ahead;
+#pragma unroll
+    for (int j = 0; j + 1 < kLead; ++j) key0_queue[j] = key0_queue[j + 1];
+    key0_queue[kLead - 1] = key0_ahead;
     k_slot = k_slot + 2 >= kRingSlots ? k_slot + 2 - kRingSlots : k_slot + 2;
   }
 

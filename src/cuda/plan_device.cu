@@ -735,6 +735,10 @@ KeyTable key_table(const BlockTable& table, const TensorView& q, const TensorVie
 // contiguous elements at 16-byte aligned addresses (cp.async of 16-byte chunks), and L = B proxy
 // rows for every estimated sequence (a chunk of n_q < B queries runs the FFMA path, whose row
 // tiles take any L).
+// NOTE: d = 256 (and any other d up to 256) plans on the FFMA path: the tensor-core kernel keeps
+// its kMmaRows = 512 query rows in shared memory, 256 KB at d = 256, more than an SM has. The FFMA
+// path takes d x (132 + 68) floats: 200 KB at d = 256, within sm_90's 227 KB per CTA (not sm_80's
+// 163 KB: there the launch fails with a CUDA error).
 bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d, const Shape& sh) {
   if (q.dtype != DType::bf16 && q.dtype != DType::f16) return false;
   if (d != 64 && d != 128) return false;

@@ -122,7 +122,15 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16_d128_B128_varlen_dense", bf16, 128, 128, 8, 2, {50, 700, 129, 1024}, Layout::dense, 0, 11},
         Case{"bf16_d128_B64_varlen_random10_gqa8", bf16, 128, 64, 8, 1, {300, 1200, 65, 901}, Layout::random, 0.1, 12},
         Case{"fp16_d64_B128_varlen_crisp", f16, 64, 128, 4, 2, {1500, 77, 2200}, Layout::crisp_plan, 0, 13},
-        Case{"bf16_d64_B64_varlen_random5", bf16, 64, 64, 4, 1, {640, 3000}, Layout::random, 0.05, 14}),
+        Case{"bf16_d64_B64_varlen_random5", bf16, 64, 64, 4, 1, {640, 3000}, Layout::random, 0.05, 14},
+        // Head dim 256 (Gemma 3: GQA 4:1 among others): one 16-row mma tile per warp, a 3-slot ring.
+        Case{"bf16_d256_B128_crisp_gqa4", bf16, 256, 128, 8, 2, {3000}, Layout::crisp_plan, 0, 15},
+        Case{"bf16_d256_B64_crisp_gqa4", bf16, 256, 64, 4, 1, {2100}, Layout::crisp_plan, 0, 16},
+        Case{"fp16_d256_B128_random20_gqa2", f16, 256, 128, 4, 2, {1700}, Layout::random, 0.2, 17},
+        Case{"fp16_d256_B64_dense_gqa1_unaligned", f16, 256, 64, 2, 2, {1001}, Layout::dense, 0, 18},
+        Case{"bf16_d256_B128_varlen_random10_gqa4", bf16, 256, 128, 4, 1, {50, 900, 129, 1300}, Layout::random, 0.1,
+             19},
+        Case{"bf16_d256_B64_n_below_block", bf16, 256, 64, 4, 2, {5}, Layout::dense, 0, 20}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ------------------------------------------------------------------ DevicePlan
@@ -245,13 +253,25 @@ TEST(GpuAttentionArguments, UnsupportedInputsGiveClearErrors) {
     qq.device = crisp::Device::cpu;
     crisp::cuda::attend_async(qq, view(k.ptr, bf16), view(v.ptr, bf16), dplan, view(o.ptr, bf16), lse);
   });
-  // Head dim 96 is not compiled.
+  // Head dim 96 is not compiled: the error names q and the head dims there are.
   {
     const int64_t d96 = 96;
     const crisp::Plan p96 = crisp::dense_plan(H, H, d96, {0, T}, 128);
     crisp::cuda::DevicePlan dp96(p96);
     auto v96 = [&](void* p) { return crisp::TensorView::contiguous(p, bf16, H, T, d96, dev); };
     expect_error("q", [&] { crisp::cuda::attend_async(v96(q.ptr), v96(k.ptr), v96(v.ptr), dp96, v96(o.ptr), lse); });
+    try {
+      crisp::cuda::attend_async(v96(q.ptr), v96(k.ptr), v96(v.ptr), dp96, v96(o.ptr), lse);
+    } catch (const crisp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("64, 128 or 256"), std::string::npos) << e.what();
+    }
+  }
+  // Head dim 512 has no DevicePlan (no backend takes d > 256).
+  try {
+    crisp::cuda::DevicePlan dp512(H, H, 512, {0, T}, plan.config);
+    ADD_FAILURE() << "a DevicePlan of head dim 512 was made";
+  } catch (const crisp::Error& e) {
+    EXPECT_EQ(e.argument(), "head_dim") << e.what();
   }
   // Shape that does not match the DevicePlan.
   expect_error("q", [&] {

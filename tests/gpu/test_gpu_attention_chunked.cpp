@@ -323,7 +323,17 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16_d128_B64_paged16_shuffled_long_rows", bf16, 128, 64, 4, 2, {{130, 4500}}, Layout::dense, 0, 16,
              true, 20},
         Case{"fp16_d64_B128_paged48_shuffled_long_rows_gqa4", f16, 64, 128, 8, 2, {{128, 9000}, {1, 4200}},
-             Layout::dense, 0, 48, true, 21, true}),
+             Layout::dense, 0, 48, true, 21, true},
+        // Head dim 256 (Gemma 3): chunks, contiguous and paged (pages shorter and longer than B).
+        Case{"bf16_d256_B128_varlen_mixed_gqa4", bf16, 256, 128, 8, 2, {{1, 700}, {129, 129}, {200, 1300}},
+             Layout::random, 0.25, 0, false, 22},
+        Case{"fp16_d256_B64_unaligned_gqa2", f16, 256, 64, 4, 2, {{300, 1500}, {64, 64}}, Layout::crisp_plan, 0, 0,
+             false, 23},
+        Case{"bf16_d256_B128_paged16_shuffled_vllm_layout", bf16, 256, 128, 4, 1, {{1, 700}, {300, 1100}},
+             Layout::random, 0.3, 16, true, 24, true},
+        Case{"fp16_d256_B64_paged128_shuffled_gqa4", f16, 256, 64, 8, 2, {{500, 1234}, {1, 65}}, Layout::crisp_plan, 0,
+             128, true, 25},
+        Case{"bf16_d256_B64_paged48_shuffled", bf16, 256, 64, 4, 2, {{77, 800}}, Layout::dense, 0, 48, true, 26}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ------------------------------------------------------------------ the work order of chunks

@@ -1,5 +1,5 @@
-// tests/gpu/test_gpu_hopper.cpp — the Hopper (sm_90a, TMA + wgmma) attention kernel (head dim 64
-// and 128, block size 128 and 64), forced with Kernel::hopper, against the CPU float64 reference on
+// tests/gpu/test_gpu_hopper.cpp — the Hopper (sm_90a, TMA + wgmma) attention kernel (head dim 64,
+// 128 and 256, block size 128 and 64), forced with Kernel::hopper, against the CPU float64 reference on
 // the same plan and the same rounded inputs (the tolerances of test_gpu_attention.cpp: relative
 // Frobenius error of O <= 1e-2 per (sequence, head), |LSE - ref| <= 1e-3), with NaN-poisoned
 // outputs; the Hopper kernel against the portable kernel on the same inputs; and the kernel
@@ -347,7 +347,18 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16_d64_b64_crisp_gqa4", bf16, 64, 8, 2, {2600}, Layout::crisp_plan, 0, 123, 64},
         Case{"fp16_d64_b64_varlen_random20", f16, 64, 4, 1, {300, 1200, 65, 901}, Layout::random, 0.2, 124, 64},
         // 16 heads x 94 blocks: more items than the 2 x 132 resident CTAs.
-        Case{"bf16_d128_b64_crisp_many_items", bf16, 128, 16, 4, {6000}, Layout::crisp_plan, 0, 125, 64}),
+        Case{"bf16_d128_b64_crisp_many_items", bf16, 128, 16, 4, {6000}, Layout::crisp_plan, 0, 125, 64},
+        // Head dim 256 (Gemma 3): B = 128 (one stage, PV before the next S), B = 64 (three stages),
+        // GQA 4:1 and 2:1 (B = 128 packs GQA groups), varlen, below a block, more items than SMs.
+        Case{"bf16_d256_crisp_gqa4", bf16, 256, 8, 2, {3000}, Layout::crisp_plan, 0, 127},
+        Case{"fp16_d256_random20_gqa4_1", f16, 256, 4, 1, {2100}, Layout::random, 0.2, 128},
+        Case{"bf16_d256_dense_gqa2_unaligned", bf16, 256, 4, 2, {1000}, Layout::dense, 0, 129},
+        Case{"bf16_d256_varlen_random10", bf16, 256, 4, 1, {300, 1200, 65, 901}, Layout::random, 0.1, 130},
+        Case{"bf16_d256_crisp_many_items", bf16, 256, 16, 4, {5000}, Layout::crisp_plan, 0, 131},
+        Case{"bf16_d256_b64_crisp_gqa4", bf16, 256, 8, 2, {3000}, Layout::crisp_plan, 0, 132, 64},
+        Case{"fp16_d256_b64_dense_gqa4_1_unaligned", f16, 256, 4, 1, {1000}, Layout::dense, 0, 133, 64},
+        Case{"bf16_d256_b64_n_below_block", bf16, 256, 4, 1, {37}, Layout::dense, 0, 134, 64},
+        Case{"fp16_d256_b64_varlen_random20", f16, 256, 4, 2, {300, 1200, 65, 901}, Layout::random, 0.2, 135, 64}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // The launch rules are host code and need no device, so this test runs everywhere the CUDA
@@ -360,12 +371,13 @@ TEST(GpuHopperDispatch, LaunchRulesNeedNoDevice) {
   EXPECT_FALSE(hop::gqa_pack_applies(128, 1, false, 100));
   EXPECT_FALSE(hop::gqa_pack_applies(128, 3, false, 100));
   EXPECT_FALSE(hop::gqa_pack_applies(128, 4, true, 100));
-  // The shapes the kernel is compiled for: the CUDA backend's (bf16/f16, d 64/128, B 64/128).
+  // The shapes the kernel is compiled for: the CUDA backend's (bf16/f16, d 64/128/256, B 64/128).
   for (const auto dtype : {bf16, f16})
-    for (const int64_t d : {64, 128})
+    for (const int64_t d : {64, 128, 256})
       for (const int block : {64, 128}) EXPECT_TRUE(hop::shape_supported(dtype, d, block));
   EXPECT_FALSE(hop::shape_supported(crisp::DType::f32, 128, 128));
   EXPECT_FALSE(hop::shape_supported(bf16, 96, 128));
+  EXPECT_FALSE(hop::shape_supported(bf16, 512, 64));
   EXPECT_FALSE(hop::shape_supported(bf16, 128, 32));
 }
 

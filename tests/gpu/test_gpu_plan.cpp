@@ -171,6 +171,12 @@ std::vector<PlanCase> plan_cases() {
     cases.push_back({preset + "_n2100_b128_gqa1_d64_bf16_s18", preset, {}, {2100}, 4, 4, 64, 128, 18, true});
     cases.push_back({preset + "_varlen_b128_gqa4_bf16_s19", preset, {}, {1500, 4096, 77, 2900}, 8, 2, 128, 128, 19,
                      true});
+    // Head dim 256 (Gemma 3): the FFMA proxy for every dtype (plan_device.cu, tensor_core_proxy),
+    // both block sizes, GQA 4 and 2, f32 and bf16 inputs.
+    cases.push_back({preset + "_n3001_b128_gqa4_d256_bf16_s31", preset, {}, {3001}, 8, 2, 256, 128, 31, true});
+    cases.push_back({preset + "_n2500_b64_gqa2_d256_s32", preset, {}, {2500}, 4, 2, 256, 64, 32});
+    cases.push_back({preset + "_varlen_b64_gqa4_d256_bf16_s33", preset, {}, {1500, 77, 2100}, 4, 1, 256, 64, 33,
+                     true});
   }
   // Ablations through --set.
   cases.push_back({"jsd_noise_floor", "crisp", {"routing=jsd"}, {4096, 2222}, 8, 2, 128, 128, 7});
@@ -493,6 +499,10 @@ std::vector<ChunkCase> chunk_cases() {
                      128});
     cases.push_back({preset + "_tc_b64_gqa1_d64_bf16_pages16", preset, {}, nk64, {64, 500, 2100}, 4, 4, 64, 64, 46,
                      Elem::bf16, 16});
+    // Head dim 256 (the FFMA proxy), paged and contiguous, both block sizes.
+    cases.push_back({preset + "_mix_b128_gqa4_d256_bf16_pages16", preset, {}, nk_tc, nq_tc, 8, 2, 256, 128, 53,
+                     Elem::bf16, 16});
+    cases.push_back({preset + "_mix_b64_gqa2_d256_f16", preset, {}, nk64, nq64, 4, 2, 256, 64, 54, Elem::f16});
   }
   // PE heads (forced by tau_proxy) over a chunk's rows: global coverage and the row floor.
   cases.push_back({"pe_coverage_mix", "crisp", {"routing=cstruct", "tau_proxy=0.6"}, nk128, nq128, 8, 2, 128, 128, 47});

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "common/shape_rules.h"
 #include "crisp/error.h"
 #include "cuda/attention_params.h"
 #include "cuda/cuda_check.h"
@@ -38,8 +39,8 @@ bool gqa_pack(const CudaOptions& options) {
 }  // namespace
 
 bool shape_supported(DType dtype, int64_t head_dim, int block_size) {
-  return (dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 64 || head_dim == 128) &&
-         (block_size == 64 || block_size == 128);
+  return (dtype == DType::bf16 || dtype == DType::f16) && shape_rules::cuda_head_dim_supported(head_dim) &&
+         shape_rules::valid_block_size(block_size);
 }
 
 namespace {
@@ -198,7 +199,11 @@ template <typename T>
 void launch_for_shape(const attention::Params& params, int64_t head_dim, int block_size, int64_t q_tokens,
                       int64_t k_tokens, int64_t num_kv_heads, int64_t num_ctas, DType dtype,
                       const CudaOptions& options, cudaStream_t stream) {
-  if (head_dim == 128) {
+  if (head_dim == 256) {
+    if (block_size == 128)
+      launch<T, 256, 128>(params, q_tokens, k_tokens, num_kv_heads, num_ctas, dtype, options, stream);
+    else launch<T, 256, 64>(params, q_tokens, k_tokens, num_kv_heads, num_ctas, dtype, options, stream);
+  } else if (head_dim == 128) {
     if (block_size == 128)
       launch<T, 128, 128>(params, q_tokens, k_tokens, num_kv_heads, num_ctas, dtype, options, stream);
     else launch<T, 128, 64>(params, q_tokens, k_tokens, num_kv_heads, num_ctas, dtype, options, stream);
@@ -258,7 +263,7 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
                                                     ? params.plan.num_sequences * params.table_stride
                                                     : 0) +
                                  " entries",
-                "bf16/f16, head dim 64 or 128, block size 64 or 128, a paged K/V pool below 2^31 rows and block "
+                "bf16/f16, head dim 64, 128 or 256, block size 64 or 128, a paged K/V pool below 2^31 rows and block "
                 "table below 2^31 entries, on an sm_90 device (or kernel auto, also in CRISP_KERNEL)");
   }
   if (num_ctas == 0) return true;

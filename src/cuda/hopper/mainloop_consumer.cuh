@@ -33,7 +33,7 @@ namespace hopper {
 #if defined(CRISP_HOPPER_DEVICE_CODE)
 
 // The wgmma shapes of one element type: S = Q K^T (both from shared memory) and O += P V (P from
-// registers), for 128- and 64-wide tiles.
+// registers), for 128- and 64-wide tiles (and, for PV, 256-wide: head dim 256).
 template <typename T>
 struct Ops {
   static_assert(std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value, "bf16 or fp16");
@@ -45,6 +45,10 @@ struct Ops {
   static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
     if constexpr (kBf16) wgmma_m64n64k16_ss_bf16(d, a, b, scale_d);
     else wgmma_m64n64k16_ss_f16(d, a, b, scale_d);
+  }
+  static __device__ __forceinline__ void pv(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
+    if constexpr (kBf16) wgmma_m64n256k16_rs_bf16(d, a, b);
+    else wgmma_m64n256k16_rs_f16(d, a, b);
   }
   static __device__ __forceinline__ void pv(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
     if constexpr (kBf16) wgmma_m64n128k16_rs_bf16(d, a, b);
@@ -126,9 +130,33 @@ class ConsumerMainloop {
       convert_p();
     }
     // ---- tiles 1 .. num_tiles-1: S(j) is issued before PV(j-1); the softmax of tile j runs while
-    // PV(j-1) is on the tensor cores.
+    // PV(j-1) is on the tensor cores. Without kOverlapPv (TileShape), PV(j-1) completes first.
     for (int j = 1; j < num_tiles; ++j) {
       const uint32_t t = tiles_done_ + j;
+      if constexpr (!Shape::kOverlapPv) {
+        begin_turn();
+        issue_pv(o_acc, t - 1);
+        end_turn();
+        wgmma_wait<0>();
+        fence_registers(o_acc);
+        release(storage_.bar_v_empty((t - 1) % kStages));
+        // S of the previous tile is spent (turned into P, which PV has read). The wgmma operands
+        // are read-write ("+f"), so without a new definition S would stay live across PV beside P
+        // and O (224 registers); zeros end its live range at convert_p.
+#pragma unroll
+        for (int i = 0; i < kScoreRegs; ++i) s_acc_[i] = 0.f;
+        begin_turn();
+        issue_qk(t);
+        end_turn();
+        wgmma_wait<0>();
+        fence_registers(s_acc_);
+        release(storage_.bar_k_empty(t % kStages));
+        float correction[2];
+        scores_to_probabilities(j, correction);
+        rescale_o(o_acc, correction);
+        convert_p();
+        continue;
+      }
       begin_turn();
       issue_qk(t);
       issue_pv(o_acc, t - 1);

@@ -8,15 +8,15 @@ namespace cuda_detail {
 namespace hopper {
 
 // NOTE: 64 columns (128 bytes) per TMA box: the 128-byte swizzle mode takes boxes of at most 128
-// bytes in the inner dimension, so a 128-dim tile is two halves (dims 0-63, 64-127) and a 64-dim
-// tile one.
+// bytes in the inner dimension, so a 128-dim tile is two halves (dims 0-63, 64-127), a 256-dim
+// tile four such boxes and a 64-dim tile one.
 constexpr int kHalfCols = 64;
 // The most shared memory one SM holds on Hopper, and what the system reserves per CTA.
 constexpr int kSmemPerSm = 228 * 1024;
 constexpr int kSmemReservedPerCta = 1024;
 
 // Everything that follows from the tile shape: the plan's block size kBlock (query and key tiles
-// are blocks of the plan: 128 or 64 tokens) and the head dim kDim (64 or 128).
+// are blocks of the plan: 128 or 64 tokens) and the head dim kDim (64, 128 or 256).
 // NOTE (kBlock = 128): two consumer warpgroups of 64 query rows share one K/V tile stream (each
 // tile is loaded once for 128 rows, the FA3 forward shape 128 x 128), plus a producer warpgroup:
 // one 384-thread CTA per SM, registers moved from the producer to the consumers with setmaxnreg.
@@ -25,9 +25,18 @@ constexpr int kSmemReservedPerCta = 1024;
 // each on its own row and K/V stream (S is 64 x 64, wgmma m64n64k16). No setmaxnreg: the launch
 // bounds allow every thread 200 registers (d = 128 uses 149). (With a whole producer warpgroup,
 // 256 threads, two CTAs leave 128 registers per thread, and the d = 128 consumer spilled 56 bytes.)
+// NOTE (kDim = 256): one CTA per SM at both block sizes. A 256-dim tile is 32 KB (B = 64) or 64 KB
+// (B = 128), so two CTAs cannot share an SM's shared memory, and O alone is 64 x 256 fp32 per
+// consumer warpgroup, 128 registers per thread. B = 64: Q 32 KB + three stages of K and V = 224 KB,
+// up to 255 registers per thread (160 threads, no setmaxnreg). B = 128: Q 64 KB + one stage of K and
+// V (64 KB each) = 192 KB (two stages would need 320 KB), the same 232-register consumers as d = 128,
+// and each consumer waits for PV(j-1) before it issues S(j) (kOverlapPv false): S (64), P (32) and
+// O (128) live at once would not fit 232, and with one stage a paged tile's loads wait for the slot's
+// V, which the overlapped order releases only after the next S. (ptxas: 8 bytes spilled, 92 in the
+// GQA-packed variant, which is off by default.)
 template <int kDim, int kBlock>
 struct TileShape {
-  static_assert(kDim == 64 || kDim == 128, "head dim 64 or 128");
+  static_assert(kDim == 64 || kDim == 128 || kDim == 256, "head dim 64, 128 or 256");
   static_assert(kBlock == 64 || kBlock == 128, "block size 64 or 128");
   static constexpr int kConsumers = kBlock / 64;  // consumer warpgroups, 64 query rows each
   static constexpr bool kSplitRegisters = kBlock == 128;  // setmaxnreg from a producer warpgroup
@@ -35,7 +44,7 @@ struct TileShape {
   static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
   // CTAs per SM the launch bounds and the shared-memory budget are made for (the occupancy API may
   // fit more: d = 64, B = 64 takes 118 registers and 57 KB, three per SM).
-  static constexpr int kCtasPerSm = 128 / kBlock;
+  static constexpr int kCtasPerSm = kDim == 256 ? 1 : 128 / kBlock;
   static constexpr int kHalfBytes = kBlock * kHalfCols * 2;       // one TMA box
   static constexpr int kTileBytes = kDim / kHalfCols * kHalfBytes;  // 32 KB at d = 128, B = 128
   // NOTE: ring stages of K and V: three where they fit beside the query tile in this CTA's share of
@@ -50,7 +59,11 @@ struct TileShape {
     return kTileBytes * (1 + 2 * stages) + 8 * (2 + 4 * stages) + 8 + 1024;
   }
   static constexpr int kBudget = kSmemPerSm / kCtasPerSm - kSmemReservedPerCta;
-  static constexpr int kStages = bytes_for(3) <= kBudget ? 3 : 2;
+  static constexpr int kStages = bytes_for(3) <= kBudget ? 3 : bytes_for(2) <= kBudget ? 2 : 1;
+  // S(j) issued before PV(j-1), so the softmax of one tile overlaps the previous tile's PV (see the
+  // kDim = 256 note for where it is off).
+  static constexpr bool kOverlapPv = !(kDim == 256 && kBlock == 128);
+  static_assert(kStages > 1 || !kOverlapPv, "one stage needs the serial order (paged loads wait for V)");
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kTileBytes;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
@@ -66,14 +79,18 @@ struct TileShape {
   // (rounded down to a multiple of 8), and setmaxnreg only moves registers inside that allocation:
   // setmaxnreg.inc waits until other warpgroups of the CTA have released enough, so a split above
   // the launch total would wait forever. 40 for the producer warpgroup (its scheduling loop spills
-  // at 24; the paged K/V loads, a warp looking up page ids a tile ahead, spilled 48-72 bytes at 32),
-  // the rest to the consumers: 128 x 40 + 2 x 128 x 232 = 64512, the whole launch allocation.
-  static constexpr int kLaunchRegisters = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
+  // at 24; the paged K/V loads, a warp looking up page ids a tile ahead, spilled 48-72 bytes at 32,
+  // and at d = 256 four TMA boxes per tile spilled 140-190 bytes at 32), the rest to the consumers:
+  // 128 x 40 + 2 x 128 x 232 = 64512, the whole launch allocation (48 would cut them to 224, and
+  // they spilled).
+  // (capped at 255, the most one thread may have: d = 256, B = 64 runs 160 threads alone on an SM)
+  static constexpr int kLaunchRegisters =
+      65536 / (kThreads * kCtasPerSm) / 8 * 8 < 255 ? 65536 / (kThreads * kCtasPerSm) / 8 * 8 : 255;
   static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters =
       kSplitRegisters ? (kThreads * kLaunchRegisters - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8
                       : kLaunchRegisters;
-  static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= 200,
+  static_assert(kConsumerRegisters <= 255 && kConsumerRegisters >= 200,
                 "consumer registers (S, P and O in registers)");
   static_assert(!kSplitRegisters || 128 * kProducerRegisters + kConsumers * 128 * kConsumerRegisters <=
                                         kThreads * kLaunchRegisters,
@@ -83,6 +100,12 @@ static_assert(TileShape<128, 128>::kStages == 3 && TileShape<128, 128>::kConsume
 static_assert(TileShape<128, 64>::kStages == 2 && TileShape<64, 64>::kStages == 3 &&
                   TileShape<128, 64>::kConsumerRegisters == 200,
               "B = 64 shapes");
+static_assert(TileShape<256, 64>::kStages == 3 && TileShape<256, 64>::kCtasPerSm == 1 &&
+                  TileShape<256, 64>::kConsumerRegisters == 255 && TileShape<256, 64>::kOverlapPv,
+              "d = 256, B = 64 shape");
+static_assert(TileShape<256, 128>::kStages == 1 && TileShape<256, 128>::kConsumerRegisters == 232 &&
+                  !TileShape<256, 128>::kOverlapPv,
+              "d = 256, B = 128 shape");
 // Named hardware barriers of the ping-pong schedule (barrier 0 is __syncthreads): consumer c waits
 // on kPingPongBarrier + c before issuing its matmuls, and the other consumer arrives on it after
 // issuing its own; each involves the 256 consumer threads. Only with two consumers (B = 128).
