@@ -179,11 +179,48 @@ if [ ! -x "$attn_bin" ] || [ "$attn_src" -nt "$attn_bin" ] || [ "$build/bin/libl
   fi
 fi
 
+# crisp-llama-eval (integrations/llama.cpp/crisp_llama_eval.cpp): crisp's NIAH evaluation and
+# frontier harness (src/eval) on libllama, linked to the patched llama.cpp and the crisp library
+# that build compiled. Needs the nlohmann-json and CLI11 headers (system, or .deps/prefix/include).
+eval_bin="$build/bin/crisp-llama-eval"
+eval_sources=("$repo_root/integrations/llama.cpp/crisp_llama_eval.cpp" "$repo_root/src/model/model_path.cpp"
+  "$repo_root"/src/eval/{niah,splits,sweep,frontier_file}.cpp)
+eval_stale=0
+[ -x "$eval_bin" ] || eval_stale=1
+for f in "${eval_sources[@]}" "$build/bin/libllama.so" "$build/crisp/libcrisp.a" "$repo_root"/src/eval/*.h; do
+  [ "$f" -nt "$eval_bin" ] && eval_stale=1
+done
+if [ "$eval_stale" -eq 1 ]; then
+  say "building crisp-llama-eval"
+  objects=()
+  launcher=()
+  if command -v ccache >/dev/null 2>&1; then launcher=(ccache); fi
+  mkdir -p "$build/crisp-llama-eval"
+  for f in "${eval_sources[@]}"; do
+    obj="$build/crisp-llama-eval/$(basename "${f%.cpp}").o"
+    if ! "${launcher[@]}" "${CXX:-c++}" -O2 -std=c++17 -Wall -fopenmp -DCRISP_SOURCE_DIR="\"$repo_root\"" \
+        -I "$repo_root/include" -I "$repo_root/src" -I "$repo_root/tools" -I "$src/include" -I "$src/ggml/include" \
+        -isystem "$deps/prefix/include" -c "$f" -o "$obj" >> "$log" 2>&1; then
+      tail -n 30 "$log" >&2
+      die "building crisp-llama-eval failed (log: $log)"
+    fi
+    objects+=("$obj")
+  done
+  eval_cuda_libs=()  # the --cuda build's crisp archive holds CUDA code: its runtime, where CMake found it
+  cuda_lib_dir="$(sed -n 's/^CUDAToolkit_LIBRARY_DIR:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)"
+  if [ "$cuda" -eq 1 ] && [ -n "$cuda_lib_dir" ]; then eval_cuda_libs=(-L "$cuda_lib_dir" -lcudart); fi
+  if ! "${CXX:-c++}" -fopenmp "${objects[@]}" -o "$eval_bin" "$build/crisp/libcrisp.a" -L "$build/bin" -lllama \
+      -lggml -lggml-base -ldl "${eval_cuda_libs[@]}" -Wl,-rpath,'$ORIGIN' >> "$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    die "linking crisp-llama-eval failed (log: $log)"
+  fi
+fi
+
 # ---- the runtime, packed to be carried elsewhere
 if [ -n "$pack_dir" ]; then
   rm -rf "$pack_dir"
   mkdir -p "$pack_dir"
-  for f in "$build"/bin/*.so "$build"/bin/llama-cli "$build"/bin/llama-bench "$build"/bin/llama-server "$test_bin" "$attn_bin"; do
+  for f in "$build"/bin/*.so "$build"/bin/llama-cli "$build"/bin/llama-bench "$build"/bin/llama-server "$test_bin" "$attn_bin" "$eval_bin"; do
     [ -f "$f" ] || continue
     cp "$f" "$pack_dir/"
     strip --strip-unneeded "$pack_dir/$(basename "$f")"  # keeps the RUNPATH: $ORIGIN (see cmake_args)

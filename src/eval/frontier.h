@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "crisp/crisp.h"
+#include "eval/frontier_file.h"
 #include "eval/niah.h"
 #include "eval/niah_grid.h"
 #include "eval/sweep.h"
@@ -25,47 +26,6 @@
 
 namespace crisp {
 namespace eval {
-
-// The per-point record of one sample (NIAH) or one captured layer (captures), keyed by its id.
-class FrontierFile {
- public:
-  // A new document, or the one at `path` if it exists and was made with equal `settings`; a file
-  // with other settings (or not such a document) throws crisp::Error naming `argument`. An empty
-  // path keeps everything in memory.
-  static FrontierFile open(const std::string& path, const nlohmann::json& settings, const std::string& argument);
-
-  // Adds a point (or finds it: its knobs and config are re-recorded).
-  void add_point(const FrontierPoint& point);
-  bool has(const std::string& point, const std::string& unit) const;
-  void record(const std::string& point, const std::string& unit, const nlohmann::json& result);
-  // Rewrites the file atomically (temporary file + rename); no-op without a path.
-  void save();
-
-  // Per point and length, from the recorded units: NIAH — samples, correct, accuracy,
-  // dense_correct, kept_of_dense (share of the samples dense answers that the point answers too;
-  // null when dense answers none), mean_density; captures — heads, density_mean, recall_mean,
-  // recall_min, top_mass_recall (mean and min), rel_error (mean and max). Sets "rows".
-  void summarize();
-  // Structured workloads (settings mode "structured", src/eval/structured_frontier.h): per point and
-  // length, means over the workloads of density, vs_share, needles_kept_mean, rel_error_mean and the
-  // per-kind densities; needles_kept_min and rel_error_max over them. Called by summarize().
-  void summarize_structured();
-  // Per run: computed and skipped units (appended to "runs" by begin_run / counted by record).
-  void begin_run();
-  int64_t computed_this_run() const { return computed_; }
-
-  // Whether every unit of the run's grid is in the file ("complete" in the JSON).
-  void mark_complete(bool complete) { doc_["complete"] = complete; }
-  const nlohmann::json& document() const { return doc_; }
-  const std::string& path() const { return path_; }
-
- private:
-  nlohmann::json* find_point(const std::string& name);
-  const nlohmann::json* find_point(const std::string& name) const;
-  std::string path_, argument_;
-  nlohmann::json doc_;
-  int64_t computed_ = 0;
-};
 
 // Shared by the frontier runners: the dense point first (added when the sweeps lack it: every other
 // point is read against it), and the seconds of a run so far for progress lines.

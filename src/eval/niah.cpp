@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <utility>
@@ -428,6 +429,13 @@ NiahSample make_niah_sample(const NiahSpec& spec, const PromptTokenCounter& coun
   sample.scoring = builder.scoring();
   sample.prompt_tokens = count_tokens(sample.user_message, sample.answer_prefix);
   return sample;
+}
+
+std::string niah_sample_id(NiahTask task, int64_t length, double depth, uint64_t seed) {
+  char text[128];
+  std::snprintf(text, sizeof text, "%s-%lld-d%.2f-s%llu", to_string(task), static_cast<long long>(length), depth,
+                static_cast<unsigned long long>(seed));
+  return text;
 }
 
 bool ruler_substring_match(const std::string& output, const std::string& expected) {

@@ -91,6 +91,9 @@ struct NiahSample {
 NiahSample make_niah_sample(const NiahSpec& spec, const PromptTokenCounter& count_tokens,
                             const std::vector<std::string>& prose = {});
 
+// The stable id of a sample in dumps, scores and the JSON: "passkey-4096-d0.50-s1".
+std::string niah_sample_id(NiahTask task, int64_t length, double depth, uint64_t seed);
+
 // Scoring rules (pure functions of the output text).
 bool ruler_substring_match(const std::string& output, const std::string& expected);
 // The first maximal run of ASCII digits in `output`, "" if none (InfiniteBench first_int_match).

@@ -11,13 +11,6 @@
 namespace crisp {
 namespace eval {
 
-std::string niah_sample_id(NiahTask task, int64_t length, double depth, uint64_t seed) {
-  char text[128];
-  std::snprintf(text, sizeof text, "%s-%lld-d%.2f-s%llu", to_string(task), static_cast<long long>(length), depth,
-                static_cast<unsigned long long>(seed));
-  return text;
-}
-
 RopeChoice choose_rope(const std::string& option, int64_t length, int64_t trained_context) {
   RopeChoice choice;
   const bool too_long = length > trained_context;

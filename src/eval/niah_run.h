@@ -17,9 +17,6 @@
 namespace crisp {
 namespace eval {
 
-// The stable id of a sample in dumps, scores and the JSON: "passkey-4096-d0.50-s1".
-std::string niah_sample_id(NiahTask task, int64_t length, double depth, uint64_t seed);
-
 // RoPE scaling for a length: `option` is auto (YaRN with the smallest integer factor for lengths
 // past the trained context, none below), none, linear, ntk or yarn.
 struct RopeChoice {
