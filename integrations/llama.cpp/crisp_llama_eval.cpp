@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -45,6 +46,9 @@ using nlohmann::json;
 constexpr const char* kTool = "crisp-llama-eval";
 // The reference point computed by llama.cpp's own flash-attention kernel (sparse prefill off).
 constexpr const char* kLlamaFa = "llama_fa";
+// llama.cpp's attention without flash attention (KQ matmul, softmax, KQV): how far two of
+// llama.cpp's own kernels are apart calibrates the tolerance of dense == llama_fa.
+constexpr const char* kLlamaNoFa = "llama_nofa";
 constexpr const char* kDense = "dense";
 
 // ---------------------------------------------------------------- crisp's hook, via the registry
@@ -233,12 +237,15 @@ class LlamaRunner {
     int64_t generated = 0;
     double ttft_s = 0;
     HookStats stats;
+    std::vector<float> first_logits;  // the prompt's last-token logits (the first answer token's)
   };
 
   // Greedy answer to `prompt` under whatever policy is installed, stopped once the score is
   // decided (crisp's niah_score_decided), at an end-of-generation token or after max_new tokens.
-  Answer answer(const ce::NiahSample& sample, std::vector<llama_token> prompt, int64_t max_new, SparsePrefillHook& hook) {
-    ensure_context(static_cast<int64_t>(prompt.size()) + max_new);
+  // flash: llama.cpp's flash-attention op (where crisp's hook sits) or its plain attention.
+  Answer answer(const ce::NiahSample& sample, std::vector<llama_token> prompt, int64_t max_new, bool flash,
+                SparsePrefillHook& hook) {
+    ensure_context(static_cast<int64_t>(prompt.size()) + max_new, flash);
     llama_memory_clear(llama_get_memory(context_), true);
     Answer a;
     hook.reset();
@@ -248,6 +255,8 @@ class LlamaRunner {
                          "a context that holds the prompt");
     }
     llama_token next = llama_sampler_sample(sampler_.get(), context_, -1);
+    const float* logits = llama_get_logits_ith(context_, -1);
+    a.first_logits.assign(logits, logits + llama_vocab_n_tokens(vocab_));
     a.ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     a.stats = hook.read();
     a.stop = "max_new_tokens";
@@ -282,20 +291,21 @@ class LlamaRunner {
 
   // One context per size (length + max_new_tokens); flash attention on (crisp's hook sits in its
   // op), the whole prompt in one llama_decode, split by llama.cpp into ubatches.
-  void ensure_context(int64_t n_ctx) {
-    if (context_ != nullptr && context_size_ >= n_ctx) return;
+  void ensure_context(int64_t n_ctx, bool flash) {
+    if (context_ != nullptr && context_size_ >= n_ctx && context_flash_ == flash) return;
     if (context_ != nullptr) llama_free(context_);
     llama_context_params params = llama_context_default_params();
     params.n_ctx = static_cast<uint32_t>(n_ctx);
     params.n_batch = static_cast<uint32_t>(n_ctx);
     if (args_.ubatch > 0) params.n_ubatch = static_cast<uint32_t>(std::min(args_.ubatch, n_ctx));
     params.n_seq_max = 1;
-    params.flash_attn = true;
+    params.flash_attn = flash;
     params.no_perf = true;
     if (args_.threads > 0) params.n_threads = params.n_threads_batch = args_.threads;
     context_ = llama_init_from_model(model_, params);
     if (context_ == nullptr) throw crisp::Error("context", "llama.cpp cannot make a context of " + std::to_string(n_ctx) + " tokens", "less memory");
     context_size_ = n_ctx;
+    context_flash_ = flash;
   }
 
   const Args& args_;
@@ -303,6 +313,7 @@ class LlamaRunner {
   const llama_vocab* vocab_ = nullptr;
   llama_context* context_ = nullptr;
   int64_t context_size_ = 0;
+  bool context_flash_ = true;
   std::string template_;
   bool chat_ = false;
   std::unique_ptr<llama_sampler, void (*)(llama_sampler*)> sampler_{llama_sampler_init_greedy(), llama_sampler_free};
@@ -310,14 +321,17 @@ class LlamaRunner {
 
 // ---------------------------------------------------------------- the frontier
 
-// Points: dense first, then the policies and every point of the sweeps; `llama_fa` is llama.cpp's
-// own kernel (its config: the dense preset, the attention it computes).
+// Points: dense first, then llama.cpp's own kernels when asked (llama_fa, llama_nofa; their
+// config: the dense preset, the attention they compute), the policies and every sweep point.
 std::vector<ce::FrontierPoint> make_points(const Args& args) {
   std::vector<ce::Sweep> sweeps;
-  bool with_llama_fa = false;
+  std::vector<ce::FrontierPoint> references;  // llama.cpp's own kernels
   for (const std::string& name : args.policies) {
-    if (name == kLlamaFa) {
-      with_llama_fa = true;
+    if (name == kLlamaFa || name == kLlamaNoFa) {
+      ce::FrontierPoint reference;
+      reference.name = reference.policy = name;
+      reference.config = crisp::Config::from_preset(kDense);
+      references.push_back(reference);
     } else {
       ce::Sweep sweep = ce::parse_sweep(name, "--policies");
       for (const auto& [key, values] : sweep.knobs) {
@@ -332,14 +346,11 @@ std::vector<ce::FrontierPoint> make_points(const Args& args) {
   }
   sweeps.insert(sweeps.begin(), ce::Sweep{kDense, {}});
   std::vector<ce::FrontierPoint> points = ce::expand_sweeps(sweeps, "--sweep");
-  if (with_llama_fa) {
-    ce::FrontierPoint fa;
-    fa.name = fa.policy = kLlamaFa;
-    fa.config = crisp::Config::from_preset(kDense);
-    points.insert(points.begin() + 1, fa);
-  }
+  points.insert(points.begin() + 1, references.begin(), references.end());
   return points;
 }
+
+int64_t argmax(const std::vector<float>& v) { return std::max_element(v.begin(), v.end()) - v.begin(); }
 
 json optional_json(const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); }
 
@@ -455,22 +466,34 @@ void run(const Args& given, bool niah_defaults) {
           spec.reserved_tokens = max_new;
           const ce::NiahSample sample = ce::make_niah_sample(spec, count, prose);
           const std::vector<llama_token> prompt = runner.tokenize(runner.prompt_text(sample.user_message, sample.answer_prefix));
+          std::vector<float> dense_logits;  // dense's first-token logits, when dense ran in this run
           for (const ce::FrontierPoint* p : pending) {
             std::vector<std::string> knobs;
             for (const auto& [key, value] : p->knobs) knobs.push_back(key + "=" + value);
-            hook.set(p->name == kLlamaFa ? "off" : p->policy, knobs);
-            const LlamaRunner::Answer a = runner.answer(sample, prompt, max_new, hook);
+            const bool reference = p->name == kLlamaFa || p->name == kLlamaNoFa;
+            hook.set(reference ? "off" : p->policy, knobs);
+            const LlamaRunner::Answer a = runner.answer(sample, prompt, max_new, p->name != kLlamaNoFa, hook);
             json density = nullptr;
-            if (p->name == kLlamaFa) {
-              density = 1.0;  // llama.cpp's kernel computes every causal block
+            if (reference) {
+              density = 1.0;  // llama.cpp's kernels compute every causal block
             } else if (a.stats.causal_blocks && *a.stats.causal_blocks > 0) {
               density = static_cast<double>(*a.stats.kept_blocks) / static_cast<double>(*a.stats.causal_blocks);
             }
-            if (p->name != kLlamaFa && a.stats.handled && *a.stats.handled == 0) {
+            if (!reference && a.stats.handled && *a.stats.handled == 0) {
               std::fprintf(stderr, "%s: warning: %s on %s: crisp computed no attention op (all fell back)\n", kTool,
                            p->name.c_str(), id.c_str());
             }
             const bool correct = ce::score_niah_output(sample, a.output);
+            // How far the point's first-token logits are from dense's (through crisp): the
+            // tolerance of llama_fa == dense, and how much a sparse point moves the answer.
+            json logit_diff = nullptr;
+            if (p->name == kDense) {
+              dense_logits = a.first_logits;
+            } else if (dense_logits.size() == a.first_logits.size()) {
+              float diff = 0;
+              for (size_t v = 0; v < dense_logits.size(); ++v) diff = std::max(diff, std::abs(dense_logits[v] - a.first_logits[v]));
+              logit_diff = diff;
+            }
             file.record(p->name, id,
                         {{"task", ce::to_string(task)}, {"length", length}, {"depth", depth}, {"seed", seed},
                          {"prompt_tokens", prompt.size()}, {"correct", correct}, {"density", density},
@@ -478,6 +501,8 @@ void run(const Args& given, bool niah_defaults) {
                          {"kept_blocks", optional_json(a.stats.kept_blocks)},
                          {"causal_blocks", optional_json(a.stats.causal_blocks)}, {"ttft_s", a.ttft_s},
                          {"output", a.output}, {"stop", a.stop}, {"generated_tokens", a.generated},
+                         {"first_token", a.first_logits.empty() ? json(nullptr) : json(argmax(a.first_logits))},
+                         {"first_logits_max_abs_diff_vs_dense", logit_diff},
                          {"beyond_training", length > runner.n_ctx_train()}});
             if (!args.quiet) {
               std::fprintf(stderr, "%s: [%lld/%lld] %s %-32s %s density %s ttft %.2f s (%.0f s)\n", kTool,
@@ -534,8 +559,8 @@ void add_options(CLI::App* sub, Args* a) {
   crisp_cli::add_prose_option(sub, &a->prose_path, "long_qa_prompts.json, the real-prose haystack of niah_prose");
   sub->add_option("--max-new-tokens", a->max_new_tokens, "Most greedy tokens per answer (default per task)")->check(CLI::Range(int64_t{1}, int64_t{4096}));
   sub->add_option("--policies", a->policies,
-                  "Points: presets (crisp, flexprefill, minference, dense) or PRESET:KNOB=V, and llama_fa (llama.cpp's own "
-                  "flash attention); dense always runs first")
+                  "Points: presets (crisp, flexprefill, minference, dense) or PRESET:KNOB=V; llama_fa (llama.cpp's own "
+                  "flash attention) and llama_nofa (its attention without flash attention); dense always runs first")
       ->delimiter(',');
   sub->add_option("--sweep", a->sweeps, "A sweep as `crisp eval pareto --sweep`: POLICY:KNOB=V1,V2[;KNOB=...]")->take_all();
   sub->add_option("--sweep-file", a->sweep_files, "JSON list of sweeps (as `crisp eval pareto --sweep-file`)");
