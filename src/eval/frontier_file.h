@@ -32,7 +32,8 @@ class FrontierFile {
   // Per point and length, from the recorded units: NIAH — samples, correct, accuracy,
   // dense_correct, kept_of_dense (share of the samples dense answers that the point answers too;
   // null when dense answers none), mean_density (null when a unit's density is null: not
-  // measured); captures — heads, density_mean, recall_mean, recall_min, top_mass_recall (mean and min), rel_error (mean and max). Sets "rows".
+  // measured); captures — heads, density_mean, recall_mean, recall_min, top_mass_recall (mean
+  // and min), rel_error (mean and max). Sets "rows".
   void summarize();
   // Structured workloads (settings mode "structured", src/eval/structured_frontier.h): per point and
   // length, means over the workloads of density, vs_share, needles_kept_mean, rel_error_mean and the
