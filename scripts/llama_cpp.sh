@@ -2,7 +2,8 @@
 # scripts/llama_cpp.sh — fetches llama.cpp (the copy vendored in PyPI's llama-cpp-python sdist,
 # pinned by version and sha256), applies crisp's integration (integrations/llama.cpp/crisp.patch)
 # and builds llama.cpp's tools linking crisp from this checkout, the hook's test
-# (test-ggml-crisp) and llama-attn-time (the attention share of prompt processing).
+# (test-ggml-crisp), llama-attn-time (the attention share of prompt processing) and
+# crisp-llama-eval (crisp's NIAH evaluation on llama.cpp, docs/evaluation.md).
 # docs/llama_cpp.md explains the integration.
 #
 # Usage: scripts/llama_cpp.sh [--cuda] [--server] [--target NAME]... [--pack DIR]
@@ -11,7 +12,7 @@
 #   --server      also build llama-server (several minutes more on two cores)
 #   --target T    build T too (repeatable), e.g. test-backend-ops
 #   --pack DIR    then copy the build's runtime (bin/*.so, llama-cli, llama-bench, llama-server
-#                 when built, test-ggml-crisp, llama-attn-time; stripped; they find each other by
+#                 when built, test-ggml-crisp, llama-attn-time, crisp-llama-eval; stripped; they find each other by
 #                 rpath $ORIGIN) into DIR (emptied first; e.g. .gpubin/llama-cuda, ignored) and print
 #                 its size: binaries to carry to a machine that runs them without building (it needs
 #                 the CUDA runtime and cuBLAS of the toolkit they were built with)
@@ -48,7 +49,7 @@ while [ $# -gt 0 ]; do
     --target) [ $# -ge 2 ] || die "--target needs a target name"; targets+=("$2"); shift ;;
     --update-patch) update_patch=1 ;;
     --pack) [ $# -ge 2 ] || die "--pack needs a directory"; pack_dir="$2"; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1'; expected --cuda, --server, --target NAME, --pack DIR, --update-patch or --help" ;;
   esac
   shift
