@@ -11,8 +11,6 @@
 // with flash attention on, so every policy but `llama_fa` goes through crisp's hook, and its
 // greedy sampler answers. The policy is installed and its density read through the entry points
 // every hooked backend registers (ggml_backend_reg_get_proc_address, docs/llama_cpp.md).
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -56,15 +54,13 @@ constexpr const char* kDense = "dense";
 using SetFn = bool (*)(const char*, const char* const*, int, char*, size_t);
 using StatsFn = void (*)(int64_t*, int64_t*, int64_t*, int64_t*);
 using ResetFn = void (*)();
-using CpuStatsFn = void (*)(int64_t*, int64_t*);  // the CPU backend's older entry point
 
 struct HookStats {
   std::optional<int64_t> handled, declined, kept_blocks, causal_blocks;
 };
 
 // Every registered backend's setter and statistics ("ggml_backend_set_sparse_prefill", ...). A
-// build whose backends do not register them yet falls back to the CPU backend's exported setter;
-// kept/causal blocks are then unknown (density null, never guessed).
+// backend that registers no statistics leaves the counters unknown (density null, never guessed).
 class SparsePrefillHook {
  public:
   explicit SparsePrefillHook(bool uses_gpu) {
@@ -81,12 +77,6 @@ class SparsePrefillHook {
         throw crisp::Error("--ngl", std::string("offloads layers to backend '") + ggml_backend_reg_name(reg) +
                                         "', which has no crisp hook (no ggml_backend_set_sparse_prefill in the registry)",
                            "--ngl 0, or a llama.cpp build whose GPU backend carries crisp's hook");
-      }
-    }
-    if (setters_.empty()) {
-      if (auto cpu_set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "ggml_cpu_set_sparse_prefill"))) {
-        setters_.push_back(cpu_set);
-        cpu_stats_ = reinterpret_cast<CpuStatsFn>(dlsym(RTLD_DEFAULT, "ggml_cpu_get_sparse_prefill_stats"));
       }
     }
     if (setters_.empty()) {
@@ -109,13 +99,13 @@ class SparsePrefillHook {
 
   void reset() {
     for (ResetFn reset : resets_) reset();
-    if (cpu_stats_ != nullptr) cpu_stats_(&cpu_handled_base_, &cpu_declined_base_);
   }
 
-  // Counters since the last reset(), summed over the backends that report them.
+  // Counters since the last reset(), summed over the backends that report them (unknown unless
+  // every backend with statistics can also reset them).
   HookStats read() const {
     HookStats out;
-    if (!stats_.empty()) {
+    if (!stats_.empty() && resets_.size() == stats_.size()) {
       int64_t h = 0, d = 0, k = 0, c = 0;
       for (StatsFn stats : stats_) {
         int64_t h1 = 0, d1 = 0, k1 = 0, c1 = 0;
@@ -123,10 +113,6 @@ class SparsePrefillHook {
         h += h1, d += d1, k += k1, c += c1;
       }
       out.handled = h, out.declined = d, out.kept_blocks = k, out.causal_blocks = c;
-    } else if (cpu_stats_ != nullptr) {
-      int64_t h = 0, d = 0;
-      cpu_stats_(&h, &d);
-      out.handled = h - cpu_handled_base_, out.declined = d - cpu_declined_base_;
     }
     return out;
   }
@@ -142,8 +128,6 @@ class SparsePrefillHook {
   std::vector<SetFn> setters_;
   std::vector<StatsFn> stats_;
   std::vector<ResetFn> resets_;
-  CpuStatsFn cpu_stats_ = nullptr;
-  int64_t cpu_handled_base_ = 0, cpu_declined_base_ = 0;
 };
 
 // ---------------------------------------------------------------- the model
