@@ -47,7 +47,6 @@ constexpr const char* kLlamaFa = "llama_fa";
 // llama.cpp's attention without flash attention (KQ matmul, softmax, KQV): how far two of
 // llama.cpp's own kernels are apart calibrates the tolerance of dense == llama_fa.
 constexpr const char* kLlamaNoFa = "llama_nofa";
-constexpr const char* kDense = "dense";
 
 // ---------------------------------------------------------------- crisp's hook, via the registry
 
@@ -314,7 +313,7 @@ std::vector<ce::FrontierPoint> make_points(const Args& args) {
     if (name == kLlamaFa || name == kLlamaNoFa) {
       ce::FrontierPoint reference;
       reference.name = reference.policy = name;
-      reference.config = crisp::Config::from_preset(kDense);
+      reference.config = crisp::Config::from_preset(ce::kDensePoint);
       references.push_back(reference);
     } else {
       ce::Sweep sweep = ce::parse_sweep(name, "--policies");
@@ -328,7 +327,7 @@ std::vector<ce::FrontierPoint> make_points(const Args& args) {
   for (const std::string& path : args.sweep_files) {
     for (ce::Sweep& s : ce::load_sweep_file(path, "--sweep-file")) sweeps.push_back(std::move(s));
   }
-  sweeps.insert(sweeps.begin(), ce::Sweep{kDense, {}});
+  sweeps.insert(sweeps.begin(), ce::Sweep{ce::kDensePoint, {}});
   std::vector<ce::FrontierPoint> points = ce::expand_sweeps(sweeps, "--sweep");
   points.insert(points.begin() + 1, references.begin(), references.end());
   return points;
@@ -471,7 +470,7 @@ void run(const Args& given, bool niah_defaults) {
             // How far the point's first-token logits are from dense's (through crisp): the
             // tolerance of llama_fa == dense, and how much a sparse point moves the answer.
             json logit_diff = nullptr;
-            if (p->name == kDense) {
+            if (p->name == ce::kDensePoint) {
               dense_logits = a.first_logits;
             } else if (dense_logits.size() == a.first_logits.size()) {
               float diff = 0;

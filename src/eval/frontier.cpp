@@ -22,16 +22,14 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr const char* kDense = "dense";
-
 }  // namespace
 
 void put_dense_first(std::vector<FrontierPoint>& points) {
-  const auto it = std::find_if(points.begin(), points.end(), [](const FrontierPoint& p) { return p.name == kDense; });
+  const auto it = std::find_if(points.begin(), points.end(), [](const FrontierPoint& p) { return p.name == kDensePoint; });
   if (it == points.end()) {
     FrontierPoint dense;
-    dense.name = dense.policy = kDense;
-    dense.config = Config::from_preset(kDense);
+    dense.name = dense.policy = kDensePoint;
+    dense.config = Config::from_preset(kDensePoint);
     points.insert(points.begin(), dense);
   } else {
     std::rotate(points.begin(), it, it + 1);

@@ -16,9 +16,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// The point every other one is read against (kept_of_dense).
-constexpr const char* kDense = "dense";
-
 }  // namespace
 
 FrontierFile FrontierFile::open(const std::string& path, const json& settings, const std::string& argument) {
@@ -120,7 +117,7 @@ void FrontierFile::save() {
 void FrontierFile::summarize() {
   const bool captures = doc_["settings"].value("mode", "") == "captures";
   if (doc_["settings"].value("mode", "") == "structured") return summarize_structured();
-  const json* dense = find_point(kDense);
+  const json* dense = find_point(kDensePoint);
   json rows = json::array();
   for (const json& point : doc_["points"]) {
     struct Row {

@@ -14,6 +14,9 @@
 namespace crisp {
 namespace eval {
 
+// The point every other one is read against (kept_of_dense); every runner runs it first.
+inline constexpr const char* kDensePoint = "dense";
+
 // The per-point record of one sample (NIAH) or one captured layer (captures), keyed by its id.
 class FrontierFile {
  public:
