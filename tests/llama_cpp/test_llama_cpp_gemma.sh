@@ -8,14 +8,25 @@
 #      prompt) to llama.cpp — both log lines present;
 #   2. --sparse-prefill crisp runs through crisp; its continuation is printed (not checked: a
 #      sparse policy may change the answer of a 270M base model).
-# Usage: tests/llama_cpp/test_llama_cpp_gemma.sh [BIN_DIR [MODEL]]
+# Usage: tests/llama_cpp/test_llama_cpp_gemma.sh [--cuda] [BIN_DIR [MODEL]]
+#   --cuda: on the CUDA backend (every layer offloaded, -ngl 99; crisp's CUDA hook computes the
+#   global layers, its log line ends "(CUDA)"); BIN_DIR then defaults to .deps/llama.cpp-build-cuda/bin.
 #   BIN_DIR: llama.cpp's binaries (default .deps/llama.cpp-build/bin); MODEL: the GGUF (default:
 #   `scripts/fetch_model.sh gemma3`'s cached file, which CI does not fetch).
 # Exits 77 (CTest's skip) when the llama.cpp build or the model is absent.
 set -uo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-bin="${1:-$repo_root/.deps/llama.cpp-build/bin}"
+offload=()
+computes_suffix=""
+default_bin="$repo_root/.deps/llama.cpp-build/bin"
+if [ "${1:-}" = "--cuda" ]; then
+  shift
+  offload=(-ngl 99)
+  computes_suffix=" (CUDA)"
+  default_bin="$repo_root/.deps/llama.cpp-build-cuda/bin"
+fi
+bin="${1:-$default_bin}"
 model="${2:-${CRISP_MODEL_DIR:-$repo_root/.cache/model}/gemma-3-270m-q4_k_m.gguf}"
 cli="$bin/llama-cli"
 [ -x "$cli" ] || { echo "skip: no llama.cpp build in $bin (run scripts/llama_cpp.sh)"; exit 77; }
@@ -41,14 +52,14 @@ prompt+="The special magic number is"
 run_cli() {  # run_cli NAME ARGS... -> $work/NAME.out (stdout), $work/NAME.err (stderr), returns rc
   local name="$1"; shift
   "$cli" -m "$model" -no-cnv -p "$prompt" -n 8 --temp 0 --seed 1 -c 4096 -b 4096 -ub 4096 -t 2 \
-    --no-warmup "$@" < /dev/null > "$work/$name.out" 2> "$work/$name.err"
+    --no-warmup "${offload[@]}" "$@" < /dev/null > "$work/$name.out" 2> "$work/$name.err"
 }
 continuation() { tail -c 60 "$work/$1.out" | tr '\n' ' '; }
 
 # 1. dense through crisp == llama.cpp's flash attention; global layers crisp's, windowed ones not
 run_cli fa -fa || fail "llama-cli -fa exited $?: $(tail -n 3 "$work/fa.err")"
 run_cli dense --sparse-prefill dense || fail "llama-cli --sparse-prefill dense exited $?: $(tail -n 3 "$work/dense.err")"
-grep -q "crisp: sparse prefill 'dense' computes" "$work/dense.err" || fail "dense: crisp computed no layer's attention"
+grep -q "crisp: sparse prefill 'dense' computes.*$computes_suffix" "$work/dense.err" || fail "dense: crisp computed no layer's attention"
 grep -q "crisp: sparse prefill falls back.*sliding window" "$work/dense.err" ||
   fail "dense: the sliding-window layers did not fall back"
 [ -s "$work/fa.out" ] || fail "llama-cli -fa printed nothing"
@@ -60,7 +71,7 @@ grep "crisp:" "$work/dense.err" | sed 's/^/  hook (dense): /'
 
 # 2. the crisp policy runs
 run_cli crisp --sparse-prefill crisp || fail "llama-cli --sparse-prefill crisp exited $?: $(tail -n 3 "$work/crisp.err")"
-grep -q "crisp: sparse prefill 'crisp' computes" "$work/crisp.err" || fail "crisp: crisp computed no layer's attention"
+grep -q "crisp: sparse prefill 'crisp' computes.*$computes_suffix" "$work/crisp.err" || fail "crisp: crisp computed no layer's attention"
 echo "flash attention: ...$(continuation fa)"
 echo "dense (crisp):   ...$(continuation dense)"
 echo "crisp:           ...$(continuation crisp)"
