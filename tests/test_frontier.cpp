@@ -34,16 +34,7 @@ std::filesystem::path source_dir() {
 #endif
 }
 
-// The message of the crisp::Error `f` throws ("" if it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const crisp::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using crisp_test::error_of;
 
 TEST(Sweep, CartesianProductLastKnobFastest) {
   const ce::Sweep sweep = ce::parse_sweep("crisp:alpha=0.5,1,2;rho=1.5,2.2");

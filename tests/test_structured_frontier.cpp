@@ -17,6 +17,7 @@
 #include "eval/frontier.h"
 #include "eval/splits.h"
 #include "eval/structured_frontier.h"
+#include "test_util.h"
 
 namespace ce = crisp::eval;
 
@@ -32,15 +33,7 @@ crisp::WorkloadSpec small_spec(uint64_t seed, int64_t n) {
   return spec;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const crisp::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using crisp_test::error_of;
 
 // Independent float64 output of query i of head h over the keys `keep(j)` says yes to.
 template <typename Keep>

@@ -260,4 +260,15 @@ inline std::string float_payload(const std::vector<float>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
 }
 
+// The message of the crisp::Error `f` throws ("" if it throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const crisp::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace crisp_test
