@@ -130,7 +130,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"fp16_d256_B64_dense_gqa1_unaligned", f16, 256, 64, 2, 2, {1001}, Layout::dense, 0, 18},
         Case{"bf16_d256_B128_varlen_random10_gqa4", bf16, 256, 128, 4, 1, {50, 900, 129, 1300}, Layout::random, 0.1,
              19},
-        Case{"bf16_d256_B64_n_below_block", bf16, 256, 64, 4, 2, {5}, Layout::dense, 0, 20}),
+        Case{"bf16_d256_B64_n_below_block", bf16, 256, 64, 4, 2, {5}, Layout::dense, 0, 20},
+        // SmolLM2's shape: 9 query heads on 3 KV heads (a group of 3), d 64.
+        Case{"fp16_d64_B128_crisp_gqa3_smollm2", f16, 64, 128, 9, 3, {2500}, Layout::crisp_plan, 0, 21},
+        Case{"fp16_d64_B128_dense_gqa3_smollm2", f16, 64, 128, 9, 3, {1001}, Layout::dense, 0, 22}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ------------------------------------------------------------------ DevicePlan

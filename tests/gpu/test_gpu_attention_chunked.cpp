@@ -333,7 +333,11 @@ INSTANTIATE_TEST_SUITE_P(
              Layout::random, 0.3, 16, true, 24, true},
         Case{"fp16_d256_B64_paged128_shuffled_gqa4", f16, 256, 64, 8, 2, {{500, 1234}, {1, 65}}, Layout::crisp_plan, 0,
              128, true, 25},
-        Case{"bf16_d256_B64_paged48_shuffled", bf16, 256, 64, 4, 2, {{77, 800}}, Layout::dense, 0, 48, true, 26}),
+        Case{"bf16_d256_B64_paged48_shuffled", bf16, 256, 64, 4, 2, {{77, 800}}, Layout::dense, 0, 48, true, 26},
+        // SmolLM2's shape (a group of 3) as llama.cpp holds it: a chunk over a prefix, K/V rows
+        // token-major with the KV heads interleaved (one page covering the whole cache).
+        Case{"fp16_d64_B128_chunk_gqa3_nhd_one_page", f16, 64, 128, 9, 3, {{1000, 1000}, {512, 1512}}, Layout::dense, 0,
+             2048, false, 27, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ------------------------------------------------------------------ the work order of chunks
