@@ -372,6 +372,8 @@ void run(const Args& given, bool niah_defaults) {
     args.seeds = chosen.seeds;
     args.depths = chosen.depths;
   }
+  // The model first: it is always given, so its error must not hide behind a default that is absent.
+  if (!std::filesystem::exists(args.model_path)) throw crisp::Error("--model", "'" + args.model_path + "' does not exist", "a GGUF file");
   std::vector<ce::NiahTask> tasks;
   for (const std::string& name : args.tasks) tasks.push_back(ce::parse_niah_task(name, "--tasks"));
   for (double depth : args.depths) {
@@ -385,7 +387,6 @@ void run(const Args& given, bool niah_defaults) {
     const auto documents = ce::load_qa_documents(prose_path, "--prose");
     prose = splits ? ce::split_prose_paragraphs(documents, *splits, args.split, "--split") : ce::all_prose_paragraphs(documents);
   }
-  if (!std::filesystem::exists(args.model_path)) throw crisp::Error("--model", "'" + args.model_path + "' does not exist", "a GGUF file");
 
   llama_log_set(quiet_log, nullptr);
   llama_backend_init();
