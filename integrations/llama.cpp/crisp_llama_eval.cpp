@@ -496,15 +496,12 @@ void run(const Args& given, bool niah_defaults) {
             }
           }
           ++computed;
-          file.summarize();
-          file.save();
+          file.checkpoint();
         }
       }
     }
   }
-  file.mark_complete(complete);
-  file.summarize();
-  file.save();
+  file.finish(complete);
   print_table(file.document());
   std::printf("%s: %lld samples computed in this run, %lld (point, sample) pairs found done before it; %s\n",
               args.json_path.c_str(), static_cast<long long>(computed),

@@ -65,9 +65,7 @@ int64_t run_niah_frontier(const model::LlamaModel& model, const model::Tokenizer
           }
           if (pending.empty()) continue;
           if (settings.stop_after > 0 && computed_samples >= settings.stop_after) {
-            file.mark_complete(false);
-            file.summarize();
-            file.save();
+            file.finish(false);
             return computed_samples;
           }
           NiahSpec spec;
@@ -95,15 +93,12 @@ int64_t run_niah_frontier(const model::LlamaModel& model, const model::Tokenizer
             }
           }
           ++computed_samples;
-          file.summarize();
-          file.save();
+          file.checkpoint();
         }
       }
     }
   }
-  file.mark_complete(true);
-  file.summarize();
-  file.save();
+  file.finish(true);
   return computed_samples;
 }
 
@@ -190,9 +185,7 @@ int64_t run_capture_frontier(const CaptureFrontierSettings& settings, std::vecto
       }
       if (pending.empty()) continue;
       if (settings.stop_after > 0 && computed_layers >= settings.stop_after) {
-        file.mark_complete(false);
-        file.summarize();
-        file.save();
+        file.finish(false);
         return computed_layers;
       }
       const std::string where = "--captures " + dir + " layer " + std::to_string(layer);
@@ -235,13 +228,10 @@ int64_t run_capture_frontier(const CaptureFrontierSettings& settings, std::vecto
                       static_cast<long long>(layer), static_cast<long long>(lf.n), pending.size(), seconds_since(start));
         hooks.progress(line);
       }
-      file.summarize();
-      file.save();
+      file.checkpoint();
     }
   }
-  file.mark_complete(true);
-  file.summarize();
-  file.save();
+  file.finish(true);
   return computed_layers;
 }
 

@@ -48,6 +48,16 @@ class FrontierFile {
 
   // Whether every unit of the run's grid is in the file ("complete" in the JSON).
   void mark_complete(bool complete) { doc_["complete"] = complete; }
+  // What every runner does after a unit (checkpoint) and when it stops (finish): the rows
+  // recomputed and the file rewritten, so an interrupted run loses at most the unit in progress.
+  void checkpoint() {
+    summarize();
+    save();
+  }
+  void finish(bool complete) {
+    mark_complete(complete);
+    checkpoint();
+  }
   const nlohmann::json& document() const { return doc_; }
   const std::string& path() const { return path_; }
 

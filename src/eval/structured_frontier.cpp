@@ -177,9 +177,7 @@ int64_t run_structured_frontier(const StructuredFrontierSettings& settings, std:
         if (!file.has(p.name, unit)) pending.push_back(&p);
       if (pending.empty()) continue;
       if (settings.stop_after > 0 && computed >= settings.stop_after) {
-        file.mark_complete(false);
-        file.summarize();
-        file.save();
+        file.finish(false);
         return computed;
       }
       WorkloadSpec spec = settings.workload;
@@ -218,13 +216,10 @@ int64_t run_structured_frontier(const StructuredFrontierSettings& settings, std:
         std::snprintf(line, sizeof line, "%s: %zu points (%.0f s)", unit.c_str(), pending.size(), seconds_since(start));
         hooks.progress(line);
       }
-      file.summarize();
-      file.save();
+      file.checkpoint();
     }
   }
-  file.mark_complete(true);
-  file.summarize();
-  file.save();
+  file.finish(true);
   return computed;
 }
 
