@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Picks one point of a policy's knob sweep from TUNING-split frontier JSONs, by a rule fixed
+before the data is seen (issue 14's acceptance, applied to the tuning split):
+
+  a candidate qualifies on a (model, length) run when it keeps at least --min-kept of dense's
+  correct answers (rounded up) AND at least as many correct answers as the baseline point, at
+  a density of at most --max-ratio x the baseline's;
+
+  the pick is the candidate that qualifies on the most runs; ties go to the lowest worst-case
+  density ratio (its largest density / baseline density over the runs), then to the name.
+
+Every run must hold the baseline point and dense; a candidate missing a run counts as not
+qualifying there. Prints a table on stderr and the pick in sweep syntax (`crisp:knob=v;knob=v`,
+or the bare preset name) on stdout, so a pipeline can pass it to `--policies`.
+
+Usage: scripts/pick_frontier_point.py RUN.json [RUN.json ...] [--policy crisp]
+           [--baseline flexprefill] [--min-kept 0.97] [--max-ratio 0.75] [--label NAME=PATH ...]
+"""
+import argparse
+import json
+import math
+import sys
+
+
+def load_rows(path):
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"pick_frontier_point: error: RUN.json '{path}': {e}")
+    rows = data.get("rows")
+    if not isinstance(rows, list):
+        raise SystemExit(f"pick_frontier_point: error: RUN.json '{path}': no 'rows' list (a crisp frontier JSON?)")
+    return data.get("settings", {}), rows
+
+
+def point_spec(row):
+    """The point in the syntax --policies accepts: the preset, or PRESET:knob=v;knob=v."""
+    knobs = row.get("knobs") or {}
+    if not knobs:
+        return row["policy"]
+    return row["policy"] + ":" + ";".join(f"{k}={knobs[k]}" for k in sorted(knobs))
+
+
+def runs_of(paths):
+    """(run name, length) -> {point name: row}, one run per file and length."""
+    runs = {}
+    for path in paths:
+        settings, rows = load_rows(path)
+        model = settings.get("model", path)
+        for row in rows:
+            key = (f"{model}", int(row["length"]))
+            runs.setdefault(key, {})[row["point"]] = row
+    return runs
+
+
+def pick(runs, policy, baseline, min_kept, max_ratio):
+    candidates = sorted({name for points in runs.values() for name, row in points.items()
+                         if row["policy"] == policy and name != baseline})
+    if not candidates:
+        raise SystemExit(f"pick_frontier_point: error: --policy '{policy}': no point of that policy in the runs")
+    table = []
+    for name in candidates:
+        qualified = 0
+        worst_ratio = 0.0
+        spec = None
+        cells = []
+        for key, points in sorted(runs.items()):
+            if baseline not in points or "dense" not in points:
+                raise SystemExit(f"pick_frontier_point: error: run {key}: expected points 'dense' and "
+                                 f"'{baseline}' (--baseline)")
+            base, dense, row = points[baseline], points["dense"], points.get(name)
+            if row is None or row.get("mean_density") is None or not base.get("mean_density"):
+                cells.append("missing")
+                worst_ratio = math.inf
+                continue
+            spec = point_spec(row)
+            need = max(math.ceil(min_kept * dense["correct"] - 1e-9), base["correct"])
+            ratio = row["mean_density"] / base["mean_density"]
+            ok = row["correct"] >= need and ratio <= max_ratio + 1e-12
+            qualified += ok
+            worst_ratio = max(worst_ratio, ratio)
+            cells.append(f"{row['correct']}/{need} {ratio:.2f}x{' ok' if ok else ''}")
+        table.append((-qualified, worst_ratio, name, spec, cells))
+    table.sort()
+    keys = sorted(runs)
+    print("point | " + " | ".join(f"{m.split('/')[-1]} {n}" for m, n in keys) + " | qualified | worst ratio",
+          file=sys.stderr)
+    for neg_q, worst, name, _, cells in table:
+        print(f"{name} | " + " | ".join(cells) + f" | {-neg_q}/{len(keys)} | {worst:.3f}", file=sys.stderr)
+    best = table[0]
+    if best[3] is None:
+        raise SystemExit("pick_frontier_point: error: no candidate has a complete run")
+    return best[3], -best[0], len(keys)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", metavar="RUN.json")
+    ap.add_argument("--policy", default="crisp")
+    ap.add_argument("--baseline", default="flexprefill", help="point name of the baseline (default flexprefill)")
+    ap.add_argument("--min-kept", type=float, default=0.97, help="share of dense's correct answers to keep")
+    ap.add_argument("--max-ratio", type=float, default=0.75, help="largest density / baseline density")
+    args = ap.parse_args(argv)
+    if not 0.0 < args.min_kept <= 1.0:
+        ap.error(f"--min-kept {args.min_kept}: expected a share in (0, 1]")
+    if not args.max_ratio > 0.0:
+        ap.error(f"--max-ratio {args.max_ratio}: expected a positive ratio")
+    spec, qualified, total = pick(runs_of(args.runs), args.policy, args.baseline, args.min_kept, args.max_ratio)
+    print(f"pick: {spec} (qualifies on {qualified} of {total} runs)", file=sys.stderr)
+    print(spec)
+
+
+if __name__ == "__main__":
+    main()
