@@ -9,8 +9,8 @@ before the data is seen (issue 14's acceptance, applied to the tuning split):
   the pick is the candidate that qualifies on the most runs; ties go to the lowest worst-case
   density ratio (its largest density / baseline density over the runs), then to the name.
 
-Every run must hold the baseline point and dense; a candidate missing a run counts as not
-qualifying there. Prints a table on stderr and the pick in sweep syntax (`crisp:knob=v;knob=v`,
+Every run must hold the baseline point and dense; a candidate missing a run, or cut short there
+(fewer samples than dense), counts as not qualifying there. Prints a table on stderr and the pick in sweep syntax (`crisp:knob=v;knob=v`,
 or the bare preset name) on stdout, so a pipeline can pass it to `--policies`.
 
 Usage: scripts/pick_frontier_point.py RUN.json [RUN.json ...] [--policy crisp]
@@ -70,7 +70,9 @@ def pick(runs, policy, baseline, min_kept, max_ratio):
                 raise SystemExit(f"pick_frontier_point: error: run {key}: expected points 'dense' and "
                                  f"'{baseline}' (--baseline)")
             base, dense, row = points[baseline], points["dense"], points.get(name)
-            if row is None or row.get("mean_density") is None or not base.get("mean_density"):
+            # a point cut short (fewer samples than dense) is not comparable: missing
+            if (row is None or row.get("mean_density") is None or not base.get("mean_density")
+                    or row.get("samples") != dense.get("samples")):
                 cells.append("missing")
                 worst_ratio = math.inf
                 continue

@@ -19,7 +19,8 @@ for s in specs:
     parts = s.split()
     point, policy, correct, density = parts[:4]
     knobs = dict(kv.split("=") for kv in parts[4].split(",")) if len(parts) > 4 else {}
-    rows.append({"point": point, "policy": policy, "correct": int(correct), "length": int(length),
+    samples = int(parts[5]) if len(parts) > 5 else 40
+    rows.append({"point": point, "policy": policy, "correct": int(correct), "length": int(length), "samples": samples,
                  "mean_density": None if density == "null" else float(density), "knobs": knobs})
 json.dump({"settings": {"model": model}, "rows": rows}, open(path, "w"))
 PY
@@ -51,6 +52,12 @@ write_run "$tmp/r3.json" m3 4096 "dense dense 10 1.0" "flexprefill flexprefill 1
 out=$(python3 "$pick" "$tmp/r2.json" "$tmp/r3.json" 2>"$tmp/err")
 [ "$out" = "crisp:min_budget=128" ] || fail "expected crisp:min_budget=128 (only complete qualifier), got '$out'"
 grep -q "missing" "$tmp/err" || fail "expected a 'missing' cell in: $(cat "$tmp/err")"
+
+# A point cut short (fewer samples than dense) does not qualify there.
+write_run "$tmp/r4.json" m4 4096 "dense dense 10 1.0" "flexprefill flexprefill 10 0.5" \
+  "crisp:min_budget=128 crisp 10 0.2 min_budget=128 20" "crisp:min_budget=256 crisp 10 0.3 min_budget=256"
+out=$(python3 "$pick" "$tmp/r4.json" 2>/dev/null)
+[ "$out" = "crisp:min_budget=256" ] || fail "expected crisp:min_budget=256 (the other point is cut short), got '$out'"
 
 # Errors name the argument.
 write_run "$tmp/nobase.json" m4 4096 "dense dense 10 1.0" "crisp crisp 10 0.2"
