@@ -794,14 +794,17 @@ namespace cuda {
 
 namespace {
 // One planning workspace per live DevicePlan, keyed by its view's buffer address; the entry is
-// erased when that DevicePlan is destroyed (cuda_detail::release_planner_workspace).
+// erased when that DevicePlan is destroyed (cuda_detail::release_planner_workspace). The map is
+// never destroyed: a DevicePlan held by a static object (a cache of plans in a library, as
+// llama.cpp's CUDA hook keeps) is destroyed at exit after a function-local static made later
+// would be, and would then erase from a destroyed map and free its workspace a second time.
 std::mutex& workspace_mutex() {
-  static std::mutex m;
+  static std::mutex m;  // trivially destructible
   return m;
 }
 std::map<const void*, std::unique_ptr<cuda_detail::planner::PlanWorkspace>>& workspaces() {
-  static std::map<const void*, std::unique_ptr<cuda_detail::planner::PlanWorkspace>> w;
-  return w;
+  static auto* w = new std::map<const void*, std::unique_ptr<cuda_detail::planner::PlanWorkspace>>;
+  return *w;
 }
 }  // namespace
 

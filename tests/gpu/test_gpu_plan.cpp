@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -266,6 +267,32 @@ TEST(GpuPlan, CapturesInCudaGraph) {
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
   }
+}
+
+// A DevicePlan held by a static object (as llama.cpp's CUDA hook caches its plans) is destroyed at
+// exit after every function-local static constructed later, crisp's registry of planner
+// workspaces among them: destroying it then must not touch that registry's freed memory (it freed
+// the workspace a second time: "free(): double free detected", exit status 134).
+TEST(GpuPlanDeathTest, DevicePlanInAStaticIsDestroyedCleanlyAtExit) {
+  SKIP_WITHOUT_GPU();
+  // A fresh process runs the statement, so the static below is made before crisp's own.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        static std::unique_ptr<crisp::cuda::DevicePlan> held;  // destroyed after crisp's statics
+        crisp::Workload w = crisp::make_workload(crisp_test::workload_spec(4, 2, 64, {512}, 23));
+        const crisp::Config cfg = crisp::Config::from_preset("crisp");
+        DeviceArray q_dev(w.q.data(), w.q.size() * sizeof(float));
+        DeviceArray k_dev(w.k.data(), w.k.size() * sizeof(float));
+        const auto q_gpu =
+            crisp::TensorView::contiguous(q_dev.ptr, crisp::DType::f32, 4, w.total_tokens, 64, crisp::Device::cuda);
+        const auto k_gpu =
+            crisp::TensorView::contiguous(k_dev.ptr, crisp::DType::f32, 2, w.total_tokens, 64, crisp::Device::cuda);
+        held = std::make_unique<crisp::cuda::DevicePlan>(4, 2, 64, w.cu_seqlens, cfg);
+        crisp::cuda::plan_async(q_gpu, k_gpu, cfg, *held, nullptr);  // makes crisp's workspace registry
+        std::exit(cudaDeviceSynchronize() == cudaSuccess ? 0 : 3);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 TEST(GpuPlan, RejectsBadArguments) {
