@@ -179,6 +179,15 @@ static std::shared_ptr<crisp::cuda::DevicePlan> plan_for(const PlanKey & key, co
 
 static bool cuda_head_dim_supported(int64_t head_dim) { return crisp::cuda::head_dim_supported(head_dim); }
 
+// What crisp's CUDA kernels read.
+static BackendLimits cuda_limits() {
+  BackendLimits limits;
+  limits.f32_kv = false;  // crisp's CUDA kernels read f16 or bf16
+  limits.head_dim_supported = cuda_head_dim_supported;
+  limits.row_alignment = 16;  // crisp's CUDA kernels load 16-byte rows
+  return limits;
+}
+
 template <typename T>
 static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::DType dtype, int64_t n_past,
              const crisp::Config & config) {
@@ -244,17 +253,14 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
   if (!setting) return false;
   ggml_cuda_set_device(ctx.device);  // the kernels below launch on the current device
 
-  BackendLimits limits;
-  limits.f32_kv = false;  // crisp's CUDA kernels read f16 or bf16
-  limits.head_dim_supported = cuda_head_dim_supported;
-  limits.row_alignment = 16;  // crisp's CUDA kernels load 16-byte rows
-  const std::string reason = shape_decline_reason(dst, limits);
+  const std::string reason = shape_decline_reason(dst, cuda_limits());
   if (!reason.empty()) {
     decline(reason);
     return false;
   }
-  // A stream being captured into a CUDA graph cannot wait for the mask verdict (llama.cpp
-  // captures only single-token batches today; this keeps any other capture correct).
+  // A stream being captured into a CUDA graph cannot wait for the mask verdict. ggml-cuda does not
+  // capture a graph holding an op this hook would take (ggml_crisp_cuda_would_take); this keeps
+  // any other capture (a caller's own) correct.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capture));
   if (capture != cudaStreamCaptureStatusNone) {
@@ -287,6 +293,8 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
   log_once("sparse prefill '" + setting->policy + "' computes the attention of prompt ubatches (CUDA)");
   return true;
 }
+
+bool ggml_crisp_cuda_would_take(const ggml_tensor * dst) { return takes_unless_mask_declines(dst, cuda_limits()); }
 
 extern "C" bool ggml_cuda_set_sparse_prefill(const char * policy, const char * const * settings, int n_settings,
                                              char * error, size_t error_size) {

@@ -15,6 +15,10 @@ struct ggml_backend_cuda_context;
 // a quantised cache, a head dim crisp's CUDA kernels lack, ...), and then llama.cpp's kernel runs.
 bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 
+// Whether ggml_crisp_cuda_flash_attn_ext takes `dst` unless its mask's values rule it out (the
+// verdict it waits for on the host). ggml-cuda captures no CUDA graph holding such an op.
+bool ggml_crisp_cuda_would_take(const ggml_tensor * dst);
+
 // The registry's "ggml_backend_set_sparse_prefill", "ggml_backend_get_sparse_prefill_stats" and
 // "ggml_backend_reset_sparse_prefill_stats" of the CUDA backend.
 extern "C" bool ggml_cuda_set_sparse_prefill(const char * policy, const char * const * settings, int n_settings,

@@ -151,4 +151,9 @@ std::string shape_decline_reason(const ggml_tensor * dst, const BackendLimits & 
   return "";
 }
 
+bool takes_unless_mask_declines(const ggml_tensor * dst, const BackendLimits & limits) {
+  return dst->op == GGML_OP_FLASH_ATTN_EXT && is_prompt_op(dst) && current_setting() &&
+         shape_decline_reason(dst, limits).empty();
+}
+
 }  // namespace ggml_crisp

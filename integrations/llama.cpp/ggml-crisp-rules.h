@@ -77,6 +77,12 @@ struct BackendLimits {
 // mask_cell_ok below judges). Reads no tensor data, so it works on any backend's tensors.
 std::string shape_decline_reason(const ggml_tensor * dst, const BackendLimits & limits);
 
+// Whether a backend's hook takes this op unless the mask's values rule it out: a flash-attention op
+// of a prompt ubatch, sparse prefill on, and no shape_decline_reason. The CUDA backend asks it of
+// each graph's nodes before capturing the graph into a CUDA graph: the hook waits on the host for
+// the device's mask verdict, which a stream being captured cannot, so such graphs run uncaptured.
+bool takes_unless_mask_declines(const ggml_tensor * dst, const BackendLimits & limits);
+
 // The message logged when the mask's values rule the op out (the same on both backends).
 extern const char * const kMaskDeclineReason;
 
