@@ -7,7 +7,7 @@
 # docs/llama_cpp.md explains the integration.
 #
 # Usage: scripts/llama_cpp.sh [--cuda] [--server] [--target NAME]... [--pack DIR]
-#   --cuda        the GPU machine's build: GGML_CUDA=ON for sm_90a, in .deps/llama.cpp-build-cuda,
+#   --cuda        the GPU machine's build: GGML_CUDA=ON (ggml for sm_90, crisp for sm_90a), in .deps/llama.cpp-build-cuda,
 #                 with crisp's CUDA backend (CRISP_CUDA=ON) and its hook in ggml-cuda
 #   --server      also build llama-server (several minutes more on two cores)
 #   --target T    build T too (repeatable), e.g. test-backend-ops
@@ -136,8 +136,10 @@ if command -v ccache >/dev/null 2>&1; then
   cmake_args+=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 if [ "$cuda" -eq 1 ]; then
-  # crisp's CUDA backend for the hook in ggml-cuda, for the same architecture as ggml's kernels
-  cmake_args+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCRISP_CUDA=ON)
+  # crisp's CUDA backend for the hook in ggml-cuda. ggml's kernels for sm_90 (its mma
+  # flash-attention kernel has device code for __CUDA_ARCH__ 900 only in a plain 90 build), crisp's
+  # own targets for 90a (its Hopper kernel needs wgmma); the hook's source is ggml-cuda's (90).
+  cmake_args+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCRISP_CUDA_ARCHITECTURES=90a -DCRISP_CUDA=ON)
 else
   cmake_args+=(-DGGML_CUDA=OFF -DCRISP_CUDA=OFF)
 fi
@@ -156,12 +158,30 @@ if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" >> "$log" 2>&1; 
   die "building llama.cpp failed (log: $log)"
 fi
 
-# The hook's own test (integrations/llama.cpp/test_ggml_crisp.cpp), linked to the patched ggml.
+# The crisp archive's CUDA code needs its runtime where this build has crisp's CUDA backend (as
+# CMake found it); the binaries linked by hand below add it.
+crisp_cuda_libs=()
+cuda_lib_dir="$(sed -n 's/^CUDAToolkit_LIBRARY_DIR:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)"
+if [ "$cuda" -eq 1 ] && [ -n "$cuda_lib_dir" ]; then crisp_cuda_libs=(-L "$cuda_lib_dir" -lcudart); fi
+
+# The hook's own test (integrations/llama.cpp/test_ggml_crisp.cpp), linked to the patched ggml;
+# it also tests the hooks' shared rules (ggml-crisp-rules.cpp, compiled in with crisp's archive).
 test_src="$repo_root/integrations/llama.cpp/test_ggml_crisp.cpp"
+rules_src="$repo_root/integrations/llama.cpp/ggml-crisp-rules.cpp"
 test_bin="$build/bin/test-ggml-crisp"
-if [ ! -x "$test_bin" ] || [ "$test_src" -nt "$test_bin" ] || [ "$build/bin/libggml-cpu.so" -nt "$test_bin" ]; then
-  if ! "${CXX:-c++}" -O2 -std=c++17 -Wall -I "$src/ggml/include" "$test_src" -o "$test_bin" \
-      -L "$build/bin" -lggml-cpu -lggml-base -lggml -Wl,-rpath,'$ORIGIN' >> "$log" 2>&1; then
+test_stale=0
+for f in "$test_src" "$rules_src" "$repo_root/integrations/llama.cpp/ggml-crisp-rules.h" "$build/bin/libggml-cpu.so" \
+         "$build/crisp/libcrisp.a"; do
+  [ -x "$test_bin" ] && [ ! "$f" -nt "$test_bin" ] || test_stale=1
+done
+if [ "$test_stale" -eq 1 ]; then
+  mkdir -p "$build/test-ggml-crisp"
+  rules_obj="$build/test-ggml-crisp/ggml-crisp-rules.o"
+  if ! "${CXX:-c++}" -O2 -std=c++17 -Wall -c "$rules_src" -o "$rules_obj" -I "$src/ggml/include" -I "$src/ggml/src" \
+      -I "$repo_root/include" -I "$repo_root/src" >> "$log" 2>&1 \
+    || ! "${CXX:-c++}" -O2 -std=c++17 -Wall -I "$src/ggml/include" -I "$repo_root/integrations/llama.cpp" \
+      -I "$repo_root/include" "$test_src" "$rules_obj" -o "$test_bin" "$build/crisp/libcrisp.a" -fopenmp \
+      -L "$build/bin" -lggml-cpu -lggml-base -lggml "${crisp_cuda_libs[@]}" -Wl,-rpath,'$ORIGIN' >> "$log" 2>&1; then
     tail -n 30 "$log" >&2
     die "building test-ggml-crisp failed (log: $log)"
   fi
@@ -207,11 +227,8 @@ if [ "$eval_stale" -eq 1 ]; then
     fi
     objects+=("$obj")
   done
-  eval_cuda_libs=()  # the --cuda build's crisp archive holds CUDA code: its runtime, where CMake found it
-  cuda_lib_dir="$(sed -n 's/^CUDAToolkit_LIBRARY_DIR:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)"
-  if [ "$cuda" -eq 1 ] && [ -n "$cuda_lib_dir" ]; then eval_cuda_libs=(-L "$cuda_lib_dir" -lcudart); fi
   if ! "${CXX:-c++}" -fopenmp "${objects[@]}" -o "$eval_bin" "$build/crisp/libcrisp.a" -L "$build/bin" -lllama \
-      -lggml -lggml-base -ldl "${eval_cuda_libs[@]}" -Wl,-rpath,'$ORIGIN' >> "$log" 2>&1; then
+      -lggml -lggml-base -ldl "${crisp_cuda_libs[@]}" -Wl,-rpath,'$ORIGIN' >> "$log" 2>&1; then
     tail -n 30 "$log" >&2
     die "linking crisp-llama-eval failed (log: $log)"
   fi

@@ -15,7 +15,9 @@
 //   - the output is poisoned with NaN before every run and must come back finite (fully written);
 //   - the statistics: dense keeps every causal block of the rows it computes (kept == causal ==
 //     the count from the shape), the sparse policies keep at most that; reset zeroes them;
-//   - the sparse policies run; bad settings are refused with a message.
+//   - the sparse policies run; bad settings are refused with a message;
+//   - the rule that keeps ggml-cuda from capturing a graph the CUDA hook would take an op of
+//     (ggml_crisp::takes_unless_mask_declines: prompt ops yes, decode steps and declined shapes no).
 // The setter and the statistics are found through the backend's registry, as llama.cpp's tools
 // find them. Built by scripts/llama_cpp.sh against the patched ggml; run by
 // tests/llama_cpp/test_llama_cpp.sh (CPU) and tests/llama_cpp/test_llama_cpp_cuda.sh (CUDA).
@@ -31,6 +33,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#include "ggml-crisp-rules.h"
 #include "ggml.h"
 
 namespace {
@@ -106,25 +109,41 @@ uint16_t to_cache(ggml_type type, float x) {
   return type == GGML_TYPE_F16 ? ggml_fp32_to_fp16(x) : ggml_fp32_to_bf16(x).bits;
 }
 
-// Builds one flash-attention op as llama.cpp's build_attn_mha does and computes it on the backend.
+// One flash-attention op as llama.cpp's build_attn_mha builds it, in a no_alloc context: the
+// cache and mask tensors it reads, and the op.
+struct Op {
+  ggml_tensor * q_rows, * k_cache, * v_cache, * mask, * out;
+  int64_t n_kv;
+  float scale;
+};
+Op build_op(ggml_context * ctx, const Case & c) {
+  const int64_t n_tokens = c.n_past + c.n_q;
+  Op op;
+  op.n_kv = (n_tokens + 255) / 256 * 256;  // llama.cpp pads the cache view to 256 cells
+  const int64_t n_q_pad = (c.n_q + GGML_KQ_MASK_PAD - 1) / GGML_KQ_MASK_PAD * GGML_KQ_MASK_PAD;
+  op.q_rows = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.dim, c.heads, c.n_q);
+  op.k_cache = ggml_new_tensor_3d(ctx, c.cache, c.dim, c.kv_heads, op.n_kv);
+  op.v_cache = ggml_new_tensor_3d(ctx, c.cache, c.dim, c.kv_heads, op.n_kv);
+  op.mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, op.n_kv, n_q_pad);
+  ggml_tensor * q = ggml_permute(ctx, op.q_rows, 0, 2, 1, 3);  // [D, n_q, H]
+  ggml_tensor * k = ggml_permute(ctx, op.k_cache, 0, 2, 1, 3);  // [D, n_kv, H_kv], strided into the cache
+  ggml_tensor * v = ggml_permute(ctx, op.v_cache, 0, 2, 1, 3);
+  op.scale = 1.0f / std::sqrt(float(c.dim));
+  op.out = ggml_flash_attn_ext(ctx, q, k, v, op.mask, op.scale, c.max_bias, c.softcap);
+  ggml_flash_attn_ext_set_prec(op.out, GGML_PREC_F32);
+  return op;
+}
+
+// Builds one flash-attention op and computes it on the backend.
 Run run(const Case & c, uint32_t seed) {
   const int64_t n_tokens = c.n_past + c.n_q;
-  const int64_t n_kv = (n_tokens + 255) / 256 * 256;  // llama.cpp pads the cache view to 256 cells
-  const int64_t n_q_pad = (c.n_q + GGML_KQ_MASK_PAD - 1) / GGML_KQ_MASK_PAD * GGML_KQ_MASK_PAD;
   ggml_init_params params = {ggml_tensor_overhead() * 16 + ggml_graph_overhead(), nullptr, true};
   ggml_context * ctx = ggml_init(params);
-
+  const Op op = build_op(ctx, c);
+  ggml_tensor * q_rows = op.q_rows, * k_cache = op.k_cache, * v_cache = op.v_cache, * mask = op.mask, * out = op.out;
+  const int64_t n_kv = op.n_kv, n_q_pad = mask->ne[1];
   const int64_t dim = c.dim, heads = c.heads, kv_heads = c.kv_heads;
-  ggml_tensor * q_rows = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, dim, heads, c.n_q);
-  ggml_tensor * k_cache = ggml_new_tensor_3d(ctx, c.cache, dim, kv_heads, n_kv);
-  ggml_tensor * v_cache = ggml_new_tensor_3d(ctx, c.cache, dim, kv_heads, n_kv);
-  ggml_tensor * mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n_q_pad);
-  ggml_tensor * q = ggml_permute(ctx, q_rows, 0, 2, 1, 3);  // [D, n_q, H]
-  ggml_tensor * k = ggml_permute(ctx, k_cache, 0, 2, 1, 3);  // [D, n_kv, H_kv], strided into the cache
-  ggml_tensor * v = ggml_permute(ctx, v_cache, 0, 2, 1, 3);
-  const float scale = 1.0f / std::sqrt(float(dim));
-  ggml_tensor * out = ggml_flash_attn_ext(ctx, q, k, v, mask, scale, c.max_bias, c.softcap);
-  ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32);
+  const float scale = op.scale;
   ggml_cgraph * graph = ggml_new_graph(ctx);
   ggml_build_forward_expand(graph, out);
   ggml_backend_buffer_t buffer = ggml_backend_alloc_ctx_tensors(ctx, g_backend.backend);
@@ -293,6 +312,40 @@ void sparse_policies_run() {
   }
 }
 
+// The rule ggml-cuda asks of a graph's nodes before capturing it into a CUDA graph
+// (ggml_crisp::takes_unless_mask_declines, compiled into this test from ggml-crisp-rules.cpp): a
+// prompt op crisp can take while sparse prefill is on, and nothing else (decode steps keep their
+// CUDA graphs). Judged on the ops' shapes and parameters alone, with CUDA's limits.
+void would_take_rule() {
+  ggml_init_params params = {ggml_tensor_overhead() * 64, nullptr, true};
+  ggml_context * ctx = ggml_init(params);
+  ggml_crisp::BackendLimits limits;
+  limits.head_dim_supported = [](int64_t head_dim) { return head_dim == 64 || head_dim == 128; };
+  limits.row_alignment = 16;
+  Case prompt, chunk, decode, alibi, wide_head, f32_cache;
+  chunk.n_past = 100;
+  decode.n_q = 1;
+  decode.n_past = 40;
+  alibi.max_bias = 8.0f;
+  wide_head.dim = 256;
+  f32_cache.cache = GGML_TYPE_F32;
+  const Op prompt_op = build_op(ctx, prompt), chunk_op = build_op(ctx, chunk), decode_op = build_op(ctx, decode);
+  const Op alibi_op = build_op(ctx, alibi), wide_op = build_op(ctx, wide_head), f32_op = build_op(ctx, f32_cache);
+  char error[256] = "";
+  check(ggml_crisp::set_sparse_prefill("off", nullptr, 0, error, sizeof(error)), "rule: policy off set");
+  check(!ggml_crisp::takes_unless_mask_declines(prompt_op.out, limits), "rule: sparse prefill off: not taken");
+  check(ggml_crisp::set_sparse_prefill("dense", nullptr, 0, error, sizeof(error)), "rule: policy dense set");
+  check(ggml_crisp::takes_unless_mask_declines(prompt_op.out, limits), "rule: a prompt ubatch is taken");
+  check(ggml_crisp::takes_unless_mask_declines(chunk_op.out, limits), "rule: a later ubatch (n_past > 0) is taken");
+  check(!ggml_crisp::takes_unless_mask_declines(decode_op.out, limits), "rule: a decode step (n_q = 1) is not");
+  check(!ggml_crisp::takes_unless_mask_declines(alibi_op.out, limits), "rule: ALiBi is not");
+  check(!ggml_crisp::takes_unless_mask_declines(wide_op.out, limits), "rule: a head dim the limits lack is not");
+  check(!ggml_crisp::takes_unless_mask_declines(f32_op.out, limits), "rule: an F32 cache the limits lack is not");
+  check(!ggml_crisp::takes_unless_mask_declines(prompt_op.mask, limits), "rule: a node that is not flash attention is not");
+  ggml_crisp::set_sparse_prefill("off", nullptr, 0, error, sizeof(error));
+  ggml_free(ctx);
+}
+
 void stats_reset() {
   g_backend.reset_stats();
   const Stats s = stats();
@@ -352,11 +405,25 @@ int main(int argc, char ** argv) {
     check(false, "the backend registry has ggml_backend_set/get/reset sparse prefill entry points");
     return 1;
   }
+  would_take_rule();
   stats_reset();
   dense_matches_reference("whole prompt", Case{});
   Case chunk;  // a later ubatch: 300 queries after 100 cached tokens
   chunk.n_past = 100;
   dense_matches_reference("chunk (n_past > 0)", chunk);
+  // SmolLM2: 9 query heads on 3 KV heads (a GQA group of 3), head dim 64; a whole prompt, a
+  // chunk after a short prefix, and a ubatch of llama.cpp's default size over a filled cache.
+  Case smollm2;
+  smollm2.heads = 9;
+  smollm2.kv_heads = 3;
+  dense_matches_reference("GQA 9:3 (SmolLM2), whole prompt", smollm2);
+  Case smollm2_chunk = smollm2;
+  smollm2_chunk.n_past = 100;
+  dense_matches_reference("GQA 9:3 (SmolLM2), chunk", smollm2_chunk);
+  Case smollm2_ubatch = smollm2;
+  smollm2_ubatch.n_q = 512;
+  smollm2_ubatch.n_past = 512;
+  dense_matches_reference("GQA 9:3 (SmolLM2), 512-query ubatch after 512 cached", smollm2_ubatch);
   // Gemma 3: head dim 256, 4 query heads on 1 KV head; its global layers' plain causal masks.
   Case gemma;
   gemma.dim = 256;
