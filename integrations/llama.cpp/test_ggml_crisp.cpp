@@ -315,7 +315,7 @@ void sparse_policies_run() {
 // The rule ggml-cuda asks of a graph's nodes before capturing it into a CUDA graph
 // (ggml_crisp::takes_unless_mask_declines, compiled into this test from ggml-crisp-rules.cpp): a
 // prompt op crisp can take while sparse prefill is on, and nothing else (decode steps keep their
-// CUDA graphs). Judged on the ops' shapes and parameters alone, with CUDA's limits.
+// CUDA graphs). Judged on the ops' shapes and parameters alone, with limits like the CUDA hook's.
 void would_take_rule() {
   ggml_init_params params = {ggml_tensor_overhead() * 64, nullptr, true};
   ggml_context * ctx = ggml_init(params);
