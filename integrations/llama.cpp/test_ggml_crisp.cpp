@@ -283,6 +283,20 @@ void dense_matches_reference(const std::string & name, const Case & c, bool comp
   check(crisp_error <= tolerance(c), name + ": crisp dense within " + bound + " of the f64 reference");
 }
 
+// A model's attention shape: dense matches the reference for a whole prompt and for a chunk after
+// 100 cached tokens. Returns the whole prompt's case.
+Case model_shape_matches_reference(const std::string & name, int64_t heads, int64_t kv_heads, int64_t dim) {
+  Case prompt;
+  prompt.heads = heads;
+  prompt.kv_heads = kv_heads;
+  prompt.dim = dim;
+  dense_matches_reference(name + ", whole prompt", prompt);
+  Case chunk = prompt;
+  chunk.n_past = 100;
+  dense_matches_reference(name + ", chunk", chunk);
+  return prompt;
+}
+
 void falls_back(const std::string & name, const Case & c, bool candidate = true) {
   set_policy("off");
   const Run llama = run(c, 2);
@@ -411,28 +425,14 @@ int main(int argc, char ** argv) {
   Case chunk;  // a later ubatch: 300 queries after 100 cached tokens
   chunk.n_past = 100;
   dense_matches_reference("chunk (n_past > 0)", chunk);
-  // SmolLM2: 9 query heads on 3 KV heads (a GQA group of 3), head dim 64; a whole prompt, a
-  // chunk after a short prefix, and a ubatch of llama.cpp's default size over a filled cache.
-  Case smollm2;
-  smollm2.heads = 9;
-  smollm2.kv_heads = 3;
-  dense_matches_reference("GQA 9:3 (SmolLM2), whole prompt", smollm2);
-  Case smollm2_chunk = smollm2;
-  smollm2_chunk.n_past = 100;
-  dense_matches_reference("GQA 9:3 (SmolLM2), chunk", smollm2_chunk);
-  Case smollm2_ubatch = smollm2;
+  // SmolLM2: 9 query heads on 3 KV heads (a GQA group of 3), head dim 64; also a ubatch of
+  // llama.cpp's default size over a filled cache.
+  Case smollm2_ubatch = model_shape_matches_reference("GQA 9:3 (SmolLM2)", 9, 3, 64);
   smollm2_ubatch.n_q = 512;
   smollm2_ubatch.n_past = 512;
   dense_matches_reference("GQA 9:3 (SmolLM2), 512-query ubatch after 512 cached", smollm2_ubatch);
   // Gemma 3: head dim 256, 4 query heads on 1 KV head; its global layers' plain causal masks.
-  Case gemma;
-  gemma.dim = 256;
-  gemma.heads = 4;
-  gemma.kv_heads = 1;
-  dense_matches_reference("head dim 256, GQA 4:1 (Gemma 3), whole prompt", gemma);
-  Case gemma_chunk = gemma;
-  gemma_chunk.n_past = 100;
-  dense_matches_reference("head dim 256, GQA 4:1 (Gemma 3), chunk", gemma_chunk);
+  const Case gemma = model_shape_matches_reference("head dim 256, GQA 4:1 (Gemma 3)", 4, 1, 256);
   // Gemma 3's sliding-window layers, once the window no longer covers the prefix: in the prompt
   // (row i > window) and in a later ubatch (its first row already past the window).
   Case window = gemma;
