@@ -75,7 +75,7 @@ done
 log "models present"
 ( OMP_NUM_THREADS=4 nice -n 10 timeout "$(left 1200)" build-gpu/crisp eval pareto --structured --split test \
     --lengths 524288 --workload-set background_scale=1.5 --workload-set no_local_head_share=0.5 \
-    --sweep crisp "flexprefill:gamma=0.9" --json "$PIPE/structured_test_512k.json" > "$PIPE/structured_512k.log" 2>&1
+    --sweep crisp "crisp:rho=0.5;uniform_alpha=0.75" "flexprefill:gamma=0.9" --json "$PIPE/structured_test_512k.json" > "$PIPE/structured_512k.log" 2>&1
   log "structured 512k rc=$?" ) &
 step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda
 step llama_smollm2 240 tests/llama_cpp/test_llama_cpp.sh --cuda "$BIN" "$SMOL"
@@ -84,8 +84,10 @@ step llama_gemma 240 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEM
 # The real-model sweep of issue 14: tuning runs side by side, the pick, then the test split.
 # NOTE: the knob points are candidates written before any tuning result was seen: the preset's
 # min_budget (tokens every row keeps, which dominates density at 4k) and floor level, the PE
-# coverage, and the research helper's structured-input candidates (PIPE_EXTRA_SWEEPS).
-TUNING_SWEEPS=${PIPE_TUNING_SWEEPS:-"crisp:min_budget=512,256,128;uniform_alpha=0.5,1|crisp:min_budget=256;uniform_alpha=1;pe_gamma=0.9"}
+# coverage, and the structured-input candidates of the tuning split (docs/rule_research.md: VS
+# routing of heads without local structure, rho 0.5, with a higher uniform floor); more via
+# PIPE_EXTRA_SWEEPS.
+TUNING_SWEEPS=${PIPE_TUNING_SWEEPS:-"crisp:min_budget=512,256,128;uniform_alpha=0.5,1|crisp:min_budget=256;uniform_alpha=1;pe_gamma=0.9|crisp:rho=0.5;uniform_alpha=0.75;min_budget=512,256|crisp:rho=0.5;uniform_alpha=0.6;min_budget=256"}
 [ -n "${PIPE_EXTRA_SWEEPS:-}" ] && TUNING_SWEEPS="$TUNING_SWEEPS|$PIPE_EXTRA_SWEEPS"
 IFS='|' read -r -a sweep_list <<< "$TUNING_SWEEPS"
 sweep_args=()
