@@ -52,6 +52,9 @@ step() {  # step NAME TIMEOUT_S COMMAND... : runs it with its output in $PIPE/NA
   log "$name: rc=$?"
 }
 
+# PIPE_RESUME=1: a second pipeline on the same warm machine: the build, the GPU tests and the GGUF
+# are there; every eval resumes its JSON.
+if [ "${PIPE_RESUME:-0}" != 1 ]; then
 # 1: the build, the crisp GPU tests and the 8B-shaped GGUF side by side.
 ( JOBS=12 scripts/llama_cpp.sh --cuda > "$PIPE/llama_build.out" 2> "$PIPE/llama_build.log"
   echo $? > "$PIPE/llama_build.rc" ) &
@@ -63,6 +66,9 @@ GGUF_8B=/tmp/crisp-llama3.1-8b-q4_0.gguf
 step gpu_tests 720 env OUT="$PIPE/gpu_tests" CRISP_GPU_DEADLINE_S=720 scripts/gpu.sh tests
 wait "$LLAMA_BUILD"
 log "llama.cpp build rc=$(cat "$PIPE/llama_build.rc" 2>/dev/null)"
+fi
+GGUF_8B=/tmp/crisp-llama3.1-8b-q4_0.gguf
+[ -x build-gpu/crisp ] || step crisp_cli_build 240 cmake --build build-gpu -j 8 --target crisp_cli
 BIN=.deps/llama.cpp-build-cuda/bin
 
 # 2: the models.
@@ -77,9 +83,11 @@ log "models present"
     --lengths 524288 --workload-set background_scale=1.5 --workload-set no_local_head_share=0.5 \
     --sweep crisp "crisp:rho=0.5;uniform_alpha=0.75" "flexprefill:gamma=0.9" --json "$PIPE/structured_test_512k.json" > "$PIPE/structured_512k.log" 2>&1
   log "structured 512k rc=$?" ) &
+if [ "${PIPE_RESUME:-0}" != 1 ]; then
 step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda
 step llama_smollm2 240 tests/llama_cpp/test_llama_cpp.sh --cuda "$BIN" "$SMOL"
 step llama_gemma 240 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
+fi
 
 # The real-model sweep of issue 14: tuning runs side by side, the pick, then the test split.
 # NOTE: the knob points are candidates written before any tuning result was seen: the preset's
@@ -95,6 +103,13 @@ for s in "${sweep_list[@]}"; do sweep_args+=(--sweep "$s"); done
 eval_run() {  # eval_run NAME TIMEOUT MODE MODEL LENGTH ARGS... (background; its own log)
   local name=$1 limit=$2 mode=$3 model=$4 length=$5
   shift 5
+  if grep -qs '"complete": *true' "$PIPE/$name.json"; then log "$name: complete before"; return; fi
+  if pgrep -f -- "--json $PIPE/$name.json" > /dev/null; then  # an earlier pipeline's run: wait for it
+    log "$name: still running from before"
+    ( while pgrep -f -- "--json $PIPE/$name.json" > /dev/null; do sleep 3; done ) &
+    eval_pids+=($!)
+    return
+  fi
   ( timeout "$(left "$limit")" "$BIN/crisp-llama-eval" "$mode" --model "$model" --ngl 99 --lengths "$length" \
       --tasks passkey,niah_single --json "$PIPE/$name.json" --quiet "$@" > "$PIPE/$name.log" 2>&1
     log "$name rc=$?" ) &
