@@ -151,6 +151,8 @@ struct Args {
   std::vector<std::string> policies;
   std::vector<std::string> sweeps, sweep_files;
   std::string json_path;
+  std::string dump_samples;  // JSONL: one line per sample (prompt ids, text, expected, scoring)
+  bool dry_run = false;      // with dump_samples: generate and tokenise only
   int64_t stop_after = 0;
   bool quiet = false;
 };
@@ -339,6 +341,11 @@ std::vector<ce::FrontierPoint> make_points(const Args& args) {
   return points;
 }
 
+// --splits, else eval/splits.json of the source tree this binary was built from.
+ce::EvalSplits load_eval_splits(const std::string& given) {
+  return ce::load_splits(given.empty() ? ce::default_splits_path(CRISP_SOURCE_DIR) : given, "--splits");
+}
+
 int64_t argmax(const std::vector<float>& v) { return std::max_element(v.begin(), v.end()) - v.begin(); }
 
 json optional_json(const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); }
@@ -371,8 +378,7 @@ void run(const Args& given, bool niah_defaults) {
   const std::vector<ce::FrontierPoint> points = make_points(args);
   std::unique_ptr<ce::EvalSplits> splits;
   if (!args.split.empty()) {
-    const std::string path = args.splits_path.empty() ? ce::default_splits_path(CRISP_SOURCE_DIR) : args.splits_path;
-    splits = std::make_unique<ce::EvalSplits>(ce::load_splits(path, "--splits"));
+    splits = std::make_unique<ce::EvalSplits>(load_eval_splits(args.splits_path));
     const ce::NiahSplit& chosen = splits->niah_split(args.split, "--split");
     args.seed = chosen.seed;
     args.seeds = chosen.seeds;
@@ -394,9 +400,20 @@ void run(const Args& given, bool niah_defaults) {
     prose = splits ? ce::split_prose_paragraphs(documents, *splits, args.split, "--split") : ce::all_prose_paragraphs(documents);
   }
 
+  if (args.dry_run && args.dump_samples.empty()) {
+    throw crisp::Error("--dry-run", "is given without --dump-samples: it would write nothing", "--dump-samples FILE");
+  }
+  if (!args.dry_run && args.json_path.empty()) throw crisp::Error("--json", "missing", "--json FILE (or --dry-run --dump-samples FILE)");
+  std::ofstream dump;
+  if (!args.dump_samples.empty()) {
+    dump.open(args.dump_samples);
+    if (!dump) throw crisp::Error("--dump-samples", "cannot write '" + args.dump_samples + "'", "a writable path");
+  }
+
   llama_log_set(quiet_log, nullptr);
   llama_backend_init();
-  SparsePrefillHook hook(args.ngl > 0);
+  std::unique_ptr<SparsePrefillHook> hook;  // a dry run computes no attention
+  if (!args.dry_run) hook = std::make_unique<SparsePrefillHook>(args.ngl > 0);
   LlamaRunner runner(args);
 
   json task_names = json::array();
@@ -416,9 +433,12 @@ void run(const Args& given, bool niah_defaults) {
                          {"ubatch", args.ubatch > 0 ? json(args.ubatch) : json("llama.cpp default")},
                          {"gpu_layers", args.ngl},
                          {"decoding", "greedy"}};
-  ce::FrontierFile file = ce::FrontierFile::open(args.json_path, settings, "--json");
-  for (const ce::FrontierPoint& p : points) file.add_point(p);
-  file.begin_run();
+  std::optional<ce::FrontierFile> file;
+  if (!args.dry_run) {
+    file.emplace(ce::FrontierFile::open(args.json_path, settings, "--json"));
+    for (const ce::FrontierPoint& p : points) file->add_point(p);
+    file->begin_run();
+  }
 
   const ce::PromptTokenCounter count = [&runner](const std::string& user, const std::string& prefix) {
     return static_cast<int64_t>(runner.tokenize(runner.prompt_text(user, prefix)).size());
@@ -440,10 +460,10 @@ void run(const Args& given, bool niah_defaults) {
           const std::string id = ce::niah_sample_id(task, length, depth, seed);
           std::vector<const ce::FrontierPoint*> pending;
           for (const ce::FrontierPoint& p : points) {
-            if (!file.has(p.name, id)) pending.push_back(&p);
+            if (file && !file->has(p.name, id)) pending.push_back(&p);
           }
-          if (pending.empty()) continue;
-          if (args.stop_after > 0 && computed >= args.stop_after) {
+          if (pending.empty() && !dump.is_open()) continue;
+          if (!pending.empty() && args.stop_after > 0 && computed >= args.stop_after) {
             complete = false;
             break;
           }
@@ -455,14 +475,26 @@ void run(const Args& given, bool niah_defaults) {
           const int64_t max_new = args.max_new_tokens > 0 ? args.max_new_tokens : ce::default_max_new_tokens(task);
           spec.reserved_tokens = max_new;
           const ce::NiahSample sample = ce::make_niah_sample(spec, count, prose);
-          const std::vector<llama_token> prompt = runner.tokenize(runner.prompt_text(sample.user_message, sample.answer_prefix));
+          const std::string chat_prompt = runner.prompt_text(sample.user_message, sample.answer_prefix);
+          const std::vector<llama_token> prompt = runner.tokenize(chat_prompt);
+          if (dump.is_open()) {  // all another runner needs to answer the sample and score it
+            const json line = {{"id", id}, {"task", ce::to_string(task)}, {"length", length}, {"depth", depth},
+                               {"seed", seed}, {"needle_depth", sample.needle_depth}, {"expected", sample.expected},
+                               {"scoring", ce::to_string(sample.scoring)}, {"max_new_tokens", max_new},
+                               {"answer_prefix", sample.answer_prefix}, {"prompt_ids", prompt},
+                               {"prompt_text", sample.user_message}, {"chat_prompt", chat_prompt},
+                               {"beyond_training", length > runner.n_ctx_train()}};
+            dump << line.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+            if (!dump) throw crisp::Error("--dump-samples", "cannot write '" + args.dump_samples + "'", "a writable path");
+          }
+          if (pending.empty()) continue;
           std::vector<float> dense_logits;  // dense's first-token logits, when dense ran in this run
           for (const ce::FrontierPoint* p : pending) {
             std::vector<std::string> knobs;
             for (const auto& [key, value] : p->knobs) knobs.push_back(key + "=" + value);
             const bool reference = p->name == kLlamaFa || p->name == kLlamaNoFa;
-            hook.set(reference ? "off" : p->policy, knobs);
-            const LlamaRunner::Answer a = runner.answer(sample, prompt, max_new, p->name != kLlamaNoFa, hook);
+            hook->set(reference ? "off" : p->policy, knobs);
+            const LlamaRunner::Answer a = runner.answer(sample, prompt, max_new, p->name != kLlamaNoFa, *hook);
             json density = nullptr;
             if (reference) {
               density = 1.0;  // llama.cpp's kernels compute every causal block
@@ -484,7 +516,7 @@ void run(const Args& given, bool niah_defaults) {
               for (size_t v = 0; v < dense_logits.size(); ++v) diff = std::max(diff, std::abs(dense_logits[v] - a.first_logits[v]));
               logit_diff = diff;
             }
-            file.record(p->name, id,
+            file->record(p->name, id,
                         {{"task", ce::to_string(task)}, {"length", length}, {"depth", depth}, {"seed", seed},
                          {"prompt_tokens", prompt.size()}, {"correct", correct}, {"density", density},
                          {"crisp_ops", optional_json(a.stats.handled)}, {"fallback_ops", optional_json(a.stats.declined)},
@@ -502,22 +534,30 @@ void run(const Args& given, bool niah_defaults) {
             }
           }
           ++computed;
-          file.checkpoint();
+          file->checkpoint();
         }
       }
     }
   }
-  file.finish(complete);
-  print_table(file.document());
+  if (!file) {
+    std::printf("dry run: %lld samples written to %s, no prompt run\n", static_cast<long long>(index), args.dump_samples.c_str());
+    return;
+  }
+  file->finish(complete);
+  print_table(file->document());
   std::printf("%s: %lld samples computed in this run, %lld (point, sample) pairs found done before it; %s\n",
               args.json_path.c_str(), static_cast<long long>(computed),
-              static_cast<long long>(file.document().at("runs").back().at("found").get<int64_t>()),
+              static_cast<long long>(file->document().at("runs").back().at("found").get<int64_t>()),
               complete ? "complete" : "INCOMPLETE (re-run to resume)");
 }
 
 void add_options(CLI::App* sub, Args* a) {
   sub->add_option("--model", a->model_path, "GGUF model file (any model llama.cpp loads)")->required();
-  sub->add_option("--json", a->json_path, "The frontier JSON: written after each sample; resumed when it exists")->required();
+  sub->add_option("--json", a->json_path, "The frontier JSON: written after each sample; resumed when it exists (required unless --dry-run)");
+  sub->add_option("--dump-samples", a->dump_samples,
+                  "Also write every sample as one JSON line here (id, task, length, depth, seed, prompt_ids, prompt_text, "
+                  "answer_prefix, chat_prompt, expected, scoring, max_new_tokens; the input of eval/hf_niah.py)");
+  sub->add_flag("--dry-run", a->dry_run, "With --dump-samples: generate and tokenise the samples only (no prompt runs)");
   sub->add_option("--ngl", a->ngl, "Layers offloaded to the GPU (llama.cpp's -ngl; a CUDA build)")->capture_default_str()->check(CLI::Range(0, 1000));
   sub->add_option("--prompt-style", a->prompt_style,
                   "chat (the GGUF's chat template), completion (user message, newline, answer prefix: base models) "
@@ -654,8 +694,7 @@ std::vector<CaptureItem> capture_items(const CaptureArgs& args) {
                      max_tokens, out});
   };
   if (!args.split.empty()) {
-    const std::string path = args.splits_path.empty() ? ce::default_splits_path(CRISP_SOURCE_DIR) : args.splits_path;
-    const ce::EvalSplits splits = ce::load_splits(path, "--splits");
+    const ce::EvalSplits splits = load_eval_splits(args.splits_path);
     for (const ce::CaptureItem& c : splits.capture_split(args.split, "--split")) {
       const std::string name = "qa" + std::to_string(c.qa_index) + "_" + std::to_string(c.max_tokens);
       add(c.qa_index, c.max_tokens, (fs::path(args.out_dir) / name).string(), "--split " + args.split);

@@ -151,7 +151,7 @@ expect_error() {  # expected-text args...
   "$tool" capture "$@" > "$work/bad.out" 2> "$work/bad.err"
   local rc=$?
   [ "$rc" -eq 2 ] || fail "'$*' exited $rc, expected 2"
-  grep -q -- "$expected" "$work/bad.err" || fail "'$*': error does not mention '$expected': $(cat "$work/bad.err")"
+  grep -q -e "$expected" "$work/bad.err" || fail "'$*': error does not mention '$expected': $(cat "$work/bad.err")"
 }
 expect_error "--layers" "${common[@]}" --layers 30 --out "$work/bad"
 expect_error "--layers" "${common[@]}" --layers 1,x --out "$work/bad"
@@ -161,6 +161,8 @@ expect_error "--prompt-file" --model "$model" --prompt-file "$work/none.txt" --o
 echo '[{"prompt": "Who?", "answer": "Me."}]' > "$work/qa.json"
 expect_error "--qa-index" --model "$model" --qa-index 1 --qa-file "$work/qa.json" --out "$work/bad"
 expect_error "--max-tokens" --model "$model" --split test --max-tokens 10 --out "$work/bad"
+CRISP_DATA_DIR="$work/no_data_here" expect_error "--qa-file: not given.*no_data_here.*CRISP_DATA_DIR" \
+  --model "$model" --qa-index 0 --out "$work/bad"
 expect_error "--cache-type-k" "${common[@]}" --cache-type-k q4_9 --out "$work/bad"
 
 # 5: Gemma 3, where cached
