@@ -33,6 +33,7 @@
 #include "crisp/error.h"
 #include "crisp_llama_capture.h"
 #include "default_paths.h"
+#include "io_util.h"
 #include "eval/frontier_file.h"
 #include "eval/niah.h"
 #include "eval/splits.h"
@@ -656,14 +657,6 @@ std::vector<char> parse_layers(const std::string& text, int64_t n_layer) {
   return wanted;
 }
 
-std::string read_text(const std::string& option, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw crisp::Error(option, "cannot open '" + path + "'", "a readable file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 std::string qa_prompt(const json& prompts, int64_t index, const std::string& option, const std::string& path) {
   if (!prompts.is_array() || index < 0 || index >= static_cast<int64_t>(prompts.size()) || !prompts[index].is_object() ||
       !prompts[index].contains("prompt") || !prompts[index]["prompt"].is_string()) {
@@ -677,7 +670,7 @@ std::vector<CaptureItem> capture_items(const CaptureArgs& args) {
   namespace fs = std::filesystem;
   std::vector<CaptureItem> items;
   if (!args.prompt_file.empty()) {
-    items.push_back({read_text("--prompt-file", args.prompt_file), {{"kind", "prompt_file"}, {"path", args.prompt_file}},
+    items.push_back({crisp_cli::read_text_file("--prompt-file", args.prompt_file), {{"kind", "prompt_file"}, {"path", args.prompt_file}},
                      args.max_tokens, args.out_dir});
     if (items.back().text.empty()) throw crisp::Error("--prompt-file", "is empty", "some text");
     return items;
@@ -685,7 +678,7 @@ std::vector<CaptureItem> capture_items(const CaptureArgs& args) {
   const std::string qa_path = crisp_cli::data_file_or_default("--qa-file", args.qa_file, crisp_cli::kQaPromptsFile);
   json prompts;
   try {
-    prompts = json::parse(read_text("--qa-file", qa_path));
+    prompts = json::parse(crisp_cli::read_text_file("--qa-file", qa_path));
   } catch (const json::exception& e) {
     throw crisp::Error("--qa-file", std::string("is not valid JSON: ") + e.what(), "a JSON list of {prompt, answer}");
   }
@@ -805,9 +798,9 @@ void capture_one(const CaptureArgs& args, const LlamaRunner& runner, const Captu
       {"files", files},
       {"token_ids", tokens},
   };
-  std::ofstream out(fs::path(item.out_dir) / "meta.json");
-  out << meta.dump(1, ' ', false, json::error_handler_t::replace) << "\n";
-  if (!out) throw crisp::Error("--out", "cannot write '" + (fs::path(item.out_dir) / "meta.json").string() + "'", "a writable directory");
+  // Paths given on the command line need not be UTF-8: U+FFFD in the JSON rather than an abort.
+  crisp_cli::write_text_file("--out", (fs::path(item.out_dir) / "meta.json").string(),
+                             meta.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
   std::printf("capture: %lld tokens (of %lld), %zu layers of Q [%lld, %lld, %lld] and K/V [%lld, %lld, %lld] -> %s\n",
               static_cast<long long>(n), static_cast<long long>(prompt_tokens), layers.size(),
               static_cast<long long>(llama_model_n_head(model)), static_cast<long long>(n), static_cast<long long>(head_dim),
