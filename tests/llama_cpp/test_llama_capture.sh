@@ -14,14 +14,25 @@
 #   4. bad input exits 2 with an error naming the argument.
 #   5. where Gemma 3 270M is cached: its local layers are recorded as sliding-window (size 512 in
 #      its GGUF) and reproduce only with that window, its global layers with the causal mask.
-# Usage: tests/llama_cpp/test_llama_capture.sh CRISP_BIN [BIN_DIR [MODEL]] (CRISP_BIN: the crisp
-# command for `crisp eval fidelity`; the others as test_llama_cpp.sh).
-# Exits 77 (CTest's skip) when the llama.cpp build, the model or numpy is absent.
+# Usage: tests/llama_cpp/test_llama_capture.sh [--cuda] CRISP_BIN [BIN_DIR [MODEL]] (CRISP_BIN: the
+# crisp command for `crisp eval fidelity`; the others as test_llama_cpp.sh).
+#   --cuda: every capture with --ngl 99 on the CUDA build (BIN_DIR then defaults to
+#   .deps/llama.cpp-build-cuda/bin): the same checks against llama.cpp's CUDA attention output.
+# Exits 77 (CTest's skip) when the llama.cpp build, the model or numpy is absent, or with --cuda
+# where no CUDA device exists.
 set -uo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-crisp="${1:?usage: test_llama_capture.sh CRISP_BIN [BIN_DIR [MODEL]]}"
-bin="${2:-$repo_root/.deps/llama.cpp-build/bin}"
+default_bin="$repo_root/.deps/llama.cpp-build/bin"
+offload=()  # capture arguments that put the layers on the backend under test
+if [ "${1:-}" = "--cuda" ]; then
+  shift
+  default_bin="$repo_root/.deps/llama.cpp-build-cuda/bin"
+  offload=(--ngl 99)
+  nvidia-smi -L > /dev/null 2>&1 || { echo "skip: no CUDA device"; exit 77; }
+fi
+crisp="${1:?usage: test_llama_capture.sh [--cuda] CRISP_BIN [BIN_DIR [MODEL]]}"
+bin="${2:-$default_bin}"
 model_dir="${CRISP_MODEL_DIR:-$repo_root/.cache/model}"
 model="${3:-${CRISP_MODEL_PATH:-$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf}}"
 gemma="$model_dir/gemma-3-270m-q4_k_m.gguf"
@@ -37,7 +48,7 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 # The prompt: a file of prose (the repository's README), so the test needs no data directory.
 n=300
-common=(--model "$model" --prompt-file "$repo_root/README.md" --max-tokens "$n" --threads 2 --quiet)
+common=(--model "$model" --prompt-file "$repo_root/README.md" --max-tokens "$n" --threads 2 --quiet "${offload[@]}")
 "$tool" capture "${common[@]}" --with-output --out "$work/all" > "$work/all.out" 2> "$work/all.err" \
   || fail "capture exited $?: $(tail -n 3 "$work/all.err")"
 cat "$work/all.out"
@@ -167,7 +178,7 @@ expect_error "--cache-type-k" "${common[@]}" --cache-type-k q4_9 --out "$work/ba
 
 # 5: Gemma 3, where cached
 if [ -f "$gemma" ]; then
-  "$tool" capture --model "$gemma" --prompt-file "$repo_root/README.md" --max-tokens 700 --threads 2 --quiet --with-output \
+  "$tool" capture --model "$gemma" --prompt-file "$repo_root/README.md" --max-tokens 700 --threads 2 --quiet --with-output "${offload[@]}" \
     --layers 0,4,5,6 --out "$work/gemma" > /dev/null 2> "$work/gemma.err" || fail "gemma capture exited $?: $(tail -n 3 "$work/gemma.err")"
   [ -f "$work/gemma/meta.json" ] && { python3 "$check_py" gemma3 "$work/gemma" || fail "the Gemma 3 checks (above)"; }
 else
