@@ -12,6 +12,8 @@
 // with flash attention on, so every policy but `llama_fa` goes through crisp's hook, and its
 // greedy sampler answers. The policy is installed and its density read through the entry points
 // every hooked backend registers (ggml_backend_reg_get_proc_address, docs/llama_cpp.md).
+// `capture` runs one dense prefill per prompt and writes each layer's post-RoPE Q/K/V as seen by
+// llama.cpp's attention op, through its eval callback (crisp_llama_capture.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
