@@ -1,23 +1,23 @@
 #!/usr/bin/env python3
-"""eval/hf_niah.py — the NIAH samples of `crisp eval niah`, run through Hugging Face transformers
+"""eval/hf_niah.py — the NIAH samples of `crisp-llama-eval niah`, run through Hugging Face transformers
 with attn_implementation="crisp" (one per policy) and "sdpa", greedy; writes the outputs as JSONL for
 `crisp eval niah --score`, so the transformers path is scored by the same official rules as
-`crisp eval niah` / `crisp run`.
+`crisp-llama-eval niah`.
 
 One command (GPU machine or CPU; the model is SmolLM2-135M-Instruct through transformers' GGUF
 loader, which needs the `gguf` package):
 
-    crisp eval niah --dry-run --dump-samples samples.jsonl --lengths 2048,4096,8192   # the samples
+    $BIN/crisp-llama-eval niah --model M.gguf --dry-run --dump-samples samples.jsonl --lengths 2048,4096,8192
     python3 eval/hf_niah.py --samples samples.jsonl --out outputs.jsonl              # this script
     crisp eval niah --score outputs.jsonl --json eval/results/niah_hf.json          # the table
 
 On the GPU machine, through the model suite of scripts/gpu.sh (dump the samples here first:
 --dry-run needs only the tokenizer; carry the samples file, the gguf wheel in .whl/ and the model;
-bf16 on CUDA; docs/gpu.md):
+bf16 on CUDA; docs/gpu.md; the `model` suite of scripts/gpu.sh that ran this went with crisp's
+retired runner, so run this script directly there):
 
-    build/crisp eval niah --dry-run --dump-samples out/niah_samples.jsonl --lengths 2048,4096,8192
-    CRISP_GPU_HF_NIAH_SAMPLES=out/niah_samples.jsonl CRISP_MODEL_PATH=<the .gguf there> \
-        scripts/gpu.sh model    # -> $OUT/hf_niah_outputs.jsonl
+    $BIN/crisp-llama-eval niah --model M.gguf --dry-run --dump-samples out/niah_samples.jsonl --lengths 2048,4096,8192
+    python3 eval/hf_niah.py --samples out/niah_samples.jsonl --model <the .gguf there> --out $OUT/hf_niah_outputs.jsonl
     build/crisp eval niah --score <fetched>/hf_niah_outputs.jsonl   # here
 
 Cost: every sample runs once per policy plus once for sdpa, with Python-level greedy decoding
@@ -27,11 +27,11 @@ Each output line: id, policy ("sdpa" or the crisp preset), output (decoded text)
 scoring, length, depth, ttft_s (prefill wall time), new_tokens, stop ("end" or "max_new_tokens"),
 and for crisp policies prefill_calls: the layers that really ran crisp (crisp.hf.stats; the script
 stops if a crisp policy never ran crisp). Generation runs to --max-new-tokens of the dump or the
-end token (it does not stop early once the score is decided, unlike `crisp eval niah`).
+end token (it does not stop early once the score is decided, unlike `crisp-llama-eval niah`).
 
-The prompt token ids come from the dump (the project's tokenizer + chat template), so both paths
-read the very same tokens. Samples beyond the model's trained context (the dump's rope_scaling is
-not "none") are skipped with a note: transformers would need the same RoPE scaling configured.
+The prompt token ids come from the dump (llama.cpp's tokenizer + the GGUF's chat template), so both
+paths read the very same tokens. Samples beyond the model's trained context (the dump's
+beyond_training) are skipped with a note: transformers would need a RoPE scaling configured.
 """
 from __future__ import annotations
 
@@ -57,9 +57,15 @@ def load_samples(path: str):
             item = json.loads(line)
             for key in ("id", "task", "prompt_ids", "expected"):
                 if key not in item:
-                    raise SystemExit(f"{path}:{number}: no '{key}' (expected a dump of `crisp eval niah --dump-samples`)")
+                    raise SystemExit(f"{path}:{number}: no '{key}' (expected a dump of `crisp-llama-eval niah --dump-samples`)")
             samples.append(item)
     return samples
+
+
+def beyond_training(sample) -> bool:
+    """Past the model's trained context: `beyond_training` of a crisp-llama-eval dump, or a RoPE
+    scaling other than none in a dump of crisp's retired runner."""
+    return bool(sample.get("beyond_training")) or sample.get("rope_scaling", "none") != "none"
 
 
 def greedy(model, prompt_ids, max_new_tokens: int, eos_ids, device):
@@ -92,7 +98,7 @@ def greedy(model, prompt_ids, max_new_tokens: int, eos_ids, device):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", required=True, help="JSONL from `crisp eval niah --dump-samples`")
+    ap.add_argument("--samples", required=True, help="JSONL from `crisp-llama-eval niah --dump-samples`")
     ap.add_argument("--out", required=True, help="JSONL of outputs for `crisp eval niah --score`")
     ap.add_argument("--model", default=".cache/model/SmolLM2-135M-Instruct.Q4_1.gguf", help="the .gguf file")
     ap.add_argument("--policies", default="crisp,flexprefill,minference,dense",
@@ -109,10 +115,10 @@ def main() -> int:
     samples = load_samples(args.samples)
     if args.limit:
         samples = samples[: args.limit]
-    skipped = [s for s in samples if s.get("rope_scaling", "none") != "none"]
-    samples = [s for s in samples if s.get("rope_scaling", "none") == "none"]
+    skipped = [s for s in samples if beyond_training(s)]
+    samples = [s for s in samples if not beyond_training(s)]
     if skipped:
-        log(f"skipping {len(skipped)} samples beyond the trained context (rope_scaling != none): "
+        log(f"skipping {len(skipped)} samples beyond the trained context: "
             + ", ".join(s["id"] for s in skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
     if not samples:
         raise SystemExit("no samples to run")

@@ -10,7 +10,7 @@
 #   Prints the path of the cached .gguf on stdout (and nothing else), so callers can write
 #   MODEL=$(scripts/fetch_model.sh).
 #
-# Where the file goes (the same lookup the tests and `crisp run` use):
+# Where the file goes (the same lookup the llama.cpp tests, tests/llama_cpp/, use):
 #   $CRISP_MODEL_PATH                                  if set: the exact file path;
 #   $CRISP_MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf   else, if CRISP_MODEL_DIR is set;
 #   <repo>/.cache/model/SmolLM2-135M-Instruct.Q4_1.gguf otherwise (.cache/ is git-ignored:

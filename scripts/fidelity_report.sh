@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces the "Fidelity and calibration" section of docs/evaluation.md on the CPU:
 #   1. captures the post-RoPE Q/K/V of all 30 layers of SmolLM2-135M-Instruct for real prompts
-#      (../shared/data/long_qa_prompts.json) at 2k, 4k and 8k tokens (`crisp capture`);
+#      (../shared/data/long_qa_prompts.json) at 2k, 4k and 8k tokens (`crisp-llama-eval capture`:
+#      llama.cpp's dense prefill);
 #   2. evaluates every policy and both routings on every layer and head, and calibrates
 #      tau_proxy / rho against the JSD decisions (`crisp eval fidelity`);
 #   3. runs the synthetic workload at several lengths (`crisp demo --json`);
@@ -10,7 +11,9 @@
 # Usage: scripts/fidelity_report.sh [BUILD_DIR] [WORK_DIR]
 #   BUILD_DIR: a CPU build with the crisp command (default build); WORK_DIR: where captures and
 #   JSON go (default BUILD_DIR/fidelity; the captures take about 2.5 GB).
-# Environment: THREADS (default 0 = all), DEMO_SEQS (default "4096 8192 16384 32768").
+# Environment: THREADS (default 0 = all), DEMO_SEQS (default "4096 8192 16384 32768"), LLAMA_BIN
+# (crisp-llama-eval's directory; default: built by scripts/llama_cpp.sh), MODEL (default:
+# scripts/fetch_model.sh's SmolLM2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -18,10 +21,14 @@ work=${2:-$build/fidelity}
 threads=${THREADS:-0}
 crisp="$build/crisp"
 mkdir -p "$work"
-scripts/fetch_model.sh >/dev/null
+model=${MODEL:-$(scripts/fetch_model.sh)}
+llama_bin=${LLAMA_BIN:-$(scripts/llama_cpp.sh)}
+thread_args=()
+[ "$threads" != 0 ] && thread_args=(--threads "$threads")
 
 capture() {  # name qa_index max_tokens
-  [ -f "$work/$1/meta.json" ] || "$crisp" capture --qa-index "$2" --max-tokens "$3" --threads "$threads" --out "$work/$1"
+  [ -f "$work/$1/meta.json" ] || "$llama_bin/crisp-llama-eval" capture --model "$model" --qa-index "$2" --max-tokens "$3" \
+    "${thread_args[@]}" --out "$work/$1"
 }
 # NOTE: qa prompt 0 is about 4k tokens, 1 about 8k (the model's trained context), 2 about 16k: the
 # 2k and 4k captures of prompts 1 and 2 are their first tokens (slices of real prose).

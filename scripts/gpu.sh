@@ -13,10 +13,6 @@
 #   python      pip install . (the Python package) and pytest tests/python
 #   compare     bench/compare.py: crisp against SDPA flash / cuDNN and FlexAttention (installs the
 #               Python package first unless the python suite did)
-#   model       the real-model evaluation: a short answer on the GPU, logits against transformers,
-#               crisp eval niah --backend cuda (needs CRISP_MODEL_PATH)
-#   frontier    crisp eval pareto --backend cuda: knob sweeps of every policy against density on the
-#               real model, a split of eval/splits.json (needs CRISP_MODEL_PATH); resumable
 #   cp          context parallelism over 2 GPUs: its tests and crisp bench --gpus 2 (skipped with
 #               fewer than 2 GPUs)
 #   llama       crisp inside llama.cpp: builds llama.cpp for CUDA (scripts/llama_cpp.sh --cuda) and
@@ -24,7 +20,10 @@
 #               against each crisp policy, attention share from llama-attn-time) on the models of
 #               CRISP_GPU_LLAMA_MODELS and on a Llama-3.1-8B-shaped model with random weights written
 #               here by scripts/make_llama_gguf.py (docs/llama_cpp.md, "Benchmarks")
-# docs/gpu.md says how to bring the tree (and a model or prebuilt binaries) to a GPU machine.
+# docs/gpu.md says how to bring the tree (and a model or prebuilt binaries) to a GPU machine. The
+# real-model evaluations run on llama.cpp (crisp-llama-eval niah|pareto|capture of the llama.cpp
+# --cuda build, docs/evaluation.md "On llama.cpp"); the model and frontier suites of the retired
+# home-made runner are gone.
 #
 # Knobs (environment; defaults in brackets):
 #   OUT or CRISP_GPU_OUT     output folder [out/gpu]: the summary, the main JSON of each suite,
@@ -49,17 +48,6 @@
 #   CRISP_GPU_WHEEL          python/compare: install this wheel instead of building the package
 #   CRISP_GPU_PYTEST_K       python: a pytest -k expression
 #   CRISP_GPU_COMPARE_ARGS   compare [--seq 8192,32768,131072 --long]
-#   CRISP_MODEL_PATH         model: the GGUF file; CRISP_PROSE_PATH: long_qa_prompts.json for
-#                            niah_prose [beside the binary, else as crisp eval niah finds it]
-#   CRISP_GPU_NIAH_LENGTHS [2048,4096,8192,16384,32768]  CRISP_GPU_NIAH_DEPTHS [0.1,0.5,0.9]
-#   CRISP_GPU_NIAH_SEEDS [2]  CRISP_GPU_F16_TOLERANCE [2e-2]
-#   CRISP_GPU_HF_NIAH_SAMPLES model: also eval/hf_niah.py on these samples (from `crisp eval niah
-#                            --dry-run --dump-samples`), with CRISP_GPU_HF_NIAH_ARGS
-#   CRISP_GPU_FRONTIER_SPLIT [tuning]  CRISP_GPU_FRONTIER_LENGTHS [2048,4096,8192]
-#   CRISP_GPU_FRONTIER_TASKS [niah_single,passkey,niah_prose]
-#   CRISP_GPU_FRONTIER_SWEEPS  sweeps separated by '|' [crisp:alpha=0.5,1,2,4|flexprefill:gamma=0.8,0.9,0.95,0.99|minference|dense]
-#   CRISP_GPU_FRONTIER_JSON  the resumable frontier file [out/frontier/frontier_<split>_gpu.json: ignored,
-#                            so a warm machine keeps it and the next call continues it; copied to $OUT]
 #   CRISP_GPU_CP_SEQ [131072]  CRISP_GPU_CP_PRESETS [dense,crisp]  CRISP_GPU_CP_REPS [3]
 #   CRISP_GPU_LLAMA_BIN      llama: a folder with prebuilt llama-bench, llama-attn-time and their
 #                            libraries (scripts/llama_cpp.sh --cuda's bin/): no build [build with
@@ -73,7 +61,7 @@
 #   CRISP_GPU_LLAMA_POLICIES [fa,dense,crisp,flexprefill,minference]  CRISP_GPU_LLAMA_MAX_UBATCH [32768]
 #   CRISP_GPU_LLAMA_ATTN [1; 0: no llama-attn-time pass, no attention share]
 #   CRISP_GPU_LLAMA_ARGS     more scripts/llama_bench.py flags (e.g. "--sparse-prefill-set alpha=2")
-# Python wheels in .whl/ (e.g. gguf, which the model suite's transformers reference needs) are
+# Python wheels in .whl/ (e.g. numpy and PyYAML, which scripts/make_llama_gguf.py needs) are
 # installed into /tmp/crisp-site first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -81,7 +69,7 @@ ROOT=$PWD
 # NVLink multicast stays off on shared multi-GPU hosts (NCCL, PyTorch, NVSHMEM).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 
-ALL_SUITES="tests sanitizers bench python compare model frontier cp llama"
+ALL_SUITES="tests sanitizers bench python compare cp llama"
 SUITES=("$@")
 [ ${#SUITES[@]} -eq 0 ] && SUITES=(tests sanitizers bench)
 for s in "${SUITES[@]}"; do
@@ -156,7 +144,7 @@ build_tree() {  # source dir, build dir, targets...: configure + build, log to $
 }
 
 TARGETS=()
-{ wants bench || wants model || wants frontier || wants cp; } && TARGETS+=(crisp_cli)
+{ wants bench || wants cp; } && TARGETS+=(crisp_cli)
 { wants tests || wants sanitizers || wants cp; } && TARGETS+=(crisp_gpu_tests)
 wants tests && [ "${CRISP_GPU_CPU_TESTS:-0}" = 1 ] && TARGETS+=(crisp_tests)
 if [ -n "${CRISP_GPU_BIN:-}" ]; then
@@ -400,125 +388,6 @@ PY
 )
   record compare "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc$([ $rc = 124 ] && echo ' (deadline)')")" \
     "${figures:-no rows} ($(( $(date +%s) - T0 )) s)"
-}
-
-# ---------------------------------------------------------------- model
-suite_model() {
-  if [ -z "${CRISP_MODEL_PATH:-}" ] || [ ! -f "$CRISP_MODEL_PATH" ]; then
-    record model SKIPPED "CRISP_MODEL_PATH does not name the model file (docs/gpu.md)"
-    return
-  fi
-  local prose=${CRISP_PROSE_PATH:-} rc status=ok figures=""
-  [ -z "$prose" ] && [ -f "$(dirname "$CRISP")/long_qa_prompts.json" ] && prose=$(dirname "$CRISP")/long_qa_prompts.json
-  # (b, background) a fresh reference: transformers on this machine's CPU (float32) while (a) runs.
-  # ref_logits.py writes tests/data/ref_logits_smollm2.json: the committed one is kept aside and put back.
-  cp tests/data/ref_logits_smollm2.json "$DETAIL/ref_logits_committed.json"
-  local ref_pid=""
-  if $PY -c 'import gguf' 2>/dev/null; then
-    ($PY scripts/ref_logits.py "$CRISP_MODEL_PATH" && cp tests/data/ref_logits_smollm2.json "$DETAIL/ref_logits_gpu_machine.json") \
-      >"$DETAIL/ref_logits.log" 2>&1 &
-    ref_pid=$!
-  else
-    figures+="fresh reference skipped (no gguf wheel in .whl/); "
-  fi
-  note "model (a): crisp run --backend cuda"
-  timeout "$(left 60)" "$CRISP" run --backend cuda --chat --prompt "What is the capital of France?" --max-new-tokens 24 \
-    --policy dense --json "$DETAIL/run_cuda.json" --quiet >"$DETAIL/run_cuda.txt" 2>&1
-  rc=$?
-  cat "$DETAIL/run_cuda.txt"
-  [ $rc = 0 ] || status=FAILED
-  figures+="answer $($PY -c "import json;print(repr(json.load(open('$DETAIL/run_cuda.json'))['answer'][:40]))" 2>/dev/null); "
-  # NOTE: f16 tolerance. crisp's kernel reads Q/K/V rounded to float16 (relative 2^-11 per
-  # element) and writes its output in float16; over 30 layers that moves the last position's logits
-  # by a small fraction of their spread. 2e-2 of the std (200x the float32 check) with 98% argmax
-  # agreement separates that rounding from a real fault (a wrong head, stride or block: O(std)).
-  local f16_tolerance=${CRISP_GPU_F16_TOLERANCE:-2e-2}
-  check_logits() {  # label, reference file, extra args...
-    local label=$1 ref=$2
-    shift 2
-    timeout "$(left 120)" "$CRISP" run --backend cuda --policy dense --check-logits "$ref" \
-      --json "$DETAIL/logits_$label.json" --quiet "$@" >"$DETAIL/logits_$label.txt" 2>&1
-    local r=$?
-    [ $r = 0 ] || status=FAILED
-    figures+="logits $label rc=$r; "
-  }
-  note "model (b): logits against the committed transformers reference"
-  check_logits committed_f32ref "$DETAIL/ref_logits_committed.json" --cuda-attention f32-reference
-  check_logits committed_f16 "$DETAIL/ref_logits_committed.json" --cuda-attention f16 \
-    --logits-tolerance "$f16_tolerance" --min-argmax-agreement 0.98
-  if [ -n "$ref_pid" ]; then
-    wait "$ref_pid"
-    rc=$?
-    cp "$DETAIL/ref_logits_committed.json" tests/data/ref_logits_smollm2.json
-    if [ $rc = 0 ] && [ -f "$DETAIL/ref_logits_gpu_machine.json" ]; then
-      note "model (b): logits against transformers run on this machine"
-      check_logits fresh_f32ref "$DETAIL/ref_logits_gpu_machine.json" --cuda-attention f32-reference
-      check_logits fresh_f16 "$DETAIL/ref_logits_gpu_machine.json" --cuda-attention f16 \
-        --logits-tolerance "$f16_tolerance" --min-argmax-agreement 0.98
-    else
-      status=FAILED
-      figures+="fresh reference FAILED (detail/ref_logits.log); "
-    fi
-  fi
-  # (c) NIAH: the JSON is rewritten after every sample, so a run stopped by the deadline keeps its rows.
-  local lengths=${CRISP_GPU_NIAH_LENGTHS:-2048,4096,8192,16384,32768}
-  note "model (c): crisp eval niah --backend cuda, lengths $lengths"
-  local json=$OUT/niah_gpu_$(date -u +%Y%m%d).json
-  timeout "$(left 600)" "$CRISP" eval niah --backend cuda --lengths "$lengths" \
-    --depths "${CRISP_GPU_NIAH_DEPTHS:-0.1,0.5,0.9}" --seeds "${CRISP_GPU_NIAH_SEEDS:-2}" ${prose:+--prose "$prose"} \
-    --json "$json" --dump-samples "$DETAIL/niah_samples.jsonl" >"$DETAIL/niah_table.txt" 2>"$DETAIL/niah_progress.log"
-  rc=$?
-  if [ $rc != 0 ] && [ -f "$json" ]; then
-    # Stopped early: the table from the rows the JSON holds so far.
-    $PY - "$json" >>"$DETAIL/niah_table.txt" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-print("NIAH rows so far (run stopped before the end; complete=%s)" % d.get("complete"))
-print("%-17s %6s  %-11s %5s %6s %8s %8s %4s" % ("task", "length", "policy", "acc", "dense", "density", "TTFT s", "n"))
-for r in d.get("rows", []):
-    dense = r.get("dense_accuracy")
-    print("%-17s %6d  %-11s %5.2f %6s %8.3f %8.2f %4d" % (r["task"], r["length"], r["policy"], r["accuracy"],
-          "-" if dense is None else "%.2f" % dense, r["mean_density"], r["mean_ttft_s"], r["samples"]))
-PY
-  fi
-  cat "$DETAIL/niah_table.txt"
-  [ $rc = 0 ] || status=FAILED
-  figures+="niah rc=$rc$([ $rc = 124 ] && echo ' (deadline; rows so far kept)'), $($PY -c "import json;print(len(json.load(open('$json')).get('rows', [])))" 2>/dev/null || echo 0) rows"
-  if [ -n "${CRISP_GPU_HF_NIAH_SAMPLES:-}" ]; then
-    # The same samples through transformers (eval/hf_niah.py); score them with
-    # `crisp eval niah --score hf_niah_outputs.jsonl`.
-    note "model: eval/hf_niah.py --samples $CRISP_GPU_HF_NIAH_SAMPLES"
-    timeout "$(left 300)" $PY eval/hf_niah.py --samples "$CRISP_GPU_HF_NIAH_SAMPLES" --model "$CRISP_MODEL_PATH" \
-      --out "$OUT/hf_niah_outputs.jsonl" ${CRISP_GPU_HF_NIAH_ARGS:-} >"$DETAIL/hf_niah.log" 2>&1
-    rc=$?
-    figures+="; hf_niah rc=$rc, $(wc -l <"$OUT/hf_niah_outputs.jsonl" 2>/dev/null || echo 0) outputs"
-  fi
-  record model "$status" "$figures"
-}
-
-# ---------------------------------------------------------------- frontier
-suite_frontier() {
-  if [ -z "${CRISP_MODEL_PATH:-}" ] || [ ! -f "$CRISP_MODEL_PATH" ]; then
-    record frontier SKIPPED "CRISP_MODEL_PATH does not name the model file (docs/gpu.md)"
-    return
-  fi
-  local prose=${CRISP_PROSE_PATH:-} rc status=ok split=${CRISP_GPU_FRONTIER_SPLIT:-tuning} sweeps=() s
-  [ -z "$prose" ] && [ -f "$(dirname "$CRISP")/long_qa_prompts.json" ] && prose=$(dirname "$CRISP")/long_qa_prompts.json
-  local json=${CRISP_GPU_FRONTIER_JSON:-$ROOT/out/frontier/frontier_${split}_gpu.json}
-  IFS='|' read -r -a s <<<"${CRISP_GPU_FRONTIER_SWEEPS:-crisp:alpha=0.5,1,2,4|flexprefill:gamma=0.8,0.9,0.95,0.99|minference|dense}"
-  for sweep in "${s[@]}"; do sweeps+=(--sweep "$sweep"); done
-  mkdir -p "$(dirname "$json")"
-  note "frontier: crisp eval pareto --backend cuda --split $split -> $json"
-  timeout "$(left 600)" "$CRISP" eval pareto --backend cuda --model "$CRISP_MODEL_PATH" --split "$split" \
-    --splits eval/splits.json --lengths "${CRISP_GPU_FRONTIER_LENGTHS:-2048,4096,8192}" \
-    --tasks "${CRISP_GPU_FRONTIER_TASKS:-niah_single,passkey,niah_prose}" ${prose:+--prose "$prose"} "${sweeps[@]}" \
-    --json "$json" >"$DETAIL/frontier_table.txt" 2>"$DETAIL/frontier_progress.log"
-  rc=$?
-  cat "$DETAIL/frontier_table.txt"
-  cp "$json" "$OUT/" 2>/dev/null
-  $PY scripts/plot_frontier.py "$json" --out "$OUT/frontier_${split}.png" >/dev/null 2>"$DETAIL/frontier_plot.log"
-  [ $rc = 0 ] || status=FAILED
-  record frontier "$status" "rc=$rc$([ $rc = 124 ] && echo ' (deadline: run the same command again to resume)'), $(tail -1 "$DETAIL/frontier_table.txt")"
 }
 
 # ---------------------------------------------------------------- cp

@@ -201,14 +201,15 @@ if [ ! -x "$attn_bin" ] || [ "$attn_src" -nt "$attn_bin" ] || [ "$build/bin/libl
 fi
 
 # crisp-llama-eval (integrations/llama.cpp/crisp_llama_eval.cpp): crisp's NIAH evaluation and
-# frontier harness (src/eval) on libllama, linked to the patched llama.cpp and the crisp library
-# that build compiled. Needs the nlohmann-json and CLI11 headers (system, or .deps/prefix/include).
+# frontier harness (src/eval) and the Q/K/V capture (crisp_llama_capture.cpp) on libllama, linked
+# to the patched llama.cpp and the crisp library that build compiled. Needs the nlohmann-json and CLI11 headers (system, or .deps/prefix/include).
 eval_bin="$build/bin/crisp-llama-eval"
-eval_sources=("$repo_root/integrations/llama.cpp/crisp_llama_eval.cpp" "$repo_root/src/model/model_path.cpp"
-  "$repo_root"/src/eval/{niah,splits,sweep,frontier_file}.cpp)
+eval_sources=("$repo_root/integrations/llama.cpp/crisp_llama_eval.cpp" "$repo_root/integrations/llama.cpp/crisp_llama_capture.cpp"
+  "$repo_root"/src/eval/{niah,splits,sweep,frontier_file}.cpp "$repo_root/tools/io_util.cpp")
 eval_stale=0
 [ -x "$eval_bin" ] || eval_stale=1
-for f in "${eval_sources[@]}" "$build/bin/libllama.so" "$build/crisp/libcrisp.a" "$repo_root"/src/eval/*.h; do
+for f in "${eval_sources[@]}" "$build/bin/libllama.so" "$build/crisp/libcrisp.a" "$repo_root"/src/eval/*.h \
+  "$repo_root"/integrations/llama.cpp/crisp_llama_*.h; do
   [ "$f" -nt "$eval_bin" ] && eval_stale=1
 done
 if [ "$eval_stale" -eq 1 ]; then

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Captures the QA prompts of one split of eval/splits.json (`crisp capture`) and measures the
-# policies on them: `crisp eval fidelity` (every preset), or with arguments after `--` a frontier
-# `crisp eval pareto --captures ... ARGS` (e.g. --sweep 'crisp:alpha=1,2' --json F).
+# Captures the QA prompts of one split of eval/splits.json (`crisp-llama-eval capture --split`, on
+# llama.cpp) and measures the policies on them: `crisp eval fidelity` (every preset), or with
+# arguments after `--` a frontier `crisp eval pareto --captures ... ARGS` (e.g. --sweep
+# 'crisp:alpha=1,2' --json F).
 #
 # Usage: scripts/split_captures.sh tuning|test [BUILD_DIR] [WORK_DIR] [-- PARETO_ARGS...]
 #   BUILD_DIR: a build with the crisp command (default build); WORK_DIR: captures and JSON
-#   (default BUILD_DIR/captures; about 0.4 GB per 8k capture). Environment: THREADS (0 = all).
+#   (default BUILD_DIR/captures; about 0.4 GB per 8k capture). Environment: THREADS (0 = all),
+#   LLAMA_BIN (crisp-llama-eval's directory; default: built by scripts/llama_cpp.sh),
+#   MODEL (default: scripts/fetch_model.sh's SmolLM2), LLAMA_ARGS (e.g. "--ngl 99" with a --cuda build).
 # Only the test split's figures go into docs/evaluation.md; tune on the tuning split.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,24 +23,23 @@ work=${work:-$build/captures}
 threads=${THREADS:-0}
 crisp="$build/crisp"
 mkdir -p "$work"
-scripts/fetch_model.sh >/dev/null
+model=${MODEL:-$(scripts/fetch_model.sh)}
+llama_bin=${LLAMA_BIN:-$(scripts/llama_cpp.sh)}
+thread_args=()
+[ "$threads" != 0 ] && thread_args=(--threads "$threads")
+# Every prompt of the split into $work/qa<I>_<N> (one that exists is kept).
+# shellcheck disable=SC2086  # LLAMA_ARGS: several words
+"$llama_bin/crisp-llama-eval" capture --model "$model" --split "$split" "${thread_args[@]}" --out "$work" ${LLAMA_ARGS:-}
 
-# "qa_index max_tokens" per line, from the splits file (an unknown split is an error there).
+# "qa_index max_tokens" per line, from the splits file.
 items=$(python3 - "$split" <<'PY'
 import json, sys
-splits = json.load(open("eval/splits.json"))["captures"]
-if sys.argv[1] not in splits:
-    sys.exit(f"split_captures.sh: error: no captures split '{sys.argv[1]}' in eval/splits.json; expected one of {', '.join(splits)}")
-for item in splits[sys.argv[1]]:
+for item in json.load(open("eval/splits.json"))["captures"][sys.argv[1]]:
     print(item["qa_index"], item["max_tokens"])
 PY
 )
 dirs=()
-while read -r qa tokens; do
-  dir="$work/qa${qa}_${tokens}"
-  [ -f "$dir/meta.json" ] || "$crisp" capture --qa-index "$qa" --max-tokens "$tokens" --threads "$threads" --out "$dir"
-  dirs+=("$dir")
-done <<< "$items"
+while read -r qa tokens; do dirs+=("$work/qa${qa}_${tokens}"); done <<< "$items"
 
 if [ $# -gt 0 ]; then
   "$crisp" eval pareto --captures "${dirs[@]}" --threads "$threads" "$@"

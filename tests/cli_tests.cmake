@@ -57,9 +57,14 @@ crisp_cli_test(help.bench ARGS "bench|--help" RC 0 STDOUT "bench")
 # --dim takes the CUDA kernels' head dims only (checked before the GPU is looked for).
 crisp_cli_test(bench.dim_refused ARGS "bench|--dim|96" RC 2 STDERR "${ERR}--dim: '96' is not 64, 128 or 256")
 crisp_cli_test(help.bench_dims ARGS "bench|--help" RC 0 STDOUT "--dim.*64, 128 or 256")
-# Commands of the model runner and the evaluation (tools/cmd_run.cpp, cmd_eval.cpp).
-crisp_cli_test(help.run ARGS "run|--help" RC 0 STDOUT "Usage: crisp run")
+# The evaluation commands (tools/cmd_eval.cpp, cmd_fidelity.cpp, cmd_pareto.cpp).
 crisp_cli_test(help.eval ARGS "eval|--help" RC 0 STDOUT "Usage: crisp eval")
+# The retired runner's commands are gone; the real-model ones are crisp-llama-eval's.
+crisp_cli_test(retired.run ARGS "run|--prompt|hi" STDERR "${ERR}unknown command 'run'")
+crisp_cli_test(retired.capture ARGS "capture|--qa-index|0" STDERR "${ERR}unknown command 'capture'")
+crisp_cli_test(eval_niah.needs_score ARGS "eval|niah" STDERR "${ERR}.*--score")
+crisp_cli_test(eval_pareto.needs_a_source ARGS "eval|pareto|--sweep|crisp:alpha=1|--json|${CLI_DIR}/p.json"
+  STDERR "${ERR}--captures: missing.*--structured.*crisp-llama-eval pareto")
 
 # ---------------------------------------------------------------- command-line errors
 crisp_cli_test(no_command ARGS "" STDERR "${ERR}.*subcommand")
@@ -71,23 +76,12 @@ crisp_cli_test(negative_seq ARGS "demo|--seq|-5" STDERR "${ERR}.*seq")
 # Thread counts far beyond any machine crashed the OpenMP runtime: every --threads is bounded.
 crisp_cli_test(huge_threads.demo ARGS "demo|--seq|512|--threads|100000" STDERR "${ERR}--threads.*1024")
 crisp_cli_test(huge_threads.plan ARGS "plan|--q|a.npy|--k|b.npy|--threads|100000" STDERR "${ERR}--threads.*1024")
-crisp_cli_test(huge_threads.run ARGS "run|--model|m.gguf|--prompt|hi|--threads|100000" STDERR "${ERR}--threads.*1024")
-crisp_cli_test(huge_threads.niah ARGS "eval|niah|--dry-run|--threads|100000" STDERR "${ERR}--threads.*1024")
-crisp_cli_test(huge_threads.capture ARGS "capture|--model|m.gguf|--threads|100000" STDERR "${ERR}--threads.*1024")
+crisp_cli_test(huge_threads.pareto ARGS "eval|pareto|--structured|--json|x.json|--threads|100000" STDERR "${ERR}--threads.*1024")
 # Numbers are decimal: CLI11 alone read '0x100' as 256, '010' as 8 and '0x1p3' as 8.0.
 crisp_cli_test(hex_number.seq ARGS "demo|--seq|0x100|--threads|1" STDERR "${ERR}--seq: '0x100' is not a")
-crisp_cli_test(hex_number.seed ARGS "eval|niah|--dry-run|--seed|0x5" STDERR "${ERR}--seed: '0x5' is not a decimal number")
-crisp_cli_test(hex_number.float ARGS "run|--model|m.gguf|--prompt|hi|--rope-scaling|linear|--rope-factor|0x1p3"
-  STDERR "${ERR}--rope-factor: '0x1p3' is not a decimal number")
-# Defaults do not depend on the working directory, and --help prints their rule, not a path.
-crisp_cli_test(default_prose.missing ARGS "eval|niah|--dry-run|--tasks|niah_prose|--model|missing.gguf"
-  ENV "CRISP_DATA_DIR=${CLI_DIR}/no_data_here" STDERR "${ERR}--prose: not given.*no_data_here.*CRISP_DATA_DIR")
-crisp_cli_test(default_qa_file.missing ARGS "capture|--qa-index|0|--out|${CLI_DIR}/capture_out"
-  ENV "CRISP_DATA_DIR=${CLI_DIR}/no_data_here" STDERR "${ERR}--qa-file: not given.*CRISP_DATA_DIR")
-crisp_cli_test(default_model.missing ARGS "run|--prompt|hi" ENV "CRISP_MODEL_PATH=${CLI_DIR}/no_model.gguf"
-  STDERR "${ERR}--model: not given, and its default .*no_model.gguf does not exist.*CRISP_MODEL_PATH")
-crisp_cli_test(help.model_default_is_a_rule ARGS "run|--help" RC 0 STDOUT "--model[^\n]*CRISP_MODEL_PATH, else")
-crisp_cli_test(help.prose_default_is_a_rule ARGS "eval|niah|--help" RC 0 STDOUT "--prose[^\n]*CRISP_DATA_DIR")
+crisp_cli_test(hex_number.seed ARGS "eval|pareto|--structured|--json|x.json|--seed|0x5" STDERR "${ERR}--seed: '0x5' is not a decimal number")
+crisp_cli_test(hex_number.float ARGS "eval|pareto|--captures|c|--json|x.json|--top-mass-share|0x1p-1"
+  STDERR "${ERR}--top-mass-share: '0x1p-1' is not a decimal number")
 
 # ---------------------------------------------------------------- unreadable inputs
 crisp_cli_test(missing_npy
@@ -155,14 +149,6 @@ crisp_cli_test(bad_pe_alpha ARGS "plan|${QK_A}|--set|pe_rule=floor|--set|pe_alph
 crisp_cli_test(bad_block ARGS "plan|${QK_A}|--block|96|--json|${CLI_DIR}/x.json"
   STDERR "${ERR}.*block_size" REQUIRES cli_gen_a)
 
-# Policy specs of `crisp eval niah --policies` (PRESET[:key=value...]): checked before the model loads.
-crisp_cli_test(niah_unknown_policy ARGS "eval|niah|--dry-run|--model|${CLI_DIR}/no_model.gguf|--policies|bogus"
-  STDERR "${ERR}--policies: unknown policy 'bogus'")
-crisp_cli_test(niah_policy_bad_override ARGS "eval|niah|--dry-run|--model|${CLI_DIR}/no_model.gguf|--policies|crisp:gamma=2"
-  STDERR "${ERR}--policies: 'crisp:gamma=2': gamma")
-crisp_cli_test(niah_policy_empty_override ARGS "eval|niah|--dry-run|--model|${CLI_DIR}/no_model.gguf|--policies|crisp:"
-  STDERR "${ERR}--policies: 'crisp:' has an empty override")
-
 # ---------------------------------------------------------------- inputs that do not fit together
 crisp_cli_test(length_mismatch ARGS "plan|--q|${GEN_A}/q.npy|--k|${GEN_B}/k.npy|--json|${CLI_DIR}/x.json"
   STDERR "${ERR}" REQUIRES "cli_gen_a;cli_gen_b")
@@ -183,10 +169,6 @@ crisp_cli_test(attend_same_output_json ARGS "attend|${QK_A}|--v|${GEN_A}/v.npy|-
 crisp_cli_test(plan_json_stdout ARGS "plan|${QK_A}|--json|-" RC 0 STDOUT "^[{].*heads.*[}][^a-z]*$" STDERR "density"
   REQUIRES cli_gen_a)
 crisp_cli_test(negative_seed ARGS "gen|--seed|-1|--out-dir|${CLI_DIR}/seed" STDERR "${ERR}--seed")
-# A reference JSON whose fields have the wrong types: a clear error naming the file, before the model.
-file(WRITE "${CLI_DIR}/bad_ref.json" "{\"token_ids\": \"abc\", \"last_logits\": [], \"argmax\": [], \"last_std\": 1}")
-crisp_cli_test(check_logits_wrong_types ARGS "run|--model|${CLI_DIR}/no_model.gguf|--check-logits|${CLI_DIR}/bad_ref.json"
-  STDERR "${ERR}--check-logits: .*bad_ref\\.json.*wrong type")
 
 # ---------------------------------------------------------------- builds without the CUDA backend
 if(NOT CRISP_HAVE_CUDA)

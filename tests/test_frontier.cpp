@@ -1,5 +1,5 @@
 // tests/test_frontier.cpp — the frontier harness (`crisp eval pareto`): sweep specs, the splits
-// file, the split prose haystacks, the top-mass recall, and a resumable run on the tiny model.
+// file, the split prose haystacks, the top-mass recall, and a resumable run on captures.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,25 +14,19 @@
 #include <nlohmann/json.hpp>
 
 #include "crisp/error.h"
+#include "crisp/npy.h"
+#include "crisp/workload.h"
 #include "eval/frontier.h"
 #include "eval/splits.h"
 #include "eval/sweep.h"
-#include "model_fixture.h"
 #include "test_util.h"
-#include "tiny_llama_model.h"
 
 namespace ce = crisp::eval;
 
 namespace {
 
 // The source tree (eval/splits.json; its parent holds shared/data where the QA prompts are).
-std::filesystem::path source_dir() {
-#ifdef CRISP_SOURCE_DIR
-  return CRISP_SOURCE_DIR;
-#else
-  return crisp_test::repo_root();
-#endif
-}
+std::filesystem::path source_dir() { return CRISP_SOURCE_DIR; }
 
 using crisp_test::error_of;
 
@@ -199,93 +193,67 @@ nlohmann::json read_json(const std::filesystem::path& path) {
   return nlohmann::json::parse(in);
 }
 
-// A run stopped after 2 samples and re-run computes only the rest, and ends with the results of an
-// uninterrupted run; a third run computes nothing; other settings on the same file are refused.
-TEST(Frontier, ResumedRunEqualsAFreshOneWithoutRecomputing) {
+// NOTE: 2048 tokens: at 512 (8 blocks of 64) crisp keeps every block at either alpha, so the
+// frontier's density would not move.
+constexpr int64_t kCaptureTokens = 2048;
+
+// A capture directory in the format of `crisp-llama-eval capture` (meta.json, layer_LL_{q,k,v}.npy
+// [heads, n, d]): two "layers", each the structured synthetic workload of its own seed.
+std::filesystem::path write_capture(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  nlohmann::json files = nlohmann::json::array();
+  for (int layer = 0; layer < 2; ++layer) {
+    crisp::WorkloadSpec spec;
+    spec.num_q_heads = 4;
+    spec.num_kv_heads = 2;
+    spec.head_dim = 64;
+    spec.seq_lens = {kCaptureTokens};
+    spec.seed = 40 + static_cast<uint64_t>(layer);
+    const crisp::Workload w = crisp::make_workload(spec);
+    const std::string prefix = "layer_0" + std::to_string(layer) + "_";
+    crisp::write_npy((dir / (prefix + "q.npy")).string(), w.q.data(), {4, kCaptureTokens, 64});
+    crisp::write_npy((dir / (prefix + "k.npy")).string(), w.k.data(), {2, kCaptureTokens, 64});
+    crisp::write_npy((dir / (prefix + "v.npy")).string(), w.v.data(), {2, kCaptureTokens, 64});
+    files.push_back({{"layer", layer}, {"q", prefix + "q.npy"}, {"k", prefix + "k.npy"}, {"v", prefix + "v.npy"}});
+  }
+  std::ofstream(dir / "meta.json") << nlohmann::json{{"tokens", kCaptureTokens}, {"files", files}}.dump();
+  return dir;
+}
+
+// The captures frontier: a run stopped after one layer and re-run computes only the other and ends
+// with the results of an uninterrupted run; a third run computes nothing; other settings on the
+// same file are refused. Dense keeps everything, a larger alpha keeps fewer blocks, every measure
+// is a share.
+TEST(Frontier, CapturesModeResumesAndMeasures) {
   if (!std::filesystem::exists(CRISP_CLI_PATH)) GTEST_SKIP() << "crisp CLI not built";
   const std::filesystem::path dir = crisp_test::temp_dir();
-  const std::string model = (dir / "tiny_llama.gguf").string();
-  crisp_test::write_tiny_llama(model);
+  const std::string capture = write_capture(dir / "capture").string();
   auto pareto = [&](const std::string& json, const std::string& extra, const std::string& log) {
-    const std::string cmd = std::string(CRISP_CLI_PATH) + " eval pareto --model " + model +
-                            " --tasks passkey,niah_single --lengths 600 --depths 0.2,0.8 --threads 2 --quiet" +
-                            " --sweep 'crisp:alpha=1,4' --json " + (dir / json).string() + " " + extra + " > " +
-                            (dir / log).string() + " 2>&1";
+    const std::string cmd = std::string(CRISP_CLI_PATH) + " eval pareto --captures " + capture +
+                            " --sweep 'crisp:uniform_alpha=0.5,4;block_size=64' --threads 2 --quiet --json " +
+                            (dir / json).string() + " " + extra + " > " + (dir / log).string() + " 2>&1";
     return WEXITSTATUS(std::system(cmd.c_str()));
   };
   std::filesystem::remove(dir / "resumed.json");
   std::filesystem::remove(dir / "fresh.json");
-  ASSERT_EQ(pareto("resumed.json", "--stop-after 2", "r1.log"), 0) << read_all(dir / "r1.log");
+  ASSERT_EQ(pareto("resumed.json", "--stop-after 1", "r1.log"), 0) << read_all(dir / "r1.log");
   nlohmann::json doc = read_json(dir / "resumed.json");
   EXPECT_FALSE(doc.at("complete").get<bool>());
-  ASSERT_EQ(doc.at("runs").back().at("computed"), 2 * 3);  // 2 samples x (dense + 2 points)
+  ASSERT_EQ(doc.at("runs").back().at("computed"), 1 * 3);  // 1 layer x (dense + 2 points)
   ASSERT_EQ(pareto("resumed.json", "", "r2.log"), 0) << read_all(dir / "r2.log");
   doc = read_json(dir / "resumed.json");
   EXPECT_TRUE(doc.at("complete").get<bool>());
-  EXPECT_EQ(doc.at("runs").back().at("found"), 2 * 3);
-  EXPECT_EQ(doc.at("runs").back().at("computed"), 2 * 3);
+  EXPECT_EQ(doc.at("runs").back().at("found"), 1 * 3);
+  EXPECT_EQ(doc.at("runs").back().at("computed"), 1 * 3);
   ASSERT_EQ(pareto("resumed.json", "", "r3.log"), 0) << read_all(dir / "r3.log");
   EXPECT_EQ(read_json(dir / "resumed.json").at("runs").back().at("computed"), 0);
 
   ASSERT_EQ(pareto("fresh.json", "", "fresh.log"), 0) << read_all(dir / "fresh.log");
   const nlohmann::json fresh = read_json(dir / "fresh.json");
-  ASSERT_EQ(fresh.at("points").size(), 3u);
-  for (std::size_t p = 0; p < 3; ++p) {
-    const nlohmann::json& a = fresh.at("points")[p];
-    const nlohmann::json& b = doc.at("points")[p];
-    EXPECT_EQ(a.at("name"), b.at("name"));
-    ASSERT_EQ(a.at("units").size(), 4u);
-    for (const auto& [id, unit] : a.at("units").items()) {
-      for (const char* key : {"correct", "density", "output"}) EXPECT_EQ(unit.at(key), b.at("units").at(id).at(key)) << id << " " << key;
-    }
-  }
-  EXPECT_EQ(fresh.at("rows").size(), 3u);  // one length x 3 points
-  for (const nlohmann::json& row : fresh.at("rows")) {
-    if (row.at("point") == "dense") EXPECT_DOUBLE_EQ(row.at("mean_density").get<double>(), 1.0);
-    EXPECT_EQ(row.at("samples"), 4);
-  }
-
-  // Other settings on the same file: refused, naming --json and the setting.
-  EXPECT_EQ(pareto("resumed.json", "--seed 5", "other.log"), 2);
-  const std::string log = read_all(dir / "other.log");
-  EXPECT_NE(log.find("--json"), std::string::npos) << log;
-  EXPECT_NE(log.find("base_seed"), std::string::npos) << log;
-  // A bad sweep names --sweep and the part.
-  const std::string bad = std::string(CRISP_CLI_PATH) + " eval pareto --model " + model + " --sweep 'crisp:alpah=1' --json " +
-                          (dir / "bad.json").string() + " > " + (dir / "bad.log").string() + " 2>&1";
-  EXPECT_EQ(WEXITSTATUS(std::system(bad.c_str())), 2);
-  EXPECT_NE(read_all(dir / "bad.log").find("--sweep"), std::string::npos) << read_all(dir / "bad.log");
-  EXPECT_NE(read_all(dir / "bad.log").find("alpah"), std::string::npos) << read_all(dir / "bad.log");
-}
-
-// The captures mode on a tiny model's capture: dense keeps everything, a larger alpha keeps fewer
-// blocks, every measure is a share; a second run finds every layer done.
-TEST(Frontier, CapturesModeOnTinyModel) {
-  if (!std::filesystem::exists(CRISP_CLI_PATH)) GTEST_SKIP() << "crisp CLI not built";
-  const std::filesystem::path dir = crisp_test::temp_dir();
-  const std::string model = (dir / "tiny_llama.gguf").string();
-  crisp_test::write_tiny_llama(model);
-  {
-    std::ofstream prompt(dir / "prompt.txt");
-    for (int i = 0; i < 60; ++i) prompt << "the rain in the plain falls mainly at night. ";
-  }
-  const std::string capture = (dir / "capture").string();
-  std::string cmd = std::string(CRISP_CLI_PATH) + " capture --model " + model + " --prompt-file " +
-                    (dir / "prompt.txt").string() + " --layers 0,1 --threads 2 --quiet --out " + capture + " > " +
-                    (dir / "capture.log").string() + " 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(dir / "capture.log");
-  std::filesystem::remove(dir / "frontier.json");
-  cmd = std::string(CRISP_CLI_PATH) + " eval pareto --captures " + capture +
-        " --sweep 'crisp:uniform_alpha=0.5,4;block_size=64' --threads 2 --quiet --json " + (dir / "frontier.json").string() +
-        " > " + (dir / "pareto.log").string() + " 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(dir / "pareto.log");
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(dir / "pareto.log");
-  const nlohmann::json doc = read_json(dir / "frontier.json");
-  EXPECT_EQ(doc.at("runs").back().at("computed"), 0);
-  EXPECT_EQ(doc.at("runs").back().at("found"), 2 * 3);  // 2 layers x (dense + 2 points)
+  EXPECT_EQ(fresh.at("rows"), doc.at("rows"));
   std::map<std::string, nlohmann::json> rows;
-  for (const nlohmann::json& r : doc.at("rows")) rows[r.at("point").get<std::string>()] = r;
-  ASSERT_EQ(rows.size(), 3u) << doc.at("rows").dump();
+  for (const nlohmann::json& r : fresh.at("rows")) rows[r.at("point").get<std::string>()] = r;
+  ASSERT_EQ(rows.size(), 3u) << fresh.at("rows").dump();
   EXPECT_DOUBLE_EQ(rows["dense"].at("density_mean").get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(rows["dense"].at("top_mass_recall_mean").get<double>(), 1.0);
   const nlohmann::json& a1 = rows["crisp:uniform_alpha=0.5:block_size=64"];
@@ -297,32 +265,18 @@ TEST(Frontier, CapturesModeOnTinyModel) {
       EXPECT_LE(r->at(key).get<double>(), 1.0) << key;
     }
   }
-}
 
-// --split sets seeds and depths from the splits file; a missing file or a clash with --depths is
-// a clear error.
-TEST(Frontier, NiahSplitOption) {
-  if (!std::filesystem::exists(CRISP_CLI_PATH)) GTEST_SKIP() << "crisp CLI not built";
-  const std::filesystem::path dir = crisp_test::temp_dir();
-  const std::string model = (dir / "tiny_llama.gguf").string();
-  crisp_test::write_tiny_llama(model);
-  auto niah = [&](const std::string& extra, const std::string& log) {
-    const std::string cmd = std::string(CRISP_CLI_PATH) + " eval niah --model " + model +
-                            " --tasks passkey --lengths 400 --policies dense --dry-run --quiet " + extra + " > " +
-                            (dir / log).string() + " 2>&1";
-    return WEXITSTATUS(std::system(cmd.c_str()));
-  };
-  ASSERT_EQ(niah("--split tuning --json " + (dir / "t.json").string(), "t.log"), 0) << read_all(dir / "t.log");
-  const nlohmann::json t = read_json(dir / "t.json");
-  const ce::NiahSplit tuning =
-      ce::load_splits((source_dir() / "eval" / "splits.json").string()).niah_split("tuning", "--split");
-  EXPECT_EQ(t.at("settings").at("base_seed").get<uint64_t>(), tuning.seed);
-  EXPECT_EQ(t.at("settings").at("depths").get<std::vector<double>>(), tuning.depths);
-  EXPECT_EQ(t.at("samples").size(), tuning.depths.size() * static_cast<std::size_t>(tuning.seeds));
-  EXPECT_EQ(niah("--split test --splits " + (dir / "absent.json").string(), "absent.log"), 2);
-  EXPECT_NE(read_all(dir / "absent.log").find("--splits"), std::string::npos) << read_all(dir / "absent.log");
-  EXPECT_NE(niah("--split tuning --depths 0.5", "clash.log"), 0);
-  EXPECT_NE(read_all(dir / "clash.log").find("--depths"), std::string::npos) << read_all(dir / "clash.log");
+  // Other settings on the same file: refused, naming --json and the setting.
+  EXPECT_EQ(pareto("resumed.json", "--top-mass-share 0.8", "other.log"), 2);
+  const std::string log = read_all(dir / "other.log");
+  EXPECT_NE(log.find("--json"), std::string::npos) << log;
+  EXPECT_NE(log.find("top_mass_share"), std::string::npos) << log;
+  // A bad sweep names --sweep and the part.
+  const std::string bad = std::string(CRISP_CLI_PATH) + " eval pareto --captures " + capture + " --sweep 'crisp:alpah=1' --json " +
+                          (dir / "bad.json").string() + " > " + (dir / "bad.log").string() + " 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(bad.c_str())), 2);
+  EXPECT_NE(read_all(dir / "bad.log").find("--sweep"), std::string::npos) << read_all(dir / "bad.log");
+  EXPECT_NE(read_all(dir / "bad.log").find("alpah"), std::string::npos) << read_all(dir / "bad.log");
 }
 #endif
 

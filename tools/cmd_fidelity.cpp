@@ -1,6 +1,6 @@
 // tools/cmd_fidelity.cpp — `crisp eval fidelity`: what each policy keeps of real attention maps.
 //
-// For every captured layer (see `crisp capture`) and query head: per policy the density, recall
+// For every captured layer (see `crisp-llama-eval capture`) and query head: per policy the density, recall
 // mean and minimum and relative output error against the dense run (spec §9) and the route; the
 // C_struct and JSD statistics with the decisions of routing=cstruct and routing=jsd; then the
 // calibration of tau_proxy (cstruct) and rho (cstruct_rel) against the JSD decisions, per
@@ -54,11 +54,11 @@ std::vector<std::string> split(const std::string& text, char sep) {
 
 json read_json(const std::string& argument, const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw crisp::Error(argument, "cannot open '" + path + "'", "a directory written by 'crisp capture'");
+  if (!in) throw crisp::Error(argument, "cannot open '" + path + "'", "a directory written by 'crisp-llama-eval capture'");
   try {
     return json::parse(in);
   } catch (const json::exception& e) {
-    throw crisp::Error(argument, "'" + path + "' is not valid JSON: " + e.what(), "meta.json of 'crisp capture'");
+    throw crisp::Error(argument, "'" + path + "' is not valid JSON: " + e.what(), "meta.json of 'crisp-llama-eval capture'");
   }
 }
 
@@ -181,7 +181,7 @@ void run_fidelity(const FidelityArgs& args) {
     const std::string& dir = args.captures[ci];
     const json meta = read_json("--captures", (fs::path(dir) / "meta.json").string());
     if (!meta.contains("files") || !meta["files"].is_array() || !meta.contains("tokens"))
-      throw crisp::Error("--captures", "'" + dir + "/meta.json' lacks files/tokens", "meta.json of 'crisp capture'");
+      throw crisp::Error("--captures", "'" + dir + "/meta.json' lacks files/tokens", "meta.json of 'crisp-llama-eval capture'");
     std::vector<int64_t> only;
     if (args.layers != "all") {
       for (const std::string& s : split(args.layers, ',')) {
@@ -368,10 +368,10 @@ void run_fidelity(const FidelityArgs& args) {
 void register_eval_fidelity(CLI::App& eval) {
   auto args = std::make_shared<FidelityArgs>();
   CLI::App* sub = eval.add_subcommand(
-      "fidelity", "Per layer and head of captured real attention (crisp capture): density, recall, output "
+      "fidelity", "Per layer and head of captured real attention (crisp-llama-eval capture): density, recall, output "
                   "error and route of each policy against dense; C_struct vs JSD routing; calibration of "
                   "tau_proxy and rho against the JSD decisions");
-  sub->add_option("--captures", args->captures, "Capture directories written by 'crisp capture'")
+  sub->add_option("--captures", args->captures, "Capture directories written by 'crisp-llama-eval capture'")
       ->required()
       ->expected(1, -1);
   sub->add_option("--policies", args->policies,

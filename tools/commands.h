@@ -19,8 +19,6 @@ void register_demo_command(CLI::App& app);
 void register_plan_command(CLI::App& app);
 void register_attend_command(CLI::App& app);
 void register_gen_command(CLI::App& app);
-// `crisp capture` (tools/cmd_capture.cpp): a real model's post-RoPE Q/K/V as .npy.
-void register_capture_command(CLI::App& app);
 // `crisp eval` (tools/cmd_eval.cpp) and its `eval fidelity` subcommand (tools/cmd_fidelity.cpp).
 void register_eval_command(CLI::App& app);
 void register_eval_fidelity(CLI::App& eval);
@@ -28,8 +26,6 @@ void register_eval_fidelity(CLI::App& eval);
 void register_eval_pareto(CLI::App& eval);
 // Owned by the CUDA backend (tools/cmd_bench.cpp).
 void register_bench_command(CLI::App& app);
-// The model runner (tools/cmd_run.cpp): a Llama-family GGUF model answers a prompt.
-void register_run_command(CLI::App& app);
 
 namespace crisp_cli {
 

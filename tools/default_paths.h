@@ -1,4 +1,4 @@
-// tools/default_paths.h — the defaults of --model, --prose and --qa-file. Each default is a rule
+// tools/default_paths.h — the defaults of --prose and --qa-file. Each default is a rule
 // that does not depend on the working directory; --help prints the rule, not a path of this machine.
 #pragma once
 #include <filesystem>
@@ -7,7 +7,6 @@
 #include <CLI/CLI.hpp>
 
 #include "crisp/error.h"
-#include "model/model_path.h"
 
 namespace crisp_cli {
 
@@ -34,30 +33,9 @@ inline std::string data_file_or_default(const std::string& option, const std::st
 // The project's real long-context QA prompts (a list of {prompt, answer}).
 inline constexpr const char* kQaPromptsFile = "long_qa_prompts.json";
 
-// --prose of `eval niah` and `eval pareto`: its default is kQaPromptsFile in data_dir().
+// --prose of `crisp-llama-eval niah|pareto`: its default is kQaPromptsFile in data_dir().
 inline CLI::Option* add_prose_option(CLI::App* sub, std::string* path, const std::string& help) {
   return sub->add_option("--prose", *path, help)->default_str(std::string(kDataDirRule) + " (<file>: " + kQaPromptsFile + ")");
-}
-
-inline constexpr const char* kModelRule =
-    "$CRISP_MODEL_PATH, else $CRISP_MODEL_DIR/<file>, else .cache/model/<file> in a parent of the crisp "
-    "binary's directory (where scripts/fetch_model.sh puts it)";
-
-inline CLI::Option* add_model_option(CLI::App* sub, std::string* path) {
-  return sub->add_option("--model", *path, "GGUF model file")->default_str(kModelRule);
-}
-
-// `given` if --model was given; else the default model file, which must exist.
-inline std::string model_or_default(const std::string& given) {
-  if (!given.empty()) return given;
-  const std::string path = crisp::model::default_model_path();
-  std::error_code ec;
-  if (path.empty() || !std::filesystem::exists(path, ec))
-    throw crisp::Error("--model",
-                       "not given, and " + (path.empty() ? std::string("no default model file was found") : "its default " + path + " does not exist") +
-                           " (" + kModelRule + ")",
-                       "--model <GGUF file>, or CRISP_MODEL_PATH=<GGUF file>, or scripts/fetch_model.sh to fetch it");
-  return path;
 }
 
 }  // namespace crisp_cli

@@ -42,10 +42,8 @@ int main(int argc, char** argv) {
   register_plan_command(app);
   register_attend_command(app);
   register_gen_command(app);
-  register_capture_command(app);
   register_eval_command(app);
   register_bench_command(app);
-  register_run_command(app);
   crisp_cli::require_decimal_numbers(app);
 
   // An unknown command: named, with the commands there are (CLI11 would only say that an

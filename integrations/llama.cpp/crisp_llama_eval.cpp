@@ -4,6 +4,7 @@
 //
 //   crisp-llama-eval niah   --model M.gguf --lengths 4096 --split tuning --json out.json
 //   crisp-llama-eval pareto --model M.gguf --sweep "crisp:alpha=0.5,1" --json out.json
+//   crisp-llama-eval capture --model M.gguf --qa-index 0 --max-tokens 4096 --out DIR
 //
 // Samples, scoring, splits, sweeps and the resumable JSON are crisp's own (src/eval); only the
 // model is llama.cpp's: its tokenizer counts the haystack, its chat template (or a completion-style
@@ -11,15 +12,19 @@
 // with flash attention on, so every policy but `llama_fa` goes through crisp's hook, and its
 // greedy sampler answers. The policy is installed and its density read through the entry points
 // every hooked backend registers (ggml_backend_reg_get_proc_address, docs/llama_cpp.md).
+// `capture` runs one dense prefill per prompt and writes each layer's post-RoPE Q/K/V as seen by
+// llama.cpp's attention op, through its eval callback (crisp_llama_capture.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,7 +33,9 @@
 
 #include "crisp/config.h"
 #include "crisp/error.h"
+#include "crisp_llama_capture.h"
 #include "default_paths.h"
+#include "io_util.h"
 #include "eval/frontier_file.h"
 #include "eval/niah.h"
 #include "eval/splits.h"
@@ -147,6 +154,8 @@ struct Args {
   std::vector<std::string> policies;
   std::vector<std::string> sweeps, sweep_files;
   std::string json_path;
+  std::string dump_samples;  // JSONL: one line per sample (prompt ids, text, expected, scoring)
+  bool dry_run = false;      // with dump_samples: generate and tokenise only
   int64_t stop_after = 0;
   bool quiet = false;
 };
@@ -199,14 +208,15 @@ class LlamaRunner {
     return std::string(buffer.data(), static_cast<size_t>(n)) + answer_prefix;
   }
 
-  std::vector<llama_token> tokenize(const std::string& text) const {
+  // special: read control-token text (the chat template's) as control tokens; off for raw text.
+  std::vector<llama_token> tokenize(const std::string& text, bool special = true) const {
     std::vector<llama_token> tokens(text.size() + 8);
     int32_t n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), tokens.data(),
-                               static_cast<int32_t>(tokens.size()), true, true);
+                               static_cast<int32_t>(tokens.size()), true, special);
     if (n < 0) {
       tokens.resize(static_cast<size_t>(-n));
       n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), tokens.data(),
-                         static_cast<int32_t>(tokens.size()), true, true);
+                         static_cast<int32_t>(tokens.size()), true, special);
     }
     tokens.resize(static_cast<size_t>(std::max(0, n)));
     // A template that writes the BOS text itself, on a vocabulary that adds one: keep one.
@@ -264,6 +274,7 @@ class LlamaRunner {
   }
 
   int64_t ubatch() const { return context_ != nullptr ? llama_n_ubatch(context_) : 0; }
+  const llama_model* model() const { return model_; }
 
  private:
   std::string piece(llama_token token) const {
@@ -333,6 +344,11 @@ std::vector<ce::FrontierPoint> make_points(const Args& args) {
   return points;
 }
 
+// --splits, else eval/splits.json of the source tree this binary was built from.
+ce::EvalSplits load_eval_splits(const std::string& given) {
+  return ce::load_splits(given.empty() ? ce::default_splits_path(CRISP_SOURCE_DIR) : given, "--splits");
+}
+
 int64_t argmax(const std::vector<float>& v) { return std::max_element(v.begin(), v.end()) - v.begin(); }
 
 json optional_json(const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); }
@@ -365,8 +381,7 @@ void run(const Args& given, bool niah_defaults) {
   const std::vector<ce::FrontierPoint> points = make_points(args);
   std::unique_ptr<ce::EvalSplits> splits;
   if (!args.split.empty()) {
-    const std::string path = args.splits_path.empty() ? ce::default_splits_path(CRISP_SOURCE_DIR) : args.splits_path;
-    splits = std::make_unique<ce::EvalSplits>(ce::load_splits(path, "--splits"));
+    splits = std::make_unique<ce::EvalSplits>(load_eval_splits(args.splits_path));
     const ce::NiahSplit& chosen = splits->niah_split(args.split, "--split");
     args.seed = chosen.seed;
     args.seeds = chosen.seeds;
@@ -388,9 +403,20 @@ void run(const Args& given, bool niah_defaults) {
     prose = splits ? ce::split_prose_paragraphs(documents, *splits, args.split, "--split") : ce::all_prose_paragraphs(documents);
   }
 
+  if (args.dry_run && args.dump_samples.empty()) {
+    throw crisp::Error("--dry-run", "is given without --dump-samples: it would write nothing", "--dump-samples FILE");
+  }
+  if (!args.dry_run && args.json_path.empty()) throw crisp::Error("--json", "missing", "--json FILE (or --dry-run --dump-samples FILE)");
+  std::ofstream dump;
+  if (!args.dump_samples.empty()) {
+    dump.open(args.dump_samples);
+    if (!dump) throw crisp::Error("--dump-samples", "cannot write '" + args.dump_samples + "'", "a writable path");
+  }
+
   llama_log_set(quiet_log, nullptr);
   llama_backend_init();
-  SparsePrefillHook hook(args.ngl > 0);
+  std::unique_ptr<SparsePrefillHook> hook;  // a dry run computes no attention
+  if (!args.dry_run) hook = std::make_unique<SparsePrefillHook>(args.ngl > 0);
   LlamaRunner runner(args);
 
   json task_names = json::array();
@@ -410,9 +436,12 @@ void run(const Args& given, bool niah_defaults) {
                          {"ubatch", args.ubatch > 0 ? json(args.ubatch) : json("llama.cpp default")},
                          {"gpu_layers", args.ngl},
                          {"decoding", "greedy"}};
-  ce::FrontierFile file = ce::FrontierFile::open(args.json_path, settings, "--json");
-  for (const ce::FrontierPoint& p : points) file.add_point(p);
-  file.begin_run();
+  std::optional<ce::FrontierFile> file;
+  if (!args.dry_run) {
+    file.emplace(ce::FrontierFile::open(args.json_path, settings, "--json"));
+    for (const ce::FrontierPoint& p : points) file->add_point(p);
+    file->begin_run();
+  }
 
   const ce::PromptTokenCounter count = [&runner](const std::string& user, const std::string& prefix) {
     return static_cast<int64_t>(runner.tokenize(runner.prompt_text(user, prefix)).size());
@@ -434,10 +463,10 @@ void run(const Args& given, bool niah_defaults) {
           const std::string id = ce::niah_sample_id(task, length, depth, seed);
           std::vector<const ce::FrontierPoint*> pending;
           for (const ce::FrontierPoint& p : points) {
-            if (!file.has(p.name, id)) pending.push_back(&p);
+            if (file && !file->has(p.name, id)) pending.push_back(&p);
           }
-          if (pending.empty()) continue;
-          if (args.stop_after > 0 && computed >= args.stop_after) {
+          if (pending.empty() && !dump.is_open()) continue;
+          if (!pending.empty() && args.stop_after > 0 && computed >= args.stop_after) {
             complete = false;
             break;
           }
@@ -449,14 +478,26 @@ void run(const Args& given, bool niah_defaults) {
           const int64_t max_new = args.max_new_tokens > 0 ? args.max_new_tokens : ce::default_max_new_tokens(task);
           spec.reserved_tokens = max_new;
           const ce::NiahSample sample = ce::make_niah_sample(spec, count, prose);
-          const std::vector<llama_token> prompt = runner.tokenize(runner.prompt_text(sample.user_message, sample.answer_prefix));
+          const std::string chat_prompt = runner.prompt_text(sample.user_message, sample.answer_prefix);
+          const std::vector<llama_token> prompt = runner.tokenize(chat_prompt);
+          if (dump.is_open()) {  // all another runner needs to answer the sample and score it
+            const json line = {{"id", id}, {"task", ce::to_string(task)}, {"length", length}, {"depth", depth},
+                               {"seed", seed}, {"needle_depth", sample.needle_depth}, {"expected", sample.expected},
+                               {"scoring", ce::to_string(sample.scoring)}, {"max_new_tokens", max_new},
+                               {"answer_prefix", sample.answer_prefix}, {"prompt_ids", prompt},
+                               {"prompt_text", sample.user_message}, {"chat_prompt", chat_prompt},
+                               {"beyond_training", length > runner.n_ctx_train()}};
+            dump << line.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+            if (!dump) throw crisp::Error("--dump-samples", "cannot write '" + args.dump_samples + "'", "a writable path");
+          }
+          if (pending.empty()) continue;
           std::vector<float> dense_logits;  // dense's first-token logits, when dense ran in this run
           for (const ce::FrontierPoint* p : pending) {
             std::vector<std::string> knobs;
             for (const auto& [key, value] : p->knobs) knobs.push_back(key + "=" + value);
             const bool reference = p->name == kLlamaFa || p->name == kLlamaNoFa;
-            hook.set(reference ? "off" : p->policy, knobs);
-            const LlamaRunner::Answer a = runner.answer(sample, prompt, max_new, p->name != kLlamaNoFa, hook);
+            hook->set(reference ? "off" : p->policy, knobs);
+            const LlamaRunner::Answer a = runner.answer(sample, prompt, max_new, p->name != kLlamaNoFa, *hook);
             json density = nullptr;
             if (reference) {
               density = 1.0;  // llama.cpp's kernels compute every causal block
@@ -478,7 +519,7 @@ void run(const Args& given, bool niah_defaults) {
               for (size_t v = 0; v < dense_logits.size(); ++v) diff = std::max(diff, std::abs(dense_logits[v] - a.first_logits[v]));
               logit_diff = diff;
             }
-            file.record(p->name, id,
+            file->record(p->name, id,
                         {{"task", ce::to_string(task)}, {"length", length}, {"depth", depth}, {"seed", seed},
                          {"prompt_tokens", prompt.size()}, {"correct", correct}, {"density", density},
                          {"crisp_ops", optional_json(a.stats.handled)}, {"fallback_ops", optional_json(a.stats.declined)},
@@ -496,22 +537,30 @@ void run(const Args& given, bool niah_defaults) {
             }
           }
           ++computed;
-          file.checkpoint();
+          file->checkpoint();
         }
       }
     }
   }
-  file.finish(complete);
-  print_table(file.document());
+  if (!file) {
+    std::printf("dry run: %lld samples written to %s, no prompt run\n", static_cast<long long>(index), args.dump_samples.c_str());
+    return;
+  }
+  file->finish(complete);
+  print_table(file->document());
   std::printf("%s: %lld samples computed in this run, %lld (point, sample) pairs found done before it; %s\n",
               args.json_path.c_str(), static_cast<long long>(computed),
-              static_cast<long long>(file.document().at("runs").back().at("found").get<int64_t>()),
+              static_cast<long long>(file->document().at("runs").back().at("found").get<int64_t>()),
               complete ? "complete" : "INCOMPLETE (re-run to resume)");
 }
 
 void add_options(CLI::App* sub, Args* a) {
   sub->add_option("--model", a->model_path, "GGUF model file (any model llama.cpp loads)")->required();
-  sub->add_option("--json", a->json_path, "The frontier JSON: written after each sample; resumed when it exists")->required();
+  sub->add_option("--json", a->json_path, "The frontier JSON: written after each sample; resumed when it exists (required unless --dry-run)");
+  sub->add_option("--dump-samples", a->dump_samples,
+                  "Also write every sample as one JSON line here (id, task, length, depth, seed, prompt_ids, prompt_text, "
+                  "answer_prefix, chat_prompt, expected, scoring, max_new_tokens; the input of eval/hf_niah.py)");
+  sub->add_flag("--dry-run", a->dry_run, "With --dump-samples: generate and tokenise the samples only (no prompt runs)");
   sub->add_option("--ngl", a->ngl, "Layers offloaded to the GPU (llama.cpp's -ngl; a CUDA build)")->capture_default_str()->check(CLI::Range(0, 1000));
   sub->add_option("--prompt-style", a->prompt_style,
                   "chat (the GGUF's chat template), completion (user message, newline, answer prefix: base models) "
@@ -550,6 +599,273 @@ void add_options(CLI::App* sub, Args* a) {
   sub->add_flag("--quiet", a->quiet, "No progress lines on stderr");
 }
 
+// ---------------------------------------------------------------- capture
+
+struct CaptureArgs {
+  std::string model_path;
+  std::string prompt_file;
+  int64_t qa_index = -1;
+  std::string qa_file;  // empty: the default (default_paths.h)
+  std::string split, splits_path;
+  int64_t max_tokens = 0;  // 0: the whole prompt
+  bool chat = false;
+  std::string layers = "all";
+  std::string out_dir;
+  int threads = 0;
+  int ngl = 0;
+  std::string cache_type_k = "f16", cache_type_v = "f16";
+  bool with_output = false;
+  bool quiet = false;
+};
+
+// One prompt to capture into one directory.
+struct CaptureItem {
+  std::string text;
+  json source;
+  int64_t max_tokens = 0;
+  std::string out_dir;
+};
+
+// The KV cache types a capture may run with (the captured K/V are the cache's values).
+const std::map<std::string, ggml_type>& cache_types() {
+  static const std::map<std::string, ggml_type> types{
+      {"f32", GGML_TYPE_F32}, {"f16", GGML_TYPE_F16}, {"bf16", GGML_TYPE_BF16}, {"q8_0", GGML_TYPE_Q8_0}};
+  return types;
+}
+
+// "all" or a comma-separated list of layer indices in [0, n_layer): wanted[l].
+std::vector<char> parse_layers(const std::string& text, int64_t n_layer) {
+  std::vector<char> wanted(static_cast<size_t>(n_layer), text == "all" ? 1 : 0);
+  if (text == "all") return wanted;
+  const std::string expected = "'all' or comma-separated layer indices in [0, " + std::to_string(n_layer) + ")";
+  std::stringstream items(text);
+  std::string item;
+  bool any = false;
+  while (std::getline(items, item, ',')) {
+    std::size_t used = 0;
+    long long value = -1;
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || value < 0 || value >= n_layer) {
+      throw crisp::Error("--layers", "'" + item + "' is not a layer of this model", expected);
+    }
+    wanted[static_cast<size_t>(value)] = 1;
+    any = true;
+  }
+  if (!any) throw crisp::Error("--layers", "is empty", expected);
+  return wanted;
+}
+
+std::string qa_prompt(const json& prompts, int64_t index, const std::string& option, const std::string& path) {
+  if (!prompts.is_array() || index < 0 || index >= static_cast<int64_t>(prompts.size()) || !prompts[index].is_object() ||
+      !prompts[index].contains("prompt") || !prompts[index]["prompt"].is_string()) {
+    throw crisp::Error(option, std::to_string(index) + " is not a prompt of " + path,
+                       "an index in [0, " + std::to_string(prompts.is_array() ? prompts.size() : 0) + ") of a list of {prompt, answer}");
+  }
+  return prompts[index]["prompt"].get<std::string>();
+}
+
+std::vector<CaptureItem> capture_items(const CaptureArgs& args) {
+  namespace fs = std::filesystem;
+  std::vector<CaptureItem> items;
+  if (!args.prompt_file.empty()) {
+    items.push_back({crisp_cli::read_text_file("--prompt-file", args.prompt_file), {{"kind", "prompt_file"}, {"path", args.prompt_file}},
+                     args.max_tokens, args.out_dir});
+    if (items.back().text.empty()) throw crisp::Error("--prompt-file", "is empty", "some text");
+    return items;
+  }
+  const std::string qa_path = crisp_cli::data_file_or_default("--qa-file", args.qa_file, crisp_cli::kQaPromptsFile);
+  json prompts;
+  try {
+    prompts = json::parse(crisp_cli::read_text_file("--qa-file", qa_path));
+  } catch (const json::exception& e) {
+    throw crisp::Error("--qa-file", std::string("is not valid JSON: ") + e.what(), "a JSON list of {prompt, answer}");
+  }
+  auto add = [&](int64_t index, int64_t max_tokens, const std::string& out, const std::string& option) {
+    items.push_back({qa_prompt(prompts, index, option, qa_path), {{"kind", "qa_prompt"}, {"path", qa_path}, {"index", index}},
+                     max_tokens, out});
+  };
+  if (!args.split.empty()) {
+    const ce::EvalSplits splits = load_eval_splits(args.splits_path);
+    for (const ce::CaptureItem& c : splits.capture_split(args.split, "--split")) {
+      const std::string name = "qa" + std::to_string(c.qa_index) + "_" + std::to_string(c.max_tokens);
+      add(c.qa_index, c.max_tokens, (fs::path(args.out_dir) / name).string(), "--split " + args.split);
+    }
+  } else {
+    add(args.qa_index, args.max_tokens, args.out_dir, "--qa-index");
+  }
+  return items;
+}
+
+// crisp's sparse prefill off on every backend that carries the hook: the capture is llama.cpp's own
+// dense attention (the model's maps). A build without the hook computes that already.
+void sparse_prefill_off() {
+  for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+    ggml_backend_reg_t reg = ggml_backend_reg_get(i);
+    auto set = reinterpret_cast<SetFn>(ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_sparse_prefill"));
+    char error[512] = "";
+    if (set != nullptr && !set("off", nullptr, 0, error, sizeof error)) {
+      throw crisp::Error("llama.cpp", std::string("backend ") + ggml_backend_reg_name(reg) + " refused to turn sparse prefill off: " + error);
+    }
+  }
+}
+
+std::string model_meta(const llama_model* model, const char* key) {
+  char value[256] = "";
+  return llama_model_meta_val_str(model, key, value, sizeof value) >= 0 ? value : "";
+}
+
+void capture_one(const CaptureArgs& args, const LlamaRunner& runner, const CaptureItem& item) {
+  namespace fs = std::filesystem;
+  const llama_model* model = runner.model();
+  std::vector<llama_token> tokens = runner.tokenize(runner.prompt_text(item.text, ""), args.chat);
+  const int64_t prompt_tokens = static_cast<int64_t>(tokens.size());
+  // A slice is the prompt's first max_tokens tokens: real prose, the question at the end cut off.
+  if (item.max_tokens > 0 && prompt_tokens > item.max_tokens) tokens.resize(static_cast<size_t>(item.max_tokens));
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) throw crisp::Error("--prompt-file", "encodes to no tokens", "some text");
+  const int64_t n_layer = llama_model_n_layer(model), n_ctx_train = llama_model_n_ctx_train(model);
+  if (n > n_ctx_train) {
+    std::fprintf(stderr, "%s: warning: %lld tokens, past the model's trained context of %lld: the maps are not those of the "
+                 "trained model (see --max-tokens)\n", kTool, static_cast<long long>(n), static_cast<long long>(n_ctx_train));
+  }
+  const std::vector<char> wanted = parse_layers(args.layers, n_layer);
+  std::error_code ec;
+  fs::create_directories(item.out_dir, ec);
+  if (ec || !fs::is_directory(item.out_dir)) throw crisp::Error("--out", "cannot create directory '" + item.out_dir + "'", "a writable directory");
+
+  crisp_llama::AttentionCapture capture(item.out_dir, wanted, n, args.with_output);
+  llama_context_params params = llama_context_default_params();
+  params.n_ctx = static_cast<uint32_t>(n);
+  params.n_batch = params.n_ubatch = static_cast<uint32_t>(n);  // one ubatch: each layer's op holds every query
+  params.n_seq_max = 1;
+  params.flash_attn = true;  // the op the callback observes
+  params.swa_full = true;    // a sliding-window layer's cache holds the whole prompt too
+  params.no_perf = true;
+  params.type_k = cache_types().at(args.cache_type_k);
+  params.type_v = cache_types().at(args.cache_type_v);
+  params.cb_eval = crisp_llama::AttentionCapture::callback;
+  params.cb_eval_user_data = &capture;
+  if (args.threads > 0) params.n_threads = params.n_threads_batch = args.threads;
+  std::unique_ptr<llama_context, void (*)(llama_context*)> context(llama_init_from_model(const_cast<llama_model*>(model), params), llama_free);
+  if (context == nullptr) throw crisp::Error("context", "llama.cpp cannot make a context of " + std::to_string(n) + " tokens", "less memory");
+  if (!args.quiet) std::fprintf(stderr, "%s: prefill of %lld tokens into %s\n", kTool, static_cast<long long>(n), item.out_dir.c_str());
+  const int32_t status = llama_decode(context.get(), llama_batch_get_one(tokens.data(), static_cast<int32_t>(n)));
+  capture.finish(n_layer);  // the callback's refusal first: it is why a decode stopped
+  if (status != 0) throw crisp::Error("llama_decode", "returned " + std::to_string(status) + " on the prompt of " + std::to_string(n) + " tokens", "0");
+
+  json files = json::array(), layers = json::array(), window_layers = json::array();
+  std::optional<int64_t> window;
+  int64_t head_dim = 0;
+  for (const auto& [l, c] : capture.layers()) {
+    if (c.window) {
+      window_layers.push_back(l);
+      window = c.window;
+    }
+    if (!c.written) continue;
+    head_dim = c.head_dim;
+    layers.push_back(l);
+    json f = {{"layer", l}, {"q", crisp_llama::AttentionCapture::layer_file(l, "q")}, {"k", crisp_llama::AttentionCapture::layer_file(l, "k")},
+              {"v", crisp_llama::AttentionCapture::layer_file(l, "v")}, {"kq_scale", c.kq_scale},
+              {"window", c.window ? json(*c.window) : json(nullptr)}};
+    if (args.with_output) f["o"] = crisp_llama::AttentionCapture::layer_file(l, "o");
+    files.push_back(f);
+  }
+  const json meta = {
+      {"model", args.model_path},
+      {"engine", "llama.cpp"},
+      {"architecture", model_meta(model, "general.architecture")},
+      {"source", item.source},
+      {"chat_template", args.chat},
+      {"prompt_tokens", prompt_tokens},
+      {"tokens", n},
+      {"sliced", n < prompt_tokens},
+      {"n_layer", n_layer},
+      {"n_head", llama_model_n_head(model)},
+      {"n_head_kv", llama_model_n_head_kv(model)},
+      {"head_dim", head_dim},
+      {"n_ctx_train", n_ctx_train},
+      {"beyond_training", n > n_ctx_train},
+      {"attention", "dense"},
+      {"gpu_layers", args.ngl},
+      {"cache_type_k", args.cache_type_k},
+      {"cache_type_v", args.cache_type_v},
+      // Layers whose mask lets a query see only the last `size` keys (Gemma 3's local layers); the
+      // captured q/k/v are those of the model, the mask is not in the .npy files.
+      {"sliding_window", window ? json{{"size", *window}, {"layers", window_layers}} : json(nullptr)},
+      {"layers", layers},
+      {"files", files},
+      {"token_ids", tokens},
+  };
+  // Paths given on the command line need not be UTF-8: U+FFFD in the JSON rather than an abort.
+  crisp_cli::write_text_file("--out", (fs::path(item.out_dir) / "meta.json").string(),
+                             meta.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
+  std::printf("capture: %lld tokens (of %lld), %zu layers of Q [%lld, %lld, %lld] and K/V [%lld, %lld, %lld] -> %s\n",
+              static_cast<long long>(n), static_cast<long long>(prompt_tokens), layers.size(),
+              static_cast<long long>(llama_model_n_head(model)), static_cast<long long>(n), static_cast<long long>(head_dim),
+              static_cast<long long>(llama_model_n_head_kv(model)), static_cast<long long>(n), static_cast<long long>(head_dim),
+              item.out_dir.c_str());
+}
+
+void run_capture(const CaptureArgs& args) {
+  if (!std::filesystem::exists(args.model_path)) throw crisp::Error("--model", "'" + args.model_path + "' does not exist", "a GGUF file");
+  const std::vector<CaptureItem> items = capture_items(args);
+  llama_log_set(quiet_log, nullptr);
+  llama_backend_init();
+  sparse_prefill_off();
+  Args model_args;
+  model_args.model_path = args.model_path;
+  model_args.ngl = args.ngl;
+  model_args.prompt_style = args.chat ? "chat" : "completion";
+  const LlamaRunner runner(model_args);
+  for (const CaptureItem& item : items) {
+    if (!args.split.empty() && std::filesystem::exists(std::filesystem::path(item.out_dir) / "meta.json")) {
+      std::printf("capture: %s exists, kept\n", item.out_dir.c_str());
+      continue;
+    }
+    capture_one(args, runner, item);
+  }
+}
+
+void add_capture_options(CLI::App* sub, CaptureArgs* a) {
+  sub->add_option("--model", a->model_path, "GGUF model file (any model llama.cpp loads)")->required();
+  CLI::Option* prompt_file = sub->add_option("--prompt-file", a->prompt_file, "Read the prompt from this file");
+  CLI::Option* qa_index = sub->add_option("--qa-index", a->qa_index, "Use prompt I of --qa-file (the project's real long-context QA prompts)")
+                              ->check(CLI::NonNegativeNumber);
+  CLI::Option* split = sub->add_option("--split", a->split,
+                                       "Capture every prompt of this captures split of eval/splits.json (tuning or test), "
+                                       "each into OUT/qa<I>_<N> (one that exists is kept)")
+                           ->check(CLI::IsMember({"tuning", "test"}));
+  prompt_file->excludes(qa_index)->excludes(split);
+  qa_index->excludes(split);
+  sub->add_option("--qa-file", a->qa_file, "The QA prompts (JSON list of {prompt, answer})")
+      ->default_str(std::string(crisp_cli::kDataDirRule) + " (<file>: " + crisp_cli::kQaPromptsFile + ")");
+  sub->add_option("--splits", a->splits_path, "The splits file of --split (default: eval/splits.json of the source tree)");
+  sub->add_option("--max-tokens", a->max_tokens, "Keep only the prompt's first N tokens (a slice of real prose; 0 = the whole prompt)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
+      ->excludes(split);
+  sub->add_flag("--chat", a->chat, "Wrap the prompt as a user message in the model's chat template");
+  sub->add_option("--layers", a->layers, "Layers to dump: 'all' or a list such as 0,5,29")->capture_default_str();
+  sub->add_option("--out", a->out_dir, "Output directory (created if missing)")->required();
+  sub->add_option("--threads", a->threads, "CPU threads (default llama.cpp's)")->check(CLI::Range(1, 1024));
+  sub->add_option("--ngl", a->ngl, "Layers offloaded to the GPU (llama.cpp's -ngl; a CUDA build)")->capture_default_str()->check(CLI::Range(0, 1000));
+  std::vector<std::string> type_names;
+  for (const auto& [name, type] : cache_types()) type_names.push_back(name);
+  sub->add_option("--cache-type-k", a->cache_type_k, "KV cache type of K (the captured K are its values)")->capture_default_str()->check(CLI::IsMember(type_names));
+  sub->add_option("--cache-type-v", a->cache_type_v, "KV cache type of V")->capture_default_str()->check(CLI::IsMember(type_names));
+  sub->add_flag("--with-output", a->with_output, "Also write layer_LL_o.npy [n_head, n, d]: llama.cpp's attention output of the layer");
+  sub->add_flag("--quiet", a->quiet, "No progress lines on stderr");
+  sub->callback([a, prompt_file, qa_index, split] {
+    if (prompt_file->count() == 0 && qa_index->count() == 0 && split->count() == 0) {
+      throw crisp::Error("--prompt-file", "missing", "--prompt-file FILE, --qa-index I or --split tuning|test");
+    }
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -560,10 +876,16 @@ int main(int argc, char** argv) {
   add_options(niah, &niah_args);
   CLI::App* pareto = app.add_subcommand("pareto", "The frontier of knob sweeps (--sweep) against density, as `crisp eval pareto`");
   add_options(pareto, &pareto_args);
+  CaptureArgs capture_args;
+  CLI::App* capture = app.add_subcommand(
+      "capture", "Run a prompt through the model (llama.cpp's dense prefill) and dump the post-RoPE Q/K/V of chosen layers as "
+                 ".npy [heads, n, d] float32, with meta.json (input of `crisp eval fidelity` and `crisp eval pareto --captures`)");
+  add_capture_options(capture, &capture_args);
   try {
     app.parse(argc, argv);
     if (niah->parsed()) run(niah_args, true);
     if (pareto->parsed()) run(pareto_args, false);
+    if (capture->parsed()) run_capture(capture_args);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::fprintf(stderr, "%s: error: %s\n", kTool, e.what());

@@ -13,7 +13,6 @@
 
 #include "crisp/npy.h"
 #include "eval/fidelity.h"
-#include "eval/niah_run.h"
 
 namespace crisp {
 namespace eval {
@@ -38,68 +37,6 @@ void put_dense_first(std::vector<FrontierPoint>& points) {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-int64_t run_niah_frontier(const model::LlamaModel& model, const model::Tokenizer& tokenizer,
-                          const NiahFrontierSettings& settings, std::vector<FrontierPoint> points,
-                          const std::vector<std::string>& prose, FrontierFile& file, const FrontierHooks& hooks) {
-  put_dense_first(points);
-  for (const FrontierPoint& p : points) file.add_point(p);
-  file.begin_run();
-  const NiahPrompter prompter(tokenizer);
-  const NiahGridSettings& grid = settings.samples;
-  const int64_t total = static_cast<int64_t>(grid.lengths.size() * grid.tasks.size() * grid.depths.size()) * grid.seeds;
-  int64_t index = 0, computed_samples = 0;
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t length : grid.lengths) {
-    const RopeChoice rope = choose_rope(grid.rope_scaling, length, model.hparams().n_ctx_train);
-    for (NiahTask task : grid.tasks) {
-      for (double depth : grid.depths) {
-        for (int64_t replicate = 0; replicate < grid.seeds; ++replicate) {
-          ++index;
-          const uint64_t seed = grid.seed + static_cast<uint64_t>(replicate);
-          const std::string id = niah_sample_id(task, length, depth, seed);
-          std::vector<const FrontierPoint*> pending;
-          for (const FrontierPoint& p : points) {
-            if (!file.has(p.name, id)) pending.push_back(&p);
-          }
-          if (pending.empty()) continue;
-          if (settings.stop_after > 0 && computed_samples >= settings.stop_after) {
-            file.finish(false);
-            return computed_samples;
-          }
-          NiahSpec spec;
-          spec.task = task;
-          spec.length = length;
-          spec.depth = depth;
-          spec.seed = seed;
-          const PreparedSample sample = prompter.prepare(spec, prose, grid.answer_prefix, grid.max_new_tokens);
-          for (const FrontierPoint* p : pending) {
-            model::RunOptions run = grid.run;
-            run.attention = p->config;
-            run.rope = rope.scaling;
-            const NiahOutcome o = answer_niah(model, tokenizer, sample, run);
-            file.record(p->name, id,
-                        {{"task", to_string(task)}, {"length", length}, {"depth", depth}, {"seed", seed},
-                         {"prompt_tokens", sample.prompt.size()}, {"correct", o.correct}, {"density", o.density},
-                         {"ttft_s", o.ttft_s}, {"output", o.output}, {"stop", o.stop},
-                         {"beyond_training", rope.beyond_training}});
-            if (hooks.progress) {
-              char line[512];
-              std::snprintf(line, sizeof line, "[%lld/%lld] %s %-40s %s density %.3f (%.0f s)",
-                            static_cast<long long>(index), static_cast<long long>(total), id.c_str(), p->name.c_str(),
-                            o.correct ? "ok  " : "MISS", o.density, seconds_since(start));
-              hooks.progress(line);
-            }
-          }
-          ++computed_samples;
-          file.checkpoint();
-        }
-      }
-    }
-  }
-  file.finish(true);
-  return computed_samples;
 }
 
 std::vector<double> block_masses(const TensorView& q, const TensorView& k, int64_t head, int block_size, double scale) {
@@ -171,10 +108,10 @@ int64_t run_capture_frontier(const CaptureFrontierSettings& settings, std::vecto
     try {
       meta = json::parse(meta_in);
     } catch (const json::exception& e) {
-      throw Error("--captures", "cannot read '" + meta_path + "' (" + e.what() + ")", "a directory of 'crisp capture'");
+      throw Error("--captures", "cannot read '" + meta_path + "' (" + e.what() + ")", "a directory of 'crisp-llama-eval capture'");
     }
     if (!meta.contains("files") || !meta["files"].is_array()) {
-      throw Error("--captures", "'" + meta_path + "' lacks files", "meta.json of 'crisp capture'");
+      throw Error("--captures", "'" + meta_path + "' lacks files", "meta.json of 'crisp-llama-eval capture'");
     }
     for (const json& f : meta["files"]) {
       const int64_t layer = f.at("layer").get<int64_t>();

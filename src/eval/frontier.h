@@ -1,12 +1,11 @@
 // src/eval/frontier.h — the frontier harness of `crisp eval pareto`: every point of a knob sweep
-// (src/eval/sweep.h) measured against density, on a real model (NIAH accuracy and the share of
-// dense's correct answers kept) or on captured real attention (recall, recall of the top-mass blocks,
-// output error). Results live in one JSON document that is RESUMABLE: a (point, sample) pair
-// already in it is not computed again, so a run can be stopped and re-run, or a sweep extended.
+// (src/eval/sweep.h) measured against density on captured real attention (recall, recall of the
+// top-mass blocks, output error). Results live in one JSON document that is RESUMABLE: a
+// (point, unit) pair already in it is not computed again, so a run can be stopped and re-run, or a
+// sweep extended. (The NIAH frontier on a real model is crisp-llama-eval's, on the same FrontierFile.)
 //
 //   FrontierFile file = FrontierFile::open(path, settings, "--json");   // resumes if it exists
-//   run_niah_frontier(model, tokenizer, niah, points, prose, file, hooks);
-//   file.summarize(); file.save();
+//   run_capture_frontier(settings, points, file, hooks);
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -18,11 +17,7 @@
 
 #include "crisp/crisp.h"
 #include "eval/frontier_file.h"
-#include "eval/niah.h"
-#include "eval/niah_grid.h"
 #include "eval/sweep.h"
-#include "model/llama.h"
-#include "model/tokenizer.h"
 
 namespace crisp {
 namespace eval {
@@ -32,25 +27,12 @@ namespace eval {
 void put_dense_first(std::vector<FrontierPoint>& points);
 double seconds_since(std::chrono::steady_clock::time_point start);
 
-// NIAH frontier: the samples of a NIAH grid (tasks x lengths x depths x seeds; dry_run ignored),
-// every point on each.
-struct NiahFrontierSettings {
-  NiahGridSettings samples;
-  int64_t stop_after = 0;  // > 0: stop after this many samples computed in this run
-};
-
 struct FrontierHooks {
   std::function<void(const std::string& line)> progress;  // one line per computed pair
 };
 
-// Runs every pending (point, sample) pair; the dense point (added if absent) runs first on each
-// sample. The file is saved after each sample. Returns the samples computed in this run.
-int64_t run_niah_frontier(const model::LlamaModel& model, const model::Tokenizer& tokenizer,
-                          const NiahFrontierSettings& settings, std::vector<FrontierPoint> points,
-                          const std::vector<std::string>& prose, FrontierFile& file, const FrontierHooks& hooks);
-
-// Captures frontier: every layer of every capture directory (`crisp capture`), every point; a unit
-// is one (capture, layer). `top_mass_share` defines the top-mass blocks (see top_mass_recall).
+// Captures frontier: every layer of every capture directory (`crisp-llama-eval capture`), every
+// point; a unit is one (capture, layer). `top_mass_share` defines the top-mass blocks (see top_mass_recall).
 struct CaptureFrontierSettings {
   std::vector<std::string> captures;
   double top_mass_share = 0.9;

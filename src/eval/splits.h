@@ -25,8 +25,8 @@ struct NiahSplit {
 };
 
 struct CaptureItem {
-  int64_t qa_index = 0;    // the QA prompt captured (`crisp capture --qa-index`)
-  int64_t max_tokens = 0;  // its length cap (`crisp capture --max-tokens`)
+  int64_t qa_index = 0;    // the QA prompt captured (`crisp-llama-eval capture --qa-index`)
+  int64_t max_tokens = 0;  // its length cap (`crisp-llama-eval capture --max-tokens`)
 };
 
 struct EvalSplits {

@@ -10,7 +10,8 @@
 #      the model's own tokens within the budget, density, TTFT, output; per row the summary;
 #   3. resuming: a run stopped after one sample (--stop-after 1) is INCOMPLETE, the re-run computes
 #      only the other sample and completes; other settings on the same JSON are refused;
-#   4. bad input exits 2 with an error naming the argument.
+#   4. bad input exits 2 with an error naming the argument;
+#   5. --dry-run --dump-samples writes the same samples, their prompt ids those the run fed.
 # Usage: tests/llama_cpp/test_llama_eval.sh [BIN_DIR [MODEL]] (defaults as test_llama_cpp.sh).
 # Exits 77 (CTest's skip) when the llama.cpp build or the model is absent.
 set -uo pipefail
@@ -88,6 +89,27 @@ for b in bad:
 sys.exit(1 if bad else 0)
 EOF
 
+# 5. --dry-run --dump-samples: the same samples, one line each, their prompt ids those the run fed
+"$tool" niah --model "$model" --lengths "$length" --tasks passkey --depths 0.5 --seed 1000 --seeds 2 --dry-run \
+  --dump-samples "$work/samples.jsonl" --quiet > "$work/dump.out" 2> "$work/dump.err" || fail "the dry run exited $?: $(tail -n 3 "$work/dump.err")"
+python3 - "$work/samples.jsonl" "$work/eval.json" <<'EOF2' || fail "the dump checks (above)"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+units = {p["name"]: p["units"] for p in json.load(open(sys.argv[2]))["points"]}["dense"]
+bad = []
+if sorted(l["id"] for l in lines) != sorted(units):
+    bad.append("dumped ids %s, run ids %s" % ([l["id"] for l in lines], list(units)))
+for l in lines:
+    missing = [k for k in ("id", "task", "prompt_ids", "expected", "scoring", "max_new_tokens", "chat_prompt") if k not in l]
+    if missing:
+        bad.append("%s lacks %s" % (l.get("id"), missing))
+    elif l["id"] in units and len(l["prompt_ids"]) != units[l["id"]]["prompt_tokens"]:
+        bad.append("%s: %d prompt ids, the run fed %d" % (l["id"], len(l["prompt_ids"]), units[l["id"]]["prompt_tokens"]))
+for b in bad:
+    print("FAIL:", b)
+sys.exit(1 if bad else 0)
+EOF2
+
 # 3 (second half): other settings on the same JSON
 if "$tool" "${args[@]/passkey/niah_single}" > "$work/other.out" 2> "$work/other.err"; then
   fail "a run with other settings on the same --json succeeded"
@@ -111,6 +133,7 @@ expect_error "--model" niah --model "$work/none.gguf" --json "$work/b.json"
 expect_error "--prompt-style" niah --model "$model" --json "$work/b.json" --prompt-style base
 expect_error "--sweep" pareto --model "$model" --json "$work/b.json"
 expect_error "--tasks" niah --model "$model" --json "$work/b.json" --tasks nope
+expect_error "--dump-samples" niah --model "$model" --dry-run
 
 if [ "$failures" -gt 0 ]; then
   echo "$failures check(s) failed"
