@@ -136,9 +136,9 @@ if command -v ccache >/dev/null 2>&1; then
   cmake_args+=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 if [ "$cuda" -eq 1 ]; then
-  # crisp's CUDA backend for the hook in ggml-cuda. ggml's kernels for sm_90 (its mma
-  # flash-attention kernel has device code for __CUDA_ARCH__ 900 only in a plain 90 build), crisp's
-  # own targets for 90a (its Hopper kernel needs wgmma); the hook's source is ggml-cuda's (90).
+  # crisp's CUDA backend for the hook in ggml-cuda. ggml's kernels for sm_90 (they use no
+  # 90a-only instruction; 90 and 90a compile its mma flash-attention kernel alike), crisp's own
+  # targets for 90a (its Hopper kernel needs wgmma); the hook's source is ggml-cuda's (90).
   cmake_args+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCRISP_CUDA_ARCHITECTURES=90a -DCRISP_CUDA=ON)
 else
   cmake_args+=(-DGGML_CUDA=OFF -DCRISP_CUDA=OFF)

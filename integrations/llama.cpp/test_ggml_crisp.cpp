@@ -453,7 +453,11 @@ int main(int argc, char ** argv) {
   Case alibi;
   alibi.max_bias = 8.0f;
   falls_back("ALiBi", alibi);
+  // llama.cpp's CUDA kernel has softcap only at head dims 128 and 256 (Gemma 2's; its other head
+  // dims are a stub that traps, and its supports_op does not say so): the case uses 128, a shape
+  // llama.cpp computes on both backends.
   Case softcap;
+  softcap.dim = 128;
   softcap.softcap = 30.0f;
   falls_back("softcap", softcap);
   Case non_causal;
