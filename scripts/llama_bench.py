@@ -7,7 +7,8 @@
 For each model, prompt length and policy (`fa`: llama.cpp's flash attention, no sparse prefill;
 `dense`, `crisp`, `flexprefill`, `minference`: `--sparse-prefill POLICY`), one llama-bench
 process measures prompt processing of random tokens (`-p N -n 0 -fa 1`, `-b N`, `-ub
-min(N, --max-ubatch)`, `-ngl` as given, `-r` reps after llama-bench's warm-up pass of the same
+min(N, --max-ubatch)`, halved while llama.cpp's F32 KQ mask of the last ubatch would pass INT_MAX
+bytes, which aborts its CUDA build: 8192 at N = 32768), `-ngl` as given, `-r` reps after llama-bench's warm-up pass of the same
 prompt; above --full-warmup-max tokens a 512-token test in the same process warms it instead and
 its row is dropped). Then, unless --no-attn-time, llama-attn-time (built with llama.cpp by
 scripts/llama_cpp.sh) runs the same configuration once more with every graph node timed on its own
@@ -37,6 +38,14 @@ POLICIES = ("fa", "dense", "crisp", "flexprefill", "minference")
 # NOTE: the prompt of the short warm-up test that replaces llama-bench's full-prompt warm-up above
 # --full-warmup-max: long enough to load every kernel of prompt processing, short to be free.
 SHORT_WARMUP_TOKENS = 512
+# The pinned llama.cpp casts its F32 KQ mask (KV cells x the ubatch's rows) to F16 with a CUDA copy
+# that aborts on a tensor of more than INT_MAX bytes (GGML_ASSERT in ggml-cuda/cpy.cu), and its
+# flash-attention kernels form mask offsets in int: a ubatch is cut down to keep the mask under it.
+INT_MAX = 2**31 - 1
+# NOTE: llama.cpp's paddings in that version: KV cells to 256 with flash attention
+# (llama_kv_cache_unified::get_padding), the mask's rows to GGML_KQ_MASK_PAD = 64 (ggml.h).
+KV_CELL_PAD = 256
+KQ_MASK_ROW_PAD = 64
 
 
 def die(message: str) -> None:
@@ -105,6 +114,26 @@ def parse_args(argv):
     return args
 
 
+def padded(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def ubatch_for(n: int, max_ubatch: int) -> int:
+    """-ub for an n-token prompt: n up to max_ubatch, halved while the last ubatch's F32 KQ mask
+    (n cells, padded, by the ubatch's rows, padded) would pass INT_MAX bytes."""
+    ubatch = min(n, max_ubatch)
+    while ubatch > 1 and 4 * padded(n, KV_CELL_PAD) * padded(ubatch, KQ_MASK_ROW_PAD) > INT_MAX:
+        ubatch //= 2
+    return ubatch
+
+
+def failure_lines(stderr: str) -> str:
+    """What a failed run said: its lines naming an error or a failed assertion, else its last three."""
+    lines = [line.strip() for line in stderr.strip().splitlines()]
+    named = [line for line in lines if "error" in line.lower() or "failed" in line.lower()]
+    return " | ".join(named[-3:] or lines[-3:])
+
+
 def policy_flags(policy: str, settings: list[str]) -> list[str]:
     if policy == "fa":
         return []
@@ -133,7 +162,7 @@ def crisp_log(stderr: str) -> dict:
 
 
 def bench_row(args, model, path, policy, n, timeout):
-    ubatch = min(n, args.max_ubatch)
+    ubatch = ubatch_for(n, args.max_ubatch)
     short_warmup = n > args.full_warmup_max
     prompts = f"{SHORT_WARMUP_TOKENS},{n}" if short_warmup else str(n)
     cmd = [str(Path(args.bin) / "llama-bench"), "-m", path, "-p", prompts, "-n", "0", "-fa", "1",
@@ -158,7 +187,7 @@ def bench_row(args, model, path, policy, n, timeout):
     test = next((t for t in tests if t.get("n_prompt") == n), None)
     if rc != 0 or test is None:
         row["error"] = ("timed out (deadline)" if rc is None else f"llama-bench exited {rc}") + \
-            f": {' | '.join(err.strip().splitlines()[-3:])}"
+            f": {failure_lines(err)}"
         return row
     samples_ms = [ns / 1e6 for ns in test["samples_ns"]]
     row.update({
@@ -172,7 +201,7 @@ def bench_row(args, model, path, policy, n, timeout):
 
 
 def attn_time(args, path, policy, n, timeout):
-    ubatch = min(n, args.max_ubatch)
+    ubatch = ubatch_for(n, args.max_ubatch)
     cmd = [str(args.attn_tool), "-m", path, "--tokens", str(n), "--reps", "1", "-fa", "-ngl", str(args.ngl),
            "-b", str(n), "-ub", str(ubatch), "--warmup-tokens", str(min(n, SHORT_WARMUP_TOKENS))]
     if args.threads:
@@ -183,8 +212,8 @@ def attn_time(args, path, policy, n, timeout):
         result = json.loads(out)
         timed = result["runs"][0]
     except (json.JSONDecodeError, KeyError, IndexError):
-        tail = " | ".join(err.strip().splitlines()[-3:])
-        return {"attn_error": ("timed out (deadline)" if rc is None else f"llama-attn-time exited {rc}") + f": {tail}"}
+        return {"attn_error": ("timed out (deadline)" if rc is None else f"llama-attn-time exited {rc}") +
+                f": {failure_lines(err)}"}
     # llama-bench keeps llama.cpp's log quiet; llama-attn-time prints it, the hook's lines included.
     fields = {"attn_command": " ".join(cmd), "stats_available": result.get("stats_available"), **crisp_log(err)}
     for key in ("wall_ms", "attention_ms", "other_nodes_ms", "outside_nodes_ms", "attention_share", "attention_nodes",
@@ -243,7 +272,7 @@ def markdown(doc) -> str:
                 notes.replace("|", "/")))
         out.append("")
     out.append(f"llama-bench `-p N -n 0 -fa 1 -b N -ub min(N, {doc['max_ubatch']}) -ngl {doc['n_gpu_layers']} "
-               f"-r {doc['reps']}`; attention share: attention nodes / wall time of one llama-attn-time pass "
+               f"-r {doc['reps']}` (-ub halved while llama.cpp's F32 KQ mask would pass INT_MAX bytes); attention share: attention nodes / wall time of one llama-attn-time pass "
                "(nodes timed one by one); timing overhead: that pass's wall time / llama-bench's mean - 1.")
     return "\n".join(out) + "\n"
 
