@@ -25,13 +25,17 @@ namespace crisp_test {
 // Every test draws fresh random inputs from a seed derived from its own name (FNV-1a of
 // "Suite.Name" plus a salt), so the inputs differ between tests but a failure reproduces exactly.
 // Wrap the test body's checks in SCOPED_TRACE(seed_trace(seed)) so failures print the seed.
-// The crisp preset with the spec's v1 VS budget (the mean noise floor, no min_budget). The crafted
-// rule tests check that rule on hand-made inputs whatever the preset's current choice is; the
-// preset itself is checked by the oracle and property tests.
+// The crisp preset with the spec's v1 VS budget (the mean noise floor, no min_budget) and the
+// routing and PE knobs the crafted tests were written against (rho 2.2, gamma_pe 0.95, uniform
+// floor 0.5). The crafted rule tests check a rule on hand-made inputs whatever the preset's current
+// choice is; the preset itself is checked by the oracle and property tests.
 inline crisp::Config crisp_v1_config() {
   crisp::Config c = crisp::Config::from_preset("crisp");
   c.vs_floor = crisp::VsFloor::mean;
   c.min_budget = 0;
+  c.rho = 2.2;
+  c.pe_gamma = 0.95;
+  c.uniform_alpha = 0.5;
   return c;
 }
 
