@@ -255,6 +255,7 @@ void bind(DevicePlan::Impl& impl, void* memory) {
   // The bases are part of the batch shape: copied once, synchronously, here.
   CRISP_CUDA_CHECK(cudaMemcpy(base + o.seqs, impl.bases.data(),
                               impl.bases.size() * sizeof(layout::SequenceBases), cudaMemcpyHostToDevice));
+  cuda_detail::finish_setup_copies();
 }
 
 DevicePlan::Impl& need(const std::unique_ptr<DevicePlan::Impl>& impl) {

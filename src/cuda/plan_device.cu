@@ -306,6 +306,7 @@ class PlanWorkspace {
     // The histogram bins start at zero; each scan clears what it used.
     CRISP_CUDA_CHECK(cudaMemset(hist_count_, 0, slots_ * kSelectBins * sizeof(unsigned long long)));
     CRISP_CUDA_CHECK(cudaMemset(hist_mass_, 0, slots_ * kSelectBins * sizeof(double)));
+    finish_setup_copies();
   }
 
   Shape shape_;
