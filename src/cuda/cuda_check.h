@@ -37,17 +37,3 @@ namespace cuda_detail {
       ::crisp::cuda_detail::throw_cuda_error(crisp_cuda_status_, "launch of " kernel_name,   \
                                              __FILE__, __LINE__);                           \
   } while (0)
-
-namespace crisp {
-namespace cuda_detail {
-
-// Ends a sequence of synchronous set-up copies (cudaMemcpy / cudaMemset into freshly allocated
-// device memory that later kernels read on the caller's stream). A cudaMemcpy from pageable host
-// memory may return before its DMA lands, and cudaMemset is asynchronous; both are ordered on the
-// legacy default stream, which a cudaStreamNonBlocking stream (ggml's, for one) does not wait for.
-// Without this, a kernel on such a stream can read the memory's previous contents (the tables of
-// an earlier, larger shape the allocator handed out at the same address) and index out of bounds.
-inline void finish_setup_copies() { CRISP_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-}  // namespace cuda_detail
-}  // namespace crisp

@@ -16,6 +16,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_plan.h"
 #include "cuda/device_plan_internal.h"
+#include "cuda/setup_copies.h"
 #include "cuda/work_order.h"
 #include "plan/plan_layout.h"
 #include "plan/rules.h"

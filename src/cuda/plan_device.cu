@@ -32,6 +32,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_plan.h"
 #include "cuda/device_plan_internal.h"
+#include "cuda/setup_copies.h"
 #include "cuda/work_order.h"
 #include "cuda/plan_common.cuh"
 #include "cuda/plan_kernels.cuh"
