@@ -98,7 +98,9 @@ static int * pinned_verdict() {
 // n_past when the mask is bottom-right causal over a contiguous prefix, else -1: two kernels on
 // the op's stream, then the op's one synchronisation (a 4-byte copy the host must see before it
 // can choose between crisp and llama.cpp's kernel).
-static int64_t causal_prefix_on_device(ggml_backend_cuda_context & ctx, const ggml_tensor * mask, int64_t n_q) {
+static int64_t causal_prefix_on_device(ggml_backend_cuda_context & ctx, const ggml_tensor * dst) {
+  const ggml_tensor * mask = dst->src[3];
+  const int64_t n_q = dst->src[0]->ne[1];
   cudaStream_t stream = ctx.stream();
   const int64_t n_kv = mask->ne[0];
   ggml_cuda_pool_alloc<int> verdict(ctx.pool(), 1);
@@ -109,6 +111,7 @@ static int64_t causal_prefix_on_device(ggml_backend_cuda_context & ctx, const gg
   mask_cells_kernel<<<grid, kMaskThreads, 0, stream>>>(static_cast<const char *>(mask->data), mask->nb[1], n_kv, n_q,
                                                       verdict.get());
   CUDA_CHECK(cudaGetLastError());
+  sync_check(ctx, dst, "after the mask verdict kernels");
   int * host = pinned_verdict();
   CUDA_CHECK(cudaMemcpyAsync(host, verdict.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -303,8 +306,7 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
     return false;
   }
   sync_check(ctx, dst, "on entry to crisp's hook (a kernel of an earlier op, llama.cpp's: crisp's own ops end checked)");
-  const int64_t n_past = causal_prefix_on_device(ctx, dst->src[3], dst->src[0]->ne[1]);
-  sync_check(ctx, dst, "after the mask verdict kernels");
+  const int64_t n_past = causal_prefix_on_device(ctx, dst);
   if (n_past < 0) {
     decline(kMaskDeclineReason);
     return false;
