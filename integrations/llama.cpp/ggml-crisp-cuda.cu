@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <list>
@@ -27,6 +28,34 @@
 namespace {
 
 using namespace ggml_crisp;
+
+// ---------------------------------------------------------------- the debug check of every stage
+// CRISP_HOOK_SYNC_CHECK=1: the hook synchronises its stream and checks for a CUDA error on entry
+// (an earlier op's kernel) and after each of its stages, and aborts naming the stage and the op's
+// shape. Without it an illegal access of any asynchronous kernel surfaces at the hook's next
+// synchronisation (the mask verdict), far from its cause. Off by default: it costs a
+// synchronisation per stage.
+static bool sync_check_requested() {
+  static const bool requested = [] {
+    const char * value = std::getenv("CRISP_HOOK_SYNC_CHECK");
+    return value != nullptr && std::strcmp(value, "0") != 0 && value[0] != '\0';
+  }();
+  return requested;
+}
+
+static void sync_check(ggml_backend_cuda_context & ctx, const ggml_tensor * dst, const char * stage) {
+  if (!sync_check_requested()) return;
+  cudaError_t status = cudaStreamSynchronize(ctx.stream());
+  if (status == cudaSuccess) status = cudaGetLastError();
+  if (status == cudaSuccess) return;
+  const ggml_tensor * q = dst->src[0];
+  const ggml_tensor * k = dst->src[1];
+  GGML_ABORT("crisp: CRISP_HOOK_SYNC_CHECK: CUDA error %s (%s) %s, op %s: Q [d %lld, n_q %lld, heads %lld], "
+             "K/V [rows %lld, kv heads %lld, row stride %zu B], mask [cells %lld, rows %lld]",
+             cudaGetErrorName(status), cudaGetErrorString(status), stage, dst->name, (long long) q->ne[0],
+             (long long) q->ne[1], (long long) q->ne[2], (long long) k->ne[1], (long long) k->ne[2], k->nb[1],
+             (long long) dst->src[3]->ne[0], (long long) dst->src[3]->ne[1]);
+}
 
 // ---------------------------------------------------------------- the mask check, on the device
 // One block reads row 0 and writes the n_past it implies (ggml_crisp::n_past_of_row0) or -1.
@@ -69,7 +98,9 @@ static int * pinned_verdict() {
 // n_past when the mask is bottom-right causal over a contiguous prefix, else -1: two kernels on
 // the op's stream, then the op's one synchronisation (a 4-byte copy the host must see before it
 // can choose between crisp and llama.cpp's kernel).
-static int64_t causal_prefix_on_device(ggml_backend_cuda_context & ctx, const ggml_tensor * mask, int64_t n_q) {
+static int64_t causal_prefix_on_device(ggml_backend_cuda_context & ctx, const ggml_tensor * dst) {
+  const ggml_tensor * mask = dst->src[3];
+  const int64_t n_q = dst->src[0]->ne[1];
   cudaStream_t stream = ctx.stream();
   const int64_t n_kv = mask->ne[0];
   ggml_cuda_pool_alloc<int> verdict(ctx.pool(), 1);
@@ -80,6 +111,7 @@ static int64_t causal_prefix_on_device(ggml_backend_cuda_context & ctx, const gg
   mask_cells_kernel<<<grid, kMaskThreads, 0, stream>>>(static_cast<const char *>(mask->data), mask->nb[1], n_kv, n_q,
                                                       verdict.get());
   CUDA_CHECK(cudaGetLastError());
+  sync_check(ctx, dst, "after the mask verdict kernels");
   int * host = pinned_verdict();
   CUDA_CHECK(cudaMemcpyAsync(host, verdict.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -227,16 +259,22 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
   q_to_scratch_kernel<T><<<element_blocks(n), kElementThreads, 0, stream>>>(
       static_cast<const char *>(q->data), q->nb[1], q->nb[2], d, heads, n, q_scratch.get());
   CUDA_CHECK(cudaGetLastError());
+  sync_check(ctx, dst, "after Q's conversion into the pool");
   const PlanKey key{ctx.device, heads, kv_heads, d, n_q, n_k, config.block_size};
   const std::shared_ptr<crisp::cuda::DevicePlan> plan = plan_for(key, config);
+  sync_check(ctx, dst, "after making or reusing the DevicePlan of the shape");
   crisp::cuda::plan_async(qv, kv, config, *plan, stream);
+  sync_check(ctx, dst, "after crisp::cuda::plan_async");
   crisp::cuda::attend_async(qv, kv, vv, *plan, out, lse_view, stream);
+  sync_check(ctx, dst, "after crisp::cuda::attend_async");
   // Past attend_async nothing throws: dst is written only from here on.
   const auto * view = static_cast<const crisp::cuda_detail::DevicePlanView *>(plan->raw_view());
   add_kept_blocks_kernel<<<1, 32, 0, stream>>>(view->nnz, static_cast<int>(heads), kept_counter(ctx.device));
+  sync_check(ctx, dst, "after the kept-blocks count");
   out_to_f32_kernel<T><<<element_blocks(n), kElementThreads, 0, stream>>>(out_scratch.get(), n,
                                                                          static_cast<float *>(dst->data));
   CUDA_CHECK(cudaGetLastError());
+  sync_check(ctx, dst, "after O's conversion into dst");
   count_blocks(0, heads * causal_blocks_of_op(n_past, n_q, config.block_size));
 }
 
@@ -267,7 +305,8 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
     decline("a stream being captured into a CUDA graph");
     return false;
   }
-  const int64_t n_past = causal_prefix_on_device(ctx, dst->src[3], dst->src[0]->ne[1]);
+  sync_check(ctx, dst, "on entry to crisp's hook (a kernel of an earlier op, llama.cpp's: crisp's own ops end checked)");
+  const int64_t n_past = causal_prefix_on_device(ctx, dst);
   if (n_past < 0) {
     decline(kMaskDeclineReason);
     return false;

@@ -136,6 +136,8 @@ std::string shape_decline_reason(const ggml_tensor * dst, const BackendLimits & 
   if (mask->type != GGML_TYPE_F16) return "a KQ mask that is not F16";
   if (mask->ne[2] != 1 || mask->ne[3] != 1) return "a KQ mask per head or per stream";
   if (mask->nb[0] != sizeof(uint16_t) || mask->nb[1] % sizeof(uint16_t) != 0) return "a KQ mask with non-contiguous rows";
+  // crisp reads up to as many K/V rows as the mask has cells (ggml_flash_attn_ext does not check).
+  if (k->ne[1] < mask->ne[0] || v->ne[1] < mask->ne[0]) return "K/V views with fewer cells than the KQ mask";
   if (q->ne[3] != 1 || k->ne[3] != 1 || v->ne[3] != 1) return "several KV streams in one ubatch";
   if (q->type != GGML_TYPE_F32) return "Q that is not F32";
   if (!kv_type_ok(k->type) || !kv_type_ok(v->type))

@@ -356,6 +356,13 @@ void would_take_rule() {
   check(!ggml_crisp::takes_unless_mask_declines(wide_op.out, limits), "rule: a head dim the limits lack is not");
   check(!ggml_crisp::takes_unless_mask_declines(f32_op.out, limits), "rule: an F32 cache the limits lack is not");
   check(!ggml_crisp::takes_unless_mask_declines(prompt_op.mask, limits), "rule: a node that is not flash attention is not");
+  // K/V views one cell shorter than the mask's cells (ggml_flash_attn_ext accepts them).
+  ggml_tensor * k = prompt_op.out->src[1], * v = prompt_op.out->src[2];
+  ggml_tensor * k_short = ggml_view_3d(ctx, k, k->ne[0], k->ne[1] - 1, k->ne[2], k->nb[1], k->nb[2], 0);
+  ggml_tensor * v_short = ggml_view_3d(ctx, v, v->ne[0], v->ne[1] - 1, v->ne[2], v->nb[1], v->nb[2], 0);
+  ggml_tensor * short_kv = ggml_flash_attn_ext(ctx, prompt_op.out->src[0], k_short, v_short, prompt_op.mask,
+                                               prompt_op.scale, 0.0f, 0.0f);
+  check(!ggml_crisp::takes_unless_mask_declines(short_kv, limits), "rule: K/V with fewer cells than the mask is not");
   ggml_crisp::set_sparse_prefill("off", nullptr, 0, error, sizeof(error));
   ggml_free(ctx);
 }

@@ -16,6 +16,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_plan.h"
 #include "cuda/device_plan_internal.h"
+#include "cuda/setup_copies.h"
 #include "cuda/work_order.h"
 #include "plan/plan_layout.h"
 #include "plan/rules.h"
@@ -255,6 +256,7 @@ void bind(DevicePlan::Impl& impl, void* memory) {
   // The bases are part of the batch shape: copied once, synchronously, here.
   CRISP_CUDA_CHECK(cudaMemcpy(base + o.seqs, impl.bases.data(),
                               impl.bases.size() * sizeof(layout::SequenceBases), cudaMemcpyHostToDevice));
+  cuda_detail::finish_setup_copies();
 }
 
 DevicePlan::Impl& need(const std::unique_ptr<DevicePlan::Impl>& impl) {

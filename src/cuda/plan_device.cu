@@ -32,6 +32,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_plan.h"
 #include "cuda/device_plan_internal.h"
+#include "cuda/setup_copies.h"
 #include "cuda/work_order.h"
 #include "cuda/plan_common.cuh"
 #include "cuda/plan_kernels.cuh"
@@ -306,6 +307,7 @@ class PlanWorkspace {
     // The histogram bins start at zero; each scan clears what it used.
     CRISP_CUDA_CHECK(cudaMemset(hist_count_, 0, slots_ * kSelectBins * sizeof(unsigned long long)));
     CRISP_CUDA_CHECK(cudaMemset(hist_mass_, 0, slots_ * kSelectBins * sizeof(double)));
+    finish_setup_copies();
   }
 
   Shape shape_;

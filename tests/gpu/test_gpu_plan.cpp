@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/half.h"
@@ -267,6 +268,53 @@ TEST(GpuPlan, CapturesInCudaGraph) {
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
   }
+}
+
+// A new DevicePlan and its planner workspace copy their shape tables with cudaMemcpy and
+// cudaMemset, on the legacy default stream; plan_async on a non-blocking stream (ggml's, in
+// llama.cpp's CUDA hook) right after must read those tables, not the ones of an earlier, larger
+// plan that held the same memory (a race, behind the hook's intermittent illegal memory accesses
+// with Gemma 3). The hook's pattern, many times over: a long prompt's plan, then a short one, each
+// made and planned at once and freed after.
+TEST(GpuPlan, NewPlansOnANonBlockingStreamReadTheirOwnTables) {
+  SKIP_WITHOUT_GPU();
+  const crisp::Config cfg = crisp::Config::from_preset("flexprefill");
+  struct Prompt {
+    crisp::Workload w;
+    crisp::Plan cpu;
+  };
+  std::vector<Prompt> prompts;
+  for (const int64_t n : {4096, 512}) {
+    crisp::Workload w = crisp::make_workload(crisp_test::workload_spec(4, 1, 64, {n}, 31));
+    crisp::Plan cpu = crisp::plan(w.q_view(), w.k_view(), cfg, w.cu_seqlens);
+    prompts.push_back({std::move(w), std::move(cpu)});
+  }
+  std::vector<std::unique_ptr<DeviceArray>> arrays;
+  for (const Prompt& p : prompts) {
+    arrays.push_back(std::make_unique<DeviceArray>(p.w.q.data(), p.w.q.size() * sizeof(float)));
+    arrays.push_back(std::make_unique<DeviceArray>(p.w.k.data(), p.w.k.size() * sizeof(float)));
+    ASSERT_NE(arrays[arrays.size() - 2]->ptr, nullptr);
+    ASSERT_NE(arrays.back()->ptr, nullptr);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the inputs' own copies rode the legacy stream
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  // NOTE: 16 rounds: the race needs the copy to land late; more rounds, more chances.
+  for (int round = 0; round < 16; ++round) {
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      SCOPED_TRACE("round " + std::to_string(round) + ", prompt " + std::to_string(prompts[i].w.total_tokens));
+      const crisp::Workload& w = prompts[i].w;
+      const auto q_gpu = crisp::TensorView::contiguous(arrays[2 * i]->ptr, crisp::DType::f32, 4, w.total_tokens, 64,
+                                                       crisp::Device::cuda);
+      const auto k_gpu = crisp::TensorView::contiguous(arrays[2 * i + 1]->ptr, crisp::DType::f32, 1, w.total_tokens,
+                                                       64, crisp::Device::cuda);
+      crisp::cuda::DevicePlan dplan(4, 1, 64, w.cu_seqlens, cfg);
+      crisp::cuda::plan_async(q_gpu, k_gpu, cfg, dplan, stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      expect_same_plan(dplan.to_host(stream), prompts[i].cpu, "fresh plan on a non-blocking stream");
+    }
+  }
+  cudaStreamDestroy(stream);
 }
 
 // A DevicePlan held by a static object (as llama.cpp's CUDA hook caches its plans) is destroyed at
