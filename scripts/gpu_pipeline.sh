@@ -11,13 +11,15 @@
 # Steps, in order (each cut by its own timeout and by PIPE_DEADLINE_S from the start, default 1500):
 #   1. scripts/llama_cpp.sh --cuda (JOBS=12), beside it `gpu.sh tests` and the Llama-3.1-8B-shaped
 #      GGUF (scripts/make_llama_gguf.py, CPU)
-#   2. once the models are in /tmp/modelstore: the hook's checks on both models (CUDA graphs left
-#      on), then issue 14's real-model sweep: the TUNING split (crisp knob points from
-#      PIPE_TUNING_SWEEPS against flexprefill and dense; Gemma 3 and SmolLM2 at 4k and 8k, one
-#      process per run, side by side on the GPU), scripts/pick_frontier_point.py's pick, then
-#      the TEST split with the pick beside the presets (Gemma 4k/8k/16k, SmolLM2 4k/8k)
-#   3. llama-bench of both models (8k/16k/32k, every policy, then the pick) and of the 8B-shaped
-#      model; on the CPU beside 2–3 the structured frontier at 512k (test split).
+#   2. once the models are in /tmp/modelstore: the hook's checks on both models and
+#      test-ggml-crisp, CUDA graphs on (docs/llama_cpp.md "Known problems on CUDA" 1, 3, 5); then
+#      the crisp preset's verdict on issue 14's TEST split (llama_fa, crisp, flexprefill,
+#      minference; Gemma 3 at 4k–32k, SmolLM2 at 4k and 8k; up to three runs side by side on the
+#      GPU, graphs on; a run that crashes is resumed once with GGML_CUDA_DISABLE_GRAPHS=1 and
+#      CRISP_HOOK_SYNC_CHECK=1, which names the failing stage)
+#   3. alone on the GPU, after every evaluation: llama-bench of both models (8k/16k/32k, every
+#      policy) and of the 8B-shaped model (32k, 128k), and `crisp bench` at 128k (dense, crisp,
+#      flexprefill; the attention kernels' figures with the preset).
 set -u
 cd "$(dirname "$0")/.."
 PIPE=${PIPE:-/tmp/pipe}
@@ -68,7 +70,6 @@ wait "$LLAMA_BUILD"
 log "llama.cpp build rc=$(cat "$PIPE/llama_build.rc" 2>/dev/null)"
 fi
 GGUF_8B=/tmp/crisp-llama3.1-8b-q4_0.gguf
-[ -x build-gpu/crisp ] || step crisp_cli_build 240 cmake --build build-gpu -j 8 --target crisp_cli
 BIN=.deps/llama.cpp-build-cuda/bin
 
 # 2: the models.
@@ -79,74 +80,45 @@ while [ ! -f "$GEMMA" ] || [ ! -f "$SMOL" ]; do
   sleep 5
 done
 log "models present"
-( OMP_NUM_THREADS=4 nice -n 10 timeout "$(left 1200)" build-gpu/crisp eval pareto --structured --split test \
-    --lengths 524288 --workload-set background_scale=1.5 --workload-set no_local_head_share=0.5 \
-    --sweep crisp "crisp:rho=0.5;uniform_alpha=0.75" "flexprefill:gamma=0.9" --json "$PIPE/structured_test_512k.json" > "$PIPE/structured_512k.log" 2>&1
-  log "structured 512k rc=$?" ) &
 if [ "${PIPE_RESUME:-0}" != 1 ]; then
 step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda
 step llama_smollm2 240 tests/llama_cpp/test_llama_cpp.sh --cuda "$BIN" "$SMOL"
 step llama_gemma 240 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
 fi
 
-# The real-model sweep of issue 14: tuning runs side by side, the pick, then the test split.
-# NOTE: the knob points are candidates written before any tuning result was seen: the preset's
-# min_budget (tokens every row keeps, which dominates density at 4k) and floor level, the PE
-# coverage, and the structured-input candidates of the tuning split (docs/rule_research.md: VS
-# routing of heads without local structure, rho 0.5, with a higher uniform floor); more via
-# PIPE_EXTRA_SWEEPS.
-TUNING_SWEEPS=${PIPE_TUNING_SWEEPS:-"crisp:min_budget=512,256,128;uniform_alpha=0.5,1|crisp:min_budget=256;uniform_alpha=1;pe_gamma=0.9|crisp:rho=0.5;uniform_alpha=0.75;min_budget=512,256|crisp:rho=0.5;uniform_alpha=0.6;min_budget=256"}
-[ -n "${PIPE_EXTRA_SWEEPS:-}" ] && TUNING_SWEEPS="$TUNING_SWEEPS|$PIPE_EXTRA_SWEEPS"
-IFS='|' read -r -a sweep_list <<< "$TUNING_SWEEPS"
-sweep_args=()
-for s in "${sweep_list[@]}"; do sweep_args+=(--sweep "$s"); done
-eval_run() {  # eval_run NAME TIMEOUT MODE MODEL LENGTH ARGS... (background; its own log)
-  local name=$1 limit=$2 mode=$3 model=$4 length=$5
-  shift 5
+# 2: the preset's verdict on the test split (issue 14), runs side by side.
+eval_pids=()
+eval_run() {  # eval_run NAME TIMEOUT MODEL LENGTH: the test split, resumed; once more without graphs on a crash
+  local name=$1 limit=$2 model=$3 length=$4
   if grep -qs '"complete": *true' "$PIPE/$name.json"; then log "$name: complete before"; return; fi
-  if pgrep -f -- "--json $PIPE/$name.json" > /dev/null; then  # an earlier pipeline's run: wait for it
-    log "$name: still running from before"
-    ( while pgrep -f -- "--json $PIPE/$name.json" > /dev/null; do sleep 3; done ) &
-    eval_pids+=($!)
-    return
-  fi
-  ( timeout "$(left "$limit")" "$BIN/crisp-llama-eval" "$mode" --model "$model" --ngl 99 --lengths "$length" \
-      --tasks passkey,niah_single --json "$PIPE/$name.json" --quiet "$@" > "$PIPE/$name.log" 2>&1
-    log "$name rc=$?" ) &
+  ( args=(niah --model "$model" --ngl 99 --lengths "$length" --tasks passkey,niah_single --split test
+                --policies llama_fa,crisp,flexprefill,minference --json "$PIPE/$name.json" --quiet)
+    timeout "$(left "$limit")" "$BIN/crisp-llama-eval" "${args[@]}" > "$PIPE/$name.log" 2>&1
+    rc=$?
+    log "$name rc=$rc"
+    if [ $rc = 134 ] || [ $rc = 139 ]; then
+      GGML_CUDA_DISABLE_GRAPHS=1 CRISP_HOOK_SYNC_CHECK=1 timeout "$(left "$limit")" "$BIN/crisp-llama-eval" "${args[@]}" \
+        > "$PIPE/$name.retry.log" 2>&1
+      log "$name (graphs off, sync check) rc=$?"
+    fi ) &
   eval_pids+=($!)
 }
-eval_pids=()
-log "tuning split: ${sweep_list[*]}"
-eval_run tuning_gemma_4096 300 pareto "$GEMMA" 4096 --split tuning --policies flexprefill "${sweep_args[@]}"
-eval_run tuning_gemma_8192 420 pareto "$GEMMA" 8192 --split tuning --policies flexprefill "${sweep_args[@]}"
-eval_run tuning_smollm2_4096 300 pareto "$SMOL" 4096 --split tuning --policies flexprefill "${sweep_args[@]}"
-eval_run tuning_smollm2_8192 420 pareto "$SMOL" 8192 --split tuning --policies flexprefill "${sweep_args[@]}"
-wait "${eval_pids[@]}"
-eval_pids=()
-python3 scripts/pick_frontier_point.py "$PIPE"/tuning_*.json > "$PIPE/pick.txt" 2> "$PIPE/pick.log"
-PICK=$(cat "$PIPE/pick.txt")
-log "pick: ${PICK:-none} ($(tail -1 "$PIPE/pick.log"))"
-test_policies="llama_fa,crisp,flexprefill,minference${PICK:+,$PICK}"
-for L in 4096 8192 16384; do
-  eval_run "test_gemma_$L" 360 niah "$GEMMA" "$L" --split test --policies "$test_policies"
-done
-for L in 4096 8192; do
-  eval_run "test_smollm2_$L" 360 niah "$SMOL" "$L" --split test --policies "$test_policies"
-done
+eval_run test_smollm2_4096 300 "$SMOL" 4096
+eval_run test_smollm2_8192 300 "$SMOL" 8192
+eval_run test_gemma_4096 300 "$GEMMA" 4096
+wait "${eval_pids[@]}"; eval_pids=()
+eval_run test_gemma_8192 360 "$GEMMA" 8192
+eval_run test_gemma_16384 480 "$GEMMA" 16384
+eval_run test_gemma_32768 600 "$GEMMA" 32768
 wait "${eval_pids[@]}"
 log "test split done"
 
-# 3: llama-bench (alone on the GPU).
-step llama_bench_small 360 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=360 CRISP_GPU_LLAMA_BIN="$BIN" \
+# 3: benchmarks, alone on the GPU.
+step llama_bench_small 420 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=420 CRISP_GPU_LLAMA_BIN="$BIN" \
   CRISP_GPU_LLAMA_PARTS=small CRISP_GPU_LLAMA_MODELS="smollm2=$SMOL,gemma3=$GEMMA" scripts/gpu.sh llama
-if [ -n "$PICK" ] && [ "$PICK" != crisp ]; then
-  pick_sets=()
-  IFS=';' read -r -a kvs <<< "${PICK#crisp:}"
-  for kv in "${kvs[@]}"; do pick_sets+=(--sparse-prefill-set "$kv"); done
-  step llama_bench_pick 180 python3 scripts/llama_bench.py --bin "$BIN" --model smollm2="$SMOL" --model gemma3="$GEMMA" \
-    --lengths 8192,16384,32768 --policies crisp "${pick_sets[@]}" --json "$PIPE/llama_bench_pick.json" --md "$PIPE/llama_bench_pick.md"
-fi
-step llama_bench_8b 420 env OUT="$PIPE/llama_bench_8b" CRISP_GPU_DEADLINE_S=420 CRISP_GPU_LLAMA_BIN="$BIN" \
+step llama_bench_8b 480 env OUT="$PIPE/llama_bench_8b" CRISP_GPU_DEADLINE_S=480 CRISP_GPU_LLAMA_BIN="$BIN" \
   CRISP_GPU_LLAMA_PARTS=8b CRISP_GPU_LLAMA_8B_LENGTHS=32768,131072 CRISP_GPU_LLAMA_8B_PATH="$GGUF_8B" scripts/gpu.sh llama
+step crisp_bench_128k 240 env OUT="$PIPE/crisp_bench" CRISP_GPU_DEADLINE_S=240 CRISP_GPU_BENCH_SEQ=131072 \
+  CRISP_GPU_BENCH_PRESETS=dense,crisp,flexprefill CRISP_GPU_BENCH_KERNELS=auto scripts/gpu.sh bench
 wait
 log "pipeline done"
