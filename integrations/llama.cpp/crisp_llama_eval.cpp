@@ -389,6 +389,12 @@ void run(const Args& given, bool niah_defaults) {
   }
   // The model first: it is always given, so its error must not hide behind a default that is absent.
   if (!std::filesystem::exists(args.model_path)) throw crisp::Error("--model", "'" + args.model_path + "' does not exist", "a GGUF file");
+  // The options' combinations next, before any default file is resolved (the --prose default may be
+  // absent on a machine without the data, and must not hide these errors either).
+  if (args.dry_run && args.dump_samples.empty()) {
+    throw crisp::Error("--dry-run", "is given without --dump-samples: it would write nothing", "--dump-samples FILE");
+  }
+  if (!args.dry_run && args.json_path.empty()) throw crisp::Error("--json", "missing", "--json FILE (or --dry-run --dump-samples FILE)");
   std::vector<ce::NiahTask> tasks;
   for (const std::string& name : args.tasks) tasks.push_back(ce::parse_niah_task(name, "--tasks"));
   for (double depth : args.depths) {
@@ -403,10 +409,6 @@ void run(const Args& given, bool niah_defaults) {
     prose = splits ? ce::split_prose_paragraphs(documents, *splits, args.split, "--split") : ce::all_prose_paragraphs(documents);
   }
 
-  if (args.dry_run && args.dump_samples.empty()) {
-    throw crisp::Error("--dry-run", "is given without --dump-samples: it would write nothing", "--dump-samples FILE");
-  }
-  if (!args.dry_run && args.json_path.empty()) throw crisp::Error("--json", "missing", "--json FILE (or --dry-run --dump-samples FILE)");
   std::ofstream dump;
   if (!args.dump_samples.empty()) {
     dump.open(args.dump_samples);

@@ -118,9 +118,10 @@ elif ! grep -q "crisp-llama-eval: error: --json: .*other settings" "$work/other.
 fi
 
 # 4. bad input
-expect_error() {  # expect_error PATTERN ARGS...
-  local pattern="$1"; shift
-  "$tool" "$@" > "$work/bad.out" 2> "$work/bad.err"
+mkdir -p "$work/no-data"
+expect_error() {  # expect_error PATTERN ARGS...: run where the data directory is empty, as on CI,
+  local pattern="$1"; shift   # so no error hides behind an absent default file (--prose)
+  CRISP_DATA_DIR="$work/no-data" "$tool" "$@" > "$work/bad.out" 2> "$work/bad.err"
   local rc=$?
   if [ "$rc" -ne 2 ]; then
     fail "crisp-llama-eval $* exited $rc; expected 2"
