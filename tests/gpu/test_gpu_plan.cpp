@@ -578,6 +578,11 @@ std::vector<ChunkCase> chunk_cases() {
     cases.push_back({preset + "_mix_b128_gqa4_d256_bf16_pages16", preset, {}, nk_tc, nq_tc, 8, 2, 256, 128, 53,
                      Elem::bf16, 16});
     cases.push_back({preset + "_mix_b64_gqa2_d256_f16", preset, {}, nk64, nq64, 4, 2, 256, 64, 54, Elem::f16});
+    // The shape llama.cpp's CUDA hook plans for SmolLM2-135M (9 query heads on 3 KV heads, head dim
+    // 64, an F16 cache): 512-token ubatches over the cache, the first, a middle one and an unaligned
+    // last one, one per sequence.
+    cases.push_back({preset + "_llama_ubatches_b128_gqa3_d64_f16", preset, {}, {512, 2048, 4061}, {512, 512, 477}, 9, 3,
+                     64, 128, 55, Elem::f16});
   }
   // PE heads (forced by tau_proxy) over a chunk's rows: global coverage and the row floor.
   cases.push_back({"pe_coverage_mix", "crisp", {"routing=cstruct", "tau_proxy=0.6"}, nk128, nq128, 8, 2, 128, 128, 47});
@@ -586,6 +591,9 @@ std::vector<ChunkCase> chunk_cases() {
   cases.push_back({"pe_floor_mix_pages128", "crisp", {"routing=cstruct", "tau_proxy=0.6", "pe_rule=floor"}, nk128,
                    nq128, 8, 2, 128, 128, 49, Elem::f32, 128});
   cases.push_back({"jsd_mix_b64", "crisp", {"routing=jsd"}, nk64, nq64, 8, 2, 128, 64, 50});
+  // The crisp preset with rho 2.2 (the knobs of the H200's SmolLM2 NIAH runs) on that shape.
+  cases.push_back({"crisp_rho22_llama_ubatches_b128_gqa3_d64_f16", "crisp", {"rho=2.2"}, {512, 2048, 4061},
+                   {512, 512, 477}, 9, 3, 64, 128, 56, Elem::f16});
   cases.push_back({"topk_mix_bf16", "crisp", {"vs_budget=topk", "vertical_tokens=300", "slash_tokens=700"}, nk128,
                    nq128, 8, 2, 128, 128, 51, Elem::bf16});
   return cases;
