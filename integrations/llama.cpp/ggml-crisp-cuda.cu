@@ -7,7 +7,9 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -16,6 +18,8 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "common.cuh"
 #include "crisp/cuda.h"
@@ -43,7 +47,60 @@ static bool sync_check_requested() {
   return requested;
 }
 
+// CRISP_HOOK_TIMING=1: the hook synchronises its stream at each stage and adds the host time since
+// the previous stage to that stage's total; the totals (calls, ms, µs per call) go to stderr at
+// exit. It measures where the hook's fixed cost per op goes (bench/RESULTS.md, session 10: crisp's
+// attention did not fall with density on the small models); the synchronisations serialise the
+// stages, so the sum is an upper bound of the hook's time, and llama-bench figures taken with it on
+// are not speed figures. Off by default.
+static bool timing_requested() {
+  static const bool requested = [] {
+    const char * value = std::getenv("CRISP_HOOK_TIMING");
+    return value != nullptr && std::strcmp(value, "0") != 0 && value[0] != '\0';
+  }();
+  return requested;
+}
+
+struct StageTimes {
+  struct Total {
+    long long calls = 0;
+    double seconds = 0;
+  };
+  std::mutex mutex;
+  std::vector<std::pair<std::string, Total>> totals;  // by stage, in the order first seen
+  std::chrono::steady_clock::time_point last;
+  ~StageTimes() {
+    if (totals.empty()) return;
+    std::fprintf(stderr, "crisp: CRISP_HOOK_TIMING (CUDA hook, stream synchronised at every stage)\n");
+    std::fprintf(stderr, "crisp:   %-58s %8s %10s %10s\n", "stage", "calls", "total ms", "us/call");
+    for (const auto & [name, t] : totals)
+      std::fprintf(stderr, "crisp:   %-58s %8lld %10.3f %10.1f\n", name.c_str(), t.calls, t.seconds * 1e3,
+                   t.calls ? t.seconds * 1e6 / t.calls : 0.0);
+  }
+};
+StageTimes g_stage_times;
+
+// Starts (first = true) or closes a timed stage: the time since the previous mark goes to `stage`.
+// One mark per host thread would be needed for several devices driven at once; the hook's ops of one
+// device are serial, which is what the timing is for.
+static void time_stage(ggml_backend_cuda_context & ctx, const char * stage, bool first = false) {
+  if (!timing_requested()) return;
+  CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(g_stage_times.mutex);
+  if (!first) {
+    auto it = std::find_if(g_stage_times.totals.begin(), g_stage_times.totals.end(),
+                           [&](const auto & entry) { return entry.first == stage; });
+    if (it == g_stage_times.totals.end()) it = g_stage_times.totals.insert(it, {stage, {}});
+    StageTimes::Total & t = it->second;
+    t.calls += 1;
+    t.seconds += std::chrono::duration<double>(now - g_stage_times.last).count();
+  }
+  g_stage_times.last = now;
+}
+
 static void sync_check(ggml_backend_cuda_context & ctx, const ggml_tensor * dst, const char * stage) {
+  time_stage(ctx, stage);
   if (!sync_check_requested()) return;
   cudaError_t status = cudaStreamSynchronize(ctx.stream());
   if (status == cudaSuccess) status = cudaGetLastError();
@@ -305,12 +362,15 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
     decline("a stream being captured into a CUDA graph");
     return false;
   }
+  time_stage(ctx, "", /*first=*/true);
   sync_check(ctx, dst, "on entry to crisp's hook (a kernel of an earlier op, llama.cpp's: crisp's own ops end checked)");
   const int64_t n_past = causal_prefix_on_device(ctx, dst);
   if (n_past < 0) {
+    time_stage(ctx, "the mask verdict's copy and synchronisation (op declined)");
     decline(kMaskDeclineReason);
     return false;
   }
+  time_stage(ctx, "the mask verdict's copy and synchronisation (op taken)");
 
   float scale = 1.0f;
   std::memcpy(&scale, dst->op_params, sizeof(float));
