@@ -9,17 +9,19 @@
 #            with `scripts/gpu_pipeline.sh --status`, and end with `scripts/gpu_pipeline.sh --collect`.
 #
 # Steps, in order (each cut by its own timeout and by PIPE_DEADLINE_S from the start, default 1500):
-#   1. scripts/llama_cpp.sh --cuda (JOBS=12), beside it `gpu.sh tests` and the Llama-3.1-8B-shaped
-#      GGUF (scripts/make_llama_gguf.py, CPU)
-#   2. once the models are in /tmp/modelstore: the hook's checks on both models and
-#      test-ggml-crisp, CUDA graphs on (docs/llama_cpp.md "Known problems on CUDA" 1, 3, 5); then
-#      the crisp preset's verdict on issue 14's TEST split (llama_fa, crisp, flexprefill,
-#      minference; Gemma 3 at 4k–32k, SmolLM2 at 4k and 8k; up to three runs side by side on the
-#      GPU, graphs on; a run that crashes is resumed once with GGML_CUDA_DISABLE_GRAPHS=1 and
-#      CRISP_HOOK_SYNC_CHECK=1, which names the failing stage)
-#   3. alone on the GPU, after every evaluation: llama-bench of both models (8k/16k/32k, every
-#      policy) and of the 8B-shaped model (32k, 128k), and `crisp bench` at 128k (dense, crisp,
-#      flexprefill; the attention kernels' figures with the preset).
+#   1. scripts/llama_cpp.sh --cuda (JOBS=12), beside it `gpu.sh tests` (PIPE_GPU_TESTS=0 skips
+#      them: nothing under src/cuda changed since they last passed) and the Llama-3.1-8B-shaped GGUF
+#      (scripts/make_llama_gguf.py, CPU)
+#   2. once the models are in /tmp/modelstore: test-ggml-crisp on CUDA, graphs on, and its variants
+#      that narrow docs/llama_cpp.md item 6 (graphs off, the portable kernel, no verdict cache,
+#      CUDA_LAUNCH_BLOCKING); the hook's checks on both models; CRISP_HOOK_TIMING=1 llama-bench
+#      runs at 8k (where the hook's fixed cost per op goes); then issue 14's TEST split where
+#      session 10 left it (Gemma 3 16k and 32k resumed from their JSONs, SmolLM2 8k again with the
+#      verdict cache), side by side, graphs on; a run that crashes is resumed once with
+#      GGML_CUDA_DISABLE_GRAPHS=1 and CRISP_HOOK_SYNC_CHECK=1, which names the failing stage
+#   3. alone on the GPU, after every evaluation: `crisp bench` at 128k (dense, crisp, flexprefill:
+#      the preset's kernel figures, issue 14), llama-bench of the 8B-shaped model (32k, 128k) and of
+#      both small models (8k/16k/32k, every policy; issue 17).
 set -u
 cd "$(dirname "$0")/.."
 PIPE=${PIPE:-/tmp/pipe}
@@ -65,7 +67,7 @@ log "llama.cpp build started"
 GGUF_8B=/tmp/crisp-llama3.1-8b-q4_0.gguf
 ( nice -n 5 timeout 900 python3 scripts/make_llama_gguf.py --shape llama3.1-8b --out "$GGUF_8B" > "$PIPE/gguf_8b.log" 2>&1
   log "8B-shaped GGUF rc=$?" ) &
-step gpu_tests 720 env OUT="$PIPE/gpu_tests" CRISP_GPU_DEADLINE_S=720 scripts/gpu.sh tests
+[ "${PIPE_GPU_TESTS:-1}" = 0 ] || step gpu_tests 720 env OUT="$PIPE/gpu_tests" CRISP_GPU_DEADLINE_S=720 scripts/gpu.sh tests
 wait "$LLAMA_BUILD"
 log "llama.cpp build rc=$(cat "$PIPE/llama_build.rc" 2>/dev/null)"
 fi
@@ -82,8 +84,26 @@ done
 log "models present"
 if [ "${PIPE_RESUME:-0}" != 1 ]; then
 step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda
+# docs/llama_cpp.md item 6 (a CUDA graph captured after crisp ran eagerly faults): which variant
+# still faults. Each prints its own checks; the one that passes is the lead.
+step item6_graphs_off 120 env GGML_CUDA_DISABLE_GRAPHS=1 "$BIN/test-ggml-crisp" cuda
+step item6_portable_kernel 120 env CRISP_KERNEL=portable "$BIN/test-ggml-crisp" cuda
+step item6_no_verdict_cache 120 env CRISP_HOOK_VERDICT_CACHE=0 "$BIN/test-ggml-crisp" cuda
+step item6_launch_blocking 120 env CUDA_LAUNCH_BLOCKING=1 "$BIN/test-ggml-crisp" cuda
 step llama_smollm2 240 tests/llama_cpp/test_llama_cpp.sh --cuda "$BIN" "$SMOL"
 step llama_gemma 240 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
+# Where the hook's fixed cost per op goes (bench/RESULTS.md "Session 10"): CRISP_HOOK_TIMING=1
+# prints each stage's totals at exit; with the verdict cache on and off.
+hook_timing() {  # hook_timing NAME MODEL POLICY [ENV...]
+  local name=$1 model=$2 policy=$3
+  shift 3
+  step "hook_timing_$name" 120 env CRISP_HOOK_TIMING=1 "$@" "$BIN/llama-bench" -m "$model" -p 8192 -n 0 -fa 1 -b 8192 \
+    -ub 8192 -ngl 99 -r 1 --sparse-prefill "$policy"
+}
+hook_timing smollm2_dense "$SMOL" dense
+hook_timing smollm2_crisp "$SMOL" crisp
+hook_timing smollm2_crisp_no_cache "$SMOL" crisp CRISP_HOOK_VERDICT_CACHE=0
+hook_timing gemma_crisp "$GEMMA" crisp
 fi
 
 # 2: the preset's verdict on the test split (issue 14), runs side by side.
@@ -103,22 +123,25 @@ eval_run() {  # eval_run NAME TIMEOUT MODEL LENGTH: the test split, resumed; onc
     fi ) &
   eval_pids+=($!)
 }
-eval_run test_smollm2_4096 300 "$SMOL" 4096
+# Session 10 completed SmolLM2 4k/8k and Gemma 3 4k/8k (eval/results/llama_cpp/*_test_preset_h200_20261202s10.json);
+# Gemma 3 16k and 32k resume from their partial JSONs (26 and 9 of 40 samples), and SmolLM2 8k
+# runs again with the verdict cache on (built after session 10) to show it changes no answer.
+for partial in gemma_16384 gemma_32768; do
+  seed=eval/results/llama_cpp/${partial}_test_preset_h200_20261202s10.json
+  [ -f "$PIPE/test_$partial.json" ] || cp "$seed" "$PIPE/test_$partial.json" 2>/dev/null
+done
+eval_run test_gemma_16384 360 "$GEMMA" 16384
+eval_run test_gemma_32768 480 "$GEMMA" 32768
 eval_run test_smollm2_8192 300 "$SMOL" 8192
-eval_run test_gemma_4096 300 "$GEMMA" 4096
-wait "${eval_pids[@]}"; eval_pids=()
-eval_run test_gemma_8192 360 "$GEMMA" 8192
-eval_run test_gemma_16384 480 "$GEMMA" 16384
-eval_run test_gemma_32768 600 "$GEMMA" 32768
 wait "${eval_pids[@]}"
 log "test split done"
 
 # 3: benchmarks, alone on the GPU.
-step llama_bench_small 420 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=420 CRISP_GPU_LLAMA_BIN="$BIN" \
-  CRISP_GPU_LLAMA_PARTS=small CRISP_GPU_LLAMA_MODELS="smollm2=$SMOL,gemma3=$GEMMA" scripts/gpu.sh llama
-step llama_bench_8b 480 env OUT="$PIPE/llama_bench_8b" CRISP_GPU_DEADLINE_S=480 CRISP_GPU_LLAMA_BIN="$BIN" \
-  CRISP_GPU_LLAMA_PARTS=8b CRISP_GPU_LLAMA_8B_LENGTHS=32768,131072 CRISP_GPU_LLAMA_8B_PATH="$GGUF_8B" scripts/gpu.sh llama
 step crisp_bench_128k 240 env OUT="$PIPE/crisp_bench" CRISP_GPU_DEADLINE_S=240 CRISP_GPU_BENCH_SEQ=131072 \
   CRISP_GPU_BENCH_PRESETS=dense,crisp,flexprefill CRISP_GPU_BENCH_KERNELS=auto scripts/gpu.sh bench
+step llama_bench_8b 480 env OUT="$PIPE/llama_bench_8b" CRISP_GPU_DEADLINE_S=480 CRISP_GPU_LLAMA_BIN="$BIN" \
+  CRISP_GPU_LLAMA_PARTS=8b CRISP_GPU_LLAMA_8B_LENGTHS=32768,131072 CRISP_GPU_LLAMA_8B_PATH="$GGUF_8B" scripts/gpu.sh llama
+step llama_bench_small 420 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=420 CRISP_GPU_LLAMA_BIN="$BIN" \
+  CRISP_GPU_LLAMA_PARTS=small CRISP_GPU_LLAMA_MODELS="smollm2=$SMOL,gemma3=$GEMMA" scripts/gpu.sh llama
 wait
 log "pipeline done"

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -152,14 +153,9 @@ static int * pinned_verdict() {
   return word;
 }
 
-// n_past when the mask is bottom-right causal over a contiguous prefix, else -1: two kernels on
-// the op's stream, then the op's one synchronisation (a 4-byte copy the host must see before it
-// can choose between crisp and llama.cpp's kernel).
-static int64_t causal_prefix_on_device(ggml_backend_cuda_context & ctx, const ggml_tensor * dst) {
-  const ggml_tensor * mask = dst->src[3];
-  const int64_t n_q = dst->src[0]->ne[1];
-  cudaStream_t stream = ctx.stream();
-  const int64_t n_kv = mask->ne[0];
+// The mask check itself: two kernels on the op's stream, then the op's one synchronisation.
+static int64_t check_mask_on_device(ggml_backend_cuda_context & ctx, const ggml_tensor * dst, const ggml_tensor * mask,
+                                    int64_t n_q, int64_t n_kv, cudaStream_t stream) {
   ggml_cuda_pool_alloc<int> verdict(ctx.pool(), 1);
   mask_row0_kernel<<<1, kRow0Threads, 0, stream>>>(static_cast<const uint16_t *>(mask->data), n_kv, n_q, verdict.get());
   // NOTE: at most 65535 rows per launch (gridDim.y's limit), the kernel strides over the rest.
@@ -173,6 +169,62 @@ static int64_t causal_prefix_on_device(ggml_backend_cuda_context & ctx, const gg
   CUDA_CHECK(cudaMemcpyAsync(host, verdict.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
   return *host;
+}
+
+// The verdicts of the current graph compute. Every layer's op of a compute reads the same KQ mask
+// tensor (two for Gemma 3's sliding-window layers), written before the compute starts and not
+// touched during it, so the first op's verdict stands for the others: they skip the mask kernels
+// and the synchronisation. A new compute (ggml_crisp_cuda_graph_compute_begin) starts a new
+// generation. CRISP_HOOK_VERDICT_CACHE=0 turns the reuse off (every op checks its mask).
+std::atomic<unsigned long long> g_compute_generation{0};
+
+struct Verdict {
+  unsigned long long generation;
+  int device;
+  const void * mask;
+  int64_t n_kv, n_q, row_bytes;
+  int64_t n_past;
+};
+std::mutex g_verdicts_mutex;
+std::vector<Verdict> g_verdicts;  // of the current generation only
+
+static bool verdict_cache_enabled() {
+  static const bool enabled = [] {
+    const char * value = std::getenv("CRISP_HOOK_VERDICT_CACHE");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return enabled;
+}
+
+// n_past when the mask is bottom-right causal over a contiguous prefix, else -1: two kernels on
+// the op's stream, then the op's one synchronisation (a 4-byte copy the host must see before it
+// can choose between crisp and llama.cpp's kernel); or the verdict an earlier op of the same
+// compute found for the same mask and shape.
+static int64_t causal_prefix_on_device(ggml_backend_cuda_context & ctx, const ggml_tensor * dst) {
+  const ggml_tensor * mask = dst->src[3];
+  const int64_t n_q = dst->src[0]->ne[1];
+  cudaStream_t stream = ctx.stream();
+  const int64_t n_kv = mask->ne[0];
+  Verdict key{g_compute_generation.load(std::memory_order_relaxed), ctx.device, mask->data, n_kv, n_q,
+              static_cast<int64_t>(mask->nb[1]), -1};
+  const auto same = [&](const Verdict & v) {
+    return v.generation == key.generation && v.device == key.device && v.mask == key.mask && v.n_kv == key.n_kv &&
+           v.n_q == key.n_q && v.row_bytes == key.row_bytes;
+  };
+  if (verdict_cache_enabled()) {
+    std::lock_guard<std::mutex> lock(g_verdicts_mutex);
+    for (const Verdict & v : g_verdicts)
+      if (same(v)) return v.n_past;
+  }
+  key.n_past = check_mask_on_device(ctx, dst, mask, n_q, n_kv, stream);
+  if (verdict_cache_enabled()) {
+    std::lock_guard<std::mutex> lock(g_verdicts_mutex);
+    g_verdicts.erase(std::remove_if(g_verdicts.begin(), g_verdicts.end(),
+                                    [&](const Verdict & v) { return v.generation != key.generation; }),
+                     g_verdicts.end());
+    g_verdicts.push_back(key);
+  }
+  return key.n_past;
 }
 
 // ---------------------------------------------------------------- conversions
@@ -394,6 +446,8 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
 }
 
 bool ggml_crisp_cuda_would_take(const ggml_tensor * dst) { return takes_unless_mask_declines(dst, cuda_limits()); }
+
+void ggml_crisp_cuda_graph_compute_begin(void) { g_compute_generation.fetch_add(1, std::memory_order_relaxed); }
 
 extern "C" bool ggml_cuda_set_sparse_prefill(const char * policy, const char * const * settings, int n_settings,
                                              char * error, size_t error_size) {

@@ -19,6 +19,11 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
 // verdict it waits for on the host). ggml-cuda captures no CUDA graph holding such an op.
 bool ggml_crisp_cuda_would_take(const ggml_tensor * dst);
 
+// Called by ggml-cuda at the start of every graph compute: a new generation of its inputs. The KQ
+// mask of a compute is set before it and read by every layer's op in it, so the hook checks it once
+// per (compute, mask) and reuses the verdict for the other layers (no kernel, no synchronisation).
+void ggml_crisp_cuda_graph_compute_begin(void);
+
 // The registry's "ggml_backend_set_sparse_prefill", "ggml_backend_get_sparse_prefill_stats" and
 // "ggml_backend_reset_sparse_prefill_stats" of the CUDA backend.
 extern "C" bool ggml_cuda_set_sparse_prefill(const char * policy, const char * const * settings, int n_settings,

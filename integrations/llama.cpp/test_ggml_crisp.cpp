@@ -68,6 +68,10 @@ struct Case {
   int64_t window = 0;     // sliding_window: row i sees the `window` cells up to its own (Gemma 3's SWA)
   float max_bias = 0.0f;  // ALiBi
   float softcap = 0.0f;
+  // A second flash-attention node in the same graph (a second layer of one compute), on the same
+  // Q/K/V: reading the same mask tensor (the CUDA hook reuses the first node's mask verdict), or a
+  // mask tensor of its own with a hole (it must be checked, and declined, on its own).
+  enum class SecondOp { none, same_mask, own_mask_with_hole } second_op = SecondOp::none;
 };
 
 bool visible(const Case & c, int64_t i, int64_t j) {
@@ -99,6 +103,7 @@ struct Run {
   std::vector<double> reference;
   Stats delta;             // the run's share of the statistics
   bool finite = true;      // every output element written (the output was poisoned with NaN)
+  std::vector<float> second_out;  // Case::second_op's node, when there is one (also poisoned first)
 };
 
 float cache_value(ggml_type type, const std::vector<uint16_t> & cache, size_t i) {
@@ -144,8 +149,15 @@ Run run(const Case & c, uint32_t seed) {
   const int64_t n_kv = op.n_kv, n_q_pad = mask->ne[1];
   const int64_t dim = c.dim, heads = c.heads, kv_heads = c.kv_heads;
   const float scale = op.scale;
+  ggml_tensor * second_out = nullptr, * second_mask = nullptr;
+  if (c.second_op != Case::SecondOp::none) {
+    second_mask = c.second_op == Case::SecondOp::same_mask ? mask : ggml_dup_tensor(ctx, mask);
+    second_out = ggml_flash_attn_ext(ctx, out->src[0], out->src[1], out->src[2], second_mask, scale, c.max_bias, c.softcap);
+    ggml_flash_attn_ext_set_prec(second_out, GGML_PREC_F32);
+  }
   ggml_cgraph * graph = ggml_new_graph(ctx);
   ggml_build_forward_expand(graph, out);
+  if (second_out) ggml_build_forward_expand(graph, second_out);
   ggml_backend_buffer_t buffer = ggml_backend_alloc_ctx_tensors(ctx, g_backend.backend);
 
   std::mt19937 rng(seed);
@@ -166,8 +178,17 @@ Run run(const Case & c, uint32_t seed) {
   ggml_backend_tensor_set(k_cache, kd.data(), 0, ggml_nbytes(k_cache));
   ggml_backend_tensor_set(v_cache, vd.data(), 0, ggml_nbytes(v_cache));
   ggml_backend_tensor_set(mask, md.data(), 0, ggml_nbytes(mask));
+  if (c.second_op == Case::SecondOp::own_mask_with_hole) {
+    Case hole = c;
+    hole.mask = MaskKind::hole;
+    for (int64_t i = 0; i < n_q_pad; ++i)
+      for (int64_t j = 0; j < n_kv; ++j)
+        md[i * n_kv + j] = ggml_fp32_to_fp16(i < c.n_q && j < n_tokens && visible(hole, i, j) ? 0.0f : -INFINITY);
+    ggml_backend_tensor_set(second_mask, md.data(), 0, ggml_nbytes(second_mask));
+  }
   const std::vector<float> poison(ggml_nelements(out), std::numeric_limits<float>::quiet_NaN());
   ggml_backend_tensor_set(out, poison.data(), 0, ggml_nbytes(out));
+  if (second_out) ggml_backend_tensor_set(second_out, poison.data(), 0, ggml_nbytes(second_out));
 
   Run r;
   const Stats before = stats();
@@ -177,7 +198,12 @@ Run run(const Case & c, uint32_t seed) {
              after.causal - before.causal};
   r.out.resize(ggml_nelements(out));
   ggml_backend_tensor_get(out, r.out.data(), 0, ggml_nbytes(out));
+  if (second_out) {
+    r.second_out.resize(ggml_nelements(second_out));
+    ggml_backend_tensor_get(second_out, r.second_out.data(), 0, ggml_nbytes(second_out));
+  }
   for (float x : r.out) r.finite = r.finite && std::isfinite(x);
+  for (float x : r.second_out) r.finite = r.finite && std::isfinite(x);
 
   // f64 reference of plain causal attention on the inputs crisp reads: the cache's values, and Q
   // as the hook hands it over (F32 on the CPU; rounded to the cache's type on CUDA).
@@ -295,6 +321,31 @@ Case model_shape_matches_reference(const std::string & name, int64_t heads, int6
   chunk.n_past = 100;
   dense_matches_reference(name + ", chunk", chunk);
   return prompt;
+}
+
+// Two layers of one compute: the second node reads the first one's mask (the CUDA hook reuses its
+// verdict: no second check), or a mask of its own with a hole (checked on its own and declined,
+// though the first node's verdict in the same compute said "causal").
+void second_layer_in_one_compute() {
+  set_policy("dense");
+  Case same;
+  same.second_op = Case::SecondOp::same_mask;
+  const Run shared = run(same, 7);
+  check(shared.delta.handled == 2 && shared.delta.declined == 0, "two layers, one mask: crisp computed both ops");
+  check(shared.finite, "two layers, one mask: every output element of both written");
+  check(shared.delta.kept == 2 * causal_blocks(same), "two layers, one mask: stats: every causal block of both");
+  const double first = max_error(shared.out, shared.reference), second = max_error(shared.second_out, shared.reference);
+  std::printf("      max |out - f64 reference|: first layer %.3g, second layer %.3g\n", first, second);
+  check(first <= tolerance(same) && second <= tolerance(same), "two layers, one mask: both within the tolerance");
+
+  Case holed = same;
+  holed.second_op = Case::SecondOp::own_mask_with_hole;
+  const Run own = run(holed, 7);
+  check(own.delta.handled == 1 && own.delta.declined == 1,
+        "two layers, the second mask with a hole: the first computed, the second declined (handled " +
+            std::to_string(own.delta.handled) + ", declined " + std::to_string(own.delta.declined) + ")");
+  check(own.finite, "two layers, the second mask with a hole: every output element of both written");
+  check(max_error(own.out, own.reference) <= tolerance(holed), "two layers, the second mask with a hole: the first within the tolerance");
 }
 
 void falls_back(const std::string & name, const Case & c, bool candidate = true) {
@@ -429,6 +480,7 @@ int main(int argc, char ** argv) {
   would_take_rule();
   stats_reset();
   dense_matches_reference("whole prompt", Case{});
+  second_layer_in_one_compute();
   Case chunk;  // a later ubatch: 300 queries after 100 cached tokens
   chunk.n_past = 100;
   dense_matches_reference("chunk (n_past > 0)", chunk);
