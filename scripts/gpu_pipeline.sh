@@ -18,7 +18,8 @@
 #      runs at 8k (where the hook's fixed cost per op goes); then issue 14's TEST split where
 #      session 10 left it (Gemma 3 16k and 32k resumed from their JSONs, SmolLM2 8k again with the
 #      verdict cache), side by side, graphs on; a run that crashes is resumed once with
-#      GGML_CUDA_DISABLE_GRAPHS=1 and CRISP_HOOK_SYNC_CHECK=1, which names the failing stage
+#      GGML_CUDA_DISABLE_GRAPHS=1 and CRISP_HOOK_SYNC_CHECK=1, which names the failing stage; beside
+#      them the short-prompt pass-key probe (scripts/passkey_copy_probe.py) on SmolLM2
 #   3. alone on the GPU, after every evaluation: `crisp bench` at 128k (dense, crisp, flexprefill:
 #      the preset's kernel figures, issue 14), llama-bench of the 8B-shaped model (32k, 128k) and of
 #      both small models (8k/16k/32k, every policy; issue 17).
@@ -130,6 +131,15 @@ for partial in gemma_16384 gemma_32768; do
   seed=eval/results/llama_cpp/${partial}_test_preset_h200_20261202s10.json
   [ -f "$PIPE/test_$partial.json" ] || cp "$seed" "$PIPE/test_$partial.json" 2>/dev/null
 done
+# The short-prompt pass-key probe (docs/evaluation.md "Short prompts"), both splits, on the GPU's
+# forward (the CPU's answered differently at 4k): beside the evaluations, small.
+( for split in tuning test; do
+    timeout "$(left 400)" python3 scripts/passkey_copy_probe.py --bin "$BIN" --model "$SMOL" --ngl 99 --split "$split" \
+      --points "crisp,flexprefill,crisp:uniform_floor_blocks=32" --json "$PIPE/probe_${split}_smollm2.json" \
+      > "$PIPE/probe_${split}_smollm2.out" 2> "$PIPE/probe_${split}_smollm2.log"
+    log "probe $split rc=$?"
+  done ) &
+eval_pids+=($!)
 eval_run test_gemma_16384 360 "$GEMMA" 16384
 eval_run test_gemma_32768 480 "$GEMMA" 32768
 eval_run test_smollm2_8192 300 "$SMOL" 8192

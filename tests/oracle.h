@@ -321,12 +321,15 @@ inline std::vector<bool> vs_select(const Proxy& P, const Config& cfg, bool verti
   switch (cfg.vs_budget) {
     case crisp::VsRule::noise_floor: {
       // vs_floor: mean = alpha * mean(pooled[1 .. N-2]); uniform = uniform_alpha / N (the mass of
-      // a block under uniform attention); max = the larger of the two.
+      // a block under uniform attention), or uniform_alpha / uniform_floor_blocks when N is smaller;
+      // max = the larger of the two.
       double mu = 0.0;
       for (int b = 1; b <= N - 2; ++b) mu += pooled[static_cast<size_t>(b)];
       mu /= static_cast<double>(N - 2);
       const double mean_floor = cfg.alpha * mu;
-      const double uniform_floor = cfg.uniform_alpha / static_cast<double>(N);
+      const double uniform_level =
+          static_cast<double>(std::max<int64_t>(static_cast<int64_t>(N), cfg.uniform_floor_blocks));
+      const double uniform_floor = cfg.uniform_alpha / uniform_level;
       double threshold = mean_floor;
       if (cfg.vs_floor == crisp::VsFloor::uniform) threshold = uniform_floor;
       if (cfg.vs_floor == crisp::VsFloor::max) threshold = std::max(mean_floor, uniform_floor);

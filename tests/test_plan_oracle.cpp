@@ -211,6 +211,10 @@ std::vector<std::pair<std::string, std::vector<std::string>>> config_grid() {
   grid.push_back({"crisp", {"routing=cstruct", "tau_proxy=0.99", "pe_rule=floor", "min_budget=256"}});
   grid.push_back({"flexprefill", {"tau=0.5", "pe_rule=floor", "pe_alpha=2"}});
   grid.push_back({"crisp", {"routing=cstruct", "tau_proxy=0.4", "vs_floor=uniform", "pe_rule=floor"}});
+  // The uniform floor held at uniform_alpha / uniform_floor_blocks below that many blocks: the
+  // cases' N (8 to 24) all lie below 32 (held) and at or above 8 (the plain 1/N).
+  grid.push_back({"crisp", {"uniform_floor_blocks=32"}});
+  grid.push_back({"crisp", {"routing=none", "vs_floor=max", "uniform_floor_blocks=8", "uniform_alpha=2"}});
   return grid;
 }
 

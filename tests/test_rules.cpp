@@ -25,12 +25,12 @@ TEST(RulesDirect, NoiseFloorIsStrict) {
   using crisp::rules::noise_floor_keeps;
   using crisp::rules::noise_floor_threshold;
   // A block exactly at alpha * mu is NOT kept; the next representable value above is.
-  const double at = noise_floor_threshold(kFloorMean, 0.125, 2.0, 1.0, 10);
+  const double at = noise_floor_threshold(kFloorMean, 0.125, 2.0, 1.0, 0, 10);
   EXPECT_EQ(at, 0.25);
   EXPECT_FALSE(noise_floor_keeps(0.25, at));
   EXPECT_TRUE(noise_floor_keeps(std::nextafter(0.25, 1.0), at));
   // zero mass at a zero floor
-  EXPECT_FALSE(noise_floor_keeps(0.0, noise_floor_threshold(kFloorMean, 0.0, 1.0, 1.0, 10)));
+  EXPECT_FALSE(noise_floor_keeps(0.0, noise_floor_threshold(kFloorMean, 0.0, 1.0, 1.0, 0, 10)));
   EXPECT_EQ(crisp::rules::noise_floor_first(10), 1);
   EXPECT_EQ(crisp::rules::noise_floor_last(10), 8);  // mean over pv[1 .. N-2]
 }
@@ -38,13 +38,27 @@ TEST(RulesDirect, NoiseFloorIsStrict) {
 TEST(RulesDirect, NoiseFloorKinds) {
   using namespace crisp::rules;
   // N = 8: the uniform level is 1/8; uniform_alpha 2 -> 1/4. The mean floor alpha * mu = 3 * 1/16.
-  EXPECT_EQ(noise_floor_threshold(kFloorUniform, 1 / 16.0, 3.0, 2.0, 8), 0.25);
-  EXPECT_EQ(noise_floor_threshold(kFloorMean, 1 / 16.0, 3.0, 2.0, 8), 3 / 16.0);
-  EXPECT_EQ(noise_floor_threshold(kFloorMax, 1 / 16.0, 3.0, 2.0, 8), 0.25);   // uniform is larger
-  EXPECT_EQ(noise_floor_threshold(kFloorMax, 1 / 16.0, 5.0, 2.0, 8), 5 / 16.0);  // mean is larger
+  EXPECT_EQ(noise_floor_threshold(kFloorUniform, 1 / 16.0, 3.0, 2.0, 0, 8), 0.25);
+  EXPECT_EQ(noise_floor_threshold(kFloorMean, 1 / 16.0, 3.0, 2.0, 0, 8), 3 / 16.0);
+  EXPECT_EQ(noise_floor_threshold(kFloorMax, 1 / 16.0, 3.0, 2.0, 0, 8), 0.25);   // uniform is larger
+  EXPECT_EQ(noise_floor_threshold(kFloorMax, 1 / 16.0, 5.0, 2.0, 0, 8), 5 / 16.0);  // mean is larger
   EXPECT_FALSE(floor_uses_mean(kFloorUniform));
   EXPECT_TRUE(floor_uses_mean(kFloorMean));
   EXPECT_TRUE(floor_uses_mean(kFloorMax));
+}
+
+TEST(RulesDirect, UniformFloorStopsRisingBelowItsBlocks) {
+  using namespace crisp::rules;
+  // uniform_floor_blocks 32: at N = 8 the level is 1/32, not 1/8; at N >= 32 the plain 1/N; 0 = off.
+  EXPECT_EQ(noise_floor_threshold(kFloorUniform, 0.0, 1.0, 1.0, 32, 8), 1 / 32.0);
+  EXPECT_EQ(noise_floor_threshold(kFloorUniform, 0.0, 1.0, 2.0, 32, 8), 2 / 32.0);
+  EXPECT_EQ(noise_floor_threshold(kFloorUniform, 0.0, 1.0, 1.0, 32, 32), 1 / 32.0);
+  EXPECT_EQ(noise_floor_threshold(kFloorUniform, 0.0, 1.0, 1.0, 32, 64), 1 / 64.0);
+  EXPECT_EQ(noise_floor_threshold(kFloorUniform, 0.0, 1.0, 1.0, 0, 8), 1 / 8.0);
+  // kFloorMax takes the larger of the mean floor and the capped uniform one.
+  EXPECT_EQ(noise_floor_threshold(kFloorMax, 1 / 16.0, 1.0, 1.0, 32, 8), 1 / 16.0);
+  // The mean floor does not read it.
+  EXPECT_EQ(noise_floor_threshold(kFloorMean, 1 / 16.0, 3.0, 1.0, 32, 8), 3 / 16.0);
 }
 
 TEST(RulesDirect, PeRowFloorIsStrict) {

@@ -73,6 +73,10 @@ struct Config {
   double alpha = 1.0;              // noise_floor multiplier of the mean floor
   VsFloor vs_floor = VsFloor::mean;  // noise_floor: which floor
   double uniform_alpha = 1.0;      // noise_floor multiplier of the uniform level 1/N
+  // noise_floor's uniform level is 1 / max(N, uniform_floor_blocks): below that many key blocks the
+  // floor stops rising as N falls (a short prompt's floor 1/N would drop a needle that only the
+  // last queries need; docs/algorithm.md, "Short prompts"). 0: the plain 1/N.
+  int64_t uniform_floor_blocks = 0;
   double gamma = 0.95;             // cumulative mass target
   int64_t vertical_tokens = 1000;  // topk vertical budget (tokens)
   int64_t slash_tokens = 6096;     // topk slash budget (tokens)
@@ -103,7 +107,7 @@ struct Config {
   // naming "preset" for any other name.
   static Config from_preset(const std::string& name);
 
-  // Sets one parameter by its spec name (tau_proxy, rho, alpha, vs_floor, uniform_alpha, gamma,
+  // Sets one parameter by its spec name (tau_proxy, rho, alpha, vs_floor, uniform_alpha, uniform_floor_blocks, gamma,
   // pe_rule, pe_gamma, pe_alpha, tau, w_sink, w_local, min_budget, max_budget, routing, vs_budget,
   // slash_cover, vertical_tokens, slash_tokens, block_size, softmax_scale, dense_below). Throws crisp::Error naming the key for
   // an unknown key or a value that does not parse or is out of range.

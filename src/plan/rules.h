@@ -124,13 +124,18 @@ CRISP_HD int32_t noise_floor_first(int32_t /*N*/) { return 1; }
 CRISP_HD int32_t noise_floor_last(int32_t N) { return N - 2; }  // inclusive
 CRISP_HD bool floor_uses_mean(int32_t floor) { return floor != kFloorUniform; }
 // The uniform floor is uniform_alpha / N: the mass of a block under uniform attention (the pooled
-// masses sum to 1). It does not move with the sink's share or with a few heavy blocks.
-CRISP_HD double uniform_floor(double uniform_alpha, int32_t N) { return uniform_alpha / static_cast<double>(N); }
+// masses sum to 1). It does not move with the sink's share or with a few heavy blocks. Below
+// floor_blocks key blocks it stays at uniform_alpha / floor_blocks: the pooled mass of a block that
+// only the last few proxy rows need does not grow as N falls, so 1/N would drop it on short prompts.
+CRISP_HD double uniform_floor(double uniform_alpha, int32_t N, int64_t floor_blocks) {
+  const double level = static_cast<int64_t>(N) > floor_blocks ? static_cast<double>(N) : static_cast<double>(floor_blocks);
+  return uniform_alpha / level;
+}
 // The floor of vs_floor `floor` (a VsFloorCode); floor_mean is only read when floor_uses_mean.
 CRISP_HD double noise_floor_threshold(int32_t floor, double floor_mean, double alpha, double uniform_alpha,
-                                      int32_t N) {
+                                      int64_t uniform_floor_blocks, int32_t N) {
   const double mean_floor = alpha * floor_mean;
-  const double uniform = uniform_floor(uniform_alpha, N);
+  const double uniform = uniform_floor(uniform_alpha, N, uniform_floor_blocks);
   switch (floor) {
     case kFloorUniform: return uniform;
     case kFloorMax: return mean_floor > uniform ? mean_floor : uniform;

@@ -127,7 +127,7 @@ CRISP_HD bool pe_floor_keeps(const PlanParams& p, int32_t r, double prob) {
 
 // ---------------------------------------------------------------- §3 VS rules, one side
 // noise_floor: blocks >= 1 strictly above the floor of p.vs_floor (alpha times the mean of
-// entries 1 .. N-2, uniform_alpha / N, or the larger of the two).
+// entries 1 .. N-2, uniform_alpha / max(N, uniform_floor_blocks), or the larger of the two).
 template <typename Side>
 CRISP_HD void noise_floor_rule(const PlanParams& p, Side& side) {
   const int32_t N = side.num_blocks();
@@ -137,7 +137,8 @@ CRISP_HD void noise_floor_rule(const PlanParams& p, Side& side) {
     const int32_t first = rules::noise_floor_first(N), last = rules::noise_floor_last(N);
     floor_mean = side.sum_mass(first, last) / static_cast<double>(last - first + 1);
   }
-  const double threshold = rules::noise_floor_threshold(floor, floor_mean, p.alpha, p.uniform_alpha, N);
+  const double threshold =
+      rules::noise_floor_threshold(floor, floor_mean, p.alpha, p.uniform_alpha, p.uniform_floor_blocks, N);
   side.keep_where([&](int32_t b) { return b >= 1 && rules::noise_floor_keeps(side.mass(b), threshold); });
 }
 

@@ -210,6 +210,10 @@ std::vector<PlanCase> plan_cases() {
                    1, 128, 64, 29, true});
   cases.push_back({"floors_flexprefill_jsd", "flexprefill", {"vs_budget=noise_floor", "vs_floor=uniform", "pe_rule=floor"},
                    {4096, 2222}, 8, 2, 128, 128, 30});
+  cases.push_back({"uniform_floor_blocks_varlen", "crisp", {"uniform_floor_blocks=32"}, {1500, 4096, 77, 2900, 5000}, 8,
+                   2, 128, 128, 31});
+  cases.push_back({"uniform_floor_blocks_b64_bf16", "crisp", {"routing=none", "uniform_floor_blocks=64"}, {3333}, 8, 2,
+                   128, 64, 32, true});
   return cases;
 }
 

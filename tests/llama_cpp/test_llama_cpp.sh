@@ -3,9 +3,10 @@
 #   0. test-ggml-crisp: the hook on ggml's flash-attention op against an f64 reference, and every
 #      fallback (integrations/llama.cpp/test_ggml_crisp.cpp);
 #   then end to end with llama-cli on SmolLM2:
-#   1. --sparse-prefill dense gives the same greedy continuation as llama.cpp's own flash
-#      attention, and crisp computed the prompt's attention (its log line, no fallback), with the
-#      prompt in one ubatch and in ubatches of 256 (chunks over the cache);
+#   1. --sparse-prefill dense gives the same, right answer as llama.cpp's own flash attention
+#      (see same_as_flash_attention for why not the whole continuation), and crisp computed
+#      the prompt's attention (its log line, no fallback), with the prompt in one ubatch and in
+#      ubatches of 256 (chunks over the cache);
 #   2. --sparse-prefill crisp runs and crisp computed the prompt's attention;
 #   3. a bad policy, key or value stops llama-cli with an error naming it.
 # Usage: tests/llama_cpp/test_llama_cpp.sh [--cuda] [BIN_DIR [MODEL]]
@@ -53,12 +54,38 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 # A retrieval prompt of about 1000 tokens (several of crisp's 128-token blocks), whose answer sits
-# in the middle of the document.
-prompt="Below is a list of boxes and their secret codes. Remember them."$'\n'
-for i in $(seq 1 60); do
-  prompt+="Box number $i holds the secret code $(( (i * 7919) % 10000 ))."$'\n'
+# in the middle of the document: a pass key amid filler (the passkey task). (Until session
+# 10 it asked for one box among 60: the 135M model guessed, and on CUDA a rounding difference between
+# two correct kernels picked another guess; a needle it does retrieve gives both a right answer.)
+readonly pass_code=7364
+prompt="There is a pass key hidden in this text. Remember it."$'\n'
+for i in $(seq 1 40); do
+  prompt+="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."$'\n'
+  [ "$i" -eq 20 ] && prompt+="The pass key is $pass_code. Remember it. $pass_code is the pass key."$'\n'
 done
-prompt+="Question: what is the secret code of box number 23?"$'\n'"Answer: the secret code of box number 23 is"
+readonly question="The pass key is"  # completed by copying the key (a raw prompt, -no-cnv)
+prompt+="$question"
+
+# The answer: the first number after the prompt's last line in llama-cli's output (which echoes the prompt).
+answer_of() {
+  local text
+  text="$(<"$1")"
+  text="${text##*$'back again.\n'"$question"}"  # what follows the prompt's last line
+  grep -oE '[0-9]+' <<<"$text" | head -n 1
+}
+# dense through crisp against llama.cpp's flash attention (runs FA_RUN and DENSE_RUN): both answer the
+# pass key. Not the whole greedy continuation: the two kernels round differently (llama.cpp's
+# accumulates in f16 on the CPU, 16-bit P and O on CUDA; crisp's CPU path is f32), and once the
+# answer is given a 135M model's next tokens are near-ties that any rounding difference can flip
+# (session 10 saw it on both backends). The op-level tolerance is test-ggml-crisp's, against an f64
+# reference; the verdict-level agreement on the NIAH test split is docs/evaluation.md's.
+same_as_flash_attention() {  # same_as_flash_attention FA_RUN DENSE_RUN LABEL
+  local a_fa a_dense label="$3"
+  a_fa="$(answer_of "$work/$1.out")"
+  a_dense="$(answer_of "$work/$2.out")"
+  [ "$a_fa" = "$pass_code" ] || fail "$label: llama.cpp's flash attention answered '$a_fa', not the pass key $pass_code"
+  [ "$a_dense" = "$pass_code" ] || fail "$label: dense answered '$a_dense', not the pass key $pass_code (flash attention: '$a_fa')"
+}
 
 # Greedy; one prompt ubatch unless the caller passes -ub (a later -ub replaces the earlier one).
 run_cli() {  # run_cli NAME ARGS... -> $work/NAME.out (stdout), $work/NAME.err (stderr), returns rc
@@ -74,11 +101,8 @@ grep -q "crisp: sparse prefill 'dense' computes the attention of prompt ubatches
 if grep -q "crisp: sparse prefill falls back" "$work/dense.err"; then
   fail "dense: fell back: $(grep "falls back" "$work/dense.err")"
 fi
-if ! cmp -s "$work/fa.out" "$work/dense.out"; then
-  fail "dense output differs from llama.cpp's flash attention"
-  diff "$work/fa.out" "$work/dense.out" | head -n 10
-fi
 [ -s "$work/fa.out" ] || fail "llama-cli -fa printed nothing"
+same_as_flash_attention fa dense dense
 
 # 1b. the same prompt in ubatches of 256: the later ones are chunks over the cached tokens
 run_cli fa_ub256 -fa -ub 256 || fail "llama-cli -fa -ub 256 exited $?: $(tail -n 3 "$work/fa_ub256.err")"
@@ -87,7 +111,7 @@ grep -q "crisp: sparse prefill 'dense' computes the attention of prompt ubatches
 if grep -q "crisp: sparse prefill falls back" "$work/dense_ub256.err"; then
   fail "dense -ub 256: fell back: $(grep "falls back" "$work/dense_ub256.err")"
 fi
-cmp -s "$work/fa_ub256.out" "$work/dense_ub256.out" || fail "dense -ub 256 output differs from llama.cpp's flash attention"
+same_as_flash_attention fa_ub256 dense_ub256 "dense -ub 256"
 
 # 2. the crisp policy runs through crisp
 run_cli crisp --sparse-prefill crisp || fail "llama-cli --sparse-prefill crisp exited $?: $(tail -n 3 "$work/crisp.err")"
