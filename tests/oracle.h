@@ -479,7 +479,34 @@ inline bool is_short(int64_t n, const Config& cfg) {
 }
 
 // The full plan of one (sequence, query head) given its proxy.
-inline HeadResult plan_head(const Proxy& P, const Config& cfg, double tol) {
+// proxy_last_rows: pv / ps become the larger of all rows' pooled mass and the last R rows' own (the
+// mean of their A over the block), and JSD is taken against that pv.
+inline Proxy with_last_rows(const Proxy& all, int64_t R) {
+  Proxy P = all;
+  const int64_t rows = std::min(R, P.L);
+  std::vector<double> pv_last(static_cast<size_t>(P.N), 0.0), ps_last(static_cast<size_t>(P.N), 0.0);
+  for (int64_t i = P.L - rows; i < P.L; ++i)
+    for (int64_t j = 0; j <= P.p(i); ++j) {
+      pv_last[static_cast<size_t>(j / P.B)] += P.a(i, j) / static_cast<double>(rows);
+      ps_last[static_cast<size_t>((P.p(i) - j) / P.B)] += P.a(i, j) / static_cast<double>(rows);
+    }
+  for (int b = 0; b < P.N; ++b) {
+    P.pv[static_cast<size_t>(b)] = std::max(P.pv[static_cast<size_t>(b)], pv_last[static_cast<size_t>(b)]);
+    P.ps[static_cast<size_t>(b)] = std::max(P.ps[static_cast<size_t>(b)], ps_last[static_cast<size_t>(b)]);
+  }
+  double kl_a = 0.0, kl_p = 0.0;
+  for (int c = 0; c < P.N; ++c) {
+    const double a = P.abar[static_cast<size_t>(c)], pvc = P.pv[static_cast<size_t>(c)];
+    const double m = 0.5 * (a + pvc);
+    if (a > 0.0) kl_a += a * std::log(a / m);
+    if (pvc > 0.0) kl_p += pvc * std::log(pvc / m);
+  }
+  P.jsd = std::sqrt(std::max(0.0, 0.5 * kl_a + 0.5 * kl_p));
+  return P;
+}
+
+inline HeadResult plan_head(const Proxy& all_rows, const Config& cfg, double tol) {
+  const Proxy P = cfg.proxy_last_rows > 0 ? with_last_rows(all_rows, cfg.proxy_last_rows) : all_rows;
   HeadResult h;
   const int N = P.N;
   if (cfg.dense || is_short(P.n, cfg)) {

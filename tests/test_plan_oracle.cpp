@@ -215,6 +215,10 @@ std::vector<std::pair<std::string, std::vector<std::string>>> config_grid() {
   // cases' N (8 to 24) all lie below 32 (held) and at or above 8 (the plain 1/N).
   grid.push_back({"crisp", {"uniform_floor_blocks=32"}});
   grid.push_back({"crisp", {"routing=none", "vs_floor=max", "uniform_floor_blocks=8", "uniform_alpha=2"}});
+  // The last proxy rows pooled on their own too (pv / ps the larger; JSD against that pv).
+  grid.push_back({"crisp", {"proxy_last_rows=16"}});
+  grid.push_back({"crisp", {"routing=none", "proxy_last_rows=8", "uniform_floor_blocks=32"}});
+  grid.push_back({"flexprefill", {"proxy_last_rows=16"}});
   return grid;
 }
 

@@ -10,6 +10,7 @@
 
 #include "crisp/crisp.h"
 #include "oracle.h"
+#include "plan/proxy.h"
 #include "plan/rules.h"
 #include "test_util.h"
 
@@ -59,6 +60,19 @@ TEST(RulesDirect, UniformFloorStopsRisingBelowItsBlocks) {
   EXPECT_EQ(noise_floor_threshold(kFloorMax, 1 / 16.0, 1.0, 1.0, 32, 8), 1 / 16.0);
   // The mean floor does not read it.
   EXPECT_EQ(noise_floor_threshold(kFloorMean, 1 / 16.0, 3.0, 1.0, 32, 8), 3 / 16.0);
+}
+
+TEST(ProxyRules, LastRowsAreTheLastROfLAndTheirMassIsTheLarger) {
+  using namespace crisp::proxy;
+  EXPECT_FALSE(in_last_rows(111, 128, 16));
+  EXPECT_TRUE(in_last_rows(112, 128, 16));
+  EXPECT_TRUE(in_last_rows(127, 128, 16));
+  EXPECT_FALSE(in_last_rows(127, 128, 0));  // off
+  EXPECT_TRUE(in_last_rows(0, 8, 16));       // R > L: every row
+  EXPECT_EQ(last_rows_inverse(128, 16), 1 / 16.0);
+  EXPECT_EQ(last_rows_inverse(8, 16), 1 / 8.0);
+  EXPECT_EQ(with_last_rows(0.02, 0.5), 0.5);
+  EXPECT_EQ(with_last_rows(0.3, 0.1), 0.3);
 }
 
 TEST(RulesDirect, PeRowFloorIsStrict) {

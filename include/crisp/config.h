@@ -77,6 +77,11 @@ struct Config {
   // floor stops rising as N falls (a short prompt's floor 1/N would drop a needle that only the
   // last queries need; docs/algorithm.md, "Short prompts"). 0: the plain 1/N.
   int64_t uniform_floor_blocks = 0;
+  // The last proxy_last_rows proxy rows are pooled on their own as well, and each block's pooled
+  // vertical / slash mass is the larger of the two: a block that only the queries nearest the
+  // answer need is not diluted by the other rows (docs/algorithm.md, "Short prompts"). 0 = off.
+  // The CPU planner only, so far: the CUDA planner refuses it by name.
+  int64_t proxy_last_rows = 0;
   double gamma = 0.95;             // cumulative mass target
   int64_t vertical_tokens = 1000;  // topk vertical budget (tokens)
   int64_t slash_tokens = 6096;     // topk slash budget (tokens)
@@ -107,7 +112,7 @@ struct Config {
   // naming "preset" for any other name.
   static Config from_preset(const std::string& name);
 
-  // Sets one parameter by its spec name (tau_proxy, rho, alpha, vs_floor, uniform_alpha, uniform_floor_blocks, gamma,
+  // Sets one parameter by its spec name (tau_proxy, rho, alpha, vs_floor, uniform_alpha, uniform_floor_blocks, proxy_last_rows, gamma,
   // pe_rule, pe_gamma, pe_alpha, tau, w_sink, w_local, min_budget, max_budget, routing, vs_budget,
   // slash_cover, vertical_tokens, slash_tokens, block_size, softmax_scale, dense_below). Throws crisp::Error naming the key for
   // an unknown key or a value that does not parse or is out of range.

@@ -113,6 +113,9 @@ ProxyMasses proxy_map(const PlanInputs<T>& in, int64_t s, int64_t h, std::vector
   std::vector<T> exps(static_cast<size_t>(n));
   const int64_t w_sink = in.params.w_sink, w_local = in.params.w_local;
   double c_struct_sum = 0.0;
+  // proxy_last_rows: the last R rows' own v and u (pooled into pv / ps below, then combined).
+  const int64_t R = in.params.proxy_last_rows;
+  std::vector<double> v_last(R > 0 ? static_cast<size_t>(n) : 0, 0.0), u_last(v_last.size(), 0.0);
 
   for (int64_t i0 = 0; i0 < L; i0 += kProxyRowsPerChunk) {
     const int rows = static_cast<int>(std::min<int64_t>(kProxyRowsPerChunk, L - i0));
@@ -139,6 +142,10 @@ ProxyMasses proxy_map(const PlanInputs<T>& in, int64_t s, int64_t h, std::vector
         const double a = proxy::softmax_share<double>(exps[j], inv);
         m.v[j] += a;
         m.u[proxy::slash_distance(p, j)] += a;
+        if (proxy::in_last_rows(i0 + r, L, R)) {
+          v_last[j] += a;
+          u_last[proxy::slash_distance(p, j)] += a;
+        }
         if (rules::in_structural_set(j, p, w_sink, w_local)) structural += a;
       }
       c_struct_sum += structural;
@@ -152,6 +159,16 @@ ProxyMasses proxy_map(const PlanInputs<T>& in, int64_t s, int64_t h, std::vector
   m.ps.assign(N, 0.0);
   for (int64_t j = 0; j < n; ++j) m.pv[proxy::vertical_block(j, B)] += m.v[j];
   for (int64_t t = 0; t < n; ++t) m.ps[proxy::distance_block(t, B)] += m.u[t];
+  if (R > 0) {
+    const double inv_R = proxy::last_rows_inverse(L, R);
+    std::vector<double> pv_last(N, 0.0), ps_last(N, 0.0);
+    for (int64_t j = 0; j < n; ++j) pv_last[proxy::vertical_block(j, B)] += v_last[j] * inv_R;
+    for (int64_t t = 0; t < n; ++t) ps_last[proxy::distance_block(t, B)] += u_last[t] * inv_R;
+    for (int32_t b = 0; b < N; ++b) {
+      m.pv[b] = proxy::with_last_rows(m.pv[b], pv_last[b]);
+      m.ps[b] = proxy::with_last_rows(m.ps[b], ps_last[b]);
+    }
+  }
   return m;
 }
 

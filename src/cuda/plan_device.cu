@@ -759,6 +759,9 @@ bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d, cons
 void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& block_table, const Config& config,
                     cuda::DevicePlan& plan, PlanWorkspace& pw, cudaStream_t stream) {
   config.validate();
+  if (config.proxy_last_rows != 0)
+    throw Error("config.proxy_last_rows", "is " + std::to_string(config.proxy_last_rows),
+                "0 on the CUDA planner (the last rows' own scores are on the CPU planner only so far)");
   const DevicePlanView& view = view_of(plan);
   check_input(q, "q", plan.num_q_heads(), plan.total_tokens(), plan.head_dim());
   check_input(k, "k", plan.num_kv_heads(), block_table.empty() ? plan.total_keys() : -1, plan.head_dim());

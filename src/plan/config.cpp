@@ -205,6 +205,7 @@ const std::vector<Parameter>& parameters() {
                 [](const Config& c) { return is_one_of(c.vs_floor, kVsFloors); }, "one of mean, uniform, max"},
       CRISP_DOUBLE_PARAM(uniform_alpha, x > 0.0, "a finite number > 0"),
       CRISP_INT_PARAM(uniform_floor_blocks, x >= 0 && x <= (int64_t{1} << 30), "an integer in [0, 2^30] (blocks; 0 = off)"),
+      CRISP_INT_PARAM(proxy_last_rows, x >= 0 && x <= 4096, "an integer in [0, 4096] (proxy rows; 0 = off)"),
       CRISP_DOUBLE_PARAM(gamma, x > 0.0 && x <= 1.0, "a number in (0, 1]"),
       CRISP_INT_PARAM(vertical_tokens, x >= 1, "an integer >= 1"),
       CRISP_INT_PARAM(slash_tokens, x >= 1, "an integer >= 1"),

@@ -46,6 +46,13 @@ CRISP_HD Out first_distance_block_of_key_block(int64_t n, int64_t L, int32_t blo
 
 // The proxy's masses are means over its L rows: a sum over the rows times 1 / L.
 CRISP_HD double rows_inverse(int64_t L) { return 1.0 / static_cast<double>(L); }
+// proxy_last_rows (Config; 0 = off): proxy row i of L is one of the last R rows, pooled on their own
+// as well (the queries nearest the answer: docs/algorithm.md, "Short prompts").
+CRISP_HD bool in_last_rows(int64_t i, int64_t L, int64_t R) { return R > 0 && i >= L - R; }
+CRISP_HD double last_rows_inverse(int64_t L, int64_t R) { return 1.0 / static_cast<double>(R < L ? R : L); }
+// A block's pooled mass with proxy_last_rows: the larger of all rows' and the last rows' pooled mass
+// (the VS rules' pv / ps; the slash and vertical sides alike).
+CRISP_HD double with_last_rows(double all_rows, double last_rows) { return all_rows > last_rows ? all_rows : last_rows; }
 
 // ---------------------------------------------------------------- row softmax statistics
 // A row's online softmax keeps (run_max, run_sum), run_sum relative to run_max. One score x

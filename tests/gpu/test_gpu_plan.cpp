@@ -236,6 +236,28 @@ TEST(GpuPlan, ApiPathMatchesCpu) {
   expect_same_plan(gpu, cpu, "api");
 }
 
+// proxy_last_rows is on the CPU planner only so far: the CUDA planner refuses it by name, never
+// planning without it.
+TEST(GpuPlan, RefusesProxyLastRowsByName) {
+  SKIP_WITHOUT_GPU();
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(8, 2, 128, {2048}, 23);
+  crisp::Workload w = crisp::make_workload(spec);
+  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  cfg.set("proxy_last_rows", "16");
+  DeviceArray q_dev(w.q.data(), w.q.size() * sizeof(float));
+  DeviceArray k_dev(w.k.data(), w.k.size() * sizeof(float));
+  ASSERT_NE(q_dev.ptr, nullptr);
+  ASSERT_NE(k_dev.ptr, nullptr);
+  const auto q_gpu = crisp::TensorView::contiguous(q_dev.ptr, crisp::DType::f32, 8, w.total_tokens, 128, crisp::Device::cuda);
+  const auto k_gpu = crisp::TensorView::contiguous(k_dev.ptr, crisp::DType::f32, 2, w.total_tokens, 128, crisp::Device::cuda);
+  try {
+    (void)crisp::plan(q_gpu, k_gpu, cfg, w.cu_seqlens);
+    FAIL() << "the CUDA planner planned with proxy_last_rows = 16";
+  } catch (const crisp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("proxy_last_rows"), std::string::npos) << e.what();
+  }
+}
+
 // plan_async makes no host synchronisation and fixed-size launches: it can be captured in a CUDA
 // graph (after one warm-up call that sizes the workspace) and replayed.
 TEST(GpuPlan, CapturesInCudaGraph) {
