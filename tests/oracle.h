@@ -97,6 +97,18 @@ struct Proxy {
 
 inline int num_blocks(int64_t n, int B) { return static_cast<int>((n + B - 1) / B); }
 
+// §2 jsd: the Jensen-Shannon distance between abar and pv (natural log).
+inline double js_distance(const std::vector<double>& abar, const std::vector<double>& pv) {
+  double kl_a = 0.0, kl_p = 0.0;
+  for (size_t c = 0; c < abar.size(); ++c) {
+    const double a = abar[c], pvc = pv[c];
+    const double m = 0.5 * (a + pvc);
+    if (a > 0.0) kl_a += a * std::log(a / m);
+    if (pvc > 0.0) kl_p += pvc * std::log(pvc / m);
+  }
+  return std::sqrt(std::max(0.0, 0.5 * kl_a + 0.5 * kl_p));
+}
+
 // k: the n key rows of one kv head for one sequence (key j at k + j*d). q_rows: the query rows of
 // one query head, the last n_q of the n positions (position t at q_rows + (t - (n - n_q))*d);
 // n_q < 0 means a whole prompt (n_q = n).
@@ -172,14 +184,7 @@ inline Proxy make_proxy(const double* q_rows, const double* k, int64_t n, int64_
     for (int c = 0; c < N; ++c) z += std::exp(logit[static_cast<size_t>(c)] - mx);
     P.abar.resize(static_cast<size_t>(N));
     for (int c = 0; c < N; ++c) P.abar[static_cast<size_t>(c)] = std::exp(logit[static_cast<size_t>(c)] - mx) / z;
-    double kl_a = 0.0, kl_p = 0.0;
-    for (int c = 0; c < N; ++c) {
-      const double a = P.abar[static_cast<size_t>(c)], pvc = P.pv[static_cast<size_t>(c)];
-      const double m = 0.5 * (a + pvc);
-      if (a > 0.0) kl_a += a * std::log(a / m);
-      if (pvc > 0.0) kl_p += pvc * std::log(pvc / m);
-    }
-    P.jsd = std::sqrt(std::max(0.0, 0.5 * kl_a + 0.5 * kl_p));
+    P.jsd = js_distance(P.abar, P.pv);
   }
 
   // §4: P[r, c] = softmax over c <= r of s * qbar_r . kbar_c, for the rows holding queries.
@@ -478,7 +483,6 @@ inline bool is_short(int64_t n, const Config& cfg) {
   return num_blocks(n, cfg.block_size) <= 2 || n <= cfg.min_budget || n <= cfg.dense_below;
 }
 
-// The full plan of one (sequence, query head) given its proxy.
 // proxy_last_rows: pv / ps become the larger of all rows' pooled mass and the last R rows' own (the
 // mean of their A over the block), and JSD is taken against that pv.
 inline Proxy with_last_rows(const Proxy& all, int64_t R) {
@@ -494,17 +498,11 @@ inline Proxy with_last_rows(const Proxy& all, int64_t R) {
     P.pv[static_cast<size_t>(b)] = std::max(P.pv[static_cast<size_t>(b)], pv_last[static_cast<size_t>(b)]);
     P.ps[static_cast<size_t>(b)] = std::max(P.ps[static_cast<size_t>(b)], ps_last[static_cast<size_t>(b)]);
   }
-  double kl_a = 0.0, kl_p = 0.0;
-  for (int c = 0; c < P.N; ++c) {
-    const double a = P.abar[static_cast<size_t>(c)], pvc = P.pv[static_cast<size_t>(c)];
-    const double m = 0.5 * (a + pvc);
-    if (a > 0.0) kl_a += a * std::log(a / m);
-    if (pvc > 0.0) kl_p += pvc * std::log(pvc / m);
-  }
-  P.jsd = std::sqrt(std::max(0.0, 0.5 * kl_a + 0.5 * kl_p));
+  P.jsd = js_distance(P.abar, P.pv);
   return P;
 }
 
+// The full plan of one (sequence, query head) given its proxy.
 inline HeadResult plan_head(const Proxy& all_rows, const Config& cfg, double tol) {
   const Proxy P = cfg.proxy_last_rows > 0 ? with_last_rows(all_rows, cfg.proxy_last_rows) : all_rows;
   HeadResult h;
