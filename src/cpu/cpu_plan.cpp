@@ -138,13 +138,15 @@ ProxyMasses proxy_map(const PlanInputs<T>& in, int64_t s, int64_t h, std::vector
       }
       const double inv = 1.0 / denominator;
       double structural = 0.0;
+      const bool last_row = proxy::in_last_rows(i0 + r, L, R);  // per row, not per key
       for (int64_t j = 0; j <= p; ++j) {
         const double a = proxy::softmax_share<double>(exps[j], inv);
+        const int64_t t = proxy::slash_distance(p, j);
         m.v[j] += a;
-        m.u[proxy::slash_distance(p, j)] += a;
-        if (proxy::in_last_rows(i0 + r, L, R)) {
+        m.u[t] += a;
+        if (last_row) {
           v_last[j] += a;
-          u_last[proxy::slash_distance(p, j)] += a;
+          u_last[t] += a;
         }
         if (rules::in_structural_set(j, p, w_sink, w_local)) structural += a;
       }
