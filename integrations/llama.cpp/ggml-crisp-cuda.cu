@@ -174,18 +174,19 @@ static int64_t check_mask_on_device(ggml_backend_cuda_context & ctx, const ggml_
 // The verdicts of the current graph compute. Every layer's op of a compute reads the same KQ mask
 // node (two for Gemma 3's sliding-window layers: llama.cpp's input, or its F16 cast computed once
 // early in the graph), which no later op of the compute writes, so the first op's verdict stands
-// for the others: they skip the mask kernels and the synchronisation. The key is the node and its
-// data: a different mask node is checked on its own even at a reused address. A new compute (ggml_crisp_cuda_graph_compute_begin) starts a new
-// generation. CRISP_HOOK_VERDICT_CACHE=0 turns the reuse off (every op checks its mask).
+// for the others: they skip the mask kernels and the synchronisation. The key is the node (its
+// data, shape and strides are fixed within a compute), so a different mask node is checked on its
+// own even at a reused address, and the ubatch's query count. A new compute
+// (ggml_crisp_cuda_graph_compute_begin) starts a new generation. CRISP_HOOK_VERDICT_CACHE=0 turns
+// the reuse off (every op checks its mask).
 std::atomic<unsigned long long> g_compute_generation{0};
 
 struct Verdict {
   unsigned long long generation;
   int device;
-  const ggml_tensor * mask_tensor;  // the graph node: two masks of one compute are two nodes, even
-                                    // where ggml's allocator lays the second where the first was
-  const void * mask;
-  int64_t n_kv, n_q, row_bytes;
+  const ggml_tensor * mask;  // the graph node: two masks of one compute are two nodes, even where
+                             // ggml's allocator lays the second where the first was
+  int64_t n_q;
   int64_t n_past;
 };
 std::mutex g_verdicts_mutex;
@@ -208,11 +209,9 @@ static int64_t causal_prefix_on_device(ggml_backend_cuda_context & ctx, const gg
   const int64_t n_q = dst->src[0]->ne[1];
   cudaStream_t stream = ctx.stream();
   const int64_t n_kv = mask->ne[0];
-  Verdict key{g_compute_generation.load(std::memory_order_relaxed), ctx.device, mask, mask->data, n_kv, n_q,
-              static_cast<int64_t>(mask->nb[1]), -1};
+  Verdict key{g_compute_generation.load(std::memory_order_relaxed), ctx.device, mask, n_q, -1};
   const auto same = [&](const Verdict & v) {
-    return v.generation == key.generation && v.device == key.device && v.mask_tensor == key.mask_tensor &&
-           v.mask == key.mask && v.n_kv == key.n_kv && v.n_q == key.n_q && v.row_bytes == key.row_bytes;
+    return v.generation == key.generation && v.device == key.device && v.mask == key.mask && v.n_q == key.n_q;
   };
   if (verdict_cache_enabled()) {
     std::lock_guard<std::mutex> lock(g_verdicts_mutex);
