@@ -15,14 +15,12 @@
 #   2. once the models are in /tmp/modelstore: test-ggml-crisp on CUDA, graphs on, and its variants
 #      that narrow docs/llama_cpp.md item 6 (graphs off, the portable kernel, no verdict cache,
 #      CUDA_LAUNCH_BLOCKING); the hook's checks on both models; CRISP_HOOK_TIMING=1 llama-bench
-#      runs at 8k (where the hook's fixed cost per op goes); then issue 14's TEST split where
-#      session 10 left it (Gemma 3 16k and 32k resumed from their JSONs, SmolLM2 8k again with the
-#      verdict cache), side by side, graphs on; a run that crashes is resumed once with
-#      GGML_CUDA_DISABLE_GRAPHS=1 and CRISP_HOOK_SYNC_CHECK=1, which names the failing stage; beside
-#      them the short-prompt pass-key probe (scripts/passkey_copy_probe.py) on SmolLM2
-#   3. alone on the GPU, after every evaluation: `crisp bench` at 128k (dense, crisp, flexprefill:
-#      the preset's kernel figures, issue 14), llama-bench of the 8B-shaped model (32k, 128k) and of
-#      both small models (8k/16k/32k, every policy; issue 17).
+#      runs at 8k (where the hook's fixed cost per op goes); then the short-prompt rule's TUNING
+#      split (NIAH 2k/4k/8k and the pass-key copy probe, both models), which ends the first
+#      pipeline with a pick table;
+#   3. PIPE_PHASE=verdict PIPE_PICK=... PIPE_RESUME=1 (a second pipeline): the TEST split of the
+#      pick beside the preset and FlexPrefill, then alone on the GPU `crisp bench` at 128k/512k,
+#      llama-bench of the 8B-shaped model and of Gemma 3 at 16k/32k.
 set -u
 cd "$(dirname "$0")/.."
 PIPE=${PIPE:-/tmp/pipe}
@@ -107,51 +105,59 @@ hook_timing smollm2_crisp_no_cache "$SMOL" crisp CRISP_HOOK_VERDICT_CACHE=0
 hook_timing gemma_crisp "$GEMMA" crisp
 fi
 
-# 2: the preset's verdict on the test split (issue 14), runs side by side.
+# 2: the short-prompt rule (issue 14, docs/evaluation.md "Short prompts"): PIPE_PHASE=tune (the
+# default) runs the TUNING split of the candidates; PIPE_PHASE=verdict (a second pipeline on the
+# same warm machine, PIPE_RESUME=1) runs the TEST split of the pick (PIPE_PICK, e.g.
+# "crisp:uniform_floor_blocks=64") beside the preset and FlexPrefill, then the benchmarks.
+# Candidates: `uniform_floor_blocks` (both planners) at 64 and 128 (32 kept 4 of 5 on the CPU's
+# tuning split), and FlexPrefill's own short-input rule (dense at n <= 1024) on top of 64.
+CANDIDATES=${PIPE_CANDIDATES:-"crisp:uniform_floor_blocks=64,crisp:uniform_floor_blocks=128,crisp:uniform_floor_blocks=64;dense_below=1024"}
+PHASE=${PIPE_PHASE:-tune}
 eval_pids=()
-eval_run() {  # eval_run NAME TIMEOUT MODEL LENGTH: the test split, resumed; once more without graphs on a crash
-  local name=$1 limit=$2 model=$3 length=$4
+niah_run() {  # niah_run NAME TIMEOUT MODEL LENGTHS SPLIT POLICIES: resumed from its JSON
+  local name=$1 limit=$2 model=$3 lengths=$4 split=$5 policies=$6
   if grep -qs '"complete": *true' "$PIPE/$name.json"; then log "$name: complete before"; return; fi
-  ( args=(niah --model "$model" --ngl 99 --lengths "$length" --tasks passkey,niah_single --split test
-                --policies llama_fa,crisp,flexprefill,minference --json "$PIPE/$name.json" --quiet)
-    timeout "$(left "$limit")" "$BIN/crisp-llama-eval" "${args[@]}" > "$PIPE/$name.log" 2>&1
-    rc=$?
-    log "$name rc=$rc"
-    if [ $rc = 134 ] || [ $rc = 139 ]; then
-      GGML_CUDA_DISABLE_GRAPHS=1 CRISP_HOOK_SYNC_CHECK=1 timeout "$(left "$limit")" "$BIN/crisp-llama-eval" "${args[@]}" \
-        > "$PIPE/$name.retry.log" 2>&1
-      log "$name (graphs off, sync check) rc=$?"
-    fi ) &
+  ( timeout "$(left "$limit")" "$BIN/crisp-llama-eval" niah --model "$model" --ngl 99 --lengths "$lengths" \
+      --tasks passkey,niah_single --split "$split" --policies "$policies" --json "$PIPE/$name.json" --quiet \
+      > "$PIPE/$name.log" 2>&1
+    log "$name rc=$?" ) &
   eval_pids+=($!)
 }
-# Session 10 completed SmolLM2 4k/8k and Gemma 3 4k/8k (eval/results/llama_cpp/*_test_preset_h200_20261202s10.json);
-# Gemma 3 16k and 32k resume from their partial JSONs (26 and 9 of 40 samples), and SmolLM2 8k
-# runs again with the verdict cache on (built after session 10) to show it changes no answer.
-for partial in gemma_16384 gemma_32768; do
-  seed=eval/results/llama_cpp/${partial}_test_preset_h200_20261202s10.json
-  [ -f "$PIPE/test_$partial.json" ] || cp "$seed" "$PIPE/test_$partial.json" 2>/dev/null
-done
-# The short-prompt pass-key probe (docs/evaluation.md "Short prompts"), both splits, on the GPU's
-# forward (the CPU's answered differently at 4k): beside the evaluations, small.
-( for split in tuning test; do
-    timeout "$(left 400)" python3 scripts/passkey_copy_probe.py --bin "$BIN" --model "$SMOL" --ngl 99 --split "$split" \
-      --points "crisp,flexprefill,crisp:uniform_floor_blocks=32" --json "$PIPE/probe_${split}_smollm2.json" \
-      > "$PIPE/probe_${split}_smollm2.out" 2> "$PIPE/probe_${split}_smollm2.log"
-    log "probe $split rc=$?"
-  done ) &
-eval_pids+=($!)
-eval_run test_gemma_16384 360 "$GEMMA" 16384
-eval_run test_gemma_32768 480 "$GEMMA" 32768
-eval_run test_smollm2_8192 300 "$SMOL" 8192
+probe_run() {  # probe_run NAME MODEL SPLIT POINTS
+  local name=$1 model=$2 split=$3 points=$4
+  ( timeout "$(left 500)" python3 scripts/passkey_copy_probe.py --bin "$BIN" --model "$model" --ngl 99 --split "$split" \
+      --points "$points" --json "$PIPE/$name.json" > "$PIPE/$name.out" 2> "$PIPE/$name.log"
+    log "$name rc=$?" ) &
+  eval_pids+=($!)
+}
+if [ "$PHASE" = tune ]; then
+  niah_run tune_smollm2 420 "$SMOL" 2048,4096,8192 tuning "crisp,$CANDIDATES,flexprefill"
+  niah_run tune_gemma 420 "$GEMMA" 2048,4096,8192 tuning "crisp,$CANDIDATES,flexprefill"
+  probe_run probe_tuning_smollm2 "$SMOL" tuning "crisp,$CANDIDATES,flexprefill"
+  probe_run probe_tuning_gemma "$GEMMA" tuning "crisp,$CANDIDATES,flexprefill"
+  wait "${eval_pids[@]}"
+  log "tuning split done"
+  python3 scripts/pick_frontier_point.py "$PIPE"/tune_*.json > "$PIPE/pick.txt" 2>&1
+  log "pipeline done (tune)"
+  exit 0
+fi
+PICK=${PIPE_PICK:?PIPE_PHASE=verdict needs PIPE_PICK}
+niah_run test_smollm2 420 "$SMOL" 2048,4096,8192 test "llama_fa,crisp,$PICK,flexprefill,minference"
+niah_run test_gemma 420 "$GEMMA" 2048,4096,8192 test "llama_fa,crisp,$PICK,flexprefill,minference"
+probe_run probe_test_smollm2 "$SMOL" test "crisp,$PICK,flexprefill"
+probe_run probe_test_gemma "$GEMMA" test "crisp,$PICK,flexprefill"
 wait "${eval_pids[@]}"
 log "test split done"
 
-# 3: benchmarks, alone on the GPU.
-step crisp_bench_128k 240 env OUT="$PIPE/crisp_bench" CRISP_GPU_DEADLINE_S=240 CRISP_GPU_BENCH_SEQ=131072 \
+# 3: benchmarks, alone on the GPU: `crisp bench` at 128k and 512k (the preset's kernel figures,
+# issue 14), llama-bench of the 8B-shaped model (32k, 128k) and of Gemma 3 at 16k/32k (issue 17),
+step crisp_bench 300 env OUT="$PIPE/crisp_bench" CRISP_GPU_DEADLINE_S=300 CRISP_GPU_BENCH_SEQ=131072,524288 \
   CRISP_GPU_BENCH_PRESETS=dense,crisp,flexprefill CRISP_GPU_BENCH_KERNELS=auto scripts/gpu.sh bench
-step llama_bench_8b 480 env OUT="$PIPE/llama_bench_8b" CRISP_GPU_DEADLINE_S=480 CRISP_GPU_LLAMA_BIN="$BIN" \
-  CRISP_GPU_LLAMA_PARTS=8b CRISP_GPU_LLAMA_8B_LENGTHS=32768,131072 CRISP_GPU_LLAMA_8B_PATH="$GGUF_8B" scripts/gpu.sh llama
-step llama_bench_small 420 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=420 CRISP_GPU_LLAMA_BIN="$BIN" \
-  CRISP_GPU_LLAMA_PARTS=small CRISP_GPU_LLAMA_MODELS="smollm2=$SMOL,gemma3=$GEMMA" scripts/gpu.sh llama
+step llama_bench_8b 420 env OUT="$PIPE/llama_bench_8b" CRISP_GPU_DEADLINE_S=420 CRISP_GPU_LLAMA_BIN="$BIN" \
+  CRISP_GPU_LLAMA_PARTS=8b CRISP_GPU_LLAMA_POLICIES=fa,crisp CRISP_GPU_LLAMA_8B_LENGTHS=32768,131072 \
+  CRISP_GPU_LLAMA_8B_PATH="$GGUF_8B" scripts/gpu.sh llama
+step llama_bench_gemma 300 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=300 CRISP_GPU_LLAMA_BIN="$BIN" \
+  CRISP_GPU_LLAMA_PARTS=small CRISP_GPU_LLAMA_MODELS="gemma3=$GEMMA" CRISP_GPU_LLAMA_LENGTHS=16384,32768 \
+  CRISP_GPU_LLAMA_REPS=2 CRISP_GPU_LLAMA_POLICIES=fa,dense,crisp,flexprefill scripts/gpu.sh llama
 wait
 log "pipeline done"
