@@ -9,6 +9,7 @@
 
 #include "common/kv_rows.h"
 #include "plan/plan_layout.h"
+#include "plan/proxy.h"
 #include "plan/rules.h"
 
 namespace crisp {
@@ -147,6 +148,8 @@ struct Workspace {
   double* cs_sum = nullptr;         // [slot] sum over rows of the structural mass (times L)
   double* v_sum = nullptr;          // [token array] token-level v (times L), cumulative/topk only
   double* u_sum = nullptr;          // [token array] token-level u (times L)
+  double* pv_last_sum = nullptr;    // [block array] the same over the last proxy_last_rows rows only
+  double* ps_last_sum = nullptr;    // [block array] (times min(R, L)); null when proxy_last_rows = 0
   // §2 jsd / §4 PE.
   float* key_means = nullptr;       // [(block_base * Hkv + kv * N + c)][d]
   float* query_means = nullptr;     // [block array][d] (PE heads)
@@ -156,6 +159,16 @@ struct Workspace {
   int8_t* topk_vertical = nullptr;  // [block array]
   int8_t* topk_slash = nullptr;     // [block array]
 };
+
+// A block's pooled proxy mass (pv or ps, as the VS rules and the JSD read it) from the sums of the
+// proxy: the mean over the L rows, or with proxy_last_rows the larger of that and the last rows'
+// mean (proxy::with_last_rows, the CPU planner's rule). `last_sum` is null when the option is off.
+__device__ __forceinline__ double pooled_block_mass(const double* all_sum, const double* last_sum, int64_t at,
+                                                    int64_t L, int64_t last_rows) {
+  const double all = all_sum[at] * proxy::rows_inverse(L);
+  if (last_sum == nullptr || last_rows <= 0) return all;
+  return proxy::with_last_rows(all, last_sum[at] * proxy::last_rows_inverse(L, last_rows));
+}
 
 }  // namespace planner
 }  // namespace cuda_detail

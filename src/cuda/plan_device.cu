@@ -61,6 +61,7 @@ struct Needs {
   bool token_level = false;  // cumulative / topk: v, u and selections
   bool key_means = false;    // jsd routing or PE heads possible
   bool pe = false;           // PE heads possible
+  bool last_rows = false;    // proxy_last_rows: the last rows' pooled sums
 };
 
 Needs needs_of(const PlanParams& p) {
@@ -69,11 +70,13 @@ Needs needs_of(const PlanParams& p) {
   n.token_level = select::walks_tokens(p);
   n.pe = p.routing != Routing::none;
   n.key_means = n.pe || select::needs_jsd(p);
+  n.last_rows = p.proxy_last_rows > 0;
   return n;
 }
 
 bool covers(const Needs& have, const Needs& want) {
-  return (have.token_level || !want.token_level) && (have.key_means || !want.key_means) && (have.pe || !want.pe);
+  return (have.token_level || !want.token_level) && (have.key_means || !want.key_means) && (have.pe || !want.pe) &&
+         (have.last_rows || !want.last_rows);
 }
 
 // Host-known shape of one planning call.
@@ -240,7 +243,7 @@ class PlanWorkspace {
     const std::size_t o_partial = take(std::max<std::size_t>(items_.size(), 1) * rows_per_item * sizeof(float2));
     const std::size_t o_records = take(static_cast<std::size_t>(records_count_) * sizeof(float4));
     const std::size_t o_record_max = take(static_cast<std::size_t>(records_count_) * sizeof(float));
-    const std::size_t o_bin_sums = sh.tensor_cores ? take(block_entries_ * kFusedBins * sizeof(double)) : 0;
+    const std::size_t o_bin_sums = sh.tensor_cores ? take(block_entries_ * kFusedBinsPitch * sizeof(double)) : 0;
     const std::size_t o_row_max = take(slots_ * sh.B * sizeof(float));
     const std::size_t o_row_inv = take(slots_ * sh.B * sizeof(float));
     const std::size_t o_pv = take(block_entries_ * sizeof(double));
@@ -248,6 +251,8 @@ class PlanWorkspace {
     const std::size_t o_cs = take(slots_ * sizeof(double));
     const std::size_t o_v = needs_.token_level ? take(token_entries_ * sizeof(double)) : 0;
     const std::size_t o_u = needs_.token_level ? take(token_entries_ * sizeof(double)) : 0;
+    const std::size_t o_pv_last = needs_.last_rows ? take(block_entries_ * sizeof(double)) : 0;
+    const std::size_t o_ps_last = needs_.last_rows ? take(block_entries_ * sizeof(double)) : 0;
     const std::size_t o_kmeans = needs_.key_means ? take(key_block_entries * sh.d * sizeof(float)) : 0;
     const std::size_t o_qmeans = needs_.pe ? take(block_entries_ * sh.d * sizeof(float)) : 0;
     const std::size_t o_pe_prob = needs_.pe ? take(causal_entries * sizeof(double)) : 0;
@@ -285,6 +290,10 @@ class PlanWorkspace {
     if (needs_.token_level) {
       ws_.v_sum = reinterpret_cast<double*>(base + o_v);
       ws_.u_sum = reinterpret_cast<double*>(base + o_u);
+    }
+    if (needs_.last_rows) {
+      ws_.pv_last_sum = reinterpret_cast<double*>(base + o_pv_last);
+      ws_.ps_last_sum = reinterpret_cast<double*>(base + o_ps_last);
     }
     if (needs_.key_means) ws_.key_means = reinterpret_cast<float*>(base + o_kmeans);
     if (needs_.pe) {
@@ -325,7 +334,7 @@ class PlanWorkspace {
   int64_t records_count_ = 0;
   float4* records_ = nullptr;  // records of the tensor-core proxy (fused pass or pass 2)
   float* record_max_ = nullptr;  // their row maxima (fused pass)
-  double* bin_sums_ = nullptr;   // [block array][kFusedBins] finalize scratch (fused pass)
+  double* bin_sums_ = nullptr;   // [block array][kFusedBinsPitch] finalize scratch (fused pass)
   SelectState* states_ = nullptr;
   unsigned long long* hist_count_ = nullptr;
   double* hist_mass_ = nullptr;
@@ -403,6 +412,14 @@ template <typename Mark>
 void run_select(const PlanWorkspace& pw, const double* values, SelectState* states, int64_t max_len, const Mark* mark,
                 cudaStream_t stream) {
   const int slots = static_cast<int>(pw.slots());
+  if (max_len <= kSelectChunk) {  // every slot is one chunk: the whole selection in one launch
+    if (mark != nullptr)
+      select_one_block_kernel<true><<<slots, kSelectThreads, 0, stream>>>(values, states, *mark);
+    else
+      select_one_block_kernel<false><<<slots, kSelectThreads, 0, stream>>>(values, states, Mark{});
+    CRISP_CUDA_CHECK_LAUNCH("select_one_block_kernel");
+    return;
+  }
   const dim3 grid(grid_for(std::max<int64_t>(max_len, 1), static_cast<int>(kSelectChunk)), slots);
   for (int pass = 0; pass < kSelectPasses; ++pass) {
     const int shift = 64 - kSelectDigitBits * (pass + 1);
@@ -499,6 +516,7 @@ class PlanStages {
     pp.group = sp_.group;
     pp.head_dim = static_cast<int32_t>(sh_.d);
     pp.block = sh_.B;
+    pp.last_rows = static_cast<int32_t>(sp_.plan.proxy_last_rows);
     pp.scale = static_cast<float>(scale_);
     pp.w_sink = sp_.plan.w_sink;
     pp.w_local = sp_.plan.w_local;
@@ -535,6 +553,7 @@ class PlanStages {
         fp.num_q_heads = static_cast<int32_t>(sh_.H);
         fp.group = pp.group;
         fp.block = sh_.B;
+        fp.last_rows = pp.last_rows;
         fp.ws = ws_;
         const ProxyMmaRecords records{pw_.records(), pw_.record_max()};
         if (sh_.d == 64)
@@ -552,6 +571,10 @@ class PlanStages {
     if (needs_.token_level) {
       CRISP_CUDA_CHECK(cudaMemsetAsync(ws_.v_sum, 0, pw_.token_entries() * sizeof(double), stream_));
       CRISP_CUDA_CHECK(cudaMemsetAsync(ws_.u_sum, 0, pw_.token_entries() * sizeof(double), stream_));
+    }
+    if (needs_.last_rows) {
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws_.pv_last_sum, 0, pw_.block_entries() * sizeof(double), stream_));
+      CRISP_CUDA_CHECK(cudaMemsetAsync(ws_.ps_last_sum, 0, pw_.block_entries() * sizeof(double), stream_));
     }
     const std::size_t smem = proxy_smem_bytes(static_cast<int>(sh_.d));
     set_smem(reinterpret_cast<const void*>(&proxy_kernel<T, 1, false>), smem);
@@ -741,7 +764,10 @@ KeyTable key_table(const BlockTable& table, const TensorView& q, const TensorVie
 // its kMmaRows = 512 query rows in shared memory, 256 KB at d = 256, more than an SM has. The FFMA
 // path takes d x (132 + 68) floats: 200 KB at d = 256, within sm_90's 227 KB per CTA (not sm_80's
 // 163 KB: there the launch fails with a CUDA error).
-bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d, const Shape& sh) {
+// proxy_last_rows with a token-level rule plans on the FFMA path too: the two-pass tensor-core
+// kernel keeps its masses per warp of 32 rows, so it cannot single out the last R rows.
+bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d, const Shape& sh, const Needs& needs) {
+  if (needs.last_rows && needs.token_level) return false;
   if (q.dtype != DType::bf16 && q.dtype != DType::f16) return false;
   if (d != 64 && d != 128) return false;
   for (std::size_t s = 0; s < sh.bases.size(); ++s)
@@ -759,9 +785,6 @@ bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d, cons
 void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& block_table, const Config& config,
                     cuda::DevicePlan& plan, PlanWorkspace& pw, cudaStream_t stream) {
   config.validate();
-  if (config.proxy_last_rows != 0)
-    throw Error("config.proxy_last_rows", "is " + std::to_string(config.proxy_last_rows),
-                "0 on the CUDA planner (the last rows' own scores are on the CPU planner only so far)");
   const DevicePlanView& view = view_of(plan);
   check_input(q, "q", plan.num_q_heads(), plan.total_tokens(), plan.head_dim());
   check_input(k, "k", plan.num_kv_heads(), block_table.empty() ? plan.total_keys() : -1, plan.head_dim());
@@ -780,8 +803,9 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
   const PlanParams params = plan_params(config);
   sh.estimated.resize(sh.bases.size());
   for (std::size_t s = 0; s < sh.bases.size(); ++s) sh.estimated[s] = select::estimates(params, sh.bases[s].n);
-  sh.tensor_cores = tensor_core_proxy(q, k, sh.d, sh);
-  pw.ensure(sh, needs_of(params));
+  const Needs needs = needs_of(params);
+  sh.tensor_cores = tensor_core_proxy(q, k, sh.d, sh, needs);
+  pw.ensure(sh, needs);
   const double scale = plan.softmax_scale();
   switch (q.dtype) {
     case DType::f32: plan_typed<float>(q, k, keys, params, view, pw, scale, stream); break;

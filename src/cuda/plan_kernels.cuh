@@ -131,7 +131,6 @@ __device__ double slot_jsd(const Strided3<T>& q, const SlotParams& P, const layo
   const int H = P.view.num_heads;
   const int B = P.view.block_size, N = sb.num_blocks, d = P.head_dim;
   const int64_t n = sb.n, L = rules::proxy_rows(sb.n_q, B);
-  const double inv_L = proxy::rows_inverse(L);
   float* logits = route_smem;
   float* mean_query = route_smem + N;
   for (int x = threadIdx.x; x < d; x += blockDim.x) {
@@ -157,7 +156,8 @@ __device__ double slot_jsd(const Strided3<T>& q, const SlotParams& P, const layo
   double kl_abar = 0.0, kl_proxy = 0.0;
   const int64_t base = layout::block_array_offset(sb, h, H);
   for (int c = threadIdx.x; c < N; c += blockDim.x)
-    proxy::add_js_terms(proxy::abar_share(expf(logits[c] - max_logit), den), P.ws.pv_sum[base + c] * inv_L, kl_abar,
+    proxy::add_js_terms(proxy::abar_share(expf(logits[c] - max_logit), den),
+                        pooled_block_mass(P.ws.pv_sum, P.ws.pv_last_sum, base + c, L, P.plan.proxy_last_rows), kl_abar,
                         kl_proxy);
   kl_abar = block_reduce(kl_abar, d_scratch, SumOp());
   kl_proxy = block_reduce(kl_proxy, d_scratch, SumOp());
@@ -283,11 +283,12 @@ __device__ void vs_side(const SlotParams& P, int64_t slot, const layout::Sequenc
                         double* d_scratch) {
   const int N = sb.num_blocks;
   const int64_t n = sb.n;
-  const double inv_L = 1.0 / static_cast<double>(rules::proxy_rows(sb.n_q, P.view.block_size));
+  const int64_t L = rules::proxy_rows(sb.n_q, P.view.block_size);
   const int64_t base = layout::block_array_offset(sb, h, P.view.num_heads);
   const double* mass_sum = vertical ? P.ws.pv_sum : P.ws.ps_sum;
+  const double* last_sum = vertical ? P.ws.pv_last_sum : P.ws.ps_last_sum;
   for (int b = threadIdx.x; b < N; b += blockDim.x) {
-    mass[b] = mass_sum[base + b] * inv_L;
+    mass[b] = pooled_block_mass(mass_sum, last_sum, base + b, L, P.plan.proxy_last_rows);
     flags[b] = 0;
   }
   __syncthreads();

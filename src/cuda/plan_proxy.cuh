@@ -58,6 +58,7 @@ struct ProxyParams {
   int32_t group;        // H / Hkv
   int32_t head_dim;
   int32_t block;        // B
+  int32_t last_rows;    // proxy_last_rows (0 = off): pass 2 also sums the last rows into ws.p*_last_sum
   float scale;
   int64_t w_sink, w_local;
   KeyTable keys;
@@ -114,6 +115,8 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
   float* Ks = Qs + P.head_dim * kProxyQStride;
   __shared__ double s_pv[kProxyMaxHeadsPerTile], s_cs[kProxyMaxHeadsPerTile];
   __shared__ double s_ps[kProxyMaxHeadsPerTile][kProxySlashBins];
+  // The same sums over the last proxy_last_rows rows alone (P.last_rows > 0).
+  __shared__ double s_pv_last[kProxyMaxHeadsPerTile], s_ps_last[kProxyMaxHeadsPerTile][kProxySlashBins];
   __shared__ float s_v[kTokenLevel ? kProxyMaxHeadsPerTile : 1][kTokenLevel ? kProxyTileKeys : 1];
   __shared__ float s_u[kTokenLevel ? kProxyMaxHeadsPerTile : 1][kTokenLevel ? kProxyDistanceSpan : 1];
 
@@ -164,10 +167,22 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
     }
   }
   if (kPass == 2 && tid < kProxyMaxHeadsPerTile * (2 + kProxySlashBins)) {
-    if (tid < kProxyMaxHeadsPerTile) s_pv[tid] = 0.0;
-    else if (tid < 2 * kProxyMaxHeadsPerTile) s_cs[tid - kProxyMaxHeadsPerTile] = 0.0;
-    else (&s_ps[0][0])[tid - 2 * kProxyMaxHeadsPerTile] = 0.0;
+    if (tid < kProxyMaxHeadsPerTile) {
+      s_pv[tid] = 0.0;
+      s_pv_last[tid] = 0.0;
+    } else if (tid < 2 * kProxyMaxHeadsPerTile) {
+      s_cs[tid - kProxyMaxHeadsPerTile] = 0.0;
+    } else {
+      (&s_ps[0][0])[tid - 2 * kProxyMaxHeadsPerTile] = 0.0;
+      (&s_ps_last[0][0])[tid - 2 * kProxyMaxHeadsPerTile] = 0.0;
+    }
   }
+  // Which of this thread's rows are among the last proxy_last_rows (a bit per row).
+  unsigned last_row_bits = 0;
+  if (kPass == 2 && P.last_rows > 0)
+#pragma unroll
+    for (int r = 0; r < kProxyRowsPerThread; ++r)
+      if (r < my_rows && proxy::in_last_rows(my_i0 + r, L, P.last_rows)) last_row_bits |= 1u << r;
   if (kTokenLevel) {
     for (int idx = tid; idx < kProxyMaxHeadsPerTile * kProxyTileKeys; idx += kProxyThreads) (&s_v[0][0])[idx] = 0.f;
     for (int idx = tid; idx < kProxyMaxHeadsPerTile * kProxyDistanceSpan; idx += kProxyThreads) (&s_u[0][0])[idx] = 0.f;
@@ -197,6 +212,7 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
       const int64_t t_tile_min = (n - L) - (j0 + kProxyTileKeys - 1);
       const int64_t c_tile_lo = proxy::first_distance_block(t_tile_min, B);
       float pv_acc = 0.f, cs_acc = 0.f, ps_acc[2] = {0.f, 0.f};
+      float pv_last_acc = 0.f, ps_last_acc[2] = {0.f, 0.f};
       float v_acc[kProxyKeysPerThread] = {0.f, 0.f, 0.f, 0.f};
       const int64_t t_thread_min = p0 - (jt + kProxyKeysPerThread - 1);
       const int64_t c_thread_lo = proxy::first_distance_block(t_thread_min, B);
@@ -206,8 +222,12 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
           const int64_t t = proxy::slash_distance(p, j);
           pv_acc += a;
           if (rules::in_structural_set(j, p, P.w_sink, P.w_local)) cs_acc += a;
-          if (proxy::distance_block(t, B) == c_thread_lo) ps_acc[0] += a;
-          else ps_acc[1] += a;
+          const int near_bin = proxy::distance_block(t, B) == c_thread_lo ? 0 : 1;
+          ps_acc[near_bin] += a;
+          if ((last_row_bits >> r) & 1u) {
+            pv_last_acc += a;
+            ps_last_acc[near_bin] += a;
+          }
           if (kTokenLevel) {
             v_acc[c] += a;
             atomicAdd(&s_u[head_local][t - t_tile_min], a);
@@ -218,6 +238,11 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
         const int bin = static_cast<int>(c_thread_lo - c_tile_lo);
         if (ps_acc[0] != 0.f) atomicAdd(&s_ps[head_local][bin], static_cast<double>(ps_acc[0]));
         if (ps_acc[1] != 0.f) atomicAdd(&s_ps[head_local][bin + 1], static_cast<double>(ps_acc[1]));
+        if (last_row_bits != 0) {
+          if (pv_last_acc != 0.f) atomicAdd(&s_pv_last[head_local], static_cast<double>(pv_last_acc));
+          if (ps_last_acc[0] != 0.f) atomicAdd(&s_ps_last[head_local][bin], static_cast<double>(ps_last_acc[0]));
+          if (ps_last_acc[1] != 0.f) atomicAdd(&s_ps_last[head_local][bin + 1], static_cast<double>(ps_last_acc[1]));
+        }
         if (kTokenLevel) {
 #pragma unroll
           for (int c = 0; c < kProxyKeysPerThread; ++c)
@@ -245,6 +270,17 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
           const int64_t c = c_tile_lo + bin;
           if (s_ps[hl][bin] != 0.0 && c < sb.num_blocks) atomicAdd(&P.ws.ps_sum[base + c], s_ps[hl][bin]);
           s_ps[hl][bin] = 0.0;
+        }
+        if (P.last_rows > 0) {  // the last rows' sums, by the same threads
+          if (what == 0) {
+            if (s_pv_last[hl] != 0.0) atomicAdd(&P.ws.pv_last_sum[base + key_block], s_pv_last[hl]);
+            s_pv_last[hl] = 0.0;
+          } else if (what >= 2) {
+            const int bin = what - 2;
+            const int64_t c = c_tile_lo + bin;
+            if (s_ps_last[hl][bin] != 0.0 && c < sb.num_blocks) atomicAdd(&P.ws.ps_last_sum[base + c], s_ps_last[hl][bin]);
+            s_ps_last[hl][bin] = 0.0;
+          }
         }
       }
       if (kTokenLevel) {

@@ -71,8 +71,10 @@ struct ProxyMmaRecords {
 // row's masses are kept relative to its running maximum and rescaled by the finalize kernel).
 constexpr int kFusedPass = 3;
 // Masses of one (slot, key block) between the fused pass's two finalize kernels: 3 slash bins and
-// the structural mass.
+// the structural mass, then (proxy_last_rows) the 3 slash bins of the last rows alone.
 constexpr int kFusedBins = 4;
+constexpr int kFusedLastBins = kFusedBins;  // first index of the last rows' bins
+constexpr int kFusedBinsPitch = kFusedBins + kMmaSlashBins;
 
 // First distance block reached by key block kb from the L proxy rows (t >= n - L - (kb+1) B + 1).
 __device__ __forceinline__ int mma_slash_base(int64_t n, int L, int B, int64_t kb) {
@@ -480,8 +482,9 @@ struct ProxyFinalizeParams {
   const int8_t* estimated;   // [seq]
   const float4* records;
   const float* record_max;  // fused records only
-  double* bin_sums;         // fused only: [block array][kFusedBins] scratch, the masses of each key block
+  double* bin_sums;         // fused only: [block array][kFusedBinsPitch] scratch, the masses of each key block
   int32_t num_q_heads, group, block;
+  int32_t last_rows;        // proxy_last_rows (fused only; 0 = off): bins of the last rows, pv/ps_last_sum
   Workspace ws;
 };
 
@@ -579,6 +582,7 @@ __global__ void __launch_bounds__(kRowsFinalizeWarps * 32) proxy_mma_rows_kernel
   if (b >= sb.num_blocks) return;  // warp-uniform
   const int B = P.block;
   double m0 = 0.0, m1 = 0.0, m2 = 0.0, mc = 0.0;
+  double l0 = 0.0, l1 = 0.0, l2 = 0.0, unused = 0.0;  // the last proxy_last_rows rows alone
   for (int i = lane; i < rv.L; i += 32) {
     const int64_t at = rv.first + static_cast<int64_t>(b) * rv.pitch + i;
     const float m = P.record_max[at];
@@ -589,16 +593,28 @@ __global__ void __launch_bounds__(kRowsFinalizeWarps * 32) proxy_mma_rows_kernel
     m1 += w * r.y;
     m2 += w * r.z;
     mc += w * r.w;
+    if (proxy::in_last_rows(i, rv.L, P.last_rows)) {
+      l0 += w * r.x;
+      l1 += w * r.y;
+      l2 += w * r.z;
+    }
   }
   warp_sum4(m0, m1, m2, mc);
+  if (P.last_rows > 0) warp_sum4(l0, l1, l2, unused);  // warp-uniform
   if (lane == 0) {
     const int64_t at = layout::block_array_offset(sb, slot % P.num_q_heads, P.num_q_heads) + b;
     P.ws.pv_sum[at] = m0 + m1 + m2;
-    double* bins = P.bin_sums + at * kFusedBins;
+    double* bins = P.bin_sums + at * kFusedBinsPitch;
     bins[0] = m0;
     bins[1] = m1;
     bins[2] = m2;
     bins[3] = mc;
+    if (P.last_rows > 0) {
+      P.ws.pv_last_sum[at] = l0 + l1 + l2;
+      bins[kFusedLastBins + 0] = l0;
+      bins[kFusedLastBins + 1] = l1;
+      bins[kFusedLastBins + 2] = l2;
+    }
   }
 }
 
@@ -612,10 +628,14 @@ __global__ void __launch_bounds__(256) proxy_mma_bins_kernel(ProxyFinalizeParams
   const int64_t base = layout::block_array_offset(sb, slot % P.num_q_heads, P.num_q_heads);
   double cs_local = 0.0;
   for (int b = threadIdx.x; b < N; b += blockDim.x) {
-    cs_local += P.bin_sums[(base + b) * kFusedBins + 3];
+    cs_local += P.bin_sums[(base + b) * kFusedBinsPitch + 3];
     P.ws.ps_sum[base + b] = slash_mass(sb.n, rv.L, B, N, b, [&](int64_t kb, int bin) {
-      return P.bin_sums[(base + kb) * kFusedBins + bin];
+      return P.bin_sums[(base + kb) * kFusedBinsPitch + bin];
     });
+    if (P.last_rows > 0)
+      P.ws.ps_last_sum[base + b] = slash_mass(sb.n, rv.L, B, N, b, [&](int64_t kb, int bin) {
+        return P.bin_sums[(base + kb) * kFusedBinsPitch + kFusedLastBins + bin];
+      });
   }
   const double cs = block_reduce(cs_local, d_scratch, SumOp());
   if (threadIdx.x == 0) P.ws.cs_sum[slot] = cs;

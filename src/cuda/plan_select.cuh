@@ -56,29 +56,40 @@ __device__ __forceinline__ double select_value(const double* values, const Selec
 }
 __device__ __forceinline__ uint64_t key_bits(double v) { return static_cast<uint64_t>(__double_as_longlong(v)); }
 
-__global__ void __launch_bounds__(kSelectThreads)
-select_histogram_kernel(const double* values, SelectState* states, unsigned long long* hist_count,
-                        double* hist_mass, int shift) {
-  const int64_t slot = blockIdx.y;
-  SelectState& st = states[slot];
-  if (!st.active || st.all || st.resolved) return;
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kSelectChunk;
-  if (begin >= st.len) return;
-  const int64_t end = min(begin + kSelectChunk, st.len);
-  if (st.mask != 0 && st.ties == 1) {
-    // The stop is one entry: its bits, from its only thread (no histogram; the scan resolves).
-    for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-      const uint64_t bits = key_bits(select_value(values, st, e));
-      if ((bits & st.mask) == st.prefix) st.single = bits;
+// Per-warp shared histograms of one pass (kSelectThreads threads).
+constexpr int kSelectWarps = kSelectThreads / 32;
+struct SelectHistogram {
+  unsigned int count[kSelectWarps][kSelectBins];
+  double mass[kSelectWarps][kSelectBins];
+  // Digit b's totals over the warps (a fixed order).
+  __device__ __forceinline__ void total(int b, unsigned int& c, double& m) const {
+    c = 0;
+    m = 0.0;
+    for (int w = 0; w < kSelectWarps; ++w) {
+      c += count[w][b];
+      m += mass[w][b];
     }
-    return;
   }
+};
+
+// The stop is one entry (st.ties == 1 after a pass): its bits into st.single, from its only thread.
+__device__ __forceinline__ void select_find_single(const double* values, SelectState& st, int64_t begin, int64_t end) {
+  for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
+    const uint64_t bits = key_bits(select_value(values, st, e));
+    if ((bits & st.mask) == st.prefix) st.single = bits;
+  }
+}
+
+// One pass's histogram of the entries [begin, end) of an active, unresolved slot whose prefix
+// still has more than one entry. Called by every thread of the block; ends with __syncthreads.
+__device__ __forceinline__ void select_block_histogram(const double* values, const SelectState& st, int64_t begin,
+                                                       int64_t end, int shift, SelectHistogram& h) {
   // One histogram per warp: the digits below the top one spread over many bins, where 256 threads
   // sharing one histogram serialise on its shared-memory atomics (the double adds are CAS loops);
   // a warp's own copy sees 32 (bench/RESULTS.md, session 4, has the selection's timings).
-  constexpr int kWarps = kSelectThreads / 32;
-  __shared__ unsigned int s_count[kWarps][kSelectBins];
-  __shared__ double s_mass[kWarps][kSelectBins];
+  auto& s_count = h.count;
+  auto& s_mass = h.mass;
+  constexpr int kWarps = kSelectWarps;
   for (int i = threadIdx.x; i < kWarps * kSelectBins; i += blockDim.x) {
     (&s_count[0][0])[i] = 0;
     (&s_mass[0][0])[i] = 0.0;
@@ -114,13 +125,27 @@ select_histogram_kernel(const double* values, SelectState* states, unsigned long
     if (st.walk.mode != select::kCount) atomicAdd(&warp_mass[run_digit], run_mass);
   }
   __syncthreads();
+}
+
+__global__ void __launch_bounds__(kSelectThreads)
+select_histogram_kernel(const double* values, SelectState* states, unsigned long long* hist_count,
+                        double* hist_mass, int shift) {
+  const int64_t slot = blockIdx.y;
+  SelectState& st = states[slot];
+  if (!st.active || st.all || st.resolved) return;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kSelectChunk;
+  if (begin >= st.len) return;
+  const int64_t end = min(begin + kSelectChunk, st.len);
+  if (st.mask != 0 && st.ties == 1) {  // no histogram; the scan resolves
+    select_find_single(values, st, begin, end);
+    return;
+  }
+  __shared__ SelectHistogram h;
+  select_block_histogram(values, st, begin, end, shift, h);
   for (int b = threadIdx.x; b < kSelectBins; b += blockDim.x) {
     unsigned int count = 0;
     double mass = 0.0;
-    for (int w = 0; w < kWarps; ++w) {
-      count += s_count[w][b];
-      mass += s_mass[w][b];
-    }
+    h.total(b, count, mass);
     if (count == 0) continue;
     atomicAdd(&hist_count[slot * kSelectBins + b], static_cast<unsigned long long>(count));
     if (st.walk.mode != select::kCount) atomicAdd(&hist_mass[slot * kSelectBins + b], mass);
@@ -132,22 +157,15 @@ select_histogram_kernel(const double* values, SelectState* states, unsigned long
 // count C above every digit at once, and the first digit where the rule stops is the smallest rank
 // that crosses. Same decisions as a sequential walk from the top digit; the prefix sums add the same
 // doubles in a tree order. Clears the bins it read.
-__global__ void __launch_bounds__(kSelectBins) select_scan_kernel(SelectState* states, unsigned long long* hist_count,
-                                                                  double* hist_mass, int shift, int num_slots) {
+// The scan of one pass for one slot, by a block of kSelectBins threads: thread `rank` brings the
+// count c and mass m of digit kSelectBins - 1 - rank. Returns early only uniformly over the block
+// before its last __syncthreads; the thread that finds the stop updates st after it.
+__device__ __forceinline__ void select_scan_block(SelectState& st, int64_t c, double m, int shift) {
   __shared__ double s_warp_mass[kSelectBins / 32];
   __shared__ long long s_warp_count[kSelectBins / 32];
   __shared__ int s_found, s_last;
-  const int slot = blockIdx.x;
-  if (slot >= num_slots) return;
-  SelectState& st = states[slot];
   const int rank = threadIdx.x, digit = kSelectBins - 1 - rank;
   const int lane = rank & 31, warp = rank >> 5;
-  unsigned long long* cnt = hist_count + static_cast<int64_t>(slot) * kSelectBins;
-  double* mass = hist_mass + static_cast<int64_t>(slot) * kSelectBins;
-  const int64_t c = static_cast<int64_t>(cnt[digit]);
-  const double m = mass[digit];
-  cnt[digit] = 0;
-  mass[digit] = 0.0;
   if (!st.active || st.all || st.resolved) return;  // uniform over the block
   if (st.mask != 0 && st.ties == 1) {  // the histogram pass found the one entry (early resolution)
     __syncthreads();  // every thread has read the state before rank 0 changes it
@@ -216,11 +234,24 @@ __global__ void __launch_bounds__(kSelectBins) select_scan_kernel(SelectState* s
   st.ties = c;
 }
 
-// Final tie walk (sequential, as a sorted walk would do it) and the kept count.
-__global__ void select_finish_kernel(SelectState* states, int num_slots) {
-  const int slot = blockIdx.x * blockDim.x + threadIdx.x;
+// One block of kSelectBins threads per slot: the scan of the pass's global histogram, which it
+// clears.
+__global__ void __launch_bounds__(kSelectBins) select_scan_kernel(SelectState* states, unsigned long long* hist_count,
+                                                                  double* hist_mass, int shift, int num_slots) {
+  const int slot = blockIdx.x;
   if (slot >= num_slots) return;
-  SelectState& st = states[slot];
+  const int digit = kSelectBins - 1 - static_cast<int>(threadIdx.x);
+  unsigned long long* cnt = hist_count + static_cast<int64_t>(slot) * kSelectBins;
+  double* mass = hist_mass + static_cast<int64_t>(slot) * kSelectBins;
+  const int64_t c = static_cast<int64_t>(cnt[digit]);
+  const double m = mass[digit];
+  cnt[digit] = 0;
+  mass[digit] = 0.0;
+  select_scan_block(states[slot], c, m, shift);
+}
+
+// Final tie walk (sequential, as a sorted walk would do it) and the kept count.
+__device__ __forceinline__ void select_finish(SelectState& st) {
   if (!st.active) {
     st.kept = 0;
     st.ties_kept = 0;
@@ -237,16 +268,16 @@ __global__ void select_finish_kernel(SelectState* states, int num_slots) {
   st.kept = st.count_before + m;
 }
 
+__global__ void select_finish_kernel(SelectState* states, int num_slots) {
+  const int slot = blockIdx.x * blockDim.x + threadIdx.x;
+  if (slot < num_slots) select_finish(states[slot]);
+}
+
 // Marks the kept entries: mark(slot, e, kept) is called for EVERY entry of an active slot
 // (kept = true/false), except ties when only some of them are kept (select_mark_ties_kernel).
 template <typename Mark>
-__global__ void __launch_bounds__(kSelectThreads)
-select_mark_kernel(const double* values, const SelectState* states, Mark mark) {
-  const int64_t slot = blockIdx.y;
-  const SelectState& st = states[slot];
-  if (!st.active) return;
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kSelectChunk;
-  const int64_t end = min(begin + kSelectChunk, st.len);
+__device__ __forceinline__ void select_mark_range(const double* values, const SelectState& st, int64_t slot,
+                                                  int64_t begin, int64_t end, const Mark& mark) {
   const bool all = st.all != 0;
   const uint64_t pivot = st.prefix;
   const bool all_ties = st.ties_kept == st.ties, no_ties = st.ties_kept == 0;
@@ -262,12 +293,21 @@ select_mark_kernel(const double* values, const SelectState* states, Mark mark) {
   }
 }
 
-// Only when 0 < ties_kept < ties: the first ties_kept ties in index order (one block per slot).
 template <typename Mark>
-__global__ void __launch_bounds__(1024) select_mark_ties_kernel(const double* values, const SelectState* states,
-                                                                Mark mark) {
-  const int64_t slot = blockIdx.x;
+__global__ void __launch_bounds__(kSelectThreads)
+select_mark_kernel(const double* values, const SelectState* states, Mark mark) {
+  const int64_t slot = blockIdx.y;
   const SelectState& st = states[slot];
+  if (!st.active) return;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kSelectChunk;
+  select_mark_range(values, st, slot, begin, min(begin + kSelectChunk, st.len), mark);
+}
+
+// Only when 0 < ties_kept < ties: the first ties_kept ties in index order (one block per slot).
+// Any block size that is a multiple of 32 (up to 1024); returns uniformly over the block.
+template <typename Mark>
+__device__ __forceinline__ void select_mark_ties(const double* values, const SelectState& st, int64_t slot,
+                                                 const Mark& mark) {
   if (!st.active || st.all || st.ties_kept == 0 || st.ties_kept == st.ties) return;
   __shared__ int32_t s_warp[32];
   const uint64_t pivot = st.prefix;
@@ -288,6 +328,49 @@ __global__ void __launch_bounds__(1024) select_mark_ties_kernel(const double* va
     if (tie) mark(slot, e, seen + before < st.ties_kept);
     seen += total;
   }
+}
+
+template <typename Mark>
+__global__ void __launch_bounds__(1024) select_mark_ties_kernel(const double* values, const SelectState* states,
+                                                                Mark mark) {
+  const int64_t slot = blockIdx.x;
+  select_mark_ties(values, states[slot], slot, mark);
+}
+
+// The whole selection of slots of at most kSelectChunk entries in ONE launch, a block of
+// kSelectThreads (= kSelectBins) threads per slot: the passes, the finish and (kMark) the marks, as
+// the kernels above do them for a one-chunk slot (the same sums in the same order, so the same
+// result), without their 8 x 2 + 3 launches. A plan of a short sequence or chunk (llama.cpp's
+// ubatches: N(N+1)/2 <= 8192 PE entries below N = 128 blocks) is launch-bound there.
+static_assert(kSelectThreads == kSelectBins, "the one-block select scans with its histogram threads");
+template <bool kMark, typename Mark>
+__global__ void __launch_bounds__(kSelectThreads)
+select_one_block_kernel(const double* values, SelectState* states, Mark mark) {
+  __shared__ SelectHistogram h;
+  const int64_t slot = blockIdx.x;
+  SelectState& st = states[slot];
+  const int rank = threadIdx.x, digit = kSelectBins - 1 - rank;
+  for (int pass = 0; pass < kSelectPasses; ++pass) {
+    const int shift = 64 - kSelectDigitBits * (pass + 1);
+    __syncthreads();  // the previous pass's update of st is seen by every thread
+    if (!st.active || st.all || st.resolved) break;  // uniform: read after the barrier
+    if (st.mask != 0 && st.ties == 1) {
+      select_find_single(values, st, 0, st.len);
+      select_scan_block(st, 0, 0.0, shift);  // resolves (its single-entry branch)
+      continue;
+    }
+    select_block_histogram(values, st, 0, st.len, shift, h);
+    unsigned int c = 0;
+    double m = 0.0;
+    h.total(digit, c, m);
+    select_scan_block(st, static_cast<int64_t>(c), m, shift);
+  }
+  __syncthreads();
+  if (rank == 0) select_finish(st);
+  __syncthreads();
+  if (!kMark || !st.active) return;
+  select_mark_range(values, st, slot, 0, st.len, mark);
+  select_mark_ties(values, st, slot, mark);
 }
 
 }  // namespace planner

@@ -214,6 +214,26 @@ std::vector<PlanCase> plan_cases() {
                    2, 128, 128, 31});
   cases.push_back({"uniform_floor_blocks_b64_bf16", "crisp", {"routing=none", "uniform_floor_blocks=64"}, {3333}, 8, 2,
                    128, 64, 32, true});
+  // proxy_last_rows on every proxy path: the FFMA one (f32, d 256, and token-level rules, which
+  // leave the tensor cores for it), the fused tensor-core one (bf16, d 64 / 128, L = 64 / 128),
+  // R < L, R > L (every row), a varlen batch, FlexPrefill's JSD reading the combined pv.
+  cases.push_back({"proxy_last_rows_varlen", "crisp", {"proxy_last_rows=16"}, {1500, 4096, 77, 2900}, 8, 2, 128, 128,
+                   34});
+  cases.push_back({"proxy_last_rows_bf16", "crisp", {"proxy_last_rows=16"}, {6000}, 8, 2, 128, 128, 35, true});
+  cases.push_back({"proxy_last_rows_b64_d64_ufb_bf16", "crisp", {"routing=none", "proxy_last_rows=8", "uniform_floor_blocks=32"},
+                   {2500}, 4, 4, 64, 64, 36, true});
+  cases.push_back({"proxy_last_rows_over_l_b64_bf16", "crisp", {"proxy_last_rows=100"}, {3333}, 8, 1, 128, 64, 37, true});
+  cases.push_back({"proxy_last_rows_d256_bf16", "crisp", {"proxy_last_rows=16"}, {3001}, 8, 2, 256, 128, 38, true});
+  cases.push_back({"proxy_last_rows_flexprefill_bf16", "flexprefill", {"proxy_last_rows=16"}, {4096, 2222}, 8, 2, 128,
+                   128, 39, true});
+  cases.push_back({"proxy_last_rows_minference", "minference", {"proxy_last_rows=8"}, {3000}, 8, 2, 128, 128, 40});
+  // The radix select runs in one launch per slot up to kSelectChunk = 8192 entries and as a grid of
+  // chunks above: PE maps of N(N+1)/2 > 8192 entries (N = 141 blocks of 64) and token walks of
+  // more than 8192 keys, beside a sequence below the limit in the same batch.
+  cases.push_back({"select_chunks_pe_b64", "crisp", {"routing=cstruct", "tau_proxy=0.6"}, {9000, 2000}, 4, 1, 64, 64,
+                   41});
+  cases.push_back({"select_chunks_flexprefill", "flexprefill", {}, {10000, 3000}, 4, 2, 64, 128, 42});
+  cases.push_back({"select_chunks_topk", "minference", {}, {9500}, 4, 2, 64, 128, 43, true});
   return cases;
 }
 
@@ -234,16 +254,11 @@ TEST(GpuPlan, ApiPathMatchesCpu) {
   const crisp::Plan gpu = crisp::plan(q_gpu, k_gpu, cfg, w.cu_seqlens);
   const crisp::Plan cpu = crisp::plan(w.q_view(), w.k_view(), cfg, w.cu_seqlens);
   expect_same_plan(gpu, cpu, "api");
-  // proxy_last_rows is on the CPU planner only so far: the CUDA planner refuses it by name, never
-  // planning without it.
+  // An option that needs more workspace than the call before (proxy_last_rows) on the same path.
   crisp::Config last_rows = cfg;
   last_rows.set("proxy_last_rows", "16");
-  try {
-    (void)crisp::plan(q_gpu, k_gpu, last_rows, w.cu_seqlens);
-    ADD_FAILURE() << "the CUDA planner planned with proxy_last_rows = 16";
-  } catch (const crisp::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("proxy_last_rows"), std::string::npos) << e.what();
-  }
+  expect_same_plan(crisp::plan(q_gpu, k_gpu, last_rows, w.cu_seqlens),
+                   crisp::plan(w.q_view(), w.k_view(), last_rows, w.cu_seqlens), "api_last_rows");
 }
 
 // plan_async makes no host synchronisation and fixed-size launches: it can be captured in a CUDA
@@ -610,6 +625,13 @@ std::vector<ChunkCase> chunk_cases() {
                    {512, 512, 477}, 9, 3, 64, 128, 56, Elem::f16});
   cases.push_back({"topk_mix_bf16", "crisp", {"vs_budget=topk", "vertical_tokens=300", "slash_tokens=700"}, nk128,
                    nq128, 8, 2, 128, 128, 51, Elem::bf16});
+  // proxy_last_rows over chunks (L = min(B, n_q): chunks shorter than a block have fewer proxy rows
+  // than R), on llama.cpp's SmolLM2 shape and on paged bf16 chunks.
+  cases.push_back({"last_rows_llama_ubatches_b128_gqa3_d64_f16", "crisp", {"proxy_last_rows=16"}, {512, 2048, 4061},
+                   {512, 512, 477}, 9, 3, 64, 128, 57, Elem::f16});
+  cases.push_back({"last_rows_mix_bf16_pages16", "crisp", {"proxy_last_rows=16", "uniform_floor_blocks=64"}, nk_tc, nq_tc,
+                   8, 2, 128, 128, 58, Elem::bf16, 16});
+  cases.push_back({"last_rows_mix_b64", "crisp", {"proxy_last_rows=48"}, nk64, nq64, 8, 2, 128, 64, 59});
   return cases;
 }
 
