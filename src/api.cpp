@@ -584,6 +584,7 @@ std::vector<HeadMetrics> compare(const TensorView& out_sparse, const TensorView&
 namespace cuda {
 // Here rather than in src/cuda: a pure shape rule that CPU-only builds answer too.
 bool head_dim_supported(int64_t head_dim) { return shape_rules::cuda_head_dim_supported(head_dim); }
+bool automatic_prefers_hopper(int64_t query_rows) { return shape_rules::automatic_prefers_hopper(query_rows); }
 }  // namespace cuda
 
 }  // namespace crisp

@@ -91,6 +91,15 @@ TEST(BadInput, CudaHeadDimQuery) {
   for (const int64_t d : {-128, 0, 32, 96, 192, 255, 257, 512}) EXPECT_FALSE(crisp::cuda::head_dim_supported(d)) << d;
 }
 
+// Kernel::automatic's size rule, answered without a device too: small calls take the portable kernel.
+TEST(BadInput, AutomaticKernelSizeRule) {
+  EXPECT_FALSE(crisp::cuda::automatic_prefers_hopper(0));
+  EXPECT_FALSE(crisp::cuda::automatic_prefers_hopper(8192 * 9));  // SmolLM2 at 8k in llama.cpp
+  EXPECT_FALSE(crisp::cuda::automatic_prefers_hopper((int64_t{1} << 17) - 1));
+  EXPECT_TRUE(crisp::cuda::automatic_prefers_hopper(int64_t{1} << 17));
+  EXPECT_TRUE(crisp::cuda::automatic_prefers_hopper(int64_t{131072} * 32));  // 128k x 32 heads
+}
+
 TEST(BadInput, ZeroTokens) {
   std::vector<float> q(16), k(16);
   auto qv = crisp::TensorView::contiguous(q.data(), crisp::DType::f32, 1, 0, 16);

@@ -41,6 +41,11 @@ bool hopper_kernel_available();
 // touching a device. Never throws.
 bool head_dim_supported(int64_t head_dim);
 
+// Whether Kernel::automatic takes the Hopper kernel for a call of this many query rows (query
+// tokens x query heads) where it can run: small calls take the portable kernel, whose fixed cost
+// per call is lower (crisp/options.h). A shape rule answered in every build; never throws.
+bool automatic_prefers_hopper(int64_t query_rows);
+
 // Whether GqaPacking::pack packs a whole-plan launch of this block size and GQA group size
 // (Hq / Hkv); elsewhere the heads run separately and the launch
 // computes the plan as planned (crisp/options.h).

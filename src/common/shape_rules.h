@@ -18,6 +18,15 @@ constexpr bool cuda_head_dim_supported(int64_t head_dim) {
 }
 constexpr const char* kCudaHeadDimExpected = "64, 128 or 256 on the CUDA backend";
 
+// Kernel::automatic's choice between the CUDA kernels where both can run: the Hopper kernel from
+// this many query rows (query tokens x query heads) of one call, the portable kernel below.
+// NOTE: on the H200 the Hopper kernel's fixed cost per call (tensor maps, the persistent work
+// counter's allocation, a wave of mostly idle CTAs) outweighs its faster tiles on small calls:
+// at 8k tokens x 9 heads (SmolLM2 in llama.cpp) the portable kernel took 39-74 us against 84-104 us
+// at densities 0.06-0.2 (bench/RESULTS.md, "Session 11", which has the crossover this is set from).
+constexpr int64_t kHopperMinQueryRows = int64_t{1} << 17;
+constexpr bool automatic_prefers_hopper(int64_t query_rows) { return query_rows >= kHopperMinQueryRows; }
+
 // Spec §6: the softmax scale s: the configured one, or 1/sqrt(d) when it is 0.
 inline double resolve_softmax_scale(double configured, int64_t head_dim) {
   return configured > 0.0 ? configured : 1.0 / std::sqrt(static_cast<double>(head_dim));

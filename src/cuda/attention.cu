@@ -178,8 +178,9 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   // The sm_90a kernel (TMA + wgmma) when the device, the shape and the kernel options allow it
   // (src/cuda/hopper/hopper_attention.h; chunks and paged K/V included); otherwise the portable
   // kernel below.
-  if (cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, k.shape[1], Hkv, num_ctas,
-                                              kernel_options, stream))
+  const bool small_call = kernel_options.kernel == Kernel::automatic && !shape_rules::automatic_prefers_hopper(tokens * Hq);
+  if (!small_call && cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, k.shape[1], Hkv,
+                                                             num_ctas, kernel_options, stream))
     return;
   if (q.dtype == DType::bf16)
     dispatch_paging<__nv_bfloat16>(params, d, block, num_ctas, stream);
