@@ -177,7 +177,7 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
       }
 
       for (const std::string& preset : a.presets) {
-        crisp::Config cfg = crisp::Config::from_preset(preset);
+        crisp::Config cfg = crisp_cli::config_of_policy_spec(preset, "--presets");
         cfg.block_size = a.block;
         for (const std::string& kernel : kernels) {
           const crisp::CudaOptions& options = bench_kernel_options(kernel);

@@ -128,7 +128,7 @@ void run_context_parallel_bench(const ContextParallelBenchArgs& a) {
     progress.done();
 
     for (const std::string& preset : a.presets) {
-      crisp::Config cfg = crisp::Config::from_preset(preset);
+      crisp::Config cfg = crisp_cli::config_of_policy_spec(preset, "--presets");
       cfg.block_size = a.block;
 
       // ---- one GPU (device 0)

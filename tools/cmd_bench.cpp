@@ -270,13 +270,13 @@ void run_bench(const BenchArgs& a) {
     // The dense path first: it is every other row's baseline.
     std::stable_partition(presets.begin(), presets.end(), [](const std::string& p) { return p == "dense"; });
     for (const std::string& preset : presets) {
-      crisp::Config cfg = crisp::Config::from_preset(preset);
+      crisp::Config cfg = crisp_cli::config_of_policy_spec(preset, "--presets");
       cfg.block_size = a.block;
       progress.begin("n=" + std::to_string(n) + " " + preset);
       crisp::cuda::DevicePlan dplan(H, Hkv, a.dim, {0, n}, cfg);
       const double plan_ms =
           time_ms(stream, a.warmup, a.reps, [&] { crisp::cuda::plan_async(q, k, cfg, dplan, stream); });
-      const bool is_dense = preset == "dense";
+      const bool is_dense = cfg.dense;
       const auto& lse = is_dense ? ld : ls;
       const crisp::Plan host = dplan.to_host(stream);
       progress.done();
@@ -322,9 +322,21 @@ void register_bench_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "bench", "GPU benchmark: plan and attention time, density, effective TFLOP/s, speedup over dense, recall");
   sub->add_option("--seq", args->seq, "Sequence lengths (comma separated)")->delimiter(',')->check(CLI::PositiveNumber);
-  sub->add_option("--presets", args->presets, "Presets to run (comma separated); dense is the baseline")
+  sub->add_option("--presets", args->presets,
+                  "Presets to run (comma separated), each PRESET or PRESET:key=value[:key=value...] (e.g. "
+                  "crisp:proxy_last_rows=16); dense is the baseline")
       ->delimiter(',')
-      ->check(CLI::IsMember(crisp::Config::preset_names()));
+      ->check(CLI::Validator(
+          [](std::string& spec) -> std::string {
+            try {
+              (void)crisp_cli::config_of_policy_spec(spec, "--presets");
+            } catch (const crisp::Error& e) {
+              const std::string message = e.what(), prefix = e.argument() + ": ";
+              return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;  // CLI11 names it
+            }
+            return "";
+          },
+          "PRESET[:key=value...]"));
   sub->add_option("--densities", args->densities, "Random block layouts at these densities (comma separated)")
       ->delimiter(',')
       ->check(CLI::Range(0.0, 1.0));
