@@ -19,8 +19,9 @@
 #      split (NIAH 2k/4k/8k and the pass-key copy probe, both models), which ends the first
 #      pipeline with a pick table;
 #   3. PIPE_PHASE=verdict PIPE_PICK=... PIPE_RESUME=1 (a second pipeline): the TEST split of the
-#      pick beside the preset and FlexPrefill, then alone on the GPU `crisp bench` at 128k/512k,
-#      llama-bench of the 8B-shaped model and of Gemma 3 at 16k/32k.
+#      pick beside the preset and FlexPrefill, then alone on the GPU the kernels' crossover on small
+#      calls, `crisp bench` at 128k/512k, the hook's timing, llama-bench of both small models and
+#      of the 8B-shaped model.
 set -u
 cd "$(dirname "$0")/.."
 PIPE=${PIPE:-/tmp/pipe}
@@ -56,22 +57,35 @@ step() {  # step NAME TIMEOUT_S COMMAND... : runs it with its output in $PIPE/NA
 }
 
 # PIPE_RESUME=1: a second pipeline on the same warm machine: the build, the GPU tests and the GGUF
-# are there; every eval resumes its JSON.
+# are there; every eval resumes its JSON. PIPE_BIN=DIR: llama.cpp's CUDA binaries built elsewhere
+# (scripts/llama_cpp.sh --cuda --pack DIR): no llama.cpp build here, and the crisp GPU tests run in
+# the background beside the evaluations.
+GGUF_8B=/tmp/crisp-llama3.1-8b-q4_0.gguf
+BIN=${PIPE_BIN:-.deps/llama.cpp-build-cuda/bin}
 if [ "${PIPE_RESUME:-0}" != 1 ]; then
 # 1: the build, the crisp GPU tests and the 8B-shaped GGUF side by side.
-( JOBS=12 scripts/llama_cpp.sh --cuda > "$PIPE/llama_build.out" 2> "$PIPE/llama_build.log"
-  echo $? > "$PIPE/llama_build.rc" ) &
-LLAMA_BUILD=$!
-log "llama.cpp build started"
-GGUF_8B=/tmp/crisp-llama3.1-8b-q4_0.gguf
 ( nice -n 5 timeout 900 python3 scripts/make_llama_gguf.py --shape llama3.1-8b --out "$GGUF_8B" > "$PIPE/gguf_8b.log" 2>&1
   log "8B-shaped GGUF rc=$?" ) &
-[ "${PIPE_GPU_TESTS:-1}" = 0 ] || step gpu_tests 720 env OUT="$PIPE/gpu_tests" CRISP_GPU_DEADLINE_S=720 scripts/gpu.sh tests
-wait "$LLAMA_BUILD"
-log "llama.cpp build rc=$(cat "$PIPE/llama_build.rc" 2>/dev/null)"
+if [ -n "${PIPE_BIN:-}" ]; then
+  log "llama.cpp binaries from $PIPE_BIN"
+  [ "${PIPE_GPU_TESTS:-1}" = 0 ] || ( step gpu_tests 720 env OUT="$PIPE/gpu_tests" CRISP_GPU_DEADLINE_S=720 scripts/gpu.sh tests ) &
+else
+  ( JOBS=12 scripts/llama_cpp.sh --cuda > "$PIPE/llama_build.out" 2> "$PIPE/llama_build.log"
+    echo $? > "$PIPE/llama_build.rc" ) &
+  LLAMA_BUILD=$!
+  log "llama.cpp build started"
+  [ "${PIPE_GPU_TESTS:-1}" = 0 ] || step gpu_tests 720 env OUT="$PIPE/gpu_tests" CRISP_GPU_DEADLINE_S=720 scripts/gpu.sh tests
+  wait "$LLAMA_BUILD"
+  log "llama.cpp build rc=$(cat "$PIPE/llama_build.rc" 2>/dev/null)"
 fi
-GGUF_8B=/tmp/crisp-llama3.1-8b-q4_0.gguf
-BIN=.deps/llama.cpp-build-cuda/bin
+fi
+
+hook_timing() {  # hook_timing NAME MODEL POLICY [ENV...]
+  local name=$1 model=$2 policy=$3
+  shift 3
+  step "hook_timing_$name" 120 env CRISP_HOOK_TIMING=1 "$@" "$BIN/llama-bench" -m "$model" -p 8192 -n 0 -fa 1 -b 8192 \
+    -ub 8192 -ngl 99 -r 1 --sparse-prefill "$policy"
+}
 
 # 2: the models.
 SMOL=$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -83,25 +97,20 @@ done
 log "models present"
 if [ "${PIPE_RESUME:-0}" != 1 ]; then
 step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda
-# docs/llama_cpp.md item 6 (a CUDA graph captured after crisp ran eagerly faults): which variant
-# still faults. Each prints its own checks; the one that passes is the lead.
-step item6_graphs_off 120 env GGML_CUDA_DISABLE_GRAPHS=1 "$BIN/test-ggml-crisp" cuda
-step item6_portable_kernel 120 env CRISP_KERNEL=portable "$BIN/test-ggml-crisp" cuda
-step item6_no_verdict_cache 120 env CRISP_HOOK_VERDICT_CACHE=0 "$BIN/test-ggml-crisp" cuda
-step item6_launch_blocking 120 env CUDA_LAUNCH_BLOCKING=1 "$BIN/test-ggml-crisp" cuda
+# docs/llama_cpp.md item 6: the variants that narrowed the session-10 fault (not reproduced in
+# session 11) when PIPE_ITEM6=1.
+if [ "${PIPE_ITEM6:-0}" = 1 ]; then
+  step item6_graphs_off 120 env GGML_CUDA_DISABLE_GRAPHS=1 "$BIN/test-ggml-crisp" cuda
+  step item6_portable_kernel 120 env CRISP_KERNEL=portable "$BIN/test-ggml-crisp" cuda
+  step item6_no_verdict_cache 120 env CRISP_HOOK_VERDICT_CACHE=0 "$BIN/test-ggml-crisp" cuda
+  step item6_launch_blocking 120 env CUDA_LAUNCH_BLOCKING=1 "$BIN/test-ggml-crisp" cuda
+fi
 step llama_smollm2 240 tests/llama_cpp/test_llama_cpp.sh --cuda "$BIN" "$SMOL"
 step llama_gemma 240 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
 # Where the hook's fixed cost per op goes (bench/RESULTS.md "Session 10"): CRISP_HOOK_TIMING=1
 # prints each stage's totals at exit; with the verdict cache on and off.
-hook_timing() {  # hook_timing NAME MODEL POLICY [ENV...]
-  local name=$1 model=$2 policy=$3
-  shift 3
-  step "hook_timing_$name" 120 env CRISP_HOOK_TIMING=1 "$@" "$BIN/llama-bench" -m "$model" -p 8192 -n 0 -fa 1 -b 8192 \
-    -ub 8192 -ngl 99 -r 1 --sparse-prefill "$policy"
-}
 hook_timing smollm2_dense "$SMOL" dense
 hook_timing smollm2_crisp "$SMOL" crisp
-hook_timing smollm2_crisp_no_cache "$SMOL" crisp CRISP_HOOK_VERDICT_CACHE=0
 hook_timing gemma_crisp "$GEMMA" crisp
 fi
 
@@ -109,9 +118,11 @@ fi
 # default) runs the TUNING split of the candidates; PIPE_PHASE=verdict (a second pipeline on the
 # same warm machine, PIPE_RESUME=1) runs the TEST split of the pick (PIPE_PICK, e.g.
 # "crisp:uniform_floor_blocks=64") beside the preset and FlexPrefill, then the benchmarks.
-# Candidates: `uniform_floor_blocks` (both planners) at 64 and 128 (32 kept 4 of 5 on the CPU's
-# tuning split), and FlexPrefill's own short-input rule (dense at n <= 1024) on top of 64.
-CANDIDATES=${PIPE_CANDIDATES:-"crisp:uniform_floor_blocks=64,crisp:uniform_floor_blocks=128,crisp:uniform_floor_blocks=64;dense_below=1024"}
+# Candidates (session 11, second machine): `proxy_last_rows` (the last proxy rows scored on their
+# own too; both planners since session 11) at 8, 16 and 32, and 16 with `uniform_floor_blocks=32`.
+# The session's first machine ran `uniform_floor_blocks` 64 / 128 and dense_below on this split:
+# they fixed the probe but cost 0.68-1.1x FlexPrefill's density on NIAH (docs/evaluation.md).
+CANDIDATES=${PIPE_CANDIDATES:-"crisp:proxy_last_rows=8,crisp:proxy_last_rows=16,crisp:proxy_last_rows=32,crisp:proxy_last_rows=16;uniform_floor_blocks=32"}
 PHASE=${PIPE_PHASE:-tune}
 eval_pids=()
 niah_run() {  # niah_run NAME TIMEOUT MODEL LENGTHS SPLIT POLICIES: resumed from its JSON
@@ -149,15 +160,27 @@ probe_run probe_test_gemma "$GEMMA" test "crisp,$PICK,flexprefill"
 wait "${eval_pids[@]}"
 log "test split done"
 
-# 3: benchmarks, alone on the GPU: `crisp bench` at 128k and 512k (the preset's kernel figures,
-# issue 14), llama-bench of the 8B-shaped model (32k, 128k) and of Gemma 3 at 16k/32k (issue 17),
+# 3: benchmarks, alone on the GPU: the portable / Hopper crossover of Kernel::automatic on small
+# calls (SmolLM2's and Gemma 3's shapes in llama.cpp, and 32 heads), `crisp bench` at 128k and 512k
+# with the pick beside the preset (issue 14), the hook's timing after session 11's changes,
+# llama-bench of the 8B-shaped model (32k, 128k) and of both small models (issue 17).
+BENCH_PICK=${PICK//;/:}  # crisp bench separates a spec's knobs with ':'
+bench_small() {  # bench_small NAME SEQS "HEAD ARGS"
+  step "crossover_$1" 120 env OUT="$PIPE/crossover_$1" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ="$2" \
+    CRISP_GPU_BENCH_PRESETS=dense,crisp CRISP_GPU_BENCH_DENSITIES=0.05,0.2,0.4 CRISP_GPU_BENCH_KERNELS=portable,hopper \
+    CRISP_GPU_BENCH_ARGS="$3 --reps 10 --warmup 3" scripts/gpu.sh bench
+}
+bench_small smollm2 4096,8192,16384,32768 "--heads 9 --kv-heads 3 --dim 64"
+bench_small gemma3 8192,16384,32768 "--heads 4 --kv-heads 1 --dim 256"
+bench_small h32 2048,4096,8192 "--heads 32 --kv-heads 8 --dim 128"
 step crisp_bench 300 env OUT="$PIPE/crisp_bench" CRISP_GPU_DEADLINE_S=300 CRISP_GPU_BENCH_SEQ=131072,524288 \
-  CRISP_GPU_BENCH_PRESETS=dense,crisp,flexprefill CRISP_GPU_BENCH_KERNELS=auto scripts/gpu.sh bench
+  CRISP_GPU_BENCH_PRESETS="dense,crisp,$BENCH_PICK,flexprefill" CRISP_GPU_BENCH_KERNELS=auto scripts/gpu.sh bench
+hook_timing bench_smollm2_crisp "$SMOL" crisp
+step llama_bench_small 300 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=300 CRISP_GPU_LLAMA_BIN="$BIN" \
+  CRISP_GPU_LLAMA_PARTS=small CRISP_GPU_LLAMA_MODELS="smollm2=$SMOL,gemma3=$GEMMA" CRISP_GPU_LLAMA_LENGTHS=8192,16384,32768 \
+  CRISP_GPU_LLAMA_REPS=2 CRISP_GPU_LLAMA_POLICIES=fa,crisp,flexprefill scripts/gpu.sh llama
 step llama_bench_8b 420 env OUT="$PIPE/llama_bench_8b" CRISP_GPU_DEADLINE_S=420 CRISP_GPU_LLAMA_BIN="$BIN" \
   CRISP_GPU_LLAMA_PARTS=8b CRISP_GPU_LLAMA_POLICIES=fa,crisp CRISP_GPU_LLAMA_8B_LENGTHS=32768,131072 \
   CRISP_GPU_LLAMA_8B_PATH="$GGUF_8B" scripts/gpu.sh llama
-step llama_bench_gemma 300 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=300 CRISP_GPU_LLAMA_BIN="$BIN" \
-  CRISP_GPU_LLAMA_PARTS=small CRISP_GPU_LLAMA_MODELS="gemma3=$GEMMA" CRISP_GPU_LLAMA_LENGTHS=16384,32768 \
-  CRISP_GPU_LLAMA_REPS=2 CRISP_GPU_LLAMA_POLICIES=fa,dense,crisp,flexprefill scripts/gpu.sh llama
 wait
 log "pipeline done"
