@@ -141,23 +141,22 @@ probe_run() {  # probe_run NAME MODEL SPLIT POINTS
     log "$name rc=$?" ) &
   eval_pids+=($!)
 }
-if [ "$PHASE" = tune ]; then
-  niah_run tune_smollm2 420 "$SMOL" 2048,4096,8192 tuning "crisp,$CANDIDATES,flexprefill"
-  niah_run tune_gemma 420 "$GEMMA" 2048,4096,8192 tuning "crisp,$CANDIDATES,flexprefill"
-  probe_run probe_tuning_smollm2 "$SMOL" tuning "crisp,$CANDIDATES,flexprefill"
-  probe_run probe_tuning_gemma "$GEMMA" tuning "crisp,$CANDIDATES,flexprefill"
+split_runs() {  # split_runs PREFIX SPLIT NIAH_POLICIES PROBE_POINTS: NIAH 2k-8k and the probe, both models
+  niah_run "$1_smollm2" 420 "$SMOL" 2048,4096,8192 "$2" "$3"
+  niah_run "$1_gemma" 420 "$GEMMA" 2048,4096,8192 "$2" "$3"
+  probe_run "probe_$2_smollm2" "$SMOL" "$2" "$4"
+  probe_run "probe_$2_gemma" "$GEMMA" "$2" "$4"
   wait "${eval_pids[@]}"
+}
+if [ "$PHASE" = tune ]; then
+  split_runs tune tuning "crisp,$CANDIDATES,flexprefill" "crisp,$CANDIDATES,flexprefill"
   log "tuning split done"
   python3 scripts/pick_frontier_point.py "$PIPE"/tune_*.json > "$PIPE/pick.txt" 2>&1
   log "pipeline done (tune)"
   exit 0
 fi
 PICK=${PIPE_PICK:?PIPE_PHASE=verdict needs PIPE_PICK}
-niah_run test_smollm2 420 "$SMOL" 2048,4096,8192 test "llama_fa,crisp,$PICK,flexprefill,minference"
-niah_run test_gemma 420 "$GEMMA" 2048,4096,8192 test "llama_fa,crisp,$PICK,flexprefill,minference"
-probe_run probe_test_smollm2 "$SMOL" test "crisp,$PICK,flexprefill"
-probe_run probe_test_gemma "$GEMMA" test "crisp,$PICK,flexprefill"
-wait "${eval_pids[@]}"
+split_runs test test "llama_fa,crisp,$PICK,flexprefill,minference" "crisp,$PICK,flexprefill"
 log "test split done"
 
 # 3: benchmarks, alone on the GPU: the portable / Hopper crossover of Kernel::automatic on small
@@ -166,7 +165,7 @@ log "test split done"
 # llama-bench of the 8B-shaped model (32k, 128k) and of both small models (issue 17).
 BENCH_PICK=${PICK//;/:}  # crisp bench separates a spec's knobs with ':'
 bench_small() {  # bench_small NAME SEQS "HEAD ARGS"
-  step "crossover_$1" 120 env OUT="$PIPE/crossover_$1" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ="$2" \
+  step "crossover_$1" 120 env CRISP_PLAN_TIMING=1 OUT="$PIPE/crossover_$1" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ="$2" \
     CRISP_GPU_BENCH_PRESETS=dense,crisp CRISP_GPU_BENCH_DENSITIES=0.05,0.2,0.4 CRISP_GPU_BENCH_KERNELS=portable,hopper \
     CRISP_GPU_BENCH_ARGS="$3 --reps 10 --warmup 3" scripts/gpu.sh bench
 }
