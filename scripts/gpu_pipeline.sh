@@ -141,6 +141,14 @@ probe_run() {  # probe_run NAME MODEL SPLIT POINTS
     log "$name rc=$?" ) &
   eval_pids+=($!)
 }
+# The portable / Hopper crossover of Kernel::automatic on small calls (SmolLM2's and Gemma 3's
+# shapes in llama.cpp, and 32 heads), with the planner's stage times: alone on the GPU, at the end
+# of the tuning phase (while the pick is made).
+bench_small() {  # bench_small NAME SEQS "HEAD ARGS"
+  step "crossover_$1" 120 env CRISP_PLAN_TIMING=1 OUT="$PIPE/crossover_$1" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ="$2" \
+    CRISP_GPU_BENCH_PRESETS=dense,crisp CRISP_GPU_BENCH_DENSITIES=0.05,0.2,0.4 CRISP_GPU_BENCH_KERNELS=portable,hopper \
+    CRISP_GPU_BENCH_ARGS="$3 --reps 10 --warmup 3" scripts/gpu.sh bench
+}
 split_runs() {  # split_runs PREFIX SPLIT NIAH_POLICIES PROBE_POINTS: NIAH 2k-8k and the probe, both models
   niah_run "$1_smollm2" 420 "$SMOL" 2048,4096,8192 "$2" "$3"
   niah_run "$1_gemma" 420 "$GEMMA" 2048,4096,8192 "$2" "$3"
@@ -152,6 +160,11 @@ if [ "$PHASE" = tune ]; then
   split_runs tune tuning "crisp,$CANDIDATES,flexprefill" "crisp,$CANDIDATES,flexprefill"
   log "tuning split done"
   python3 scripts/pick_frontier_point.py "$PIPE"/tune_*.json > "$PIPE/pick.txt" 2>&1
+  log "pick written"
+  wait  # the GPU tests
+  bench_small smollm2 4096,8192,16384,32768 "--heads 9 --kv-heads 3 --dim 64"
+  bench_small gemma3 8192,16384,32768 "--heads 4 --kv-heads 1 --dim 256"
+  bench_small h32 2048,4096,8192 "--heads 32 --kv-heads 8 --dim 128"
   log "pipeline done (tune)"
   exit 0
 fi
@@ -159,22 +172,14 @@ PICK=${PIPE_PICK:?PIPE_PHASE=verdict needs PIPE_PICK}
 split_runs test test "llama_fa,crisp,$PICK,flexprefill,minference" "crisp,$PICK,flexprefill"
 log "test split done"
 
-# 3: benchmarks, alone on the GPU: the portable / Hopper crossover of Kernel::automatic on small
-# calls (SmolLM2's and Gemma 3's shapes in llama.cpp, and 32 heads), `crisp bench` at 128k and 512k
-# with the pick beside the preset (issue 14), the hook's timing after session 11's changes,
-# llama-bench of the 8B-shaped model (32k, 128k) and of both small models (issue 17).
+# 3: benchmarks, alone on the GPU: the hook's timing after session 11's changes, `crisp bench` at
+# 128k and 512k with the pick beside the preset (issue 14), llama-bench of both small models and of
+# the 8B-shaped model (32k, 128k; issue 17).
 BENCH_PICK=${PICK//;/:}  # crisp bench separates a spec's knobs with ':'
-bench_small() {  # bench_small NAME SEQS "HEAD ARGS"
-  step "crossover_$1" 120 env CRISP_PLAN_TIMING=1 OUT="$PIPE/crossover_$1" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ="$2" \
-    CRISP_GPU_BENCH_PRESETS=dense,crisp CRISP_GPU_BENCH_DENSITIES=0.05,0.2,0.4 CRISP_GPU_BENCH_KERNELS=portable,hopper \
-    CRISP_GPU_BENCH_ARGS="$3 --reps 10 --warmup 3" scripts/gpu.sh bench
-}
-bench_small smollm2 4096,8192,16384,32768 "--heads 9 --kv-heads 3 --dim 64"
-bench_small gemma3 8192,16384,32768 "--heads 4 --kv-heads 1 --dim 256"
-bench_small h32 2048,4096,8192 "--heads 32 --kv-heads 8 --dim 128"
+hook_timing after_smollm2_crisp "$SMOL" crisp
+hook_timing after_gemma_crisp "$GEMMA" crisp
 step crisp_bench 300 env OUT="$PIPE/crisp_bench" CRISP_GPU_DEADLINE_S=300 CRISP_GPU_BENCH_SEQ=131072,524288 \
   CRISP_GPU_BENCH_PRESETS="dense,crisp,$BENCH_PICK,flexprefill" CRISP_GPU_BENCH_KERNELS=auto scripts/gpu.sh bench
-hook_timing bench_smollm2_crisp "$SMOL" crisp
 step llama_bench_small 300 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=300 CRISP_GPU_LLAMA_BIN="$BIN" \
   CRISP_GPU_LLAMA_PARTS=small CRISP_GPU_LLAMA_MODELS="smollm2=$SMOL,gemma3=$GEMMA" CRISP_GPU_LLAMA_LENGTHS=8192,16384,32768 \
   CRISP_GPU_LLAMA_REPS=2 CRISP_GPU_LLAMA_POLICIES=fa,crisp,flexprefill scripts/gpu.sh llama
