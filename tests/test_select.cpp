@@ -123,6 +123,7 @@ TEST(SelectPipeline, NoiseFloorUniformAndMax) {
     p.vs_floor = floor;
     p.alpha = alpha;
     p.uniform_alpha = uniform_alpha;
+    p.uniform_floor_blocks = 0;  // the preset's floor hold below 32 blocks: tested on its own
     SerialSide side{kPooled, {}};
     select::select_side(p, crisp::rules::kRouteVs, 8 * 64, true, side);
     return flagged(side.flags);

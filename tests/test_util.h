@@ -36,6 +36,8 @@ inline crisp::Config crisp_v1_config() {
   c.rho = 2.2;
   c.pe_gamma = 0.95;
   c.uniform_alpha = 0.5;
+  c.proxy_last_rows = 0;       // session 11's short-prompt knobs, off in v1
+  c.uniform_floor_blocks = 0;
   return c;
 }
 

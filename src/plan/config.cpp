@@ -268,6 +268,14 @@ Config Config::from_preset(const std::string& name) {
     // structure to the VS path, where the floor drops their noise: it keeps every needle on
     // structured inputs with a weak sink (docs/rule_research.md) and changed the real captures'
     // plans of both models by at most 0.6% of their blocks (SmolLM2 at 4k; none elsewhere).
+    // proxy_last_rows 16 and uniform_floor_blocks 32 (session 11): short prompts whose needle only
+    // the last queries need. Chosen on the tuning split of the pass-key probe and of NIAH at 2k-8k,
+    // both models on the H200 (the only candidate that kept all of dense's probe answers), then on
+    // the test split: every probe answer of dense kept (22 of 22, 24 of 24; the previous preset 10
+    // and 10), NIAH 2k-8k at 0.58-0.67x FlexPrefill's density but Gemma 3 at 2k (0.87x)
+    // (docs/evaluation.md, "Short prompts on the H200").
+    c.proxy_last_rows = 16;
+    c.uniform_floor_blocks = 32;
     c.routing = Routing::cstruct_rel;
     c.rho = 0.5;
     c.tau_proxy = 0.25;  // used only if a caller switches routing back to cstruct
