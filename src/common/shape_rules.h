@@ -22,8 +22,11 @@ constexpr const char* kCudaHeadDimExpected = "64, 128 or 256 on the CUDA backend
 // this many query rows (query tokens x query heads) of one call, the portable kernel below.
 // NOTE: on the H200 the Hopper kernel's fixed cost per call (tensor maps, the persistent work
 // counter's allocation, a wave of mostly idle CTAs) outweighs its faster tiles on small calls:
-// at 8k tokens x 9 heads (SmolLM2 in llama.cpp) the portable kernel took 39-74 us against 84-104 us
-// at densities 0.06-0.2 (bench/RESULTS.md, "Session 11", which has the crossover this is set from).
+// at 8k tokens x 9 heads (73,728 rows, SmolLM2 in llama.cpp) the portable kernel took 39-74 us
+// against 84-104 us at densities 0.06-0.2 (equal at 0.375), and Gemma 3's global layers at 8k
+// x 4 heads (d 256) took 1.0 ms a call on it against 3.1 ms on Hopper (bench/RESULTS.md,
+// "Session 11"). 2^17 is above both measured shapes and below the 32-head shapes the Hopper
+// kernel was tuned on (8k x 32 = 2^18); the crossover between them is not measured yet.
 constexpr int64_t kHopperMinQueryRows = int64_t{1} << 17;
 constexpr bool automatic_prefers_hopper(int64_t query_rows) { return query_rows >= kHopperMinQueryRows; }
 
