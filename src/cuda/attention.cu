@@ -178,7 +178,15 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   // The sm_90a kernel (TMA + wgmma) when the device, the shape and the kernel options allow it
   // (src/cuda/hopper/hopper_attention.h; chunks and paged K/V included); otherwise the portable
   // kernel below.
-  const bool small_call = kernel_options.kernel == Kernel::automatic && !shape_rules::automatic_prefers_hopper(tokens * Hq);
+  // Kernel::automatic's size rule counts the query rows this launch computes (a row-subset call:
+  // its listed blocks), and leaves calls that set a Hopper-only option (schedule, ping-pong, GQA
+  // packing, which changes what is computed) to the Hopper kernel as before.
+  const int64_t launched_rows = items != nullptr ? std::min(tokens, num_items * block) * Hq : tokens * Hq;
+  const bool hopper_settings = kernel_options.schedule != Schedule::automatic ||
+                               kernel_options.ping_pong != PingPong::automatic ||
+                               kernel_options.gqa_packing != GqaPacking::automatic;
+  const bool small_call = kernel_options.kernel == Kernel::automatic && !hopper_settings &&
+                          !shape_rules::automatic_prefers_hopper(launched_rows);
   if (!small_call && cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, k.shape[1], Hkv,
                                                              num_ctas, kernel_options, stream))
     return;

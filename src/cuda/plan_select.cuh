@@ -152,11 +152,10 @@ select_histogram_kernel(const double* values, SelectState* states, unsigned long
   }
 }
 
-// One block of kSelectBins threads per slot: thread `rank` holds digit kSelectBins - 1 - rank (the
-// walk goes from the largest digit down); exclusive prefix sums over the ranks give the mass G and
-// count C above every digit at once, and the first digit where the rule stops is the smallest rank
-// that crosses. Same decisions as a sequential walk from the top digit; the prefix sums add the same
-// doubles in a tree order. Clears the bins it read.
+// Thread `rank` holds digit kSelectBins - 1 - rank (the walk goes from the largest digit down);
+// exclusive prefix sums over the ranks give the mass G and count C above every digit at once, and
+// the first digit where the rule stops is the smallest rank that crosses. Same decisions as a
+// sequential walk from the top digit; the prefix sums add the same doubles in a tree order.
 // The scan of one pass for one slot, by a block of kSelectBins threads: thread `rank` brings the
 // count c and mass m of digit kSelectBins - 1 - rank. Returns early only uniformly over the block
 // before its last __syncthreads; the thread that finds the stop updates st after it.
