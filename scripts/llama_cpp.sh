@@ -152,6 +152,24 @@ if [ ! -f "$build/CMakeCache.txt" ] || [ "$src/.crisp-stamp" -nt "$build/CMakeCa
     die "configuring llama.cpp failed (log: $log)"
   fi
 fi
+# A machine without the NVIDIA driver (this project's CPU development machine) has no libcuda.so.1,
+# which libggml-cuda.so needs at link time of every executable: link against the toolkit's stub
+# (GNU ld looks for a library's dependencies in LD_LIBRARY_PATH too). The binaries keep RUNPATH
+# $ORIGIN only, so at run time the GPU machine's driver library is the one loaded.
+if [ "$cuda" -eq 1 ] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  driver_stub="$(sed -n 's/^CUDA_cuda_driver_LIBRARY:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)"
+  toolkit_bin="$(sed -n 's/^CUDAToolkit_BIN_DIR:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)"
+  stub=""
+  for candidate in "$driver_stub" "$toolkit_bin/../lib64/stubs/libcuda.so"; do
+    case "$candidate" in */stubs/libcuda.so) [ -f "$candidate" ] && { stub="$candidate"; break; } ;; esac
+  done
+  if [ -n "$stub" ]; then
+    mkdir -p "$build/cuda-stub"
+    ln -sf "$stub" "$build/cuda-stub/libcuda.so.1"
+    export LD_LIBRARY_PATH="$build/cuda-stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    say "no libcuda.so.1 here: linking against the CUDA toolkit's stub"
+  fi
+fi
 say "building ${targets[*]} (-j$jobs)"
 if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" >> "$log" 2>&1; then
   tail -n 30 "$log" >&2
