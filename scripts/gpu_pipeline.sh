@@ -19,9 +19,11 @@
 #      split (NIAH 2k/4k/8k and the pass-key copy probe, both models), which ends the first
 #      pipeline with a pick table;
 #   3. PIPE_PHASE=verdict PIPE_PICK=... PIPE_RESUME=1 (a second pipeline): the TEST split of the
-#      pick beside the preset and FlexPrefill, then alone on the GPU the kernels' crossover on small
-#      calls, `crisp bench` at 128k/512k, the hook's timing, llama-bench of both small models and
-#      of the 8B-shaped model.
+#      pick beside the preset and FlexPrefill, then alone on the GPU the hook's timing, `crisp
+#      bench` at 128k/512k, llama-bench of both small models and of the 8B-shaped model.
+#   PIPE_PHASE=bench (the next session's plan): steps 1-2's build and checks, then the kernels'
+#      crossover on small calls, step 3's benchmarks with the preset, and Gemma 3's 16k / 32k
+#      test split with the preset.
 set -u
 cd "$(dirname "$0")/.."
 PIPE=${PIPE:-/tmp/pipe}
@@ -168,23 +170,39 @@ if [ "$PHASE" = tune ]; then
   log "pipeline done (tune)"
   exit 0
 fi
-PICK=${PIPE_PICK:?PIPE_PHASE=verdict needs PIPE_PICK}
-split_runs test test "llama_fa,crisp,$PICK,flexprefill,minference" "crisp,$PICK,flexprefill"
-log "test split done"
+if [ "$PHASE" = bench ]; then
+  # What session 11 could not run (device time): the crossover benches first (after the GPU tests),
+  # then the benchmarks below with the preset itself; then Gemma 3's 16k / 32k test split.
+  wait  # the GPU tests
+  bench_small smollm2 4096,8192,16384,32768 "--heads 9 --kv-heads 3 --dim 64"
+  bench_small gemma3 8192,16384,32768 "--heads 4 --kv-heads 1 --dim 256"
+  bench_small h32 2048,4096,8192 "--heads 32 --kv-heads 8 --dim 128"
+  PICK=crisp
+else
+  PICK=${PIPE_PICK:?PIPE_PHASE=verdict needs PIPE_PICK}
+  split_runs test test "llama_fa,crisp,$PICK,flexprefill,minference" "crisp,$PICK,flexprefill"
+  log "test split done"
+fi
 
 # 3: benchmarks, alone on the GPU: the hook's timing after session 11's changes, `crisp bench` at
 # 128k and 512k with the pick beside the preset (issue 14), llama-bench of both small models and of
 # the 8B-shaped model (32k, 128k; issue 17).
 BENCH_PICK=${PICK//;/:}  # crisp bench separates a spec's knobs with ':'
+BENCH_PRESETS="dense,crisp,flexprefill"
+[ "$BENCH_PICK" = crisp ] || BENCH_PRESETS="dense,crisp,$BENCH_PICK,flexprefill"
 hook_timing after_smollm2_crisp "$SMOL" crisp
 hook_timing after_gemma_crisp "$GEMMA" crisp
 step crisp_bench 300 env OUT="$PIPE/crisp_bench" CRISP_GPU_DEADLINE_S=300 CRISP_GPU_BENCH_SEQ=131072,524288 \
-  CRISP_GPU_BENCH_PRESETS="dense,crisp,$BENCH_PICK,flexprefill" CRISP_GPU_BENCH_KERNELS=auto scripts/gpu.sh bench
+  CRISP_GPU_BENCH_PRESETS="$BENCH_PRESETS" CRISP_GPU_BENCH_KERNELS=auto scripts/gpu.sh bench
 step llama_bench_small 300 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=300 CRISP_GPU_LLAMA_BIN="$BIN" \
   CRISP_GPU_LLAMA_PARTS=small CRISP_GPU_LLAMA_MODELS="smollm2=$SMOL,gemma3=$GEMMA" CRISP_GPU_LLAMA_LENGTHS=8192,16384,32768 \
   CRISP_GPU_LLAMA_REPS=2 CRISP_GPU_LLAMA_POLICIES=fa,crisp,flexprefill scripts/gpu.sh llama
 step llama_bench_8b 420 env OUT="$PIPE/llama_bench_8b" CRISP_GPU_DEADLINE_S=420 CRISP_GPU_LLAMA_BIN="$BIN" \
   CRISP_GPU_LLAMA_PARTS=8b CRISP_GPU_LLAMA_POLICIES=fa,crisp CRISP_GPU_LLAMA_8B_LENGTHS=32768,131072 \
   CRISP_GPU_LLAMA_8B_PATH="$GGUF_8B" scripts/gpu.sh llama
+if [ "$PHASE" = bench ]; then
+  niah_run test_gemma_long 600 "$GEMMA" 16384,32768 test "llama_fa,crisp,flexprefill,minference"
+  wait "${eval_pids[@]}"
+fi
 wait
 log "pipeline done"
