@@ -111,9 +111,11 @@ step llama_smollm2 240 tests/llama_cpp/test_llama_cpp.sh --cuda "$BIN" "$SMOL"
 step llama_gemma 240 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
 # Where the hook's fixed cost per op goes (bench/RESULTS.md "Session 10"): CRISP_HOOK_TIMING=1
 # prints each stage's totals at exit; with the verdict cache on and off.
-hook_timing smollm2_dense "$SMOL" dense
-hook_timing smollm2_crisp "$SMOL" crisp
-hook_timing gemma_crisp "$GEMMA" crisp
+if [ "${PIPE_PHASE:-tune}" = tune ]; then  # the bench phase times the hook later, alone on the machine
+  hook_timing smollm2_dense "$SMOL" dense
+  hook_timing smollm2_crisp "$SMOL" crisp
+  hook_timing gemma_crisp "$GEMMA" crisp
+fi
 fi
 
 # 2: the short-prompt rule (issue 14, docs/evaluation.md "Short prompts"): PIPE_PHASE=tune (the
