@@ -80,7 +80,7 @@ struct Config {
   // The last proxy_last_rows proxy rows are pooled on their own as well, and each block's pooled
   // vertical / slash mass is the larger of the two: a block that only the queries nearest the
   // answer need is not diluted by the other rows (docs/algorithm.md, "Short prompts"). 0 = off.
-  // The CPU planner only, so far: the CUDA planner refuses it by name.
+  // Both planners; the crisp preset sets 16 (and uniform_floor_blocks 32).
   int64_t proxy_last_rows = 0;
   double gamma = 0.95;             // cumulative mass target
   int64_t vertical_tokens = 1000;  // topk vertical budget (tokens)
