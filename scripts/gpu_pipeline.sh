@@ -110,7 +110,7 @@ fi
 step llama_smollm2 240 tests/llama_cpp/test_llama_cpp.sh --cuda "$BIN" "$SMOL"
 step llama_gemma 240 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
 # Where the hook's fixed cost per op goes (bench/RESULTS.md "Session 10"): CRISP_HOOK_TIMING=1
-# prints each stage's totals at exit; with the verdict cache on and off.
+# prints each stage's totals at exit.
 if [ "${PIPE_PHASE:-tune}" = tune ]; then  # the bench phase times the hook later, alone on the machine
   hook_timing smollm2_dense "$SMOL" dense
   hook_timing smollm2_crisp "$SMOL" crisp
@@ -153,6 +153,12 @@ bench_small() {  # bench_small NAME SEQS "HEAD ARGS"
     CRISP_GPU_BENCH_PRESETS=dense,crisp CRISP_GPU_BENCH_DENSITIES=0.05,0.2,0.4 CRISP_GPU_BENCH_KERNELS=portable,hopper \
     CRISP_GPU_BENCH_ARGS="$3 --reps 10 --warmup 3" scripts/gpu.sh bench
 }
+crossover_benches() {  # after the GPU tests (background jobs) end
+  wait
+  bench_small smollm2 4096,8192,16384,32768 "--heads 9 --kv-heads 3 --dim 64"
+  bench_small gemma3 8192,16384,32768 "--heads 4 --kv-heads 1 --dim 256"
+  bench_small h32 2048,4096,8192 "--heads 32 --kv-heads 8 --dim 128"
+}
 split_runs() {  # split_runs PREFIX SPLIT NIAH_POLICIES PROBE_POINTS: NIAH 2k-8k and the probe, both models
   niah_run "$1_smollm2" 420 "$SMOL" 2048,4096,8192 "$2" "$3"
   niah_run "$1_gemma" 420 "$GEMMA" 2048,4096,8192 "$2" "$3"
@@ -165,20 +171,14 @@ if [ "$PHASE" = tune ]; then
   log "tuning split done"
   python3 scripts/pick_frontier_point.py "$PIPE"/tune_*.json > "$PIPE/pick.txt" 2>&1
   log "pick written"
-  wait  # the GPU tests
-  bench_small smollm2 4096,8192,16384,32768 "--heads 9 --kv-heads 3 --dim 64"
-  bench_small gemma3 8192,16384,32768 "--heads 4 --kv-heads 1 --dim 256"
-  bench_small h32 2048,4096,8192 "--heads 32 --kv-heads 8 --dim 128"
+  crossover_benches
   log "pipeline done (tune)"
   exit 0
 fi
 if [ "$PHASE" = bench ]; then
   # What session 11 could not run (device time): the crossover benches first (after the GPU tests),
   # then the benchmarks below with the preset itself; then Gemma 3's 16k / 32k test split.
-  wait  # the GPU tests
-  bench_small smollm2 4096,8192,16384,32768 "--heads 9 --kv-heads 3 --dim 64"
-  bench_small gemma3 8192,16384,32768 "--heads 4 --kv-heads 1 --dim 256"
-  bench_small h32 2048,4096,8192 "--heads 32 --kv-heads 8 --dim 128"
+  crossover_benches
   PICK=crisp
 else
   PICK=${PIPE_PICK:?PIPE_PHASE=verdict needs PIPE_PICK}

@@ -157,15 +157,18 @@ ProxyMasses proxy_map(const PlanInputs<T>& in, int64_t s, int64_t h, std::vector
   for (double& x : m.v) x *= inv_L;
   for (double& x : m.u) x *= inv_L;
   m.c_struct = c_struct_sum * inv_L;
-  m.pv.assign(N, 0.0);
-  m.ps.assign(N, 0.0);
-  for (int64_t j = 0; j < n; ++j) m.pv[proxy::vertical_block(j, B)] += m.v[j];
-  for (int64_t t = 0; t < n; ++t) m.ps[proxy::distance_block(t, B)] += m.u[t];
+  // Token-level v / u (times `scale`) pooled into key blocks and distance blocks.
+  const auto pool = [&](const std::vector<double>& v, const std::vector<double>& u, double scale,
+                        std::vector<double>& pv, std::vector<double>& ps) {
+    pv.assign(N, 0.0);
+    ps.assign(N, 0.0);
+    for (int64_t j = 0; j < n; ++j) pv[proxy::vertical_block(j, B)] += v[j] * scale;
+    for (int64_t t = 0; t < n; ++t) ps[proxy::distance_block(t, B)] += u[t] * scale;
+  };
+  pool(m.v, m.u, 1.0, m.pv, m.ps);  // v and u are already means over the L rows
   if (R > 0) {
-    const double inv_R = proxy::last_rows_inverse(L, R);
-    std::vector<double> pv_last(N, 0.0), ps_last(N, 0.0);
-    for (int64_t j = 0; j < n; ++j) pv_last[proxy::vertical_block(j, B)] += v_last[j] * inv_R;
-    for (int64_t t = 0; t < n; ++t) ps_last[proxy::distance_block(t, B)] += u_last[t] * inv_R;
+    std::vector<double> pv_last, ps_last;
+    pool(v_last, u_last, proxy::last_rows_inverse(L, R), pv_last, ps_last);
     for (int32_t b = 0; b < N; ++b) {
       m.pv[b] = proxy::with_last_rows(m.pv[b], pv_last[b]);
       m.ps[b] = proxy::with_last_rows(m.ps[b], ps_last[b]);
