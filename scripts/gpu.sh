@@ -44,7 +44,8 @@
 #   CRISP_GPU_BASELINE       bench: a second source tree (e.g. `git archive main`) built into
 #                            <build>-baseline and benched with the same flags
 #   CRISP_GPU_PLAN_PROFILE=1 bench: Nsight Compute times the planner kernels of one crisp plan at
-#                            CRISP_GPU_PROFILE_SEQ [131072] tokens (table by kernel name)
+#                            CRISP_GPU_PROFILE_SEQ [131072] tokens (table by kernel name), with the
+#                            bench flags of CRISP_GPU_PROFILE_ARGS (e.g. "--heads 4 --kv-heads 1 --dim 256")
 #   CRISP_GPU_WHEEL          python/compare: install this wheel instead of building the package
 #   CRISP_GPU_PYTEST_K       python: a pytest -k expression
 #   CRISP_GPU_COMPARE_ARGS   compare [--seq 8192,32768,131072 --long]
@@ -324,7 +325,7 @@ suite_bench() {
     timeout "$(left 240)" "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
       --kernel-name-base demangled --kernel-name regex:'planner|work_key|Radix' "$CRISP" bench \
       --seq "${CRISP_GPU_PROFILE_SEQ:-131072}" --presets crisp --densities 0.1 --reps 1 --warmup 0 --kernels hopper \
-      --quiet >"$DETAIL/plan_profile.csv" 2>"$DETAIL/plan_profile.err"
+      ${CRISP_GPU_PROFILE_ARGS:-} --quiet >"$DETAIL/plan_profile.csv" 2>"$DETAIL/plan_profile.err"
     rc=$?
     $PY scripts/plan_profile_table.py "$DETAIL/plan_profile.csv" | tee "$DETAIL/plan_profile.txt"
     record "plan profile" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" "$(tail -1 "$DETAIL/plan_profile.txt")"

@@ -21,7 +21,10 @@
 #   3. PIPE_PHASE=verdict PIPE_PICK=... PIPE_RESUME=1 (a second pipeline): the TEST split of the
 #      pick beside the preset and FlexPrefill, then alone on the GPU the hook's timing, `crisp
 #      bench` at 128k/512k, llama-bench of both small models and of the 8B-shaped model.
-#   PIPE_PHASE=bench (the next session's plan): steps 1-2's build and checks, then the kernels'
+#   PIPE_PHASE=diag: Gemma 3's 16k / 32k test split beside the GPU tests, then the planner's
+#      kernel profile (128k x 32 heads; Gemma 3's shape), the crossover, the hook's timing and
+#      `crisp bench` 128k / 512k.
+#   PIPE_PHASE=bench: steps 1-2's build and checks, then the kernels'
 #      crossover on small calls, step 3's benchmarks with the preset, and Gemma 3's 16k / 32k
 #      test split with the preset.
 set -u
@@ -173,6 +176,28 @@ if [ "$PHASE" = tune ]; then
   log "pick written"
   crossover_benches
   log "pipeline done (tune)"
+  exit 0
+fi
+if [ "$PHASE" = diag ]; then
+  # Session 12's first machine: Gemma 3's 16k / 32k test split beside the GPU tests (both
+  # correctness only), then alone on the GPU: the planner's kernels (Nsight Compute and
+  # CRISP_PLAN_TIMING) at 128k x 32 heads and at Gemma 3's shape, the crossover, the hook's
+  # timing, and `crisp bench` at 128k / 512k with the preset.
+  niah_run test_gemma_long 480 "$GEMMA" 16384,32768 test "llama_fa,crisp,flexprefill"
+  wait
+  log "GPU tests and Gemma 3 16k/32k done"
+  step plan_128k 150 env CRISP_PLAN_TIMING=1 OUT="$PIPE/plan_128k" CRISP_GPU_DEADLINE_S=150 CRISP_GPU_BENCH_SEQ=131072 \
+    CRISP_GPU_BENCH_PRESETS=crisp,flexprefill CRISP_GPU_BENCH_KERNELS=hopper CRISP_GPU_BENCH_ARGS="--reps 20 --warmup 3" \
+    CRISP_GPU_PLAN_PROFILE=1 scripts/gpu.sh bench
+  step plan_gemma 120 env CRISP_PLAN_TIMING=1 OUT="$PIPE/plan_gemma" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ=8192,32768 \
+    CRISP_GPU_BENCH_PRESETS=crisp CRISP_GPU_BENCH_KERNELS=portable CRISP_GPU_BENCH_ARGS="--heads 4 --kv-heads 1 --dim 256 --reps 20 --warmup 3" \
+    CRISP_GPU_PLAN_PROFILE=1 CRISP_GPU_PROFILE_SEQ=8192 CRISP_GPU_PROFILE_ARGS="--heads 4 --kv-heads 1 --dim 256" scripts/gpu.sh bench
+  crossover_benches
+  hook_timing after_smollm2_crisp "$SMOL" crisp
+  hook_timing after_gemma_crisp "$GEMMA" crisp
+  step crisp_bench 300 env OUT="$PIPE/crisp_bench" CRISP_GPU_DEADLINE_S=300 CRISP_GPU_BENCH_SEQ=131072,524288 \
+    CRISP_GPU_BENCH_PRESETS=dense,crisp,flexprefill CRISP_GPU_BENCH_KERNELS=auto scripts/gpu.sh bench
+  log "pipeline done (diag)"
   exit 0
 fi
 if [ "$PHASE" = bench ]; then
