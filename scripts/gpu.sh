@@ -40,7 +40,8 @@
 #   CRISP_GPU_BENCH_DENSITIES [none; e.g. 0.1 for a 10% random layout]
 #   CRISP_GPU_BENCH_KERNELS  [bench's default: portable and hopper on sm_90; e.g.
 #                            hopper-persistent-pp,hopper-grid-nopp,hopper-gqa-pack for the variants]
-#   CRISP_GPU_BENCH_REPS [5]  CRISP_GPU_BENCH_ARGS (more flags, e.g. "--dim 64" or "--block 64")
+#   CRISP_GPU_BENCH_REPS [5]  CRISP_GPU_BENCH_ARGS (more flags, e.g. "--dim 64" or "--block 64";
+#                            not --reps / --warmup, which the suite sets: refused)
 #   CRISP_GPU_BASELINE       bench: a second source tree (e.g. `git archive main`) built into
 #                            <build>-baseline and benched with the same flags
 #   CRISP_GPU_PLAN_PROFILE=1 bench: Nsight Compute times the planner kernels of one crisp plan at
@@ -286,6 +287,11 @@ elif runs:
 PY
 }
 run_bench() {  # binary, json path, log name
+  case " ${CRISP_GPU_BENCH_ARGS:-} " in
+    *" --reps"*|*" --warmup"*)
+      echo "gpu.sh: error: CRISP_GPU_BENCH_ARGS='$CRISP_GPU_BENCH_ARGS' sets --reps or --warmup, which the bench suite sets itself; expected CRISP_GPU_BENCH_REPS for the repetitions" >&2
+      return 2 ;;
+  esac
   timeout "$(left 300)" "$1" bench --seq "${CRISP_GPU_BENCH_SEQ:-32768,131072}" \
     --presets "${CRISP_GPU_BENCH_PRESETS:-dense,crisp,flexprefill}" \
     ${CRISP_GPU_BENCH_DENSITIES:+--densities "$CRISP_GPU_BENCH_DENSITIES"} \

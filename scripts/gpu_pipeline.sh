@@ -154,7 +154,7 @@ probe_run() {  # probe_run NAME MODEL SPLIT POINTS
 bench_small() {  # bench_small NAME SEQS "HEAD ARGS"
   step "crossover_$1" 120 env CRISP_PLAN_TIMING=1 OUT="$PIPE/crossover_$1" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ="$2" \
     CRISP_GPU_BENCH_PRESETS=dense,crisp CRISP_GPU_BENCH_DENSITIES=0.05,0.2,0.4 CRISP_GPU_BENCH_KERNELS=portable,hopper \
-    CRISP_GPU_BENCH_ARGS="$3 --reps 10 --warmup 3" scripts/gpu.sh bench
+    CRISP_GPU_BENCH_REPS=10 CRISP_GPU_BENCH_ARGS="$3" scripts/gpu.sh bench
 }
 crossover_benches() {  # after the GPU tests (background jobs) end
   wait
@@ -187,10 +187,10 @@ if [ "$PHASE" = diag ]; then
   wait
   log "GPU tests and Gemma 3 16k/32k done"
   step plan_128k 150 env CRISP_PLAN_TIMING=1 OUT="$PIPE/plan_128k" CRISP_GPU_DEADLINE_S=150 CRISP_GPU_BENCH_SEQ=131072 \
-    CRISP_GPU_BENCH_PRESETS=crisp,flexprefill CRISP_GPU_BENCH_KERNELS=hopper CRISP_GPU_BENCH_ARGS="--reps 20 --warmup 3" \
+    CRISP_GPU_BENCH_PRESETS=crisp,flexprefill CRISP_GPU_BENCH_KERNELS=hopper CRISP_GPU_BENCH_REPS=20 \
     CRISP_GPU_PLAN_PROFILE=1 scripts/gpu.sh bench
   step plan_gemma 120 env CRISP_PLAN_TIMING=1 OUT="$PIPE/plan_gemma" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ=8192,32768 \
-    CRISP_GPU_BENCH_PRESETS=crisp CRISP_GPU_BENCH_KERNELS=portable CRISP_GPU_BENCH_ARGS="--heads 4 --kv-heads 1 --dim 256 --reps 20 --warmup 3" \
+    CRISP_GPU_BENCH_PRESETS=crisp CRISP_GPU_BENCH_KERNELS=portable CRISP_GPU_BENCH_REPS=20 CRISP_GPU_BENCH_ARGS="--heads 4 --kv-heads 1 --dim 256" \
     CRISP_GPU_PLAN_PROFILE=1 CRISP_GPU_PROFILE_SEQ=8192 CRISP_GPU_PROFILE_ARGS="--heads 4 --kv-heads 1 --dim 256" scripts/gpu.sh bench
   crossover_benches
   hook_timing after_smollm2_crisp "$SMOL" crisp
