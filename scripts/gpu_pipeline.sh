@@ -21,6 +21,9 @@
 #   3. PIPE_PHASE=verdict PIPE_PICK=... PIPE_RESUME=1 (a second pipeline): the TEST split of the
 #      pick beside the preset and FlexPrefill, then alone on the GPU the hook's timing, `crisp
 #      bench` at 128k/512k, llama-bench of both small models and of the 8B-shaped model.
+#   PIPE_PHASE=check: the GPU tests, then what session 12 left open (Gemma 3 in llama.cpp on each
+#      kernel, the 8B-shaped model's chunked prefill with the hook's stage timing, the planner at
+#      Gemma 3's shape, bench/compare.py).
 #   PIPE_PHASE=diag: Gemma 3's 16k / 32k test split beside the GPU tests, then the planner's
 #      kernel profile (128k x 32 heads; Gemma 3's shape), the crossover, the hook's timing and
 #      `crisp bench` 128k / 512k.
@@ -176,6 +179,34 @@ if [ "$PHASE" = tune ]; then
   log "pick written"
   crossover_benches
   log "pipeline done (tune)"
+  exit 0
+fi
+if [ "$PHASE" = check ]; then
+  # Session 13's first machine (bench/RESULTS.md "Session 12" left these open): after the GPU tests,
+  # alone on the GPU: Gemma 3 inside llama.cpp on each kernel (session 11 measured 3.1 ms a call on
+  # Hopper there, the bench 0.24 ms at its shape), the 8B-shaped model's chunked prefill at 64k
+  # (-ub 2048: 0.79x llama.cpp's time at 128k, 11 s outside the timed nodes) with and without the
+  # hook's stage timing, the planner at Gemma 3's shape, bench/compare.py with the preset.
+  wait
+  log "GPU tests done"
+  for kernel in portable hopper; do
+    for n in 8192 32768; do
+      step "gemma_${kernel}_$n" 90 env CRISP_KERNEL=$kernel CRISP_HOOK_TIMING=1 "$BIN/llama-bench" -m "$GEMMA" -p $n -n 0 \
+        -fa 1 -b $n -ub $((n < 16384 ? n : 16384)) -ngl 99 -r 1 --sparse-prefill crisp
+    done
+  done
+  for run in fa crisp crisp_timing; do
+    policy=(); [ $run = fa ] || policy=(--sparse-prefill crisp)
+    timing=0; [ $run = crisp_timing ] && timing=1
+    step "llama8b_64k_$run" 150 env CRISP_HOOK_TIMING=$timing "$BIN/llama-bench" -m "$GGUF_8B" -p 65536 -n 0 -fa 1 \
+      -b 65536 -ub 2048 -ngl 99 -r 1 --no-warmup "${policy[@]}"
+  done
+  step plan_gemma 120 env CRISP_PLAN_TIMING=1 OUT="$PIPE/plan_gemma" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ=8192,32768 \
+    CRISP_GPU_BENCH_PRESETS=crisp CRISP_GPU_BENCH_KERNELS=portable,hopper CRISP_GPU_BENCH_REPS=20 \
+    CRISP_GPU_BENCH_ARGS="--heads 4 --kv-heads 1 --dim 256" scripts/gpu.sh bench
+  step compare 420 env OUT="$PIPE/compare" CRISP_GPU_DEADLINE_S=420 CRISP_GPU_COMPARE_ARGS="--seq 32768,131072 --long" \
+    scripts/gpu.sh compare
+  log "pipeline done (check)"
   exit 0
 fi
 if [ "$PHASE" = diag ]; then
