@@ -195,8 +195,10 @@ if [ "$PHASE" = check ]; then
         -fa 1 -b $n -ub $((n < 16384 ? n : 16384)) -ngl 99 -r 1 --sparse-prefill crisp
     done
   done
-  for run in fa crisp crisp_timing; do
-    policy=(); [ $run = fa ] || policy=(--sparse-prefill crisp)
+  # fa and crisp alternate (the host's share, the KQ mask, swings between runs), then crisp with
+  # the hook's stage timing.
+  for run in fa_1 crisp_1 fa_2 crisp_2 crisp_timing; do
+    policy=(); [ "${run%_*}" = fa ] || policy=(--sparse-prefill crisp)
     timing=0; [ $run = crisp_timing ] && timing=1
     step "llama8b_64k_$run" 150 env CRISP_HOOK_TIMING=$timing "$BIN/llama-bench" -m "$GGUF_8B" -p 65536 -n 0 -fa 1 \
       -b 65536 -ub 2048 -ngl 99 -r 1 --no-warmup "${policy[@]}"
