@@ -187,8 +187,16 @@ if [ "$PHASE" = check ]; then
   # Hopper there, the bench 0.24 ms at its shape), the 8B-shaped model's chunked prefill at 64k
   # (-ub 2048: 0.79x llama.cpp's time at 128k, 11 s outside the timed nodes) with and without the
   # hook's stage timing, the planner at Gemma 3's shape, bench/compare.py with the preset.
+  # Beside the GPU tests (accuracy only): the TUNING split at 2k of two lower short-prompt floors
+  # (issue 14: the preset's uniform_floor_blocks = 32 costs Gemma 3 0.87x FlexPrefill's density
+  # at 2k), NIAH and the pass-key probe, both models.
+  FLOORS=${PIPE_FLOORS:-"crisp,crisp:uniform_floor_blocks=24,crisp:uniform_floor_blocks=20,flexprefill"}
+  niah_run tune2k_smollm2 420 "$SMOL" 2048 tuning "$FLOORS"
+  niah_run tune2k_gemma 420 "$GEMMA" 2048 tuning "$FLOORS"
+  probe_run probe_tuning_floors_smollm2 "$SMOL" tuning "$FLOORS"
+  probe_run probe_tuning_floors_gemma "$GEMMA" tuning "$FLOORS"
   wait
-  log "GPU tests done"
+  log "GPU tests and the floors' tuning split done"
   for kernel in portable hopper; do
     for n in 8192 32768; do
       step "gemma_${kernel}_$n" 90 env CRISP_KERNEL=$kernel CRISP_HOOK_TIMING=1 "$BIN/llama-bench" -m "$GEMMA" -p $n -n 0 \
