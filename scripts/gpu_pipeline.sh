@@ -189,9 +189,9 @@ if [ "$PHASE" = check ]; then
   # hook's stage timing, the planner at Gemma 3's shape, bench/compare.py with the preset.
   # Beside the GPU tests (accuracy only): the TUNING split at 2k of two lower short-prompt floors
   # (issue 14: the preset's uniform_floor_blocks = 32 costs Gemma 3 0.87x FlexPrefill's density
-  # at 2k; on the CPU's forward 24 / 20 / off gave 0.82x / 0.79x / 0.68x, docs/evaluation.md
-  # "Short prompts on the H200"), NIAH and the pass-key probe, both models.
-  FLOORS=${PIPE_FLOORS:-"crisp,crisp:uniform_floor_blocks=20,crisp:uniform_floor_blocks=18,flexprefill"}
+  # at 2k; on the CPU's forward 24 / 20 / 17 / off gave 0.82x / 0.79x / 0.75x / 0.68x,
+  # docs/evaluation.md "Gemma 3 at 2k"), NIAH and the pass-key probe, both models.
+  FLOORS=${PIPE_FLOORS:-"crisp,crisp:uniform_floor_blocks=20,crisp:uniform_floor_blocks=17,flexprefill"}
   niah_run tune2k_smollm2 420 "$SMOL" 2048 tuning "$FLOORS"
   niah_run tune2k_gemma 420 "$GEMMA" 2048 tuning "$FLOORS"
   probe_run probe_tuning_floors_smollm2 "$SMOL" tuning "$FLOORS"
