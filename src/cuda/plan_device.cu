@@ -49,11 +49,9 @@ namespace {
 
 // NOTE: aim for this many proxy work items per SM (two resident 256-thread blocks per SM at
 // d = 128, two waves) and at least this many key tiles per item, so the split-K partials stay
-// small against the streamed keys. 4 (it was 8): Gemma 3's global layers at 8k (d = 256, one kv
-// head, 4 row tiles) made only 64 items of 8 tiles, half the SMs idle, the proxy 0.72 of the
-// plan's 0.85 ms (bench/RESULTS.md, "Session 12").
+// small against the streamed keys.
 constexpr int kProxyItemsPerSm = 4;
-constexpr int64_t kProxyMinTilesPerItem = 4;
+constexpr int64_t kProxyMinTilesPerItem = 8;
 
 constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
