@@ -159,11 +159,19 @@ bench_small() {  # bench_small NAME SEQS "HEAD ARGS"
     CRISP_GPU_BENCH_PRESETS=dense,crisp CRISP_GPU_BENCH_DENSITIES=0.05,0.2,0.4 CRISP_GPU_BENCH_KERNELS=portable,hopper \
     CRISP_GPU_BENCH_REPS=10 CRISP_GPU_BENCH_ARGS="$3" scripts/gpu.sh bench
 }
+GEMMA_SHAPE="--heads 4 --kv-heads 1 --dim 256"  # crisp bench's flags for Gemma 3's global layers
 crossover_benches() {  # after the GPU tests (background jobs) end
   wait
   bench_small smollm2 4096,8192,16384,32768 "--heads 9 --kv-heads 3 --dim 64"
-  bench_small gemma3 8192,16384,32768 "--heads 4 --kv-heads 1 --dim 256"
+  bench_small gemma3 8192,16384,32768 "$GEMMA_SHAPE"
   bench_small h32 2048,4096,8192 "--heads 32 --kv-heads 8 --dim 128"
+}
+plan_gemma() {  # plan_gemma KERNELS [NAME=VALUE...]: the planner's stages at Gemma 3's shape, 8k and 32k
+  local kernels=$1
+  shift
+  step plan_gemma 120 env CRISP_PLAN_TIMING=1 OUT="$PIPE/plan_gemma" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ=8192,32768 \
+    CRISP_GPU_BENCH_PRESETS=crisp CRISP_GPU_BENCH_KERNELS="$kernels" CRISP_GPU_BENCH_REPS=20 CRISP_GPU_BENCH_ARGS="$GEMMA_SHAPE" \
+    "$@" scripts/gpu.sh bench
 }
 split_runs() {  # split_runs PREFIX SPLIT NIAH_POLICIES PROBE_POINTS: NIAH 2k-8k and the probe, both models
   niah_run "$1_smollm2" 420 "$SMOL" 2048,4096,8192 "$2" "$3"
@@ -212,9 +220,7 @@ if [ "$PHASE" = check ]; then
     step "llama8b_64k_$run" 150 env CRISP_HOOK_TIMING=$timing "$BIN/llama-bench" -m "$GGUF_8B" -p 65536 -n 0 -fa 1 \
       -b 65536 -ub 2048 -ngl 99 -r 1 --no-warmup "${policy[@]}"
   done
-  step plan_gemma 120 env CRISP_PLAN_TIMING=1 OUT="$PIPE/plan_gemma" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ=8192,32768 \
-    CRISP_GPU_BENCH_PRESETS=crisp CRISP_GPU_BENCH_KERNELS=portable,hopper CRISP_GPU_BENCH_REPS=20 \
-    CRISP_GPU_BENCH_ARGS="--heads 4 --kv-heads 1 --dim 256" scripts/gpu.sh bench
+  plan_gemma portable,hopper
   step compare 420 env OUT="$PIPE/compare" CRISP_GPU_DEADLINE_S=420 CRISP_GPU_COMPARE_ARGS="--seq 32768,131072 --long" \
     scripts/gpu.sh compare
   log "pipeline done (check)"
@@ -231,9 +237,7 @@ if [ "$PHASE" = diag ]; then
   step plan_128k 150 env CRISP_PLAN_TIMING=1 OUT="$PIPE/plan_128k" CRISP_GPU_DEADLINE_S=150 CRISP_GPU_BENCH_SEQ=131072 \
     CRISP_GPU_BENCH_PRESETS=crisp,flexprefill CRISP_GPU_BENCH_KERNELS=hopper CRISP_GPU_BENCH_REPS=20 \
     CRISP_GPU_PLAN_PROFILE=1 scripts/gpu.sh bench
-  step plan_gemma 120 env CRISP_PLAN_TIMING=1 OUT="$PIPE/plan_gemma" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ=8192,32768 \
-    CRISP_GPU_BENCH_PRESETS=crisp CRISP_GPU_BENCH_KERNELS=portable CRISP_GPU_BENCH_REPS=20 CRISP_GPU_BENCH_ARGS="--heads 4 --kv-heads 1 --dim 256" \
-    CRISP_GPU_PLAN_PROFILE=1 CRISP_GPU_PROFILE_SEQ=8192 CRISP_GPU_PROFILE_ARGS="--heads 4 --kv-heads 1 --dim 256" scripts/gpu.sh bench
+  plan_gemma portable CRISP_GPU_PLAN_PROFILE=1 CRISP_GPU_PROFILE_SEQ=8192 CRISP_GPU_PROFILE_ARGS="$GEMMA_SHAPE"
   crossover_benches
   hook_timing after_smollm2_crisp "$SMOL" crisp
   hook_timing after_gemma_crisp "$GEMMA" crisp
