@@ -24,12 +24,18 @@ else
 fi
 jobs=${CRISP_JOBS:-$(nproc)}
 failed=()
+# The names of the tests a ctest run failed (or "" when it failed before running any: discovery,
+# configuration), so the summary at the very end, which CI logs keep, names them.
+failed_tests() {
+  local log="$1/Testing/Temporary/LastTestsFailed.log"
+  [ -f "$log" ] && printf ' [%s]' "$(cut -d: -f2 "$log" | paste -sd, -)" || true
+}
 
 echo "== build/ (Release, CUDA auto)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$jobs"
-ctest --test-dir build --output-on-failure -LE 'gpu|llama_cpp' -j "$jobs" || failed+=("cpu tests (build/)")
-ctest --test-dir build --output-on-failure -L gpu || failed+=("gpu tests (build/)")
+ctest --test-dir build --output-on-failure -LE 'gpu|llama_cpp' -j "$jobs" || failed+=("cpu tests (build/)$(failed_tests build)")
+ctest --test-dir build --output-on-failure -L gpu || failed+=("gpu tests (build/)$(failed_tests build)")
 
 echo "== build-install/ (cmake --install build) and tests/consumer against it (find_package(crisp))"
 rm -rf build-install
@@ -47,7 +53,7 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRISP_SANITIZE=ON -
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=halt_on_error=1:abort_on_error=0:detect_leaks=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  ctest --test-dir build-asan --output-on-failure -LE 'gpu|llama_cpp' -j "$jobs" || failed+=("cpu tests (build-asan/)")
+  ctest --test-dir build-asan --output-on-failure -LE 'gpu|llama_cpp' -j "$jobs" || failed+=("cpu tests (build-asan/)$(failed_tests build-asan)")
 
 echo "== Python package (pip install . into a venv, CPU backend; pytest tests/python)"
 # Skipped, not failed, when the machine has no Python headers (python3-dev), cannot make a venv
@@ -80,7 +86,7 @@ fi
 if [ "${CRISP_LLAMA_CPP:-1}" = 1 ]; then
   echo "== llama.cpp with crisp's integration (scripts/llama_cpp.sh; tests labelled llama_cpp)"
   if JOBS="$jobs" ./scripts/llama_cpp.sh >/dev/null; then
-    ctest --test-dir build --output-on-failure -L llama_cpp || failed+=("llama.cpp integration tests")
+    ctest --test-dir build --output-on-failure -L llama_cpp || failed+=("llama.cpp integration tests$(failed_tests build)")
   else
     failed+=("llama.cpp build (scripts/llama_cpp.sh)")
   fi

@@ -326,14 +326,16 @@ inline std::vector<bool> vs_select(const Proxy& P, const Config& cfg, bool verti
   switch (cfg.vs_budget) {
     case crisp::VsRule::noise_floor: {
       // vs_floor: mean = alpha * mean(pooled[1 .. N-2]); uniform = uniform_alpha / N (the mass of
-      // a block under uniform attention), or uniform_alpha / uniform_floor_blocks when N is smaller;
-      // max = the larger of the two.
+      // a block under uniform attention), or uniform_alpha / uniform_floor_blocks when N is smaller
+      // (the slash side: uniform_floor_slash_blocks unless it is -1); max = the larger of the two.
       double mu = 0.0;
       for (int b = 1; b <= N - 2; ++b) mu += pooled[static_cast<size_t>(b)];
       mu /= static_cast<double>(N - 2);
       const double mean_floor = cfg.alpha * mu;
-      const double uniform_level =
-          static_cast<double>(std::max<int64_t>(static_cast<int64_t>(N), cfg.uniform_floor_blocks));
+      const int64_t held_blocks = cfg.uniform_floor_last_rows ? 0
+                                  : !vertical && cfg.uniform_floor_slash_blocks >= 0 ? cfg.uniform_floor_slash_blocks
+                                                                                      : cfg.uniform_floor_blocks;
+      const double uniform_level = static_cast<double>(std::max<int64_t>(static_cast<int64_t>(N), held_blocks));
       const double uniform_floor = cfg.uniform_alpha / uniform_level;
       double threshold = mean_floor;
       if (cfg.vs_floor == crisp::VsFloor::uniform) threshold = uniform_floor;
@@ -484,8 +486,12 @@ inline bool is_short(int64_t n, const Config& cfg) {
 }
 
 // proxy_last_rows: pv / ps become the larger of all rows' pooled mass and the last R rows' own (the
-// mean of their A over the block), and JSD is taken against that pv.
-inline Proxy with_last_rows(const Proxy& all, int64_t R) {
+// mean of their A over the block), and JSD is taken against that pv. uniform_floor_last_rows: the
+// side's held floor F applies to the last rows' score only, keep iff all > u/N or last > u/max(N, F);
+// as one score against u/N that is the last rows' mass times max(N, F)/N (the noise floor then
+// reads F = 0).
+inline Proxy with_last_rows(const Proxy& all, const Config& cfg) {
+  const int64_t R = cfg.proxy_last_rows;
   Proxy P = all;
   const int64_t rows = std::min(R, P.L);
   std::vector<double> pv_last(static_cast<size_t>(P.N), 0.0), ps_last(static_cast<size_t>(P.N), 0.0);
@@ -494,9 +500,14 @@ inline Proxy with_last_rows(const Proxy& all, int64_t R) {
       pv_last[static_cast<size_t>(j / P.B)] += P.a(i, j) / static_cast<double>(rows);
       ps_last[static_cast<size_t>((P.p(i) - j) / P.B)] += P.a(i, j) / static_cast<double>(rows);
     }
+  const auto scale = [&](int64_t held_blocks) {
+    return cfg.uniform_floor_last_rows ? static_cast<double>(std::max<int64_t>(P.N, held_blocks)) / P.N : 1.0;
+  };
+  const int64_t slash_held = cfg.uniform_floor_slash_blocks >= 0 ? cfg.uniform_floor_slash_blocks : cfg.uniform_floor_blocks;
+  const double v_scale = scale(cfg.uniform_floor_blocks), s_scale = scale(slash_held);
   for (int b = 0; b < P.N; ++b) {
-    P.pv[static_cast<size_t>(b)] = std::max(P.pv[static_cast<size_t>(b)], pv_last[static_cast<size_t>(b)]);
-    P.ps[static_cast<size_t>(b)] = std::max(P.ps[static_cast<size_t>(b)], ps_last[static_cast<size_t>(b)]);
+    P.pv[static_cast<size_t>(b)] = std::max(P.pv[static_cast<size_t>(b)], pv_last[static_cast<size_t>(b)] * v_scale);
+    P.ps[static_cast<size_t>(b)] = std::max(P.ps[static_cast<size_t>(b)], ps_last[static_cast<size_t>(b)] * s_scale);
   }
   P.jsd = js_distance(P.abar, P.pv);
   return P;
@@ -504,7 +515,7 @@ inline Proxy with_last_rows(const Proxy& all, int64_t R) {
 
 // The full plan of one (sequence, query head) given its proxy.
 inline HeadResult plan_head(const Proxy& all_rows, const Config& cfg, double tol) {
-  const Proxy P = cfg.proxy_last_rows > 0 ? with_last_rows(all_rows, cfg.proxy_last_rows) : all_rows;
+  const Proxy P = cfg.proxy_last_rows > 0 ? with_last_rows(all_rows, cfg) : all_rows;
   HeadResult h;
   const int N = P.N;
   if (cfg.dense || is_short(P.n, cfg)) {

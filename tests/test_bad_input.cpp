@@ -282,6 +282,8 @@ TEST(BadInput, UnknownPresetAndParameters) {
   expect_error([&] { c.set("vs_floor", "median"); }, "vs_floor", "unknown floor");
   expect_error([&] { c.set("uniform_alpha", "0"); }, "uniform_alpha", "uniform_alpha = 0");
   expect_error([&] { c.set("uniform_alpha", "inf"); }, "uniform_alpha", "infinite uniform_alpha");
+  expect_error([&] { c.set("uniform_floor_slash_blocks", "-2"); }, "uniform_floor_slash_blocks",
+               "uniform_floor_slash_blocks below -1");
   expect_error([&] { c.set("pe_rule", "walk"); }, "pe_rule", "unknown PE rule");
   expect_error([&] { c.set("pe_alpha", "-0.5"); }, "pe_alpha", "negative pe_alpha");
   expect_error([&] { c.set("pe_alpha", "nan"); }, "pe_alpha", "NaN pe_alpha");
@@ -319,6 +321,12 @@ TEST(BadInput, InvalidConfigFieldsRejectedByPlan) {
       {[](crisp::Config& c) { c.vs_floor = static_cast<crisp::VsFloor>(3); }, "vs_floor"},
       {[](crisp::Config& c) { c.pe_rule = static_cast<crisp::PeRule>(2); }, "pe_rule"},
       {[](crisp::Config& c) { c.uniform_alpha = 0.0; }, "uniform_alpha"},
+      {[](crisp::Config& c) { c.uniform_floor_slash_blocks = -5; }, "uniform_floor_slash_blocks"},
+      // The last rows' held floor needs the uniform floor and last rows to apply to.
+      {[](crisp::Config& c) { c.uniform_floor_last_rows = true; c.vs_floor = crisp::VsFloor::mean; c.proxy_last_rows = 16; },
+       "uniform_floor_last_rows"},
+      {[](crisp::Config& c) { c.uniform_floor_last_rows = true; c.vs_floor = crisp::VsFloor::uniform; c.proxy_last_rows = 0; },
+       "uniform_floor_last_rows"},
       {[](crisp::Config& c) { c.pe_alpha = std::numeric_limits<double>::infinity(); }, "pe_alpha"},
   };
   for (const auto& c : cases) {

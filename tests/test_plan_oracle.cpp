@@ -215,6 +215,13 @@ std::vector<std::pair<std::string, std::vector<std::string>>> config_grid() {
   // cases' N (8 to 24) all lie below 32 (held) and at or above 8 (the plain 1/N).
   grid.push_back({"crisp", {"uniform_floor_blocks=32"}});
   grid.push_back({"crisp", {"routing=none", "vs_floor=max", "uniform_floor_blocks=8", "uniform_alpha=2"}});
+  // The slash side at the plain 1/N (or a floor of its own) while the verticals hold theirs.
+  grid.push_back({"crisp", {"routing=none", "uniform_floor_blocks=32", "uniform_floor_slash_blocks=0"}});
+  grid.push_back({"crisp", {"uniform_floor_blocks=16", "uniform_floor_slash_blocks=28", "proxy_last_rows=16"}});
+  // The held floor for the last rows' score only (all rows' against the plain 1/N).
+  grid.push_back({"crisp", {"vs_floor=uniform", "proxy_last_rows=16", "uniform_floor_blocks=32", "uniform_floor_last_rows=true"}});
+  grid.push_back({"crisp", {"routing=none", "vs_floor=uniform", "proxy_last_rows=8", "uniform_floor_blocks=20",
+                            "uniform_floor_slash_blocks=0", "uniform_floor_last_rows=true"}});
   // The last proxy rows pooled on their own too (pv / ps the larger; JSD against that pv).
   grid.push_back({"crisp", {"proxy_last_rows=16"}});
   grid.push_back({"crisp", {"routing=none", "proxy_last_rows=8", "uniform_floor_blocks=32"}});

@@ -4,7 +4,9 @@
 // another implementation).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,49 @@ TEST(RulesDirect, UniformFloorStopsRisingBelowItsBlocks) {
   EXPECT_EQ(noise_floor_threshold(kFloorMax, 1 / 16.0, 1.0, 1.0, 32, 8), 1 / 16.0);
   // The mean floor does not read it.
   EXPECT_EQ(noise_floor_threshold(kFloorMean, 1 / 16.0, 3.0, 1.0, 32, 8), 3 / 16.0);
+}
+
+TEST(RulesDirect, LastRowsHeldFloorIsTheTwoConditionRule) {
+  using namespace crisp::rules;
+  // Off, or a held floor at or below N: the last rows' mass is taken as it is.
+  EXPECT_EQ(last_rows_mass_scale(false, 8, 32), 1.0);
+  EXPECT_EQ(last_rows_mass_scale(true, 32, 32), 1.0);
+  EXPECT_EQ(last_rows_mass_scale(true, 40, 32), 1.0);
+  EXPECT_EQ(last_rows_mass_scale(true, 8, 32), 4.0);
+  EXPECT_EQ(threshold_floor_blocks(true, 32), 0);
+  EXPECT_EQ(threshold_floor_blocks(false, 32), 32);
+  // max(all, last * scale) > u / N keeps exactly the blocks with all > u / N or last > u / max(N, F).
+  std::mt19937_64 rng(crisp_test::test_seed());
+  std::uniform_real_distribution<double> mass(0.0, 0.3);
+  int kept = 0, checked = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const int32_t N = 2 + static_cast<int32_t>(rng() % 40);
+    const int64_t F = static_cast<int64_t>(rng() % 64);
+    const double u = 0.5 + mass(rng) * 5.0;
+    const double plain = u / N, held = u / std::max<int64_t>(N, F);
+    // Masses around their floors, so that every combination of the two conditions occurs.
+    const double all = plain * mass(rng) / 0.15, last = held * mass(rng) / 0.15;
+    if (std::abs(all - plain) < 1e-9 || std::abs(last - held) < 1e-9) continue;  // no boundary cases
+    const double threshold = noise_floor_threshold(kFloorUniform, 0.0, 1.0, u, threshold_floor_blocks(true, F), N);
+    const bool one_score = noise_floor_keeps(crisp::proxy::with_last_rows(all, last * last_rows_mass_scale(true, N, F)), threshold);
+    EXPECT_EQ(one_score, all > plain || last > held) << "N=" << N << " F=" << F << " all=" << all << " last=" << last;
+    kept += one_score;
+    ++checked;
+  }
+  EXPECT_GT(kept, checked / 10);  // both outcomes occur
+  EXPECT_LT(kept, checked - checked / 10);
+}
+
+TEST(RulesDirect, SlashSideHeldFloorFollowsOrOverrides) {
+  using crisp::rules::side_floor_blocks;
+  // -1 (the default): the slash side holds the vertical side's floor.
+  EXPECT_EQ(side_floor_blocks(false, 32, -1), 32);
+  EXPECT_EQ(side_floor_blocks(true, 32, -1), 32);
+  // 0 or any count: the slash side's own; the vertical side never reads it.
+  EXPECT_EQ(side_floor_blocks(false, 32, 0), 0);
+  EXPECT_EQ(side_floor_blocks(false, 32, 20), 20);
+  EXPECT_EQ(side_floor_blocks(true, 32, 0), 32);
+  EXPECT_EQ(side_floor_blocks(true, 0, 20), 0);
 }
 
 TEST(ProxyRules, LastRowsAreTheLastROfLAndTheirMassIsTheLarger) {

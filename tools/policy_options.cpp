@@ -15,7 +15,7 @@ void add_policy_options(CLI::App& sub, PolicyOptions& options) {
   sub.add_option("--set", options.sets,
                  "Override one parameter, key=value (repeatable), with the spec's names: "
                  "routing, tau_proxy, rho, tau, w_sink, w_local, vs_budget, alpha, vs_floor, "
-                 "uniform_alpha, uniform_floor_blocks, proxy_last_rows, gamma, vertical_tokens, slash_tokens, pe_rule, pe_gamma, pe_alpha, "
+                 "uniform_alpha, uniform_floor_blocks, uniform_floor_slash_blocks, proxy_last_rows, gamma, vertical_tokens, slash_tokens, pe_rule, pe_gamma, pe_alpha, "
                  "slash_cover, min_budget, max_budget, "
                  "dense_below, softmax_scale, block_size")
       ->type_name("KEY=VALUE")

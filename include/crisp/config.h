@@ -77,6 +77,15 @@ struct Config {
   // floor stops rising as N falls (a short prompt's floor 1/N would drop a needle that only the
   // last queries need; docs/algorithm.md, "Short prompts"). 0: the plain 1/N.
   int64_t uniform_floor_blocks = 0;
+  // The slash side's own held floor: -1 follows uniform_floor_blocks; 0 leaves slashes at the
+  // plain 1/N while verticals keep the held floor (a needle that only the last queries need is a
+  // key block, so the vertical side alone can keep it; docs/algorithm.md, "Short prompts").
+  int64_t uniform_floor_slash_blocks = -1;
+  // The held floor for the last proxy rows' score only: a block is kept if all rows' pooled mass is
+  // above the plain uniform_alpha / N, or the last rows' own above uniform_alpha / max(N, the
+  // side's held floor blocks) (docs/algorithm.md, "Short prompts"). Needs vs_floor = uniform and
+  // proxy_last_rows > 0 (validate() names them otherwise).
+  bool uniform_floor_last_rows = false;
   // The last proxy_last_rows proxy rows are pooled on their own as well, and each block's pooled
   // vertical / slash mass is the larger of the two: a block that only the queries nearest the
   // answer need is not diluted by the other rows (docs/algorithm.md, "Short prompts"). 0 = off.
@@ -112,7 +121,8 @@ struct Config {
   // naming "preset" for any other name.
   static Config from_preset(const std::string& name);
 
-  // Sets one parameter by its spec name (tau_proxy, rho, alpha, vs_floor, uniform_alpha, uniform_floor_blocks, proxy_last_rows, gamma,
+  // Sets one parameter by its spec name (tau_proxy, rho, alpha, vs_floor, uniform_alpha, uniform_floor_blocks,
+  // uniform_floor_slash_blocks, uniform_floor_last_rows, proxy_last_rows, gamma,
   // pe_rule, pe_gamma, pe_alpha, tau, w_sink, w_local, min_budget, max_budget, routing, vs_budget,
   // slash_cover, vertical_tokens, slash_tokens, block_size, softmax_scale, dense_below). Throws crisp::Error naming the key for
   // an unknown key or a value that does not parse or is out of range.

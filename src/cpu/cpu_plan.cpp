@@ -169,9 +169,11 @@ ProxyMasses proxy_map(const PlanInputs<T>& in, int64_t s, int64_t h, std::vector
   if (R > 0) {
     std::vector<double> pv_last, ps_last;
     pool(v_last, u_last, proxy::last_rows_inverse(L, R), pv_last, ps_last);
+    const double vertical_scale = select::last_rows_mass_scale(in.params, true, N);
+    const double slash_scale = select::last_rows_mass_scale(in.params, false, N);
     for (int32_t b = 0; b < N; ++b) {
-      m.pv[b] = proxy::with_last_rows(m.pv[b], pv_last[b]);
-      m.ps[b] = proxy::with_last_rows(m.ps[b], ps_last[b]);
+      m.pv[b] = proxy::with_last_rows(m.pv[b], pv_last[b] * vertical_scale);
+      m.ps[b] = proxy::with_last_rows(m.ps[b], ps_last[b] * slash_scale);
     }
   }
   return m;

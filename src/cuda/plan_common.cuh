@@ -162,12 +162,13 @@ struct Workspace {
 
 // A block's pooled proxy mass (pv or ps, as the VS rules and the JSD read it) from the sums of the
 // proxy: the mean over the L rows, or with proxy_last_rows the larger of that and the last rows'
-// mean (proxy::with_last_rows, the CPU planner's rule). `last_sum` is null when the option is off.
+// mean times `last_scale` (proxy::with_last_rows, select::last_rows_mass_scale: the CPU planner's
+// rule). `last_sum` is null when the option is off.
 __device__ __forceinline__ double pooled_block_mass(const double* all_sum, const double* last_sum, int64_t at,
-                                                    int64_t L, int64_t last_rows) {
+                                                    int64_t L, int64_t last_rows, double last_scale) {
   const double all = all_sum[at] * proxy::rows_inverse(L);
   if (last_sum == nullptr || last_rows <= 0) return all;
-  return proxy::with_last_rows(all, last_sum[at] * proxy::last_rows_inverse(L, last_rows));
+  return proxy::with_last_rows(all, last_sum[at] * proxy::last_rows_inverse(L, last_rows) * last_scale);
 }
 
 }  // namespace planner

@@ -155,10 +155,11 @@ __device__ double slot_jsd(const Strided3<T>& q, const SlotParams& P, const layo
   const double den = block_reduce(local_den, d_scratch, SumOp());
   double kl_abar = 0.0, kl_proxy = 0.0;
   const int64_t base = layout::block_array_offset(sb, h, H);
+  const double last_scale = select::last_rows_mass_scale(P.plan, true, N);
   for (int c = threadIdx.x; c < N; c += blockDim.x)
     proxy::add_js_terms(proxy::abar_share(expf(logits[c] - max_logit), den),
-                        pooled_block_mass(P.ws.pv_sum, P.ws.pv_last_sum, base + c, L, P.plan.proxy_last_rows), kl_abar,
-                        kl_proxy);
+                        pooled_block_mass(P.ws.pv_sum, P.ws.pv_last_sum, base + c, L, P.plan.proxy_last_rows, last_scale),
+                        kl_abar, kl_proxy);
   kl_abar = block_reduce(kl_abar, d_scratch, SumOp());
   kl_proxy = block_reduce(kl_proxy, d_scratch, SumOp());
   return rules::js_distance(kl_abar, kl_proxy);
@@ -287,8 +288,9 @@ __device__ void vs_side(const SlotParams& P, int64_t slot, const layout::Sequenc
   const int64_t base = layout::block_array_offset(sb, h, P.view.num_heads);
   const double* mass_sum = vertical ? P.ws.pv_sum : P.ws.ps_sum;
   const double* last_sum = vertical ? P.ws.pv_last_sum : P.ws.ps_last_sum;
+  const double last_scale = select::last_rows_mass_scale(P.plan, vertical, N);
   for (int b = threadIdx.x; b < N; b += blockDim.x) {
-    mass[b] = pooled_block_mass(mass_sum, last_sum, base + b, L, P.plan.proxy_last_rows);
+    mass[b] = pooled_block_mass(mass_sum, last_sum, base + b, L, P.plan.proxy_last_rows, last_scale);
     flags[b] = 0;
   }
   __syncthreads();

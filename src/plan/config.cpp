@@ -205,6 +205,12 @@ const std::vector<Parameter>& parameters() {
                 [](const Config& c) { return is_one_of(c.vs_floor, kVsFloors); }, "one of mean, uniform, max"},
       CRISP_DOUBLE_PARAM(uniform_alpha, x > 0.0, "a finite number > 0"),
       CRISP_INT_PARAM(uniform_floor_blocks, x >= 0 && x <= (int64_t{1} << 30), "an integer in [0, 2^30] (blocks; 0 = off)"),
+      CRISP_INT_PARAM(uniform_floor_slash_blocks, x >= -1 && x <= (int64_t{1} << 30),
+                      "an integer in [-1, 2^30] (blocks; -1 = as uniform_floor_blocks, 0 = off)"),
+      Parameter{"uniform_floor_last_rows", "true or false",
+                [](Config& c, const std::string& s) { return parse_bool(s, c.uniform_floor_last_rows); },
+                [](const Config& c) { return std::string(c.uniform_floor_last_rows ? "true" : "false"); },
+                [](const Config&) { return true; }, "true or false"},
       CRISP_INT_PARAM(proxy_last_rows, x >= 0 && x <= 4096, "an integer in [0, 4096] (proxy rows; 0 = off)"),
       CRISP_DOUBLE_PARAM(gamma, x > 0.0 && x <= 1.0, "a number in (0, 1]"),
       CRISP_INT_PARAM(vertical_tokens, x >= 1, "an integer >= 1"),
@@ -348,6 +354,13 @@ void Config::validate() const {
   if (routing == Routing::cstruct_rel && w_sink == 0 && w_local == 0)
     throw Error("w_sink", "w_sink and w_local are both 0 with routing cstruct_rel",
                 "w_sink + w_local > 0 (C_rel divides by it)");
+  // The last rows' held floor is a rule of the uniform floor over the last rows' own score.
+  if (uniform_floor_last_rows && vs_floor != VsFloor::uniform)
+    throw Error("uniform_floor_last_rows", std::string("is true with vs_floor ") + to_string(vs_floor),
+                "vs_floor uniform (the held floor is the uniform floor's)");
+  if (uniform_floor_last_rows && proxy_last_rows <= 0)
+    throw Error("uniform_floor_last_rows", "is true with proxy_last_rows 0",
+                "proxy_last_rows > 0 (the rows whose score the held floor applies to)");
 }
 
 std::vector<std::pair<std::string, std::string>> Config::to_key_values() const {

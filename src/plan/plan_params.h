@@ -22,7 +22,8 @@ struct PlanParams {
   double alpha, gamma;
   VsFloor vs_floor;
   double uniform_alpha;
-  int64_t uniform_floor_blocks;
+  int64_t uniform_floor_blocks, uniform_floor_slash_blocks;
+  bool uniform_floor_last_rows;
   int64_t proxy_last_rows;
   int64_t vertical_tokens, slash_tokens;
   // §4 PE rule
@@ -51,6 +52,8 @@ inline PlanParams plan_params(const Config& c) {
   p.vs_floor = c.vs_floor;
   p.uniform_alpha = c.uniform_alpha;
   p.uniform_floor_blocks = c.uniform_floor_blocks;
+  p.uniform_floor_slash_blocks = c.uniform_floor_slash_blocks;
+  p.uniform_floor_last_rows = c.uniform_floor_last_rows;
   p.proxy_last_rows = c.proxy_last_rows;
   p.vertical_tokens = c.vertical_tokens;
   p.slash_tokens = c.slash_tokens;

@@ -131,6 +131,23 @@ CRISP_HD double uniform_floor(double uniform_alpha, int32_t N, int64_t floor_blo
   const double level = static_cast<int64_t>(N) > floor_blocks ? static_cast<double>(N) : static_cast<double>(floor_blocks);
   return uniform_alpha / level;
 }
+// The held floor's block count of one side: the slash side's own count unless it is -1 (follow the
+// vertical side's).
+CRISP_HD int64_t side_floor_blocks(bool vertical, int64_t uniform_floor_blocks, int64_t uniform_floor_slash_blocks) {
+  return vertical || uniform_floor_slash_blocks < 0 ? uniform_floor_blocks : uniform_floor_slash_blocks;
+}
+// uniform_floor_last_rows: keep iff all rows' mass > u / N or the last rows' mass > u / max(N, F)
+// (F the side's held floor blocks). Both backends read one pooled score per block, the larger of
+// the two (proxy::with_last_rows), against one threshold; so the last rows' mass is scaled by
+// max(N, F) / N and the threshold is the plain u / N: the same set. Without the option the
+// scale is 1 and the threshold holds F itself.
+CRISP_HD double last_rows_mass_scale(bool last_rows_only, int32_t N, int64_t floor_blocks) {
+  return last_rows_only && floor_blocks > static_cast<int64_t>(N) ? static_cast<double>(floor_blocks) / static_cast<double>(N)
+                                                                  : 1.0;
+}
+CRISP_HD int64_t threshold_floor_blocks(bool last_rows_only, int64_t floor_blocks) {
+  return last_rows_only ? 0 : floor_blocks;
+}
 // The floor of vs_floor `floor` (a VsFloorCode); floor_mean is only read when floor_uses_mean.
 CRISP_HD double noise_floor_threshold(int32_t floor, double floor_mean, double alpha, double uniform_alpha,
                                       int64_t uniform_floor_blocks, int32_t N) {

@@ -126,10 +126,16 @@ CRISP_HD bool pe_floor_keeps(const PlanParams& p, int32_t r, double prob) {
 }
 
 // ---------------------------------------------------------------- §3 VS rules, one side
+// The factor on the last proxy rows' pooled mass of one side before it joins all rows' (see
+// rules::last_rows_mass_scale; 1 unless uniform_floor_last_rows holds a floor above N blocks).
+CRISP_HD double last_rows_mass_scale(const PlanParams& p, bool vertical, int32_t N) {
+  return rules::last_rows_mass_scale(p.uniform_floor_last_rows, N,
+                                     rules::side_floor_blocks(vertical, p.uniform_floor_blocks, p.uniform_floor_slash_blocks));
+}
 // noise_floor: blocks >= 1 strictly above the floor of p.vs_floor (alpha times the mean of
-// entries 1 .. N-2, uniform_alpha / max(N, uniform_floor_blocks), or the larger of the two).
+// entries 1 .. N-2, uniform_alpha / max(N, the side's held floor blocks), or the larger of the two).
 template <typename Side>
-CRISP_HD void noise_floor_rule(const PlanParams& p, Side& side) {
+CRISP_HD void noise_floor_rule(const PlanParams& p, bool vertical, Side& side) {
   const int32_t N = side.num_blocks();
   const int32_t floor = rules::code_of(p.vs_floor);
   double floor_mean = 0.0;
@@ -137,8 +143,10 @@ CRISP_HD void noise_floor_rule(const PlanParams& p, Side& side) {
     const int32_t first = rules::noise_floor_first(N), last = rules::noise_floor_last(N);
     floor_mean = side.sum_mass(first, last) / static_cast<double>(last - first + 1);
   }
+  const int64_t floor_blocks = rules::threshold_floor_blocks(
+      p.uniform_floor_last_rows, rules::side_floor_blocks(vertical, p.uniform_floor_blocks, p.uniform_floor_slash_blocks));
   const double threshold =
-      rules::noise_floor_threshold(floor, floor_mean, p.alpha, p.uniform_alpha, p.uniform_floor_blocks, N);
+      rules::noise_floor_threshold(floor, floor_mean, p.alpha, p.uniform_alpha, floor_blocks, N);
   side.keep_where([&](int32_t b) { return b >= 1 && rules::noise_floor_keeps(side.mass(b), threshold); });
 }
 
@@ -162,7 +170,7 @@ CRISP_HD void topk_rule(const PlanParams& p, int64_t n, bool vertical, Side& sid
 template <typename Side>
 CRISP_HD void apply_vs_rule(const PlanParams& p, int64_t n, bool vertical, int32_t min_blocks, Side& side) {
   switch (p.vs_rule) {
-    case VsRule::noise_floor: noise_floor_rule(p, side); break;
+    case VsRule::noise_floor: noise_floor_rule(p, vertical, side); break;
     case VsRule::cumulative: cumulative_rule(p, n, vertical, min_blocks, side); break;
     case VsRule::topk: topk_rule(p, n, vertical, side); break;
   }

@@ -214,6 +214,15 @@ std::vector<PlanCase> plan_cases() {
                    2, 128, 128, 31});
   cases.push_back({"uniform_floor_blocks_b64_bf16", "crisp", {"routing=none", "uniform_floor_blocks=64"}, {3333}, 8, 2,
                    128, 64, 32, true});
+  cases.push_back({"uniform_floor_slash_blocks_varlen", "crisp",
+                   {"routing=none", "uniform_floor_blocks=32", "uniform_floor_slash_blocks=0", "proxy_last_rows=16"},
+                   {1500, 2900, 77, 4096}, 8, 2, 128, 128, 41});
+  cases.push_back({"uniform_floor_last_rows_bf16", "crisp", {"uniform_floor_last_rows=true", "uniform_floor_slash_blocks=20"},
+                   {1500, 3001, 2048}, 8, 2, 128, 128, 42, true});
+  cases.push_back({"uniform_floor_last_rows_jsd_d256", "flexprefill",
+                   {"vs_budget=noise_floor", "vs_floor=uniform", "proxy_last_rows=16", "uniform_floor_blocks=32",
+                    "uniform_floor_last_rows=true"},
+                   {2500}, 8, 2, 256, 128, 43});
   // proxy_last_rows on every proxy path: the FFMA one (f32, d 256, and token-level rules, which
   // leave the tensor cores for it), the fused tensor-core one (bf16, d 64 / 128, L = 64 / 128),
   // R < L, R > L (every row), a varlen batch, FlexPrefill's JSD reading the combined pv.
