@@ -190,16 +190,19 @@ if [ "$PHASE" = tune ]; then
   exit 0
 fi
 if [ "$PHASE" = check ]; then
-  # Session 13's first machine (bench/RESULTS.md "Session 12" left these open): after the GPU tests,
+  # The next session's first machine (bench/RESULTS.md "Session 12" left these open; session 13 had
+  # no device time): after the GPU tests,
   # alone on the GPU: Gemma 3 inside llama.cpp on each kernel (session 11 measured 3.1 ms a call on
   # Hopper there, the bench 0.24 ms at its shape), the 8B-shaped model's chunked prefill at 64k
   # (-ub 2048: 0.79x llama.cpp's time at 128k, 11 s outside the timed nodes) with and without the
   # hook's stage timing, the planner at Gemma 3's shape, bench/compare.py with the preset.
-  # Beside the GPU tests (accuracy only): the TUNING split at 2k of two lower short-prompt floors
-  # (issue 14: the preset's uniform_floor_blocks = 32 costs Gemma 3 0.87x FlexPrefill's density
-  # at 2k; on the CPU's forward 24 / 20 / 17 / off gave 0.82x / 0.79x / 0.75x / 0.68x,
-  # docs/evaluation.md "Gemma 3 at 2k"), NIAH and the pass-key probe, both models.
-  FLOORS=${PIPE_FLOORS:-"crisp,crisp:uniform_floor_blocks=20,crisp:uniform_floor_blocks=17,flexprefill"}
+  # Beside the GPU tests (accuracy only): the TUNING split at 2k of the short-prompt floor's
+  # candidates (issue 14: the preset's uniform_floor_blocks = 32 costs Gemma 3 0.87x FlexPrefill's
+  # density at 2k; docs/evaluation.md "Gemma 3 at 2k"): the held floor for the last proxy rows'
+  # score only, the slash side at the plain 1/N, held at 24 and 32 blocks (session 13's CPU forward:
+  # 0.74x / 0.76x FlexPrefill's density at 2k, every answer; docs/rule_research.md), NIAH and the
+  # pass-key probe (which the CPU's forward did not separate), both models.
+  FLOORS=${PIPE_FLOORS:-"crisp,crisp:uniform_floor_last_rows=true;uniform_floor_slash_blocks=0;uniform_floor_blocks=24,crisp:uniform_floor_last_rows=true;uniform_floor_slash_blocks=0,flexprefill"}
   niah_run tune2k_smollm2 420 "$SMOL" 2048 tuning "$FLOORS"
   niah_run tune2k_gemma 420 "$GEMMA" 2048 tuning "$FLOORS"
   probe_run probe_tuning_floors_smollm2 "$SMOL" tuning "$FLOORS"
