@@ -85,6 +85,12 @@ fi
 
 if [ "${CRISP_LLAMA_CPP:-1}" = 1 ]; then
   echo "== llama.cpp with crisp's integration (scripts/llama_cpp.sh; tests labelled llama_cpp)"
+  # scripts/make_llama_gguf.py (the 8B-shaped test model) imports llama.cpp's gguf-py, which needs
+  # numpy and PyYAML in the python3 the tests run; pinned here, installed only when missing.
+  if ! python3 -c "import numpy, yaml" 2>/dev/null; then
+    python3 -m pip install -q "numpy==2.2.6" "PyYAML==6.0.2" >/dev/null 2>&1 ||
+      echo "test.sh: could not pip install numpy and PyYAML for python3; the llama.cpp model tests need them" >&2
+  fi
   if JOBS="$jobs" ./scripts/llama_cpp.sh >/dev/null; then
     ctest --test-dir build --output-on-failure -L llama_cpp || failed+=("llama.cpp integration tests$(failed_tests build)")
   else

@@ -2,8 +2,8 @@
 # tests/llama_cpp/test_llama_eval.sh — crisp-llama-eval (crisp's NIAH evaluation on llama.cpp,
 # docs/evaluation.md "On llama.cpp") on SmolLM2, two short passkey samples in ubatches of 256
 # (so later ubatches are chunks over the cache):
-#   1. dense through crisp gives the same answers (output text, score, first token) as llama.cpp's
-#      own flash attention (llama_fa); crisp computed dense's attention ops and none of llama_fa's;
+#   1. dense through crisp gives the same answers (score and first token; first-token logits within
+#      1.5, see the NOTE below) as llama.cpp's own flash attention (llama_fa); crisp computed dense's attention ops and none of llama_fa's;
 #      the first-token logits of both and of llama.cpp without flash attention (llama_nofa) are
 #      recorded against dense's;
 #   2. the JSON has its fields: settings (engine, prompt style), per unit the prompt's length in
@@ -75,10 +75,20 @@ for name, units in points.items():
             check(r["crisp_ops"] in (None, 0), "%s %s: crisp computed %s ops" % (name, unit, r["crisp_ops"]))
             check(r["density"] == 1.0, "%s %s: density %s" % (name, unit, r["density"]))
             check(r["first_logits_max_abs_diff_vs_dense"] is not None, "%s %s: no logit difference" % (name, unit))
+# NOTE: the same score and first token, and first-token logits within 1.5 of dense's: llama.cpp's
+# CPU flash attention accumulates in F16, so greedy text can part after the first token on some
+# CPUs (session 13's machine: "a special tool ..." against "a magical tool ...", the same with the
+# code of the last passing run; its logits 0.78 / 0.97 from dense's, llama_nofa's 0.58 / 0.54).
+# A wrong mask or a lost block moves them by several units.
+LOGIT_TOLERANCE = 1.5
 for unit, d in points["dense"].items():
     f = points["llama_fa"][unit]
-    check((d["output"], d["correct"], d["first_token"]) == (f["output"], f["correct"], f["first_token"]),
-          "%s: dense answered %r (correct %s), llama_fa %r (correct %s)" % (unit, d["output"], d["correct"], f["output"], f["correct"]))
+    check((d["correct"], d["first_token"]) == (f["correct"], f["first_token"]),
+          "%s: dense answered %r (correct %s, first token %s), llama_fa %r (correct %s, first token %s)" % (
+              unit, d["output"], d["correct"], d["first_token"], f["output"], f["correct"], f["first_token"]))
+    diff = f["first_logits_max_abs_diff_vs_dense"]
+    check(diff is not None and diff <= LOGIT_TOLERANCE,
+          "%s: llama_fa's first-token logits %s from dense's (tolerance %s)" % (unit, diff, LOGIT_TOLERANCE))
     print("%s: dense %r; |logits - dense's|: llama_fa %.3g, llama_nofa %.3g" % (
         unit, d["output"], f["first_logits_max_abs_diff_vs_dense"], points["llama_nofa"][unit]["first_logits_max_abs_diff_vs_dense"]))
 rows = doc["rows"]
