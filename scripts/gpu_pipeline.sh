@@ -200,7 +200,8 @@ if [ "$PHASE" = check ]; then
   # candidates (issue 14: the preset's uniform_floor_blocks = 32 costs Gemma 3 0.87x FlexPrefill's
   # density at 2k; docs/evaluation.md "Gemma 3 at 2k"): the held floor for the last proxy rows'
   # score only, the slash side at the plain 1/N, held at 24 and 32 blocks (session 13's CPU forward:
-  # 0.74x / 0.76x FlexPrefill's density at 2k, every answer; docs/rule_research.md), NIAH and the
+  # 0.74x / 0.76x FlexPrefill's density at 2k, every answer on the tuning split, one short of
+  # FlexPrefill on the test split; docs/rule_research.md), NIAH and the
   # pass-key probe (which the CPU's forward did not separate), both models.
   FLOORS=${PIPE_FLOORS:-"crisp,crisp:uniform_floor_last_rows=true;uniform_floor_slash_blocks=0;uniform_floor_blocks=24,crisp:uniform_floor_last_rows=true;uniform_floor_slash_blocks=0,flexprefill"}
   niah_run tune2k_smollm2 420 "$SMOL" 2048 tuning "$FLOORS"
