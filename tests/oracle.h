@@ -315,6 +315,12 @@ inline void apply_max_budget(std::vector<bool>& keep, const std::vector<double>&
 
 // §3 one kind of VS selection (vertical: x = v, pooled = pv, forced first tokens; slash: x = u,
 // pooled = ps, forced nearest distances).
+// The short-prompt held floor's block count of one side: uniform_floor_blocks, or on the slash side
+// uniform_floor_slash_blocks unless it is -1.
+inline int64_t held_floor_blocks(const Config& cfg, bool vertical) {
+  return !vertical && cfg.uniform_floor_slash_blocks >= 0 ? cfg.uniform_floor_slash_blocks : cfg.uniform_floor_blocks;
+}
+
 inline std::vector<bool> vs_select(const Proxy& P, const Config& cfg, bool vertical, int min_blocks, double tol,
                                    std::vector<std::string>& fragile) {
   const int N = P.N;
@@ -332,9 +338,7 @@ inline std::vector<bool> vs_select(const Proxy& P, const Config& cfg, bool verti
       for (int b = 1; b <= N - 2; ++b) mu += pooled[static_cast<size_t>(b)];
       mu /= static_cast<double>(N - 2);
       const double mean_floor = cfg.alpha * mu;
-      const int64_t held_blocks = cfg.uniform_floor_last_rows ? 0
-                                  : !vertical && cfg.uniform_floor_slash_blocks >= 0 ? cfg.uniform_floor_slash_blocks
-                                                                                      : cfg.uniform_floor_blocks;
+      const int64_t held_blocks = cfg.uniform_floor_last_rows ? 0 : held_floor_blocks(cfg, vertical);
       const double uniform_level = static_cast<double>(std::max<int64_t>(static_cast<int64_t>(N), held_blocks));
       const double uniform_floor = cfg.uniform_alpha / uniform_level;
       double threshold = mean_floor;
@@ -500,11 +504,12 @@ inline Proxy with_last_rows(const Proxy& all, const Config& cfg) {
       pv_last[static_cast<size_t>(j / P.B)] += P.a(i, j) / static_cast<double>(rows);
       ps_last[static_cast<size_t>((P.p(i) - j) / P.B)] += P.a(i, j) / static_cast<double>(rows);
     }
-  const auto scale = [&](int64_t held_blocks) {
-    return cfg.uniform_floor_last_rows ? static_cast<double>(std::max<int64_t>(P.N, held_blocks)) / P.N : 1.0;
+  const auto scale = [&](bool vertical) {
+    return cfg.uniform_floor_last_rows
+               ? static_cast<double>(std::max<int64_t>(P.N, held_floor_blocks(cfg, vertical))) / P.N
+               : 1.0;
   };
-  const int64_t slash_held = cfg.uniform_floor_slash_blocks >= 0 ? cfg.uniform_floor_slash_blocks : cfg.uniform_floor_blocks;
-  const double v_scale = scale(cfg.uniform_floor_blocks), s_scale = scale(slash_held);
+  const double v_scale = scale(true), s_scale = scale(false);
   for (int b = 0; b < P.N; ++b) {
     P.pv[static_cast<size_t>(b)] = std::max(P.pv[static_cast<size_t>(b)], pv_last[static_cast<size_t>(b)] * v_scale);
     P.ps[static_cast<size_t>(b)] = std::max(P.ps[static_cast<size_t>(b)], ps_last[static_cast<size_t>(b)] * s_scale);

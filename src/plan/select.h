@@ -126,11 +126,14 @@ CRISP_HD bool pe_floor_keeps(const PlanParams& p, int32_t r, double prob) {
 }
 
 // ---------------------------------------------------------------- §3 VS rules, one side
+// The held floor's block count of one side (uniform_floor_blocks, or the slash side's own).
+CRISP_HD int64_t side_floor_blocks(const PlanParams& p, bool vertical) {
+  return rules::side_floor_blocks(vertical, p.uniform_floor_blocks, p.uniform_floor_slash_blocks);
+}
 // The factor on the last proxy rows' pooled mass of one side before it joins all rows' (see
 // rules::last_rows_mass_scale; 1 unless uniform_floor_last_rows holds a floor above N blocks).
 CRISP_HD double last_rows_mass_scale(const PlanParams& p, bool vertical, int32_t N) {
-  return rules::last_rows_mass_scale(p.uniform_floor_last_rows, N,
-                                     rules::side_floor_blocks(vertical, p.uniform_floor_blocks, p.uniform_floor_slash_blocks));
+  return rules::last_rows_mass_scale(p.uniform_floor_last_rows, N, side_floor_blocks(p, vertical));
 }
 // noise_floor: blocks >= 1 strictly above the floor of p.vs_floor (alpha times the mean of
 // entries 1 .. N-2, uniform_alpha / max(N, the side's held floor blocks), or the larger of the two).
@@ -143,8 +146,7 @@ CRISP_HD void noise_floor_rule(const PlanParams& p, bool vertical, Side& side) {
     const int32_t first = rules::noise_floor_first(N), last = rules::noise_floor_last(N);
     floor_mean = side.sum_mass(first, last) / static_cast<double>(last - first + 1);
   }
-  const int64_t floor_blocks = rules::threshold_floor_blocks(
-      p.uniform_floor_last_rows, rules::side_floor_blocks(vertical, p.uniform_floor_blocks, p.uniform_floor_slash_blocks));
+  const int64_t floor_blocks = rules::threshold_floor_blocks(p.uniform_floor_last_rows, side_floor_blocks(p, vertical));
   const double threshold =
       rules::noise_floor_threshold(floor, floor_mean, p.alpha, p.uniform_alpha, floor_blocks, N);
   side.keep_where([&](int32_t b) { return b >= 1 && rules::noise_floor_keeps(side.mass(b), threshold); });

@@ -3,7 +3,8 @@
 # docs/evaluation.md "On llama.cpp") on SmolLM2, two short passkey samples in ubatches of 256
 # (so later ubatches are chunks over the cache):
 #   1. dense through crisp gives the same answers (score and first token; first-token logits within
-#      1.5, see the NOTE below) as llama.cpp's own flash attention (llama_fa); crisp computed dense's attention ops and none of llama_fa's;
+#      1.5, see the NOTE below) as llama.cpp's own flash attention (llama_fa); crisp computed
+#      dense's attention ops and none of llama_fa's;
 #      the first-token logits of both and of llama.cpp without flash attention (llama_nofa) are
 #      recorded against dense's;
 #   2. the JSON has its fields: settings (engine, prompt style), per unit the prompt's length in
