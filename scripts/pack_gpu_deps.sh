@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=.deps
-rm -rf "$DEST"
+# Only what this script writes: .deps/ also holds llama.cpp's sdist, source tree and builds.
+rm -rf "$DEST/prefix" "$DEST/googletest"
 mkdir -p "$DEST/prefix/include" "$DEST/prefix/share/cmake"
 need() { [ -e "$1" ] || { echo "pack_gpu_deps: missing $1 (install $2)" >&2; exit 1; }; }
 need /usr/src/googletest/CMakeLists.txt libgtest-dev
@@ -27,4 +28,4 @@ for pkg in CLI11 nlohmann_json; do
   cp -r "$src" "$DEST/prefix/share/cmake/$pkg"
 done
 grep -qsx '/.deps/' .git/info/exclude 2>/dev/null || echo '/.deps/' >> .git/info/exclude
-echo "pack_gpu_deps: $(du -sh "$DEST" | cut -f1) in $DEST (carry it: run(..., carry=[\".deps\"]))"
+echo "pack_gpu_deps: $(du -shc "$DEST/prefix" "$DEST/googletest" | tail -n 1 | cut -f1) in $DEST/prefix and $DEST/googletest (carry both: run(..., carry=[\".deps/prefix\", \".deps/googletest\"]))"

@@ -83,7 +83,7 @@ bool covers(const Needs& have, const Needs& want) {
 struct Shape {
   int64_t H = 0, Hkv = 0, d = 0;
   int B = 128;
-  bool tensor_cores = false;  // proxy on plan_proxy_mma.cuh (bf16 / fp16, d 64 / 128, aligned rows)
+  bool tensor_cores = false;  // proxy on plan_proxy_mma.cuh (bf16 / fp16, d 64 / 128 / 256, aligned rows)
   std::vector<layout::SequenceBases> bases;
   std::vector<int8_t> estimated;
   bool operator==(const Shape& o) const {
@@ -156,7 +156,7 @@ class PlanWorkspace {
     CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     const std::size_t S = shape_.bases.size();
     const int64_t group = shape_.H / shape_.Hkv;
-    const int64_t rows_per_item = shape_.tensor_cores ? kMmaRows : kProxyTileRows;
+    const int64_t rows_per_item = shape_.tensor_cores ? mma_rows(shape_.d) : kProxyTileRows;
     items_.clear();
     item_base_.assign(S, 0);
     splits_.assign(S, 0);
@@ -204,7 +204,7 @@ class PlanWorkspace {
             items_.push_back(it);
           }
           // Records of the fused pass, one per (row of the tile, key block); the two-pass path
-          // (token-level rules) uses the first kMmaWarps of each block's (rows_here >= L >= 64).
+          // (token-level rules) uses the first mma_warps(d) of each block's (rows_here >= L >= 64).
           if (shape_.tensor_cores) records_count_ += static_cast<int64_t>(sb.num_blocks) * rows_here;
         }
     }
@@ -239,7 +239,7 @@ class PlanWorkspace {
     const std::size_t o_item_base = take(S * sizeof(int64_t));
     const std::size_t o_splits = take(S * sizeof(int32_t));
     const std::size_t o_estimated = take(S * sizeof(int8_t));
-    const std::size_t rows_per_item = sh.tensor_cores ? kMmaRows : kProxyTileRows;
+    const std::size_t rows_per_item = sh.tensor_cores ? mma_rows(sh.d) : kProxyTileRows;
     const std::size_t o_partial = take(std::max<std::size_t>(items_.size(), 1) * rows_per_item * sizeof(float2));
     const std::size_t o_records = take(static_cast<std::size_t>(records_count_) * sizeof(float4));
     const std::size_t o_record_max = take(static_cast<std::size_t>(records_count_) * sizeof(float));
@@ -399,6 +399,7 @@ constexpr bool kTwoByte = std::is_same<T, __half>::value || std::is_same<T, __nv
 template <typename T, typename Launch>
 void with_means_variant(const Shape& sh, Launch launch) {
   if constexpr (kTwoByte<T>) {
+    if (sh.tensor_cores && sh.d == 256) return launch(std::integral_constant<int, 256>{});
     if (sh.tensor_cores && sh.d == 128) return launch(std::integral_constant<int, 128>{});
     if (sh.tensor_cores) return launch(std::integral_constant<int, 64>{});
   }
@@ -459,11 +460,12 @@ void proxy_on_tensor_cores(const Strided3<T>& qs, const Strided3<T>& ks, const P
                            const dim3& combine_grid, unsigned items, int slots, int max_blocks, bool token_level,
                            cudaStream_t stream) {
   constexpr std::size_t smem = proxy_mma_smem_bytes<T, kDim>();
+  constexpr int kThreads = mma_warps(kDim) * 32;
   if (!token_level) {
     set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, kFusedPass, false>), smem);
-    proxy_mma_kernel<T, kDim, kFusedPass, false><<<items, kMmaThreads, smem, stream>>>(qs, ks, pp, records);
+    proxy_mma_kernel<T, kDim, kFusedPass, false><<<items, kThreads, smem, stream>>>(qs, ks, pp, records);
     CRISP_CUDA_CHECK_LAUNCH("proxy_mma_kernel (fused pass)");
-    proxy_combine_kernel<kMmaRows, true><<<combine_grid, 256, 0, stream>>>(cp);
+    proxy_combine_kernel<mma_rows(kDim), true><<<combine_grid, 256, 0, stream>>>(cp);
     CRISP_CUDA_CHECK_LAUNCH("proxy_combine_kernel");
     proxy_mma_rows_kernel<<<dim3(grid_for(max_blocks, kRowsFinalizeWarps), slots), kRowsFinalizeWarps * 32, 0,
                             stream>>>(fp);
@@ -473,12 +475,12 @@ void proxy_on_tensor_cores(const Strided3<T>& qs, const Strided3<T>& ks, const P
     return;
   }
   set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, 1, false>), smem);
-  proxy_mma_kernel<T, kDim, 1, false><<<items, kMmaThreads, smem, stream>>>(qs, ks, pp, records);
+  proxy_mma_kernel<T, kDim, 1, false><<<items, kThreads, smem, stream>>>(qs, ks, pp, records);
   CRISP_CUDA_CHECK_LAUNCH("proxy_mma_kernel (pass 1)");
-  proxy_combine_kernel<kMmaRows, true><<<combine_grid, 256, 0, stream>>>(cp);
+  proxy_combine_kernel<mma_rows(kDim), true><<<combine_grid, 256, 0, stream>>>(cp);
   CRISP_CUDA_CHECK_LAUNCH("proxy_combine_kernel");
   set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, 2, true>), smem);
-  proxy_mma_kernel<T, kDim, 2, true><<<items, kMmaThreads, smem, stream>>>(qs, ks, pp, records);
+  proxy_mma_kernel<T, kDim, 2, true><<<items, kThreads, smem, stream>>>(qs, ks, pp, records);
   CRISP_CUDA_CHECK_LAUNCH("proxy_mma_kernel (pass 2)");
   proxy_mma_finalize_kernel<<<slots, 256, 0, stream>>>(fp);
   CRISP_CUDA_CHECK_LAUNCH("proxy_mma_finalize_kernel");
@@ -553,14 +555,18 @@ class PlanStages {
         fp.num_q_heads = static_cast<int32_t>(sh_.H);
         fp.group = pp.group;
         fp.block = sh_.B;
+        fp.rows_per_item = mma_rows(sh_.d);
         fp.last_rows = pp.last_rows;
         fp.ws = ws_;
         const ProxyMmaRecords records{pw_.records(), pw_.record_max()};
         if (sh_.d == 64)
           proxy_on_tensor_cores<T, 64>(qs_, ks_, pp, records, cp, fp, combine_grid, items, slots_, max_n_,
                                         needs_.token_level, stream_);
-        else
+        else if (sh_.d == 128)
           proxy_on_tensor_cores<T, 128>(qs_, ks_, pp, records, cp, fp, combine_grid, items, slots_, max_n_,
+                                         needs_.token_level, stream_);
+        else
+          proxy_on_tensor_cores<T, 256>(qs_, ks_, pp, records, cp, fp, combine_grid, items, slots_, max_n_,
                                          needs_.token_level, stream_);
         return;
       }
@@ -756,20 +762,20 @@ KeyTable key_table(const BlockTable& table, const TensorView& q, const TensorVie
   return KeyTable{table.data, table.max_pages_per_sequence, table.page_size};
 }
 
-// Can the proxy run on tensor cores (plan_proxy_mma.cuh)? bf16 / fp16, d 64 or 128, rows of
+// Can the proxy run on tensor cores (plan_proxy_mma.cuh)? bf16 / fp16, d 64, 128 or 256, rows of
 // contiguous elements at 16-byte aligned addresses (cp.async of 16-byte chunks), and L = B proxy
 // rows for every estimated sequence (a chunk of n_q < B queries runs the FFMA path, whose row
 // tiles take any L).
-// NOTE: d = 256 (and any other d up to 256) plans on the FFMA path: the tensor-core kernel keeps
-// its kMmaRows = 512 query rows in shared memory, 256 KB at d = 256, more than an SM has. The FFMA
-// path takes d x (132 + 68) floats: 200 KB at d = 256, within sm_90's 227 KB per CTA (not sm_80's
-// 163 KB: there the launch fails with a CUDA error).
+// NOTE: at d = 256 the tensor-core kernel holds 256 query rows and two key stages in shared
+// memory, 192 KB: within sm_90's 227 KB per CTA, not sm_80's 163 KB (there the launch fails with a
+// CUDA error, as the FFMA path's 200 KB at d = 256 does). Other head dims up to 256 plan on the FFMA
+// path.
 // proxy_last_rows with a token-level rule plans on the FFMA path too: the two-pass tensor-core
 // kernel keeps its masses per warp of 32 rows, so it cannot single out the last R rows.
 bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d, const Shape& sh, const Needs& needs) {
   if (needs.last_rows && needs.token_level) return false;
   if (q.dtype != DType::bf16 && q.dtype != DType::f16) return false;
-  if (d != 64 && d != 128) return false;
+  if (d != 64 && d != 128 && d != 256) return false;
   for (std::size_t s = 0; s < sh.bases.size(); ++s)
     if (sh.estimated[s] && sh.bases[s].n_q < sh.B) return false;
   for (const TensorView* v : {&q, &k}) {

@@ -37,14 +37,14 @@ __device__ __forceinline__ int64_t key_mean_index(const layout::SequenceBases& s
 //
 // kVecDim = 0: any dtype and strides; one thread per dim walks the block's tokens (2-byte loads
 // at bf16, a warp reads 64 bytes of 32 rows per instruction), blocks of kMeansScalarThreads.
-// kVecDim = 64 / 128: bf16 / fp16 with contiguous, 16-byte aligned rows (the tensor-core proxy's
+// kVecDim = 64 / 128 / 256: bf16 / fp16 with contiguous, 16-byte aligned rows (the tensor-core proxy's
 // layout): each thread loads 8 dims (16 bytes) of a token, a warp two whole 256-byte rows (more
 // bandwidth than the scalar path: bench/RESULTS.md, session 4). The two sum in different orders: a
 // double sum of up to B fp16 values is exact in any order, and of bf16 values unless one block's
 // column spans more than ~2^38 in magnitude (then the sums may differ in the last double bit,
 // which the rounding to float almost always absorbs), so both give the same means.
 // NOTE: 128 threads (scalar: one per dim at d = 128); 256 (vector: 16 token lanes x 16 chunks of 8
-// dims at d = 128, 32 x 8 at d = 64).
+// dims at d = 128, 32 x 8 at d = 64, 8 x 32 at d = 256).
 constexpr int kMeansScalarThreads = 128;
 constexpr int kMeansVecThreads = 256;
 constexpr int means_threads(int vec_dim) { return vec_dim == 0 ? kMeansScalarThreads : kMeansVecThreads; }

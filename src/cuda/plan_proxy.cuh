@@ -14,7 +14,7 @@
 //    query head the block-pooled vertical pv[b] and slash ps[c] masses, the structural mass
 //    (C_struct) and, when a token-level rule needs them, v[j] and u[t] — all in double.
 // Scores are float32 FFMA dot products (the CPU Precision::f32 path's arithmetic). This path serves
-// f32 / f64 inputs and shapes the tensor-core path (plan_proxy_mma.cuh: bf16 / fp16, d = 64 / 128)
+// f32 / f64 inputs and shapes the tensor-core path (plan_proxy_mma.cuh: bf16 / fp16, d = 64 / 128 / 256)
 // does not take.
 #pragma once
 #include "cuda/plan_common.cuh"
@@ -48,7 +48,7 @@ struct ProxyWorkItem {
   int64_t key_begin;  // multiple of kProxyTileKeys (tensor-core path: of the block size)
   int64_t key_end;
   int64_t record_base;  // tensor-core path (plan_proxy_mma.cuh): first record of (seq, kv, row tile)
-  int32_t record_pitch; // tensor-core path: records per key block = the row tile's rows (<= kMmaRows)
+  int32_t record_pitch; // tensor-core path: records per key block = the row tile's rows (<= mma_rows(d))
 };
 
 struct ProxyParams {
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(kProxyThreads) proxy_kernel(Strided3<T> q, Str
 // Row statistics from the per-item partials: exact maximum, denominator in double.
 // One thread per (sequence item group, proxy row). items_of_tile(s, kv, row_tile) are contiguous:
 // item_base[s] + (kv * row_tiles[s] + row_tile) * splits[s] + split. kRowsPerItem: rows of one
-// work item (kProxyTileRows here, kMmaRows on the tensor-core path); kLog2: the partials are in
+// work item (kProxyTileRows here, mma_rows(d) on the tensor-core path); kLog2: the partials are in
 // the log2 domain (max of s q.k log2(e), sums of exp2), as the tensor-core path keeps them.
 struct ProxyCombineParams {
   const layout::SequenceBases* seqs;

@@ -1,15 +1,17 @@
 // src/cuda/plan_proxy_mma.cuh — §1 proxy map on tensor cores, for bf16 / fp16 inputs with head dim
-// 64 or 128 (contiguous rows). The same results as plan_proxy.cuh up to fp32 rounding (the f32
+// 64, 128 or 256 (contiguous rows). The same results as plan_proxy.cuh up to fp32 rounding (the f32
 // FFMA path, still used for f32 / f64 inputs and other shapes), organised for speed:
 //
-//  - one CTA = (sequence, kv head, row group of up to kMmaRows = 512 proxy rows, key range). The
-//    rows are the proxy rows of the kv head's whole GQA group (row rho = head_in_group * L + i),
-//    so at Hq/Hkv <= 4 and L = 128 every key tile is read ONCE per kv head for all its query heads;
+//  - one CTA = (sequence, kv head, row group of up to mma_rows(d) = 512 proxy rows (256 at d = 256),
+//    key range). The rows are the proxy rows of the kv head's whole GQA group (row rho =
+//    head_in_group * L + i), so at Hq/Hkv <= 4 and L = 128 every key tile is read ONCE per kv head
+//    for all its query heads (twice at d = 256);
 //  - the queries of the row group stay in shared memory (bf16, XOR-swizzled for ldmatrix); key
 //    tiles of 64 stream through a cp.async double buffer; S = Q K^T on mma.sync m16n8k16 with fp32
 //    accumulation (products of bf16 / fp16 values are exact in fp32; only the summation order
 //    differs from the CPU's f32 dot product);
-//  - 16 warps of 32 rows each (two m16 tiles x 64 keys = 64 fp32 accumulators per thread);
+//  - a warp per 32 rows (two m16 tiles x 64 keys = 64 fp32 accumulators per thread): 16 warps, 8 at
+//    d = 256;
 //  - key ranges are whole key blocks, so every key block is seen by exactly one CTA.
 //
 // Pooled rules (noise_floor; the PE and JSD paths need only pooled masses too) take ONE pass over
@@ -36,24 +38,26 @@ namespace planner {
 
 // NOTE: 512 proxy rows per CTA = the whole GQA group at Hq/Hkv = 4, L = 128 (K streamed once per
 // kv head); 16 warps x 32 rows. The queries take 128 KB of shared memory at d = 128, so one CTA
-// runs per SM (launch bounds cap registers at 128 per thread).
-constexpr int kMmaRows = 512;
+// runs per SM (launch bounds cap registers at 128 per thread). At d = 256, 512 rows would take
+// 256 KB, more than an SM has: 256 rows (128 KB of queries + 64 KB of key stages), 8 warps, and
+// the GQA group's rows split over more CTAs (each reads the keys once).
+__host__ __device__ constexpr int mma_rows(int64_t head_dim) { return head_dim > 128 ? 256 : 512; }
 constexpr int kMmaWarpRows = 32;
-constexpr int kMmaWarps = kMmaRows / kMmaWarpRows;
-constexpr int kMmaThreads = kMmaWarps * 32;
+__host__ __device__ constexpr int mma_warps(int64_t head_dim) { return mma_rows(head_dim) / kMmaWarpRows; }
 // NOTE: 64-key tiles (8 n8 mma tiles per warp): both block sizes (64, 128) are whole tiles.
 constexpr int kMmaKeyTile = 64;
 // Distance blocks one key block can reach from the L = B proxy rows of one head: the distances span
 // L + B - 1 = 2B - 1 values, so at most 3 blocks.
 constexpr int kMmaSlashBins = 3;
-constexpr int kMmaMaxHeads = kMmaRows / 64;  // L >= 64 (L = B for every estimated sequence)
+// Heads of one row group: L >= 64 (L = B for every estimated sequence).
+__host__ __device__ constexpr int mma_max_heads(int64_t head_dim) { return mma_rows(head_dim) / 64; }
 // Token-level u: a per-head ring of distances; a tile touches L + 63 <= 191 distances, and the
 // 64 that no later tile can reach are flushed after each tile, so 256 slots never alias.
 constexpr int kMmaRing = 256;
 
 template <typename T, int kDim>
 constexpr size_t proxy_mma_smem_bytes() {
-  return static_cast<size_t>(kMmaRows + 2 * kMmaKeyTile) * kDim * sizeof(T);
+  return static_cast<size_t>(mma_rows(kDim) + 2 * kMmaKeyTile) * kDim * sizeof(T);
 }
 
 // Pass 2 (two-pass path): record of one (warp, key block): slash masses of distance blocks
@@ -61,7 +65,7 @@ constexpr size_t proxy_mma_smem_bytes() {
 // Fused pass (kFusedPass): record of one (proxy row, key block): the same four masses of that row,
 // relative to the row's running maximum m at the end of the key block (log2 domain), and m.
 struct ProxyMmaRecords {
-  float4* data;     // two-pass: [record_base + key block * kMmaWarps + warp];
+  float4* data;     // two-pass: [record_base + key block * mma_warps(d) + warp];
                     // fused: [record_base + key block * record_pitch + row of the tile]
   float* row_max;   // fused: m of each record (same index), -inf where the row saw no key
 };
@@ -135,13 +139,15 @@ __device__ __forceinline__ void reduce_scatter_half(float (&vals)[16], int lane)
 // spills ~60 bytes under the 128-register cap of 512 threads; it still runs faster than pass 1 +
 // pass 2 (bench/RESULTS.md, session 4), so the spill is accepted.
 template <typename T, int kDim, int kPass, bool kTokenLevel>
-__global__ void __launch_bounds__(kMmaThreads, 1)
+__global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
     proxy_mma_kernel(Strided3<T> q, Strided3<T> k, ProxyParams P, ProxyMmaRecords R) {
+  constexpr int kRows = mma_rows(kDim), kWarps = mma_warps(kDim), kThreads = kWarps * 32;
+  constexpr int kMaxHeads = mma_max_heads(kDim);
   extern __shared__ __align__(16) unsigned char proxy_mma_smem[];
   T* Qs = reinterpret_cast<T*>(proxy_mma_smem);
-  T* Ks = Qs + kMmaRows * kDim;  // two stages of kMmaKeyTile x kDim
-  __shared__ float s_v[kTokenLevel ? kMmaWarps : 1][kTokenLevel ? kMmaKeyTile : 1];
-  __shared__ float s_u[kTokenLevel ? kMmaMaxHeads : 1][kTokenLevel ? kMmaRing : 1];
+  T* Ks = Qs + kRows * kDim;  // two stages of kMmaKeyTile x kDim
+  __shared__ float s_v[kTokenLevel ? kWarps : 1][kTokenLevel ? kMmaKeyTile : 1];
+  __shared__ float s_u[kTokenLevel ? kMaxHeads : 1][kTokenLevel ? kMmaRing : 1];
   constexpr int kChunks = kDim / 8;  // 16-byte chunks per row
 
   const ProxyWorkItem item = P.items[blockIdx.x];
@@ -153,11 +159,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   // (proxy_row_stride) is L itself.
   const int L = B;
   const int rows_total = P.group * L;
-  const int row0 = item.row_tile * kMmaRows;
+  const int row0 = item.row_tile * kRows;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
 
   // Proxy queries of the row group -> shared memory (rows past the group are zero-filled).
-  for (int idx = tid; idx < kMmaRows * kChunks; idx += kMmaThreads) {
+  for (int idx = tid; idx < kRows * kChunks; idx += kThreads) {
     const int row = idx / kChunks, chunk = idx % kChunks;
     const int rho = row0 + row;
     const T* src = q.data;
@@ -178,7 +184,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const T* k_rows = k.data + item.kv * k.stride_head + (table_row != nullptr ? 0 : sb.kv_offset * k.stride_token);
   auto load_keys = [&](int64_t j0, int stage) {
     T* dst = Ks + stage * kMmaKeyTile * kDim;
-    for (int idx = tid; idx < kMmaKeyTile * kChunks; idx += kMmaThreads) {
+    for (int idx = tid; idx < kMmaKeyTile * kChunks; idx += kThreads) {
       const int key = idx / kChunks, chunk = idx % kChunks;
       const int64_t j = j0 + key;
       const bool inside = j < n;
@@ -220,8 +226,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   float bin0[4] = {0.f, 0.f, 0.f, 0.f}, bin1[4] = {0.f, 0.f, 0.f, 0.f}, bin2[4] = {0.f, 0.f, 0.f, 0.f},
         bin_cs[4] = {0.f, 0.f, 0.f, 0.f};
   if (kTokenLevel)
-    for (int idx = tid; idx < kMmaMaxHeads * kMmaRing; idx += kMmaThreads) (&s_u[0][0])[idx] = 0.f;
-  const int heads_here = min(kMmaRows, rows_total - row0) / L;
+    for (int idx = tid; idx < kMaxHeads * kMmaRing; idx += kThreads) (&s_u[0][0])[idx] = 0.f;
+  const int heads_here = min(kRows, rows_total - row0) / L;
   const int warps_per_head = L / kMmaWarpRows;
 
   for (int tile = 0; tile < tiles; ++tile) {
@@ -412,14 +418,14 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       const bool block_end = ((j0 + kMmaKeyTile) % B) == 0 || tile + 1 == tiles;
       if (block_end && warp_valid) {
         warp_sum4(ps0, ps1, ps2, cs);
-        if (lane == 0) R.data[item.record_base + (j0 / B) * kMmaWarps + warp] = make_float4(ps0, ps1, ps2, cs);
+        if (lane == 0) R.data[item.record_base + (j0 / B) * kWarps + warp] = make_float4(ps0, ps1, ps2, cs);
         ps0 = ps1 = ps2 = cs = 0.f;
       }
       if (kTokenLevel) {
         __syncthreads();  // s_v and s_u of this tile complete
         // v: each (head, key) has this CTA as its only owner -> a plain store, warps in fixed order.
         // u: the 64 distances no later tile reaches, t in [n - 1 - j0 - 63, n - 1 - j0].
-        for (int idx = tid; idx < heads_here * kMmaKeyTile; idx += kMmaThreads) {
+        for (int idx = tid; idx < heads_here * kMmaKeyTile; idx += kThreads) {
           const int hl = idx / kMmaKeyTile, key = idx % kMmaKeyTile;
           const int64_t h = static_cast<int64_t>(item.kv) * P.group + row0 / L + hl;
           const int64_t token_base = sb.kv_offset * H + h * n;
@@ -455,14 +461,14 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
           m = mm;
         }
         if (qd == 0)
-          P.ws.partial_stats[static_cast<int64_t>(blockIdx.x) * kMmaRows + warp * kMmaWarpRows + mt * 16 + hf * 8 + g] =
+          P.ws.partial_stats[static_cast<int64_t>(blockIdx.x) * kRows + warp * kMmaWarpRows + mt * 16 + hf * 8 + g] =
               make_float2(m, l);
       }
   } else if (kTokenLevel && tiles > 0) {
     // The distances still held: [n - L - j_last - 63, n - j_last - 65] (L - 1 of them).
     const int64_t j_last = item.key_begin + static_cast<int64_t>(tiles - 1) * kMmaKeyTile;
     const int64_t t_lo = n - L - j_last - (kMmaKeyTile - 1);
-    for (int idx = tid; idx < heads_here * (L - 1); idx += kMmaThreads) {
+    for (int idx = tid; idx < heads_here * (L - 1); idx += kThreads) {
       const int hl = idx / (L - 1), off = idx % (L - 1);
       const int64_t h = static_cast<int64_t>(item.kv) * P.group + row0 / L + hl;
       const int64_t t = t_lo + off;
@@ -484,6 +490,7 @@ struct ProxyFinalizeParams {
   const float* record_max;  // fused records only
   double* bin_sums;         // fused only: [block array][kFusedBinsPitch] scratch, the masses of each key block
   int32_t num_q_heads, group, block;
+  int32_t rows_per_item;    // mma_rows(d): proxy rows of one work item (a record pitch's unit)
   int32_t last_rows;        // proxy_last_rows (fused only; 0 = off): bins of the last rows, pv/ps_last_sum
   Workspace ws;
 };
@@ -514,16 +521,17 @@ __global__ void __launch_bounds__(256) proxy_mma_finalize_kernel(ProxyFinalizePa
   const int64_t n = sb.n;
   const int L = B;  // rules::proxy_rows(n_q, B) on this path (see proxy_mma_kernel)
   const int64_t kv = h / P.group, rho0 = (h % P.group) * L;
-  const int64_t row_groups = (static_cast<int64_t>(P.group) * L + kMmaRows - 1) / kMmaRows;
-  const int64_t group_item = P.item_base[s] + (kv * row_groups + rho0 / kMmaRows) * P.splits[s];
+  const int64_t rows = P.rows_per_item, warps = rows / kMmaWarpRows;  // two-pass records per key block: warps
+  const int64_t row_groups = (static_cast<int64_t>(P.group) * L + rows - 1) / rows;
+  const int64_t group_item = P.item_base[s] + (kv * row_groups + rho0 / rows) * P.splits[s];
   const float4* rec = P.records + P.items[group_item].record_base;
-  const int w0 = static_cast<int>(rho0 % kMmaRows) / kMmaWarpRows, wn = L / kMmaWarpRows;
+  const int w0 = static_cast<int>(rho0 % rows) / kMmaWarpRows, wn = L / kMmaWarpRows;
   const int64_t base = layout::block_array_offset(sb, h, H);
   double cs_local = 0.0;
   for (int b = threadIdx.x; b < N; b += blockDim.x) {
     double pv = 0.0;
     for (int w = 0; w < wn; ++w) {
-      const float4 r = rec[static_cast<int64_t>(b) * kMmaWarps + w0 + w];
+      const float4 r = rec[static_cast<int64_t>(b) * warps + w0 + w];
       pv += static_cast<double>(r.x) + static_cast<double>(r.y) + static_cast<double>(r.z);
       cs_local += static_cast<double>(r.w);
     }
@@ -531,7 +539,7 @@ __global__ void __launch_bounds__(256) proxy_mma_finalize_kernel(ProxyFinalizePa
     P.ws.ps_sum[base + b] = slash_mass(n, L, B, N, b, [&](int64_t kb, int bin) {
       double mass = 0.0;
       for (int w = 0; w < wn; ++w) {
-        const float4 r = rec[kb * kMmaWarps + w0 + w];
+        const float4 r = rec[kb * warps + w0 + w];
         mass += static_cast<double>(bin == 0 ? r.x : bin == 1 ? r.y : r.z);
       }
       return mass;
@@ -565,9 +573,10 @@ __device__ __forceinline__ bool fused_slot_records(const ProxyFinalizeParams& P,
   sb = P.seqs[s];
   const int L = P.block;  // rules::proxy_rows(n_q, B) on this path (see proxy_mma_kernel)
   const int64_t kv = h / P.group, rho0 = (h % P.group) * L;
-  const int64_t row_groups = (static_cast<int64_t>(P.group) * L + kMmaRows - 1) / kMmaRows;
-  const int64_t group_item = P.item_base[s] + (kv * row_groups + rho0 / kMmaRows) * P.splits[s];
-  view.first = P.items[group_item].record_base + rho0 % kMmaRows;
+  const int64_t rows = P.rows_per_item;
+  const int64_t row_groups = (static_cast<int64_t>(P.group) * L + rows - 1) / rows;
+  const int64_t group_item = P.item_base[s] + (kv * row_groups + rho0 / rows) * P.splits[s];
+  view.first = P.items[group_item].record_base + rho0 % rows;
   view.pitch = P.items[group_item].record_pitch;
   view.L = L;
   return true;

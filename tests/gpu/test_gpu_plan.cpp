@@ -173,8 +173,9 @@ std::vector<PlanCase> plan_cases() {
     cases.push_back({preset + "_n2100_b128_gqa1_d64_bf16_s18", preset, {}, {2100}, 4, 4, 64, 128, 18, true});
     cases.push_back({preset + "_varlen_b128_gqa4_bf16_s19", preset, {}, {1500, 4096, 77, 2900}, 8, 2, 128, 128, 19,
                      true});
-    // Head dim 256 (Gemma 3): the FFMA proxy for every dtype (plan_device.cu, tensor_core_proxy),
-    // both block sizes, GQA 4 and 2, f32 and bf16 inputs.
+    // Head dim 256 (Gemma 3), both block sizes, GQA 4 and 2: bf16 on the tensor-core proxy (256
+    // rows per work item, so GQA 4 at B 128 takes two row tiles), f32 on the FFMA one
+    // (plan_device.cu, tensor_core_proxy).
     cases.push_back({preset + "_n3001_b128_gqa4_d256_bf16_s31", preset, {}, {3001}, 8, 2, 256, 128, 31, true});
     cases.push_back({preset + "_n2500_b64_gqa2_d256_s32", preset, {}, {2500}, 4, 2, 256, 64, 32});
     cases.push_back({preset + "_varlen_b64_gqa4_d256_bf16_s33", preset, {}, {1500, 77, 2100}, 4, 1, 256, 64, 33,
@@ -612,7 +613,9 @@ std::vector<ChunkCase> chunk_cases() {
                      128});
     cases.push_back({preset + "_tc_b64_gqa1_d64_bf16_pages16", preset, {}, nk64, {64, 500, 2100}, 4, 4, 64, 64, 46,
                      Elem::bf16, 16});
-    // Head dim 256 (the FFMA proxy), paged and contiguous, both block sizes.
+    // Head dim 256, paged and contiguous, both block sizes: bf16 chunks of n_q >= B on the
+    // tensor-core proxy (256 rows per work item: the GQA group's 512 rows over two), the f16 batch
+    // with a 1-query chunk on the FFMA proxy.
     cases.push_back({preset + "_mix_b128_gqa4_d256_bf16_pages16", preset, {}, nk_tc, nq_tc, 8, 2, 256, 128, 53,
                      Elem::bf16, 16});
     cases.push_back({preset + "_mix_b64_gqa2_d256_f16", preset, {}, nk64, nq64, 4, 2, 256, 64, 54, Elem::f16});
@@ -621,6 +624,10 @@ std::vector<ChunkCase> chunk_cases() {
     // last one, one per sequence.
     cases.push_back({preset + "_llama_ubatches_b128_gqa3_d64_f16", preset, {}, {512, 2048, 4061}, {512, 512, 477}, 9, 3,
                      64, 128, 55, Elem::f16});
+    // And for Gemma 3's global layers (4 query heads on 1 KV head, head dim 256): the tensor-core
+    // proxy at d = 256 over the same ubatches.
+    cases.push_back({preset + "_llama_ubatches_b128_gqa4_d256_f16", preset, {}, {512, 2048, 4061}, {512, 512, 477}, 4,
+                     1, 256, 128, 57, Elem::f16});
   }
   // PE heads (forced by tau_proxy) over a chunk's rows: global coverage and the row floor.
   cases.push_back({"pe_coverage_mix", "crisp", {"routing=cstruct", "tau_proxy=0.6"}, nk128, nq128, 8, 2, 128, 128, 47});
