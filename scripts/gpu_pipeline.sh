@@ -21,9 +21,10 @@
 #   3. PIPE_PHASE=verdict PIPE_PICK=... PIPE_RESUME=1 (a second pipeline): the TEST split of the
 #      pick beside the preset and FlexPrefill, then alone on the GPU the hook's timing, `crisp
 #      bench` at 128k/512k, llama-bench of both small models and of the 8B-shaped model.
-#   PIPE_PHASE=check: the GPU tests, then what session 12 left open (Gemma 3 in llama.cpp on each
-#      kernel, the 8B-shaped model's chunked prefill with the hook's stage timing, the planner at
-#      Gemma 3's shape, bench/compare.py).
+#   PIPE_PHASE=check: the GPU tests beside the short-prompt floor's tuning split (and the test
+#      split of a pick that met the bar), then the planner at Gemma 3's shape, Gemma 3 in llama.cpp
+#      on each kernel and against llama.cpp's flash attention, bench/compare.py, the 8B-shaped
+#      model's chunked prefill at 64k.
 #   PIPE_PHASE=diag: Gemma 3's 16k / 32k test split beside the GPU tests, then the planner's
 #      kernel profile (128k x 32 heads; Gemma 3's shape), the crossover, the hook's timing and
 #      `crisp bench` 128k / 512k.
@@ -190,32 +191,57 @@ if [ "$PHASE" = tune ]; then
   exit 0
 fi
 if [ "$PHASE" = check ]; then
-  # The next session's first machine (bench/RESULTS.md "Session 12" left these open; session 13 had
-  # no device time): after the GPU tests,
-  # alone on the GPU: Gemma 3 inside llama.cpp on each kernel (session 11 measured 3.1 ms a call on
-  # Hopper there, the bench 0.24 ms at its shape), the 8B-shaped model's chunked prefill at 64k
-  # (-ub 2048: 0.79x llama.cpp's time at 128k, 11 s outside the timed nodes) with and without the
-  # hook's stage timing, the planner at Gemma 3's shape, bench/compare.py with the preset.
-  # Beside the GPU tests (accuracy only): the TUNING split at 2k of the short-prompt floor's
-  # candidates (issue 14: the preset's uniform_floor_blocks = 32 costs Gemma 3 0.87x FlexPrefill's
-  # density at 2k; docs/evaluation.md "Gemma 3 at 2k"): the held floor for the last proxy rows'
-  # score only, the slash side at the plain 1/N, held at 24 and 32 blocks (session 13's CPU forward:
-  # 0.74x / 0.76x FlexPrefill's density at 2k, every answer on the tuning split, one short of
-  # FlexPrefill on the test split; docs/rule_research.md), NIAH and the
-  # pass-key probe (which the CPU's forward did not separate), both models.
+  # Session 14's machine (bench/RESULTS.md "Session 13" left these open): beside the GPU tests
+  # (the first GPU run of session 13's held-floor options and of the tensor-core proxy at d = 256),
+  # accuracy only: the TUNING split at 2k of the short-prompt floor's candidates (issue 14: the
+  # preset's uniform_floor_blocks = 32 costs Gemma 3 0.87x FlexPrefill's density at 2k;
+  # docs/evaluation.md "Gemma 3 at 2k"): the held floor for the last proxy rows' score only, the
+  # slash side at the plain 1/N, held at 24 and 32 blocks (session 13's CPU forward: 0.74x / 0.76x
+  # FlexPrefill's density at 2k, every answer on the tuning split, one short of FlexPrefill on the
+  # test split; docs/rule_research.md), NIAH and the pass-key probe, both models. The pick
+  # (scripts/pick_frontier_point.py --all, the rule fixed before: issue 14's bar on every NIAH run
+  # and every probe) then reads the TEST split, only if a candidate met the bar everywhere.
+  # Then alone on the GPU (issue 17): the planner at Gemma 3's shape (the d = 256 proxy now on
+  # tensor cores), the hook's stage timing and llama-bench of Gemma 3 against llama.cpp's flash
+  # attention on each kernel, bench/compare.py with the preset (issue 14), the 8B-shaped model's
+  # chunked prefill at 64k if time is left.
   FLOORS=${PIPE_FLOORS:-"crisp,crisp:uniform_floor_last_rows=true;uniform_floor_slash_blocks=0;uniform_floor_blocks=24,crisp:uniform_floor_last_rows=true;uniform_floor_slash_blocks=0,flexprefill"}
+  # bench/compare.py's crisp package, built beside the evaluations (gpu.sh compare takes the wheel).
+  ( CMAKE_BUILD_PARALLEL_LEVEL=8 nice -n 5 timeout "$(left 900)" python3 -m pip wheel --no-build-isolation --no-deps \
+      -w "$PIPE/wheel" -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a . > "$PIPE/wheel.log" 2>&1
+    log "crisp wheel rc=$?" ) &
   niah_run tune2k_smollm2 420 "$SMOL" 2048 tuning "$FLOORS"
   niah_run tune2k_gemma 420 "$GEMMA" 2048 tuning "$FLOORS"
   probe_run probe_tuning_floors_smollm2 "$SMOL" tuning "$FLOORS"
   probe_run probe_tuning_floors_gemma "$GEMMA" tuning "$FLOORS"
-  wait
-  log "GPU tests and the floors' tuning split done"
+  wait "${eval_pids[@]}"
+  eval_pids=()
+  log "the floors' tuning split done"
+  PICK=$(python3 scripts/pick_frontier_point.py "$PIPE"/tune2k_smollm2.json "$PIPE"/tune2k_gemma.json \
+    --probe "$PIPE"/probe_tuning_floors_smollm2.json --probe "$PIPE"/probe_tuning_floors_gemma.json --all \
+    2> "$PIPE/pick.txt")
+  log "pick: ${PICK:-error, see pick.txt}"
+  if [ -n "$PICK" ] && [ "$PICK" != none ] && [ "$PICK" != crisp ]; then
+    niah_run test2k_smollm2 420 "$SMOL" 2048 test "crisp,$PICK,flexprefill"
+    niah_run test2k_gemma 420 "$GEMMA" 2048 test "crisp,$PICK,flexprefill"
+    probe_run probe_test_floors_smollm2 "$SMOL" test "crisp,$PICK,flexprefill"
+    probe_run probe_test_floors_gemma "$GEMMA" test "crisp,$PICK,flexprefill"
+    wait "${eval_pids[@]}"
+    log "the pick's test split done"
+  fi
+  wait  # the GPU tests
+  log "GPU tests done"
+  plan_gemma portable,hopper
+  hook_timing gemma_crisp "$GEMMA" crisp
   for kernel in portable hopper; do
-    for n in 8192 32768; do
-      step "gemma_${kernel}_$n" 90 env CRISP_KERNEL=$kernel CRISP_HOOK_TIMING=1 "$BIN/llama-bench" -m "$GEMMA" -p $n -n 0 \
-        -fa 1 -b $n -ub $((n < 16384 ? n : 16384)) -ngl 99 -r 1 --sparse-prefill crisp
-    done
+    step "gemma_${kernel}_8192" 90 env CRISP_KERNEL=$kernel CRISP_HOOK_TIMING=1 "$BIN/llama-bench" -m "$GEMMA" -p 8192 \
+      -n 0 -fa 1 -b 8192 -ub 8192 -ngl 99 -r 1 --sparse-prefill crisp
   done
+  step llama_bench_gemma 300 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=300 CRISP_GPU_LLAMA_BIN="$BIN" \
+    CRISP_GPU_LLAMA_PARTS=small CRISP_GPU_LLAMA_MODELS="gemma3=$GEMMA" CRISP_GPU_LLAMA_LENGTHS=8192,16384,32768 \
+    CRISP_GPU_LLAMA_REPS=2 CRISP_GPU_LLAMA_POLICIES=fa,crisp scripts/gpu.sh llama
+  step compare 420 env OUT="$PIPE/compare" CRISP_GPU_DEADLINE_S=420 CRISP_GPU_COMPARE_ARGS="--seq 32768,131072" \
+    CRISP_GPU_WHEEL="$(ls "$PIPE"/wheel/*.whl 2>/dev/null | head -n 1)" scripts/gpu.sh compare
   # fa and crisp alternate (the host's share, the KQ mask, swings between runs), then crisp with
   # the hook's stage timing.
   for run in fa_1 crisp_1 fa_2 crisp_2 crisp_timing; do
@@ -224,9 +250,6 @@ if [ "$PHASE" = check ]; then
     step "llama8b_64k_$run" 150 env CRISP_HOOK_TIMING=$timing "$BIN/llama-bench" -m "$GGUF_8B" -p 65536 -n 0 -fa 1 \
       -b 65536 -ub 2048 -ngl 99 -r 1 --no-warmup "${policy[@]}"
   done
-  plan_gemma portable,hopper
-  step compare 420 env OUT="$PIPE/compare" CRISP_GPU_DEADLINE_S=420 CRISP_GPU_COMPARE_ARGS="--seq 32768,131072 --long" \
-    scripts/gpu.sh compare
   log "pipeline done (check)"
   exit 0
 fi

@@ -13,8 +13,14 @@ Every run must hold the baseline point and dense; a candidate missing a run, or 
 (fewer samples than dense), counts as not qualifying there. Prints a table on stderr and the pick in sweep syntax (`crisp:knob=v;knob=v`,
 or the bare preset name) on stdout, so a pipeline can pass it to `--policies`.
 
+--probe PROBE.json (repeatable): a pass-key copy probe's JSON (scripts/passkey_copy_probe.py) is
+one more run, without a density: a candidate qualifies there when it keeps at least --min-kept of
+dense's right answers and at least as many as the baseline (`kept_of_dense` of its summary).
+--all: print the pick only when it qualifies on every run, else `none` (exit status 0 either way),
+so a pipeline reads the test split only for a point that met the bar on the tuning split.
+
 Usage: scripts/pick_frontier_point.py RUN.json [RUN.json ...] [--policy crisp]
-           [--baseline flexprefill] [--min-kept 0.97] [--max-ratio 0.75] [--label NAME=PATH ...]
+           [--baseline flexprefill] [--min-kept 0.97] [--max-ratio 0.75] [--probe PROBE.json ...] [--all]
 """
 import argparse
 import json
@@ -54,7 +60,49 @@ def runs_of(paths):
     return runs
 
 
-def pick(runs, policy, baseline, min_kept, max_ratio):
+def load_probe(path):
+    """A probe JSON as (run key, {point: {"kept": ..., "correct": ...}}): dense's and each point's counts."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"pick_frontier_point: error: --probe '{path}': {e}")
+    summary = data.get("summary")
+    if not isinstance(summary, dict) or "dense" not in summary:
+        raise SystemExit(f"pick_frontier_point: error: --probe '{path}': no 'summary' with a 'dense' entry "
+                         "(a scripts/passkey_copy_probe.py JSON?)")
+    return (f"probe {data.get('model', path)}", 0), summary
+
+
+def normalized(spec):
+    """A point's spec as (policy, sorted knobs): `crisp:a=1;b=2`, `crisp:b=2:a=1` and the frontier
+    JSON's point name of the same knobs compare equal."""
+    policy, _, knobs = spec.partition(":")
+    return policy, tuple(sorted(k for k in knobs.replace(";", ":").split(":") if k))
+
+
+def probe_cell(summary, name, baseline, min_kept):
+    """(qualifies, cell text) of point `name` on one probe."""
+    if baseline not in summary:
+        raise SystemExit(f"pick_frontier_point: error: a --probe run lacks the baseline '{baseline}' (--baseline)")
+    row = next((r for key, r in summary.items() if normalized(key) == normalized(name)), None)
+    if row is None:
+        return False, "missing"
+    need = max(math.ceil(min_kept * summary["dense"]["correct"] - 1e-9), summary[baseline]["kept_of_dense"])
+    ok = row["kept_of_dense"] >= need
+    return ok, f"kept {row['kept_of_dense']}/{need}{' ok' if ok else ''}"
+
+
+def probe_point_name(name, runs):
+    """The probe names a point by its spec (`crisp:knob=v;knob=v`), the frontier JSON by its point name."""
+    for points in runs.values():
+        row = points.get(name)
+        if row is not None:
+            return point_spec(row)
+    return name
+
+
+def pick(runs, policy, baseline, min_kept, max_ratio, probes=()):
     candidates = sorted({name for points in runs.values() for name, row in points.items()
                          if row["policy"] == policy and name != baseline})
     if not candidates:
@@ -83,9 +131,13 @@ def pick(runs, policy, baseline, min_kept, max_ratio):
             qualified += ok
             worst_ratio = max(worst_ratio, ratio)
             cells.append(f"{row['correct']}/{need} {ratio:.2f}x{' ok' if ok else ''}")
+        for _, summary in probes:
+            ok, cell = probe_cell(summary, probe_point_name(name, runs), baseline, min_kept)
+            qualified += ok
+            cells.append(cell)
         table.append((-qualified, worst_ratio, name, spec, cells))
     table.sort()
-    keys = sorted(runs)
+    keys = sorted(runs) + [key for key, _ in probes]
     print("point | " + " | ".join(f"{m.split('/')[-1]} {n}" for m, n in keys) + " | qualified | worst ratio",
           file=sys.stderr)
     for neg_q, worst, name, _, cells in table:
@@ -103,13 +155,22 @@ def main(argv=None):
     ap.add_argument("--baseline", default="flexprefill", help="point name of the baseline (default flexprefill)")
     ap.add_argument("--min-kept", type=float, default=0.97, help="share of dense's correct answers to keep")
     ap.add_argument("--max-ratio", type=float, default=0.75, help="largest density / baseline density")
+    ap.add_argument("--probe", action="append", default=[], metavar="PROBE.json",
+                    help="a pass-key copy probe JSON: one more run, answers only (repeatable)")
+    ap.add_argument("--all", action="store_true", help="print 'none' unless the pick qualifies on every run")
     args = ap.parse_args(argv)
     if not 0.0 < args.min_kept <= 1.0:
         ap.error(f"--min-kept {args.min_kept}: expected a share in (0, 1]")
     if not args.max_ratio > 0.0:
         ap.error(f"--max-ratio {args.max_ratio}: expected a positive ratio")
-    spec, qualified, total = pick(runs_of(args.runs), args.policy, args.baseline, args.min_kept, args.max_ratio)
+    probes = [load_probe(path) for path in args.probe]
+    spec, qualified, total = pick(runs_of(args.runs), args.policy, args.baseline, args.min_kept, args.max_ratio,
+                                  probes)
     print(f"pick: {spec} (qualifies on {qualified} of {total} runs)", file=sys.stderr)
+    if args.all and qualified < total:
+        print(f"pick: none qualifies on all {total} runs (--all)", file=sys.stderr)
+        print("none")
+        return
     print(spec)
 
 

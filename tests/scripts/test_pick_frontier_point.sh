@@ -59,6 +59,46 @@ write_run "$tmp/r4.json" m4 4096 "dense dense 10 1.0" "flexprefill flexprefill 1
 out=$(python3 "$pick" "$tmp/r4.json" 2>/dev/null)
 [ "$out" = "crisp:min_budget=256" ] || fail "expected crisp:min_budget=256 (the other point is cut short), got '$out'"
 
+# --probe: a pass-key probe JSON is one more run, answers only; --all prints `none` unless the
+# pick qualifies on every run. Run 1 and 2 above: crisp:min_budget=256 qualifies on both. The
+# probe names points by spec, knobs in any order and separator.
+write_probe() {  # write_probe FILE "point kept correct" ...
+  local file=$1; shift
+  python3 - "$file" "$@" <<'PY'
+import json, sys
+path, *specs = sys.argv[1:]
+summary = {}
+for s in specs:
+    point, kept, correct = s.split()
+    summary[point] = {"correct": int(correct), "kept_of_dense": int(kept), "agrees_with_dense": int(kept)}
+json.dump({"split": "tuning", "model": "probe-model", "points": list(summary), "rows": [], "summary": summary},
+          open(path, "w"))
+PY
+}
+# dense 15 right; flex keeps 12: need = max(ceil(0.97*15)=15, 12) = 15.
+write_probe "$tmp/p1.json" "dense 15 15" "flexprefill 12 13" "crisp:min_budget=256 14 14" "crisp:min_budget=128 15 15"
+out=$(python3 "$pick" "$tmp/r1.json" "$tmp/r2.json" --probe "$tmp/p1.json" 2>"$tmp/err")
+# min_budget=256: 2 of 3 (probe 14 < 15); min_budget=128: run 2 and the probe (2 of 3), worst ratio
+# 0.33x < 0.70x: min_budget=128.
+[ "$out" = "crisp:min_budget=128" ] || fail "expected crisp:min_budget=128 with the probe, got '$out'"
+grep -q "kept 14/15" "$tmp/err" || fail "expected the probe cell 'kept 14/15' in: $(cat "$tmp/err")"
+out=$(python3 "$pick" "$tmp/r1.json" "$tmp/r2.json" --probe "$tmp/p1.json" --all 2>/dev/null)
+[ "$out" = "none" ] || fail "expected none with --all (no point qualifies on all 3 runs), got '$out'"
+out=$(python3 "$pick" "$tmp/r1.json" "$tmp/r2.json" --all 2>/dev/null)
+[ "$out" = "crisp:min_budget=256" ] || fail "expected crisp:min_budget=256 with --all and no probe, got '$out'"
+write_probe "$tmp/p2.json" "dense 15 15" "flexprefill 15 15" "crisp:min_budget=256 15 15"
+out=$(python3 "$pick" "$tmp/r1.json" "$tmp/r2.json" --probe "$tmp/p2.json" --all 2>/dev/null)
+[ "$out" = "crisp:min_budget=256" ] || fail "expected crisp:min_budget=256 (all 3 runs), got '$out'"
+# Knob order and separator: a probe entry `crisp:b=2;a=1` is the frontier point `crisp:a=1:b=2`.
+write_run "$tmp/r5.json" m5 2048 "dense dense 10 1.0" "flexprefill flexprefill 10 0.8" \
+  "crisp:x=1:a=2 crisp 10 0.5 x=1,a=2"
+write_probe "$tmp/p3.json" "dense 10 10" "flexprefill 10 10" "crisp:x=1;a=2 10 10"
+out=$(python3 "$pick" "$tmp/r5.json" --probe "$tmp/p3.json" --all 2>"$tmp/err")
+[ "$out" = "crisp:a=2;x=1" ] || fail "expected crisp:a=2;x=1 matched across spellings, got '$out': $(cat "$tmp/err")"
+echo '{"rows": []}' > "$tmp/notprobe.json"
+if python3 "$pick" "$tmp/r1.json" --probe "$tmp/notprobe.json" 2>"$tmp/err"; then fail "a probe without a summary was accepted"; fi
+grep -q -- "--probe" "$tmp/err" || fail "the error does not name --probe: $(cat "$tmp/err")"
+
 # Errors name the argument.
 write_run "$tmp/nobase.json" m4 4096 "dense dense 10 1.0" "crisp crisp 10 0.2"
 if python3 "$pick" "$tmp/nobase.json" 2>"$tmp/err"; then fail "a run without the baseline was accepted"; fi
