@@ -53,7 +53,10 @@ static bool sync_check_requested() {
 // exit. It measures where the hook's fixed cost per op goes (bench/RESULTS.md, session 10: crisp's
 // attention did not fall with density on the small models); the synchronisations serialise the
 // stages, so the sum is an upper bound of the hook's time, and llama-bench figures taken with it on
-// are not speed figures. Off by default.
+// are not speed figures. Off by default. The first call of a stage is printed apart from the median
+// of the later ones: it pays one-time costs (CUDA's lazy loading of a kernel at its first launch,
+// 7 ms for the planner's first call in session 14), which would otherwise dominate a mean over the
+// few calls of a short run.
 static bool timing_requested() {
   static const bool requested = [] {
     const char * value = std::getenv("CRISP_HOOK_TIMING");
@@ -66,6 +69,7 @@ struct StageTimes {
   struct Total {
     long long calls = 0;
     double seconds = 0;
+    std::vector<double> each;  // seconds of every call, in order
   };
   std::mutex mutex;
   std::vector<std::pair<std::string, Total>> totals;  // by stage, in the order first seen
@@ -73,10 +77,19 @@ struct StageTimes {
   ~StageTimes() {
     if (totals.empty()) return;
     std::fprintf(stderr, "crisp: CRISP_HOOK_TIMING (CUDA hook, stream synchronised at every stage)\n");
-    std::fprintf(stderr, "crisp:   %-58s %8s %10s %10s\n", "stage", "calls", "total ms", "us/call");
-    for (const auto & [name, t] : totals)
-      std::fprintf(stderr, "crisp:   %-58s %8lld %10.3f %10.1f\n", name.c_str(), t.calls, t.seconds * 1e3,
-                   t.calls ? t.seconds * 1e6 / t.calls : 0.0);
+    std::fprintf(stderr, "crisp:   %-58s %8s %10s %10s %12s %10s\n", "stage", "calls", "total ms", "us/call",
+                 "first us", "median us");
+    for (auto & [name, t] : totals) {
+      const double first = t.each.empty() ? 0.0 : t.each.front();
+      std::vector<double> later(t.each.size() > 1 ? t.each.begin() + 1 : t.each.end(), t.each.end());
+      double median = 0.0;
+      if (!later.empty()) {
+        std::nth_element(later.begin(), later.begin() + later.size() / 2, later.end());
+        median = later[later.size() / 2];
+      }
+      std::fprintf(stderr, "crisp:   %-58s %8lld %10.3f %10.1f %12.1f %10.1f\n", name.c_str(), t.calls,
+                   t.seconds * 1e3, t.calls ? t.seconds * 1e6 / t.calls : 0.0, first * 1e6, median * 1e6);
+    }
   }
 };
 StageTimes g_stage_times;
@@ -94,8 +107,10 @@ static void time_stage(ggml_backend_cuda_context & ctx, const char * stage, bool
                            [&](const auto & entry) { return entry.first == stage; });
     if (it == g_stage_times.totals.end()) it = g_stage_times.totals.insert(it, {stage, {}});
     StageTimes::Total & t = it->second;
+    const double seconds = std::chrono::duration<double>(now - g_stage_times.last).count();
     t.calls += 1;
-    t.seconds += std::chrono::duration<double>(now - g_stage_times.last).count();
+    t.seconds += seconds;
+    t.each.push_back(seconds);
   }
   g_stage_times.last = now;
 }
