@@ -762,18 +762,50 @@ KeyTable key_table(const BlockTable& table, const TensorView& q, const TensorVie
   return KeyTable{table.data, table.max_pages_per_sequence, table.page_size};
 }
 
+// The most shared memory one block of a kernel may opt into on the current device (227 KB on
+// sm_90, 163 KB on sm_80), read once per device.
+std::size_t max_shared_memory_per_block() {
+  static std::mutex mutex;
+  static std::map<int, std::size_t> by_device;
+  int device = 0;
+  CRISP_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = by_device.find(device);
+  if (it != by_device.end()) return it->second;
+  int bytes = 0;
+  CRISP_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return by_device[device] = static_cast<std::size_t>(bytes);
+}
+
+// sm_90 allows 232448 bytes per block: every head dim's tensor-core proxy fits there; on sm_80
+// (166912) the token-level pass at d 128 and both passes at d 256 do not.
+static_assert(proxy_mma_block_smem_bytes(128, false) == 163840 && proxy_mma_block_smem_bytes(128, true) == 176128,
+              "the d = 128 tensor-core proxy's shared memory (plan_proxy_mma.cuh)");
+static_assert(proxy_mma_block_smem_bytes(256, true) <= 232448, "d = 256's tensor-core proxy must fit sm_90");
+
+// Whether any sequence of the shape is estimated (plans a proxy): the proxy kernels run only then.
+bool any_estimated(const Shape& sh) {
+  for (const int8_t e : sh.estimated)
+    if (e) return true;
+  return false;
+}
+
 // Can the proxy run on tensor cores (plan_proxy_mma.cuh)? bf16 / fp16, d 64, 128 or 256, rows of
 // contiguous elements at 16-byte aligned addresses (cp.async of 16-byte chunks), and L = B proxy
 // rows for every estimated sequence (a chunk of n_q < B queries runs the FFMA path, whose row
-// tiles take any L).
-// NOTE: at d = 256 the tensor-core kernel holds 256 query rows and two key stages in shared
-// memory, 192 KB: within sm_90's 227 KB per CTA, not sm_80's 163 KB (there the launch fails with a
-// CUDA error, as the FFMA path's 200 KB at d = 256 does). Other head dims up to 256 plan on the FFMA
-// path.
+// tiles take any L), and a block's shared memory within what the device allows.
+// At d = 256 the tensor-core kernel holds 256 query rows and two key stages in shared memory,
+// 192 KB: within sm_90's 227 KB per CTA, not sm_80's 163 KB, where the FFMA path's 200 KB does not
+// fit either: plan_on_device then refuses head_dim with an Error. Other head dims up to 256 plan on
+// the FFMA path.
 // proxy_last_rows with a token-level rule plans on the FFMA path too: the two-pass tensor-core
 // kernel keeps its masses per warp of 32 rows, so it cannot single out the last R rows.
-bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d, const Shape& sh, const Needs& needs) {
+bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d, const Shape& sh, const Needs& needs,
+                       std::size_t smem_per_block) {
   if (needs.last_rows && needs.token_level) return false;
+  // NOTE: 160-198 KB at d 128 / 256 (plan_proxy_mma.cuh): above what sm_80 (163 KB) or sm_86/89
+  // (99 KB) allow per block for some shapes; those plan on the FFMA path, which needs less.
+  if (proxy_mma_block_smem_bytes(d, needs.token_level) > smem_per_block) return false;
   if (q.dtype != DType::bf16 && q.dtype != DType::f16) return false;
   if (d != 64 && d != 128 && d != 256) return false;
   for (std::size_t s = 0; s < sh.bases.size(); ++s)
@@ -810,7 +842,15 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
   sh.estimated.resize(sh.bases.size());
   for (std::size_t s = 0; s < sh.bases.size(); ++s) sh.estimated[s] = select::estimates(params, sh.bases[s].n);
   const Needs needs = needs_of(params);
-  sh.tensor_cores = tensor_core_proxy(q, k, sh.d, sh, needs);
+  const std::size_t smem_per_block = max_shared_memory_per_block();
+  sh.tensor_cores = tensor_core_proxy(q, k, sh.d, sh, needs, smem_per_block);
+  if (!sh.tensor_cores && any_estimated(sh) && proxy_smem_bytes(static_cast<int>(sh.d)) > smem_per_block)
+    throw Error("head_dim",
+                "is " + std::to_string(sh.d) + ": planning needs " + std::to_string(proxy_smem_bytes(static_cast<int>(sh.d))) +
+                    " bytes of shared memory per block (the proxy kernel), this device allows " +
+                    std::to_string(smem_per_block),
+                "a head dim whose proxy fits the device (sm_90: every supported head dim), or bf16 / f16 inputs "
+                "whose tensor-core proxy fits");
   pw.ensure(sh, needs);
   const double scale = plan.softmax_scale();
   switch (q.dtype) {

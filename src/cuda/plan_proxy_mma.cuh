@@ -60,6 +60,15 @@ constexpr size_t proxy_mma_smem_bytes() {
   return static_cast<size_t>(mma_rows(kDim) + 2 * kMmaKeyTile) * kDim * sizeof(T);
 }
 
+// Shared memory of one proxy_mma_kernel CTA, dynamic and static (the token-level pass's v and u
+// buffers), for 2-byte inputs: what the device must allow per block (plan_device.cu checks it).
+constexpr size_t proxy_mma_block_smem_bytes(int64_t head_dim, bool token_level) {
+  return static_cast<size_t>(mma_rows(head_dim) + 2 * kMmaKeyTile) * static_cast<size_t>(head_dim) * 2 +
+         (token_level ? static_cast<size_t>(mma_warps(head_dim) * kMmaKeyTile + mma_max_heads(head_dim) * kMmaRing) *
+                            sizeof(float)
+                      : 0);
+}
+
 // Pass 2 (two-pass path): record of one (warp, key block): slash masses of distance blocks
 // c_base + 0..2, and the structural mass, summed over the warp's rows.
 // Fused pass (kFusedPass): record of one (proxy row, key block): the same four masses of that row,
