@@ -57,12 +57,22 @@ static bool sync_check_requested() {
 // of the later ones: it pays one-time costs (CUDA's lazy loading of a kernel at its first launch,
 // 7 ms for the planner's first call in session 14), which would otherwise dominate a mean over the
 // few calls of a short run.
+// CRISP_HOOK_TIMING=host: the same stages without the synchronisations, each the host's own time
+// (a stage that blocks — a synchronisation, cudaFree, a synchronous copy — shows how long the host
+// waited there); for where the host's time goes in a run that keeps its asynchrony.
 static bool timing_requested() {
   static const bool requested = [] {
     const char * value = std::getenv("CRISP_HOOK_TIMING");
     return value != nullptr && std::strcmp(value, "0") != 0 && value[0] != '\0';
   }();
   return requested;
+}
+static bool timing_host_only() {
+  static const bool host = [] {
+    const char * value = std::getenv("CRISP_HOOK_TIMING");
+    return value != nullptr && std::strcmp(value, "host") == 0;
+  }();
+  return host;
 }
 
 struct StageTimes {
@@ -76,7 +86,9 @@ struct StageTimes {
   std::chrono::steady_clock::time_point last;
   ~StageTimes() {
     if (totals.empty()) return;
-    std::fprintf(stderr, "crisp: CRISP_HOOK_TIMING (CUDA hook, stream synchronised at every stage)\n");
+    std::fprintf(stderr, "crisp: CRISP_HOOK_TIMING (CUDA hook, %s)\n",
+                 timing_host_only() ? "host time of each stage, no synchronisation added"
+                                    : "stream synchronised at every stage");
     std::fprintf(stderr, "crisp:   %-58s %8s %10s %10s %12s %10s\n", "stage", "calls", "total ms", "us/call",
                  "first us", "median us");
     for (auto & [name, t] : totals) {
@@ -99,7 +111,7 @@ StageTimes g_stage_times;
 // device are serial, which is what the timing is for.
 static void time_stage(ggml_backend_cuda_context & ctx, const char * stage, bool first = false) {
   if (!timing_requested()) return;
-  CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+  if (!timing_host_only()) CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(g_stage_times.mutex);
   if (!first) {
