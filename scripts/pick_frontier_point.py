@@ -28,12 +28,17 @@ import math
 import sys
 
 
-def load_rows(path):
+def load_json(path, argument):
+    """The JSON at `path`, or an error naming the command-line `argument` it came from."""
     try:
         with open(path) as f:
-            data = json.load(f)
+            return json.load(f)
     except (OSError, json.JSONDecodeError) as e:
-        raise SystemExit(f"pick_frontier_point: error: RUN.json '{path}': {e}")
+        raise SystemExit(f"pick_frontier_point: error: {argument} '{path}': {e}")
+
+
+def load_rows(path):
+    data = load_json(path, "RUN.json")
     rows = data.get("rows")
     if not isinstance(rows, list):
         raise SystemExit(f"pick_frontier_point: error: RUN.json '{path}': no 'rows' list (a crisp frontier JSON?)")
@@ -61,12 +66,8 @@ def runs_of(paths):
 
 
 def load_probe(path):
-    """A probe JSON as (run key, {point: {"kept": ..., "correct": ...}}): dense's and each point's counts."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise SystemExit(f"pick_frontier_point: error: --probe '{path}': {e}")
+    """A probe JSON as (run key, {point: {"kept_of_dense": ..., "correct": ...}}): dense's and each point's counts."""
+    data = load_json(path, "--probe")
     summary = data.get("summary")
     if not isinstance(summary, dict) or "dense" not in summary:
         raise SystemExit(f"pick_frontier_point: error: --probe '{path}': no 'summary' with a 'dense' entry "
