@@ -844,9 +844,10 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
   const Needs needs = needs_of(params);
   const std::size_t smem_per_block = max_shared_memory_per_block();
   sh.tensor_cores = tensor_core_proxy(q, k, sh.d, sh, needs, smem_per_block);
-  if (!sh.tensor_cores && any_estimated(sh) && proxy_smem_bytes(static_cast<int>(sh.d)) > smem_per_block)
+  const std::size_t ffma_smem = proxy_block_smem_bound(static_cast<int>(sh.d));
+  if (!sh.tensor_cores && any_estimated(sh) && ffma_smem > smem_per_block)
     throw Error("head_dim",
-                "is " + std::to_string(sh.d) + ": planning needs " + std::to_string(proxy_smem_bytes(static_cast<int>(sh.d))) +
+                "is " + std::to_string(sh.d) + ": planning needs up to " + std::to_string(ffma_smem) +
                     " bytes of shared memory per block (the proxy kernel), this device allows " +
                     std::to_string(smem_per_block),
                 "a head dim whose proxy fits the device (sm_90: every supported head dim), or bf16 / f16 inputs "

@@ -69,6 +69,11 @@ inline size_t proxy_smem_bytes(int head_dim) {
   return static_cast<size_t>(head_dim) * (kProxyQStride + kProxyKStride) * sizeof(float);
 }
 
+// NOTE: a bound of the proxy kernels' static shared memory (ptxas, sm_90a: 176 bytes, 2224 for the
+// token-level pass 2), added to the dynamic bytes where the planner checks that a block fits.
+constexpr size_t kProxyStaticSmemBound = 4096;
+inline size_t proxy_block_smem_bound(int head_dim) { return proxy_smem_bytes(head_dim) + kProxyStaticSmemBound; }
+
 // Scores of the tile: acc[r][c] = q_row . k_key (raw dot products, float).
 __device__ __forceinline__ void proxy_tile_scores(const float* Qs, const float* Ks, int d, int ty, int tx,
                                                   float (&acc)[kProxyRowsPerThread][kProxyKeysPerThread]) {
