@@ -141,7 +141,15 @@ CudaOptions resolve_kernel_override(const CudaOptions& cuda) {
 bool plan_stage_timing_requested() {
   static const bool requested = [] {
     const char* v = std::getenv("CRISP_PLAN_TIMING");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
+    return v != nullptr && v[0] != '\0' && v[0] != '0' && std::strcmp(v, "host") != 0;
+  }();
+  return requested;
+}
+
+bool plan_host_timing_requested() {
+  static const bool requested = [] {
+    const char* v = std::getenv("CRISP_PLAN_TIMING");
+    return v != nullptr && std::strcmp(v, "host") == 0;
   }();
   return requested;
 }

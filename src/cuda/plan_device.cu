@@ -16,15 +16,16 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <utility>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -110,14 +111,16 @@ class PlanWorkspace {
   PlanWorkspace(const PlanWorkspace&) = delete;
   PlanWorkspace& operator=(const PlanWorkspace&) = delete;
 
-  // (Re)allocates when the shape differs or the config needs buffers this one lacks.
-  void ensure(const Shape& shape, const Needs& needs) {
-    if (memory_ != nullptr && shape == shape_ && covers(needs_, needs)) return;
+  // (Re)allocates when the shape differs or the config needs buffers this one lacks; returns
+  // whether it did.
+  bool ensure(const Shape& shape, const Needs& needs) {
+    if (memory_ != nullptr && shape == shape_ && covers(needs_, needs)) return false;
     release();
     shape_ = shape;
     needs_ = needs;
     build_items();
     allocate();
+    return true;
   }
 
   const Shape& shape() const { return shape_; }
@@ -822,6 +825,9 @@ bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d, cons
 // The whole device planning of q/k into `plan`, using `pw` as workspace.
 void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& block_table, const Config& config,
                     cuda::DevicePlan& plan, PlanWorkspace& pw, cudaStream_t stream) {
+  using Clock = std::chrono::steady_clock;
+  const bool host_timing = crisp::detail::plan_host_timing_requested();
+  const Clock::time_point t_start = host_timing ? Clock::now() : Clock::time_point{};
   config.validate();
   const DevicePlanView& view = view_of(plan);
   check_input(q, "q", plan.num_q_heads(), plan.total_tokens(), plan.head_dim());
@@ -852,7 +858,9 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
                     std::to_string(smem_per_block),
                 "a head dim whose proxy fits the device (sm_90: every supported head dim), or bf16 / f16 inputs "
                 "whose tensor-core proxy fits");
-  pw.ensure(sh, needs);
+  const Clock::time_point t_checked = host_timing ? Clock::now() : Clock::time_point{};
+  const bool new_workspace = pw.ensure(sh, needs);
+  const Clock::time_point t_workspace = host_timing ? Clock::now() : Clock::time_point{};
   const double scale = plan.softmax_scale();
   switch (q.dtype) {
     case DType::f32: plan_typed<float>(q, k, keys, params, view, pw, scale, stream); break;
@@ -860,7 +868,16 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
     case DType::f16: plan_typed<__half>(q, k, keys, params, view, pw, scale, stream); break;
     case DType::bf16: plan_typed<__nv_bfloat16>(q, k, keys, params, view, pw, scale, stream); break;
   }
+  const Clock::time_point t_kernels = host_timing ? Clock::now() : Clock::time_point{};
   build_work_order(mutable_view_of(plan), stream);
+  if (host_timing) {
+    const auto ms = [](Clock::time_point a, Clock::time_point b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    std::fprintf(stderr, "plan host (ms): checks %.3f workspace %.3f%s kernels %.3f work_order %.3f | total %.3f\n",
+                 ms(t_start, t_checked), ms(t_checked, t_workspace), new_workspace ? " (new shape)" : "",
+                 ms(t_workspace, t_kernels), ms(t_kernels, Clock::now()), ms(t_start, Clock::now()));
+  }
 }
 
 }  // namespace planner
