@@ -25,6 +25,9 @@
 #      split of a pick that met the bar), then the planner at Gemma 3's shape, Gemma 3 in llama.cpp
 #      on each kernel and against llama.cpp's flash attention, bench/compare.py, the 8B-shaped
 #      model's chunked prefill at 64k.
+#   PIPE_PHASE=hostdiag: the GPU tests, then the 8B-shaped model at 64k: fa and crisp alternated,
+#      crisp with the hook's and the planner's host timing, every attention node timed (no models
+#      to carry).
 #   PIPE_PHASE=diag: Gemma 3's 16k / 32k test split beside the GPU tests, then the planner's
 #      kernel profile (128k x 32 heads; Gemma 3's shape), the crossover, the hook's timing and
 #      `crisp bench` 128k / 512k.
@@ -95,6 +98,30 @@ hook_timing() {  # hook_timing NAME MODEL POLICY [ENV...]
   step "hook_timing_$name" 120 env CRISP_HOOK_TIMING=1 "$@" "$BIN/llama-bench" -m "$model" -p 8192 -n 0 -fa 1 -b 8192 \
     -ub 8192 -ngl 99 -r 1 --sparse-prefill "$policy"
 }
+
+# PIPE_PHASE=hostdiag (no small models needed): where the 8B-shaped model's prefill loses to
+# llama.cpp's flash attention end to end although crisp's attention nodes are faster
+# (docs/llama_cpp.md, "Known problems on CUDA", item 7). After the GPU tests: fa and crisp
+# alternated three times (a machine's runs drift, so pairs are compared with their neighbours),
+# one crisp run with the hook's and the planner's host timing (no synchronisations added), then
+# every attention node timed on its own for both.
+if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
+  wait  # the GPU tests and the 8B-shaped GGUF
+  log "GPU tests and the GGUF done"
+  for run in fa_1 crisp_1 fa_2 crisp_2 fa_3 crisp_3 crisp_host; do
+    policy=(); [ "${run%_*}" = fa ] || policy=(--sparse-prefill crisp)
+    timing=(); [ $run = crisp_host ] && timing=(CRISP_HOOK_TIMING=host CRISP_PLAN_TIMING=host)
+    step "llama8b_64k_$run" 120 env "${timing[@]}" "$BIN/llama-bench" -m "$GGUF_8B" -p 65536 -n 0 -fa 1 \
+      -b 65536 -ub 2048 -ngl 99 -r 1 --no-warmup "${policy[@]}"
+  done
+  for policy in fa crisp; do
+    flag=(); [ $policy = crisp ] && flag=(--sparse-prefill crisp)
+    step "attn_time_8b_64k_$policy" 150 "$BIN/llama-attn-time" -m "$GGUF_8B" --tokens 65536 --reps 1 -fa -ngl 99 \
+      -b 65536 -ub 2048 --warmup-tokens 512 "${flag[@]}"
+  done
+  log "pipeline done (hostdiag)"
+  exit 0
+fi
 
 # 2: the models.
 SMOL=$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf
