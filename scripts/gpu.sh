@@ -58,7 +58,7 @@
 #   CRISP_GPU_LLAMA_PARTS [small,8b]  small: CRISP_GPU_LLAMA_MODELS; 8b: the Llama-3.1-8B-shaped model
 #   CRISP_GPU_LLAMA_MODELS   NAME=PATH,... GGUFs (e.g. smollm2=/tmp/modelstore/SmolLM2-135M-Instruct.Q4_1.gguf)
 #   CRISP_GPU_LLAMA_LENGTHS [8192,16384,32768]  CRISP_GPU_LLAMA_REPS [3]
-#   CRISP_GPU_LLAMA_8B_LENGTHS [32768,131072]  CRISP_GPU_LLAMA_8B_REPS [1]
+#   CRISP_GPU_LLAMA_8B_LENGTHS [32768,131072]  CRISP_GPU_LLAMA_8B_REPS [1] (llama-bench runs and llama-attn-time passes)
 #   CRISP_GPU_LLAMA_8B_PATH [/tmp/crisp-llama3.1-8b-q4_0.gguf: written when absent, kept on a warm machine]
 #   CRISP_GPU_LLAMA_POLICIES [fa,dense,crisp,flexprefill,minference]  CRISP_GPU_LLAMA_MAX_UBATCH [32768]
 #   CRISP_GPU_LLAMA_ATTN [1; 0: no llama-attn-time pass, no attention share]
@@ -514,7 +514,8 @@ suite_llama() {
     if [ -f "$model" ]; then
       note "llama: llama_bench.py llama3.1-8b-random at ${CRISP_GPU_LLAMA_8B_LENGTHS:-32768,131072}"
       $PY scripts/llama_bench.py --bin "$bin" --model llama3.1-8b-random="$model" \
-        --lengths "${CRISP_GPU_LLAMA_8B_LENGTHS:-32768,131072}" --reps "${CRISP_GPU_LLAMA_8B_REPS:-1}" "${common[@]}" \
+        --lengths "${CRISP_GPU_LLAMA_8B_LENGTHS:-32768,131072}" --reps "${CRISP_GPU_LLAMA_8B_REPS:-1}" \
+        --attn-reps "${CRISP_GPU_LLAMA_8B_REPS:-1}" "${common[@]}" \
         --deadline-s "$(left 600)" ${CRISP_GPU_LLAMA_ARGS:-} --json "$OUT/llama_bench_8b.json" \
         --md "$DETAIL/llama_bench_8b.md" >"$DETAIL/llama_bench_8b.txt" 2>"$DETAIL/llama_bench_8b_progress.log"
       rc=$?

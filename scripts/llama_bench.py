@@ -11,10 +11,13 @@ min(N, --max-ubatch)`, halved while llama.cpp's F32 KQ mask of the last ubatch w
 bytes, which aborts its CUDA build: 8192 at N = 32768), `-ngl` as given, `-r` reps after llama-bench's warm-up pass of the same
 prompt; above --full-warmup-max tokens a 512-token test in the same process warms it instead and
 its row is dropped). Then, unless --no-attn-time, llama-attn-time (built with llama.cpp by
-scripts/llama_cpp.sh) runs the same configuration once more with every graph node timed on its own
-(device synchronised after each): the flash-attention nodes' time, the other nodes' and the host
-time outside the nodes; with crisp's statistics in the build, the density of the plans
-(kept / causal blocks) and how many attention ops crisp computed or declined.
+scripts/llama_cpp.sh) runs the same configuration --attn-reps more times with every graph node
+timed on its own (device synchronised after each): the flash-attention nodes' time, the other
+nodes' and the host time outside the nodes; with crisp's statistics in the build, the density of
+the plans (kept / causal blocks) and how many attention ops crisp computed or declined. The row
+takes these from the last pass (the shape seen before, as in llama-bench after its warm-up) and
+keeps the first pass's attention time beside them (`attention_ms_first_pass`): a shape's first
+pass pays its one-time costs, crisp's DevicePlan and planner workspace among them.
 
 Writes one JSON (every row, rewritten after each run, so a run cut short keeps what it measured)
 and a markdown table per model. The attention share is the attention nodes' time over the timed
@@ -81,6 +84,8 @@ def parse_args(argv):
     p.add_argument("--ngl", type=int, default=99, help="-ngl, layers on the GPU [99]")
     p.add_argument("--threads", type=int, help="-t, CPU threads [llama.cpp's default]")
     p.add_argument("--no-attn-time", action="store_true", help="skip llama-attn-time (no attention share)")
+    p.add_argument("--attn-reps", type=int, default=2,
+                   help="llama-attn-time passes; the row's figures are the last one's [2]")
     p.add_argument("--deadline-s", type=float, default=0, help="stop the grid after this many seconds [0: none]")
     p.add_argument("--json", required=True, help="the JSON written")
     p.add_argument("--md", help="the markdown tables written [none: printed only]")
@@ -90,7 +95,7 @@ def parse_args(argv):
     for policy in args.policies:
         if policy not in POLICIES:
             die(f"--policies: '{policy}' is not one of {', '.join(POLICIES)}")
-    for flag in ("reps", "max_ubatch", "full_warmup_max", "ngl"):
+    for flag in ("reps", "attn_reps", "max_ubatch", "full_warmup_max", "ngl"):
         if getattr(args, flag) <= 0:
             die(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected a positive integer")
     if args.threads is not None and args.threads <= 0:
@@ -202,7 +207,7 @@ def bench_row(args, model, path, policy, n, timeout):
 
 def attn_time(args, path, policy, n, timeout):
     ubatch = ubatch_for(n, args.max_ubatch)
-    cmd = [str(args.attn_tool), "-m", path, "--tokens", str(n), "--reps", "1", "-fa", "-ngl", str(args.ngl),
+    cmd = [str(args.attn_tool), "-m", path, "--tokens", str(n), "--reps", str(args.attn_reps), "-fa", "-ngl", str(args.ngl),
            "-b", str(n), "-ub", str(ubatch), "--warmup-tokens", str(min(n, SHORT_WARMUP_TOKENS))]
     if args.threads:
         cmd += ["-t", str(args.threads)]
@@ -210,12 +215,13 @@ def attn_time(args, path, policy, n, timeout):
     rc, out, err = run(cmd, timeout)
     try:
         result = json.loads(out)
-        timed = result["runs"][0]
+        first, timed = result["runs"][0], result["runs"][-1]
     except (json.JSONDecodeError, KeyError, IndexError):
         return {"attn_error": ("timed out (deadline)" if rc is None else f"llama-attn-time exited {rc}") +
                 f": {failure_lines(err)}"}
     # llama-bench keeps llama.cpp's log quiet; llama-attn-time prints it, the hook's lines included.
-    fields = {"attn_command": " ".join(cmd), "stats_available": result.get("stats_available"), **crisp_log(err)}
+    fields = {"attn_command": " ".join(cmd), "stats_available": result.get("stats_available"), **crisp_log(err),
+              "attn_passes": len(result["runs"]), "attention_ms_first_pass": first.get("attention_ms")}
     for key in ("wall_ms", "attention_ms", "other_nodes_ms", "outside_nodes_ms", "attention_share", "attention_nodes",
                 "logits_finite", "max_abs_logit", "logit_correlation_to_previous", "density", "sparse_ops_handled", "sparse_ops_declined", "ms_by_op"):
         fields[("attn_" if key in ("wall_ms", "attention_nodes") else "") + key] = timed.get(key)

@@ -81,6 +81,8 @@ assert doc["complete"] and [r["policy"] for r in doc["rows"]] == ["fa", "dense"]
 for r in doc["rows"]:
     assert "error" not in r and "attn_error" not in r, r
     assert r["mean_ms"] > 0 and 0 < r["attention_share"] < 1 and r["n_ubatch"] == 256, r
+    # --attn-reps 2 (the default): the row's figures from the second pass, the first's kept beside
+    assert r["attn_passes"] == 2 and r["attention_ms_first_pass"] > 0, r
 assert doc["rows"][1]["crisp_computed"] and not doc["rows"][1]["crisp_fallbacks"], doc["rows"][1]
 assert doc["rows"][0]["speedup_vs_fa"] == 1.0
 PY
@@ -89,6 +91,10 @@ python3 "$repo_root/scripts/llama_bench.py" --bin "$bin" --model "$work/tiny.ggu
   --json "$work/bad.json" 2> "$work/grid_bad.err"
 rc=$?
 [ "$rc" -eq 2 ] && grep -q "sparse" "$work/grid_bad.err" || fail "llama_bench.py --policies fa,sparse: exit $rc"
+python3 "$repo_root/scripts/llama_bench.py" --bin "$bin" --model "$work/tiny.gguf" --attn-reps 0 \
+  --json "$work/bad.json" 2> "$work/grid_bad.err"
+rc=$?
+[ "$rc" -eq 2 ] && grep -q -- "--attn-reps" "$work/grid_bad.err" || fail "llama_bench.py --attn-reps 0: exit $rc"
 
 if [ "$failures" -gt 0 ]; then
   echo "$failures check(s) failed"
