@@ -94,15 +94,6 @@ def probe_cell(summary, name, baseline, min_kept):
     return ok, f"kept {row['kept_of_dense']}/{need}{' ok' if ok else ''}"
 
 
-def probe_point_name(name, runs):
-    """The probe names a point by its spec (`crisp:knob=v;knob=v`), the frontier JSON by its point name."""
-    for points in runs.values():
-        row = points.get(name)
-        if row is not None:
-            return point_spec(row)
-    return name
-
-
 def pick(runs, policy, baseline, min_kept, max_ratio, probes=()):
     candidates = sorted({name for points in runs.values() for name, row in points.items()
                          if row["policy"] == policy and name != baseline})
@@ -133,7 +124,7 @@ def pick(runs, policy, baseline, min_kept, max_ratio, probes=()):
             worst_ratio = max(worst_ratio, ratio)
             cells.append(f"{row['correct']}/{need} {ratio:.2f}x{' ok' if ok else ''}")
         for _, summary in probes:
-            ok, cell = probe_cell(summary, probe_point_name(name, runs), baseline, min_kept)
+            ok, cell = probe_cell(summary, name, baseline, min_kept)
             qualified += ok
             cells.append(cell)
         table.append((-qualified, worst_ratio, name, spec, cells))

@@ -44,11 +44,11 @@ CudaOptions resolve_kernel_override(const CudaOptions& cuda);
 // The planner's per-stage timing (CRISP_PLAN_TIMING=1: one line of CUDA-event times on stderr per
 // plan_async, after a stream synchronisation). A profiling switch that never changes a result; read
 // here, beside CRISP_KERNEL, so that src/options.cpp is the one file that reads the environment.
-bool plan_stage_timing_requested();
-// CRISP_PLAN_TIMING=host: one line per plan_async of the host's own time in its parts (the checks,
-// the planner workspace — marked when it was made for a new shape —, the kernels' launches, the
-// work order), without synchronising: where a caller's host waits inside plan_async.
-bool plan_host_timing_requested();
+// CRISP_PLAN_TIMING=host instead: one line per plan_async of the host's own time in its parts (the
+// checks, the planner workspace — marked when it was made for a new shape —, the kernels' launches,
+// the work order), without synchronising: where a caller's host waits inside plan_async.
+enum class PlanTiming { off, stages, host };
+PlanTiming plan_timing_requested();
 
 // ---------------------------------------------------------------- validation (src/api.cpp)
 // Returns {0, tokens} for an empty list; otherwise checks cu_seqlens against `tokens` and

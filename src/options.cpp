@@ -138,18 +138,11 @@ CudaOptions resolve_kernel_override(const CudaOptions& cuda) {
   return resolved;
 }
 
-bool plan_stage_timing_requested() {
-  static const bool requested = [] {
+PlanTiming plan_timing_requested() {
+  static const PlanTiming requested = [] {
     const char* v = std::getenv("CRISP_PLAN_TIMING");
-    return v != nullptr && v[0] != '\0' && v[0] != '0' && std::strcmp(v, "host") != 0;
-  }();
-  return requested;
-}
-
-bool plan_host_timing_requested() {
-  static const bool requested = [] {
-    const char* v = std::getenv("CRISP_PLAN_TIMING");
-    return v != nullptr && std::strcmp(v, "host") == 0;
+    if (v == nullptr || v[0] == '\0' || v[0] == '0') return PlanTiming::off;
+    return std::strcmp(v, "host") == 0 ? PlanTiming::host : PlanTiming::stages;
   }();
   return requested;
 }

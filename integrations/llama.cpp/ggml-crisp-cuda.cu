@@ -60,25 +60,18 @@ static bool sync_check_requested() {
 // CRISP_HOOK_TIMING=host: the same stages without the synchronisations, each the host's own time
 // (a stage that blocks — a synchronisation, cudaFree, a synchronous copy — shows how long the host
 // waited there); for where the host's time goes in a run that keeps its asynchrony.
-static bool timing_requested() {
-  static const bool requested = [] {
+enum class HookTiming { off, synchronised, host };
+static HookTiming timing_mode() {
+  static const HookTiming mode = [] {
     const char * value = std::getenv("CRISP_HOOK_TIMING");
-    return value != nullptr && std::strcmp(value, "0") != 0 && value[0] != '\0';
+    if (value == nullptr || value[0] == '\0' || std::strcmp(value, "0") == 0) return HookTiming::off;
+    return std::strcmp(value, "host") == 0 ? HookTiming::host : HookTiming::synchronised;
   }();
-  return requested;
-}
-static bool timing_host_only() {
-  static const bool host = [] {
-    const char * value = std::getenv("CRISP_HOOK_TIMING");
-    return value != nullptr && std::strcmp(value, "host") == 0;
-  }();
-  return host;
+  return mode;
 }
 
 struct StageTimes {
   struct Total {
-    long long calls = 0;
-    double seconds = 0;
     std::vector<double> each;  // seconds of every call, in order
   };
   std::mutex mutex;
@@ -87,11 +80,14 @@ struct StageTimes {
   ~StageTimes() {
     if (totals.empty()) return;
     std::fprintf(stderr, "crisp: CRISP_HOOK_TIMING (CUDA hook, %s)\n",
-                 timing_host_only() ? "host time of each stage, no synchronisation added"
-                                    : "stream synchronised at every stage");
+                 timing_mode() == HookTiming::host ? "host time of each stage, no synchronisation added"
+                                                   : "stream synchronised at every stage");
     std::fprintf(stderr, "crisp:   %-58s %8s %10s %10s %12s %10s\n", "stage", "calls", "total ms", "us/call",
                  "first us", "median us");
     for (auto & [name, t] : totals) {
+      const auto calls = static_cast<long long>(t.each.size());
+      double seconds = 0.0;
+      for (const double s : t.each) seconds += s;
       const double first = t.each.empty() ? 0.0 : t.each.front();
       std::vector<double> later(t.each.size() > 1 ? t.each.begin() + 1 : t.each.end(), t.each.end());
       double median = 0.0;
@@ -99,8 +95,8 @@ struct StageTimes {
         std::nth_element(later.begin(), later.begin() + later.size() / 2, later.end());
         median = later[later.size() / 2];
       }
-      std::fprintf(stderr, "crisp:   %-58s %8lld %10.3f %10.1f %12.1f %10.1f\n", name.c_str(), t.calls,
-                   t.seconds * 1e3, t.calls ? t.seconds * 1e6 / t.calls : 0.0, first * 1e6, median * 1e6);
+      std::fprintf(stderr, "crisp:   %-58s %8lld %10.3f %10.1f %12.1f %10.1f\n", name.c_str(), calls,
+                   seconds * 1e3, calls ? seconds * 1e6 / calls : 0.0, first * 1e6, median * 1e6);
     }
   }
 };
@@ -110,19 +106,16 @@ StageTimes g_stage_times;
 // One mark per host thread would be needed for several devices driven at once; the hook's ops of one
 // device are serial, which is what the timing is for.
 static void time_stage(ggml_backend_cuda_context & ctx, const char * stage, bool first = false) {
-  if (!timing_requested()) return;
-  if (!timing_host_only()) CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+  const HookTiming mode = timing_mode();
+  if (mode == HookTiming::off) return;
+  if (mode == HookTiming::synchronised) CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(g_stage_times.mutex);
   if (!first) {
     auto it = std::find_if(g_stage_times.totals.begin(), g_stage_times.totals.end(),
                            [&](const auto & entry) { return entry.first == stage; });
     if (it == g_stage_times.totals.end()) it = g_stage_times.totals.insert(it, {stage, {}});
-    StageTimes::Total & t = it->second;
-    const double seconds = std::chrono::duration<double>(now - g_stage_times.last).count();
-    t.calls += 1;
-    t.seconds += seconds;
-    t.each.push_back(seconds);
+    it->second.each.push_back(std::chrono::duration<double>(now - g_stage_times.last).count());
   }
   g_stage_times.last = now;
 }

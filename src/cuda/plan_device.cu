@@ -354,7 +354,8 @@ namespace {
 // (it synchronises, so it is not for graph capture); meant for profiling the planner.
 class StageTimer {
  public:
-  explicit StageTimer(cudaStream_t stream) : stream_(stream), enabled_(crisp::detail::plan_stage_timing_requested()) {
+  explicit StageTimer(cudaStream_t stream)
+      : stream_(stream), enabled_(crisp::detail::plan_timing_requested() == crisp::detail::PlanTiming::stages) {
     mark("start");
   }
   ~StageTimer() {
@@ -826,7 +827,7 @@ bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d, cons
 void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& block_table, const Config& config,
                     cuda::DevicePlan& plan, PlanWorkspace& pw, cudaStream_t stream) {
   using Clock = std::chrono::steady_clock;
-  const bool host_timing = crisp::detail::plan_host_timing_requested();
+  const bool host_timing = crisp::detail::plan_timing_requested() == crisp::detail::PlanTiming::host;
   const Clock::time_point t_start = host_timing ? Clock::now() : Clock::time_point{};
   config.validate();
   const DevicePlanView& view = view_of(plan);
