@@ -25,9 +25,9 @@
 #      split of a pick that met the bar), then the planner at Gemma 3's shape, Gemma 3 in llama.cpp
 #      on each kernel and against llama.cpp's flash attention, bench/compare.py, the 8B-shaped
 #      model's chunked prefill at 64k.
-#   PIPE_PHASE=hostdiag: the GPU tests, then the 8B-shaped model at 64k: fa and crisp alternated,
-#      crisp with the hook's and the planner's host timing, every attention node timed (no models
-#      to carry).
+#   PIPE_PHASE=hostdiag: the GPU tests and test-ggml-crisp, then the 8B-shaped model at 64k: fa
+#      and crisp alternated, crisp with the hook's and the planner's host timing, every attention
+#      node timed, and a pair at 32k and at 128k (no models to carry).
 #   PIPE_PHASE=diag: Gemma 3's 16k / 32k test split beside the GPU tests, then the planner's
 #      kernel profile (128k x 32 heads; Gemma 3's shape), the crossover, the hook's timing and
 #      `crisp bench` 128k / 512k.
@@ -106,6 +106,7 @@ hook_timing() {  # hook_timing NAME MODEL POLICY [ENV...]
 # one crisp run with the hook's and the planner's host timing (no synchronisations added), then
 # every attention node timed on its own for both.
 if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
+  step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda  # the hook, beside the GPU tests
   wait  # the GPU tests and the 8B-shaped GGUF
   log "GPU tests and the GGUF done"
   for run in fa_1 crisp_1 fa_2 crisp_2 fa_3 crisp_3 crisp_host; do
@@ -118,6 +119,14 @@ if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
     flag=(); [ $policy = crisp ] && flag=(--sparse-prefill crisp)
     step "attn_time_8b_64k_$policy" 150 "$BIN/llama-attn-time" -m "$GGUF_8B" --tokens 65536 --reps 1 -fa -ngl 99 \
       -b 65536 -ub 2048 --warmup-tokens 512 "${flag[@]}"
+  done
+  # The issue's other lengths, one pair each (the 64k runs above say how far a pair can drift).
+  for n in 32768 131072; do
+    for run in fa crisp; do
+      policy=(); [ $run = fa ] || policy=(--sparse-prefill crisp)
+      step "llama8b_$((n / 1024))k_$run" 180 "$BIN/llama-bench" -m "$GGUF_8B" -p $n -n 0 -fa 1 -b $n -ub 2048 -ngl 99 \
+        -r 1 --no-warmup "${policy[@]}"
+    done
   done
   log "pipeline done (hostdiag)"
   exit 0

@@ -68,7 +68,11 @@ bool gqa_packing_applies(int block_size, int64_t group_size);
 // workspace of at least bytes_required(...) bytes instead; the DevicePlan then allocates nothing
 // and never frees it, and the workspace must outlive the DevicePlan. Apart from its buffers the
 // DevicePlan holds host-side copies of the shape; constructing one copies the per-sequence bases
-// to the device synchronously (once per batch shape).
+// to the device, synchronously (a device synchronisation), or on a stream given to the workspace
+// constructor, with no synchronisation: a caller that makes a DevicePlan per shape on memory it
+// reuses (an engine's ubatches) then pays no host wait at all. The planner's own workspace
+// (plan_async) is kept per DevicePlan and, when the DevicePlan is destroyed, kept for the next one
+// (release_cached_workspaces frees those).
 //
 // Capacity grows as N(N+1)/2 int32 columns per (sequence, head): ~1.07 GB for 32 heads at
 // n = 512k, B = 128; bytes_required says exactly.
@@ -83,9 +87,14 @@ class DevicePlan {
   DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const Batch& batch,
              const Config& config);
   // Same, on a caller-provided device workspace (see above). Throws crisp::Error naming
-  // "workspace" when it is null, not 256-byte aligned, or smaller than bytes_required.
+  // "workspace" when it is null, not 256-byte aligned, or smaller than bytes_required. With a
+  // `stream` (a cudaStream_t, not null) the shape's tables are written into the workspace in that
+  // stream's order, without synchronising: work enqueued earlier on `stream` that still reads the
+  // workspace (a DevicePlan it held before) finishes first, and the DevicePlan must be used on
+  // `stream` first (or other streams ordered after it with an event). Without one (null), the
+  // copy is synchronous and ends in a device synchronisation.
   DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const Batch& batch,
-             const Config& config, void* workspace, std::size_t workspace_bytes);
+             const Config& config, void* workspace, std::size_t workspace_bytes, void* stream = nullptr);
   // Allocates for the shape of `plan` (cudaMalloc) and uploads it on `stream`.
   explicit DevicePlan(const Plan& plan, void* stream = nullptr);
 
@@ -153,6 +162,11 @@ class DevicePlan {
 // contiguously (kv_tokens = total_keys()).
 void plan_async(const TensorView& q, const TensorView& k, const Config& config, DevicePlan& plan,
                 void* stream = nullptr, const BlockTable& block_table = {});
+
+// Frees the planner workspaces kept for reuse after their DevicePlans were destroyed (at most two
+// per device, sized for the largest shape planned; cudaFree, which synchronises the device). Like
+// torch.cuda.empty_cache: for a caller done with long prompts that wants the memory back.
+void release_cached_workspaces();
 
 // Block-sparse causal attention (spec §6) following the device plan, on `stream`, with no host
 // synchronisation. A plan of chunks (queries over a KV prefix, spec §11) computes only its query

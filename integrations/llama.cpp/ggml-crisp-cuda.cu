@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -297,12 +298,18 @@ static unsigned long long * kept_counter(int device) {
 }
 
 // ---------------------------------------------------------------- device plans, cached per shape
-// A DevicePlan is made for one batch shape and owns its buffers and planner workspace (cudaMalloc:
-// making one, or dropping one, synchronises). Every layer of a ubatch has the same shape, so the
+// A DevicePlan is made for one batch shape. Every layer of a ubatch has the same shape, so the
 // plan of the shape is made once per ubatch and reused by all its layers; a later ubatch (a longer
-// prefix) is a new shape. NOTE: 4 shapes kept per device: the current ubatch's, and a few for
-// models whose layers differ in heads or head dim; the least recently used goes first.
+// prefix) is a new shape. Each cached plan lives in device memory of its slot that the hook keeps
+// and grows (never frees while it runs), and is made on the op's stream: a new shape costs no
+// host synchronisation (a DevicePlan of its own would cudaMalloc, copy synchronously and, when
+// evicted, cudaFree, each a device-wide wait; crisp keeps the planner's workspace of a destroyed
+// DevicePlan for the next). NOTE: 4 shapes kept per device: the current ubatch's, and a few for
+// models whose layers differ in heads or head dim; the least recently used slot is reused first.
 constexpr size_t kCachedPlans = 4;
+// NOTE: a slot that must grow takes 1.25x what the shape needs: the next ubatch's plan (a longer
+// prefix) then usually fits without another cudaFree / cudaMalloc.
+constexpr double kSlotGrowth = 1.25;
 
 struct PlanKey {
   int device;
@@ -314,30 +321,59 @@ struct PlanKey {
   }
 };
 
-std::mutex g_plans_mutex;
-std::list<std::pair<PlanKey, std::shared_ptr<crisp::cuda::DevicePlan>>> g_plans;  // most recent first
+struct PlanSlot {
+  PlanKey key{};
+  std::shared_ptr<crisp::cuda::DevicePlan> plan;  // null while the slot is being refilled
+  void * memory = nullptr;                        // the slot's device memory (never freed while the process runs)
+  size_t capacity = 0;
+  cudaEvent_t last_use = nullptr;  // recorded after each op that used the plan
+  cudaStream_t last_stream = nullptr;
+};
 
-static std::shared_ptr<crisp::cuda::DevicePlan> plan_for(const PlanKey & key, const crisp::Config & config) {
-  std::lock_guard<std::mutex> lock(g_plans_mutex);
-  for (auto it = g_plans.begin(); it != g_plans.end(); ++it)
-    if (it->first == key) {
-      g_plans.splice(g_plans.begin(), g_plans, it);
-      return g_plans.front().second;
+// Per device: a lock held by an op from its plan's lookup until its use is recorded, and the slots.
+std::mutex g_plans_mutex[GGML_CUDA_MAX_DEVICES];
+std::list<PlanSlot> g_plans[GGML_CUDA_MAX_DEVICES];  // most recent first
+
+// The slot of key.device holding the plan of `key` (made on `stream` when new), moved to the
+// front. Called with g_plans_mutex[key.device] held. Throws crisp::Error (the op then declines)
+// when the slot's memory cannot be allocated.
+static PlanSlot & plan_for(const PlanKey & key, const crisp::Config & config, cudaStream_t stream) {
+  std::list<PlanSlot> & plans = g_plans[key.device];
+  for (auto it = plans.begin(); it != plans.end(); ++it)
+    if (it->plan && it->key == key) {
+      plans.splice(plans.begin(), plans, it);
+      return plans.front();
     }
-  int same_device = 0;
-  for (const auto & entry : g_plans) same_device += entry.first.device == key.device;
-  if (same_device >= static_cast<int>(kCachedPlans))
-    for (auto it = g_plans.end(); it != g_plans.begin();) {
-      --it;
-      if (it->first.device == key.device) {
-        g_plans.erase(it);  // the op that used it is ordered before ours on the stream; cudaFree waits for it
-        break;
-      }
-    }
+  if (plans.size() < kCachedPlans) {
+    plans.emplace_front();
+    CUDA_CHECK(cudaEventCreateWithFlags(&plans.front().last_use, cudaEventDisableTiming));
+  } else {
+    plans.splice(plans.begin(), plans, std::prev(plans.end()));  // the least recent
+  }
+  PlanSlot & slot = plans.front();
+  // The old plan's ops on another stream finish before the new plan's set-up overwrites the memory
+  // (on the same stream they are ordered already).
+  if (slot.plan && slot.last_stream != stream) CUDA_CHECK(cudaStreamWaitEvent(stream, slot.last_use, 0));
+  slot.plan.reset();  // its planner workspace goes to crisp's spares
+  slot.key = key;
   const crisp::Batch batch({0, key.n_q}, {0, key.n_k});
-  auto plan = std::make_shared<crisp::cuda::DevicePlan>(key.q_heads, key.kv_heads, key.head_dim, batch, config);
-  g_plans.emplace_front(key, plan);
-  return plan;
+  const size_t need = crisp::cuda::DevicePlan::bytes_required(key.q_heads, batch, key.block_size);
+  if (need > slot.capacity) {
+    if (slot.memory) CUDA_CHECK(cudaFree(slot.memory));  // waits for the work still reading it
+    slot.memory = nullptr;
+    slot.capacity = 0;
+    const size_t want = static_cast<size_t>(static_cast<double>(need) * kSlotGrowth);
+    if (cudaMalloc(&slot.memory, want) != cudaSuccess) {
+      (void)cudaGetLastError();
+      slot.memory = nullptr;
+      throw crisp::Error("sparse prefill", "cudaMalloc of " + std::to_string(want) + " bytes for the plan failed",
+                         "free device memory for crisp's plan of the ubatch");
+    }
+    slot.capacity = want;
+  }
+  slot.plan = std::make_shared<crisp::cuda::DevicePlan>(key.q_heads, key.kv_heads, key.head_dim, batch, config,
+                                                        slot.memory, slot.capacity, stream);
+  return slot;
 }
 
 static bool cuda_head_dim_supported(int64_t head_dim) { return crisp::cuda::head_dim_supported(head_dim); }
@@ -392,7 +428,9 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
   CUDA_CHECK(cudaGetLastError());
   sync_check(ctx, dst, "after Q's conversion into the pool");
   const PlanKey key{ctx.device, heads, kv_heads, d, n_q, n_k, config.block_size};
-  const std::shared_ptr<crisp::cuda::DevicePlan> plan = plan_for(key, config);
+  std::unique_lock<std::mutex> plans_lock(g_plans_mutex[ctx.device]);  // until the slot's use is recorded
+  PlanSlot & slot = plan_for(key, config, stream);
+  const std::shared_ptr<crisp::cuda::DevicePlan> plan = slot.plan;
   sync_check(ctx, dst, "after making or reusing the DevicePlan of the shape");
   crisp::cuda::plan_async(qv, kv, config, *plan, stream);
   sync_check(ctx, dst, "after crisp::cuda::plan_async");
@@ -405,6 +443,9 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
   out_to_f32_kernel<T><<<element_blocks(n), kElementThreads, 0, stream>>>(out_scratch.get(), n,
                                                                          static_cast<float *>(dst->data));
   CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaEventRecord(slot.last_use, stream));
+  slot.last_stream = stream;
+  plans_lock.unlock();
   sync_check(ctx, dst, "after O's conversion into dst");
   count_blocks(0, heads * causal_blocks_of_op(n_past, n_q, config.block_size));
 }

@@ -217,7 +217,9 @@ std::unique_ptr<DevicePlan::Impl> make_impl(int64_t num_q_heads, int64_t num_kv_
   return impl;
 }
 
-void bind(DevicePlan::Impl& impl, void* memory) {
+// Points the view into `memory` and copies the sequence bases there: synchronously without a
+// stream (finish_setup_copies), else in `stream`'s order (upload_async).
+void bind(DevicePlan::Impl& impl, void* memory, cudaStream_t stream, bool on_stream) {
   impl.memory = memory;
   char* base = static_cast<char*>(memory);
   const auto& o = impl.offsets;
@@ -253,10 +255,14 @@ void bind(DevicePlan::Impl& impl, void* memory) {
     v.sort_temp_bytes = o.sort_temp_bytes;
   }
   v.work_order_ready = false;
-  // The bases are part of the batch shape: copied once, synchronously, here.
-  CRISP_CUDA_CHECK(cudaMemcpy(base + o.seqs, impl.bases.data(),
-                              impl.bases.size() * sizeof(layout::SequenceBases), cudaMemcpyHostToDevice));
-  cuda_detail::finish_setup_copies();
+  // The bases are part of the batch shape: copied once, here.
+  const std::size_t bytes = impl.bases.size() * sizeof(layout::SequenceBases);
+  if (on_stream) {
+    cuda_detail::upload_async(base + o.seqs, impl.bases.data(), bytes, stream);
+  } else {
+    CRISP_CUDA_CHECK(cudaMemcpy(base + o.seqs, impl.bases.data(), bytes, cudaMemcpyHostToDevice));
+    cuda_detail::finish_setup_copies();
+  }
 }
 
 DevicePlan::Impl& need(const std::unique_ptr<DevicePlan::Impl>& impl) {
@@ -298,12 +304,12 @@ DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_d
                 "enough free device memory (see DevicePlan::bytes_required), or a caller workspace");
   }
   impl_->owns = true;
-  bind(*impl_, memory);
+  bind(*impl_, memory, nullptr, /*on_stream=*/false);
 }
 
 DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                        const Batch& batch, const Config& config, void* workspace,
-                       std::size_t workspace_bytes)
+                       std::size_t workspace_bytes, void* stream)
     : impl_(make_impl(num_q_heads, num_kv_heads, head_dim, batch, config)) {
   if (workspace == nullptr) throw Error("workspace", "is null", "a device pointer");
   if (reinterpret_cast<std::uintptr_t>(workspace) % cuda_detail::kBufferAlignment != 0)
@@ -311,7 +317,7 @@ DevicePlan::DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_d
   if (workspace_bytes < impl_->offsets.total)
     throw Error("workspace", "holds " + std::to_string(workspace_bytes) + " bytes",
                 "at least " + std::to_string(impl_->offsets.total) + " (DevicePlan::bytes_required)");
-  bind(*impl_, workspace);
+  bind(*impl_, workspace, static_cast<cudaStream_t>(stream), /*on_stream=*/stream != nullptr);
 }
 
 DevicePlan::DevicePlan(const Plan& plan, void* stream)

@@ -11,8 +11,9 @@
 //   6. layout: row counts, scan into row_ptr + nnz, columns.
 //
 // Workspace: plan_async keeps one planning workspace per DevicePlan (one cudaMalloc, made on the
-// first call and again only when the shape or the parts the config needs grow); call plan_async
-// once before capturing it in a graph. cuda_plan uses a workspace of its own, freed on return.
+// first call and again only when the shape or the parts the config needs outgrow it; a destroyed
+// DevicePlan's workspace is kept as a spare for the next one); call plan_async once before
+// capturing it in a graph. cuda_plan uses a workspace of its own, freed on return.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,6 +54,9 @@ namespace {
 // small against the streamed keys.
 constexpr int kProxyItemsPerSm = 4;
 constexpr int64_t kProxyMinTilesPerItem = 8;
+// NOTE: a planner workspace that must grow takes at least 1.5x its old size: a prompt prefilled in
+// 2k-token chunks up to 64k then reallocates about 9 times instead of 32.
+constexpr double kWorkspaceGrowth = 1.5;
 
 constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
@@ -101,28 +105,54 @@ struct Shape {
 
 }  // namespace
 
-// The planner's temporary device memory for one batch shape (one allocation).
+// The planner's temporary device memory for one batch shape (one allocation, reused).
+//
+// A new shape re-lays the buffers out in the memory it has and allocates only when that is too
+// small (growing by kWorkspaceGrowth, so a prompt prefilled in chunks, whose shape grows with every
+// chunk, reallocates a few times rather than every chunk). The shape tables go up in the stream's
+// order (upload_async) and the histograms are cleared there too, so a new shape costs no host
+// synchronisation unless the memory grows (cudaFree and cudaMalloc synchronise). Work of an
+// earlier call on another stream is waited for with an event (begin_use / end_use).
 class PlanWorkspace {
  public:
   PlanWorkspace() = default;
-  ~PlanWorkspace() {
-    if (memory_ != nullptr) cudaFree(memory_);  // no throw from a destructor
+  ~PlanWorkspace() {  // no throw from a destructor
+    if (memory_ != nullptr) cudaFree(memory_);
+    if (last_use_ != nullptr) cudaEventDestroy(last_use_);
   }
   PlanWorkspace(const PlanWorkspace&) = delete;
   PlanWorkspace& operator=(const PlanWorkspace&) = delete;
 
-  // (Re)allocates when the shape differs or the config needs buffers this one lacks; returns
-  // whether it did.
-  bool ensure(const Shape& shape, const Needs& needs) {
+  // Makes `stream` wait for the work of the previous call when that ran on another stream (a
+  // stream being captured into a graph neither waits nor records: its work runs at replay).
+  void begin_use(cudaStream_t stream) {
+    CRISP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture_));
+    if (capture_ != cudaStreamCaptureStatusNone) return;
+    if (recorded_ && stream != last_stream_) CRISP_CUDA_CHECK(cudaStreamWaitEvent(stream, last_use_, 0));
+  }
+  // Marks the end of this call's work on `stream`.
+  void end_use(cudaStream_t stream) {
+    if (capture_ != cudaStreamCaptureStatusNone) return;
+    if (last_use_ == nullptr) CRISP_CUDA_CHECK(cudaEventCreateWithFlags(&last_use_, cudaEventDisableTiming));
+    CRISP_CUDA_CHECK(cudaEventRecord(last_use_, stream));
+    last_stream_ = stream;
+    recorded_ = true;
+  }
+
+  // Lays the buffers out for `shape` when it differs from the last one or the config needs
+  // buffers this layout lacks; returns whether it did (a new shape). Call between begin_use and
+  // end_use on the same stream.
+  bool ensure(const Shape& shape, const Needs& needs, cudaStream_t stream) {
     if (memory_ != nullptr && shape == shape_ && covers(needs_, needs)) return false;
-    release();
     shape_ = shape;
     needs_ = needs;
     build_items();
-    allocate();
+    lay_out(stream);
     return true;
   }
 
+  int device() const { return device_; }          // -1 before the first allocation
+  std::size_t capacity() const { return capacity_; }
   const Shape& shape() const { return shape_; }
   const Workspace& ws() const { return ws_; }
   const ProxyWorkItem* items() const { return items_dev_; }
@@ -147,10 +177,25 @@ class PlanWorkspace {
   double* bin_sums() { return bin_sums_; }
 
  private:
-  void release() {
+  // Room for `bytes`: the memory held when it is large enough, else a larger allocation (the old
+  // one freed first: cudaFree waits for the work still reading it).
+  void reserve(std::size_t bytes) {
+    if (memory_ != nullptr && bytes <= capacity_) return;
+    const std::size_t grown = static_cast<std::size_t>(static_cast<double>(capacity_) * kWorkspaceGrowth);
+    const std::size_t want = std::max(bytes, grown);
     if (memory_ != nullptr) CRISP_CUDA_CHECK(cudaFree(memory_));
     memory_ = nullptr;
-    bytes_ = 0;
+    capacity_ = 0;
+    const cudaError_t status = cudaMalloc(&memory_, want);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      memory_ = nullptr;
+      throw Error("plan workspace", "cudaMalloc of " + std::to_string(want) + " bytes failed (" +
+                                        cudaGetErrorString(status) + ")",
+                  "enough free device memory for the planner's workspace");
+    }
+    capacity_ = want;
+    CRISP_CUDA_CHECK(cudaGetDevice(&device_));
   }
 
   void build_items() {
@@ -213,7 +258,7 @@ class PlanWorkspace {
     }
   }
 
-  void allocate() {
+  void lay_out(cudaStream_t stream) {
     const Shape& sh = shape_;
     const std::size_t S = sh.bases.size();
     slots_ = static_cast<int64_t>(S) * sh.H;
@@ -267,14 +312,7 @@ class PlanWorkspace {
     const std::size_t o_hist_mass = take(slots_ * kSelectBins * sizeof(double));
     bytes_ = at;
 
-    const cudaError_t status = cudaMalloc(&memory_, bytes_);
-    if (status != cudaSuccess) {
-      (void)cudaGetLastError();
-      memory_ = nullptr;
-      throw Error("plan workspace", "cudaMalloc of " + std::to_string(bytes_) + " bytes failed (" +
-                                        cudaGetErrorString(status) + ")",
-                  "enough free device memory for the planner's workspace");
-    }
+    reserve(bytes_);
     char* base = static_cast<char*>(memory_);
     items_dev_ = reinterpret_cast<ProxyWorkItem*>(base + o_items);
     item_base_dev_ = reinterpret_cast<int64_t*>(base + o_item_base);
@@ -310,16 +348,14 @@ class PlanWorkspace {
     hist_count_ = reinterpret_cast<unsigned long long*>(base + o_hist_count);
     hist_mass_ = reinterpret_cast<double*>(base + o_hist_mass);
 
-    // The shape tables, once per shape (synchronous, like DevicePlan's sequence bases).
-    if (!items_.empty())
-      CRISP_CUDA_CHECK(cudaMemcpy(items_dev_, items_.data(), items_.size() * sizeof(ProxyWorkItem), cudaMemcpyHostToDevice));
-    CRISP_CUDA_CHECK(cudaMemcpy(item_base_dev_, item_base_.data(), S * sizeof(int64_t), cudaMemcpyHostToDevice));
-    CRISP_CUDA_CHECK(cudaMemcpy(splits_dev_, splits_.data(), S * sizeof(int32_t), cudaMemcpyHostToDevice));
-    CRISP_CUDA_CHECK(cudaMemcpy(estimated_dev_, sh.estimated.data(), S * sizeof(int8_t), cudaMemcpyHostToDevice));
+    // The shape tables, once per shape, in the stream's order.
+    upload_async(items_dev_, items_.data(), items_.size() * sizeof(ProxyWorkItem), stream);
+    upload_async(item_base_dev_, item_base_.data(), S * sizeof(int64_t), stream);
+    upload_async(splits_dev_, splits_.data(), S * sizeof(int32_t), stream);
+    upload_async(estimated_dev_, sh.estimated.data(), S * sizeof(int8_t), stream);
     // The histogram bins start at zero; each scan clears what it used.
-    CRISP_CUDA_CHECK(cudaMemset(hist_count_, 0, slots_ * kSelectBins * sizeof(unsigned long long)));
-    CRISP_CUDA_CHECK(cudaMemset(hist_mass_, 0, slots_ * kSelectBins * sizeof(double)));
-    finish_setup_copies();
+    CRISP_CUDA_CHECK(cudaMemsetAsync(hist_count_, 0, slots_ * kSelectBins * sizeof(unsigned long long), stream));
+    CRISP_CUDA_CHECK(cudaMemsetAsync(hist_mass_, 0, slots_ * kSelectBins * sizeof(double), stream));
   }
 
   Shape shape_;
@@ -328,7 +364,13 @@ class PlanWorkspace {
   std::vector<int64_t> item_base_;
   std::vector<int32_t> splits_;
   void* memory_ = nullptr;
-  std::size_t bytes_ = 0;
+  std::size_t bytes_ = 0;     // in use by the current layout
+  std::size_t capacity_ = 0;  // allocated
+  int device_ = -1;
+  cudaEvent_t last_use_ = nullptr;
+  cudaStream_t last_stream_ = nullptr;
+  bool recorded_ = false;
+  cudaStreamCaptureStatus capture_ = cudaStreamCaptureStatusNone;
   Workspace ws_;
   ProxyWorkItem* items_dev_ = nullptr;
   int64_t* item_base_dev_ = nullptr;
@@ -860,7 +902,8 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
                 "a head dim whose proxy fits the device (sm_90: every supported head dim), or bf16 / f16 inputs "
                 "whose tensor-core proxy fits");
   const Clock::time_point t_checked = host_timing ? Clock::now() : Clock::time_point{};
-  const bool new_workspace = pw.ensure(sh, needs);
+  pw.begin_use(stream);
+  const bool new_workspace = pw.ensure(sh, needs, stream);
   const Clock::time_point t_workspace = host_timing ? Clock::now() : Clock::time_point{};
   const double scale = plan.softmax_scale();
   switch (q.dtype) {
@@ -871,6 +914,7 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
   }
   const Clock::time_point t_kernels = host_timing ? Clock::now() : Clock::time_point{};
   build_work_order(mutable_view_of(plan), stream);
+  pw.end_use(stream);
   if (host_timing) {
     const auto ms = [](Clock::time_point a, Clock::time_point b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
@@ -888,31 +932,69 @@ namespace cuda {
 
 namespace {
 // One planning workspace per live DevicePlan, keyed by its view's buffer address; the entry is
-// erased when that DevicePlan is destroyed (cuda_detail::release_planner_workspace). The map is
-// never destroyed: a DevicePlan held by a static object (a cache of plans in a library, as
-// llama.cpp's CUDA hook keeps) is destroyed at exit after a function-local static made later
-// would be, and would then erase from a destroyed map and free its workspace a second time.
+// erased when that DevicePlan is destroyed (cuda_detail::release_planner_workspace) and its
+// workspace kept as a spare for the next DevicePlan planned on the same device, so that a caller
+// who makes a DevicePlan per shape (llama.cpp's hook: one per ubatch) does not allocate and free
+// a workspace each time. The maps are never destroyed: a DevicePlan held by a static object (a
+// cache of plans in a library, as llama.cpp's CUDA hook keeps) is destroyed at exit after a
+// function-local static made later would be, and would then erase from a destroyed map and free
+// its workspace a second time.
+using cuda_detail::planner::PlanWorkspace;
+// NOTE: spares kept per device: one for the DevicePlan that replaces the one destroyed, one more
+// for a caller that keeps two shapes in flight (a model whose layers differ in heads).
+constexpr std::size_t kSpareWorkspaces = 2;
+
 std::mutex& workspace_mutex() {
   static std::mutex m;  // trivially destructible
   return m;
 }
-std::map<const void*, std::unique_ptr<cuda_detail::planner::PlanWorkspace>>& workspaces() {
-  static auto* w = new std::map<const void*, std::unique_ptr<cuda_detail::planner::PlanWorkspace>>;
+std::map<const void*, std::unique_ptr<PlanWorkspace>>& workspaces() {
+  static auto* w = new std::map<const void*, std::unique_ptr<PlanWorkspace>>;
   return *w;
+}
+std::map<int, std::vector<std::unique_ptr<PlanWorkspace>>>& spare_workspaces() {
+  static auto* s = new std::map<int, std::vector<std::unique_ptr<PlanWorkspace>>>;
+  return *s;
+}
+
+// A spare of `device` (the largest), or a new workspace. Called under workspace_mutex().
+std::unique_ptr<PlanWorkspace> take_spare(int device) {
+  auto it = spare_workspaces().find(device);
+  if (it == spare_workspaces().end() || it->second.empty()) return std::make_unique<PlanWorkspace>();
+  auto& spares = it->second;
+  auto largest = std::max_element(spares.begin(), spares.end(), [](const auto& a, const auto& b) {
+    return a->capacity() < b->capacity();
+  });
+  std::unique_ptr<PlanWorkspace> taken = std::move(*largest);
+  spares.erase(largest);
+  return taken;
 }
 }  // namespace
 
 void plan_async(const TensorView& q, const TensorView& k, const Config& config, DevicePlan& plan, void* stream,
                 const BlockTable& block_table) {
   const void* key = cuda_detail::view_of(plan).seqs;  // unique per live DevicePlan buffer
-  cuda_detail::planner::PlanWorkspace* pw = nullptr;
+  PlanWorkspace* pw = nullptr;
   {
+    int device = 0;
+    CRISP_CUDA_CHECK(cudaGetDevice(&device));
     std::lock_guard<std::mutex> lock(workspace_mutex());
     auto& slot = workspaces()[key];
-    if (!slot) slot = std::make_unique<cuda_detail::planner::PlanWorkspace>();
+    if (!slot) slot = take_spare(device);
     pw = slot.get();
   }
   cuda_detail::planner::plan_on_device(q, k, block_table, config, plan, *pw, static_cast<cudaStream_t>(stream));
+}
+
+void release_cached_workspaces() {
+  std::vector<std::unique_ptr<PlanWorkspace>> dying;
+  {
+    std::lock_guard<std::mutex> lock(workspace_mutex());
+    for (auto& [device, spares] : spare_workspaces())
+      for (auto& spare : spares) dying.push_back(std::move(spare));
+    spare_workspaces().clear();
+  }
+  // `dying` frees its device memory here, outside the lock (cudaFree waits for the device).
 }
 
 }  // namespace cuda
@@ -926,10 +1008,16 @@ void cuda_detail::release_planner_workspace(const void* key) noexcept {
     if (it == cuda::workspaces().end()) return;
     dying = std::move(it->second);
     cuda::workspaces().erase(it);
-  } catch (...) {  // a failed lock: leave the entry rather than throw from a destructor
+    // Kept for the next DevicePlan of its device: the work still reading it is ordered before the
+    // next use by that use's begin_use (same stream, or an event).
+    if (dying && dying->device() >= 0) {
+      auto& spares = cuda::spare_workspaces()[dying->device()];
+      if (spares.size() < cuda::kSpareWorkspaces) spares.push_back(std::move(dying));
+    }
+  } catch (...) {  // a failed lock or allocation: leave the entry rather than throw from a destructor
     return;
   }
-  // `dying` frees its device memory here, outside the lock.
+  // `dying`, when not kept, frees its device memory here, outside the lock.
 }
 
 namespace detail {

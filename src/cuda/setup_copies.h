@@ -1,8 +1,11 @@
-// src/cuda/setup_copies.h — the end of the synchronous set-up copies of a new DevicePlan or
-// planner workspace (tables copied with cudaMemcpy, buffers cleared with cudaMemset, into freshly
-// allocated device memory that later kernels read on the caller's stream).
+// src/cuda/setup_copies.h — how a new DevicePlan or planner workspace gets its shape tables (work
+// items, sequence bases) onto the device, into memory that later kernels read on the caller's
+// stream: either synchronously, ending in a device synchronisation (constructors that have no
+// stream), or in that stream's order through pinned staging, with no synchronisation at all.
 #pragma once
 #include <cuda_runtime.h>
+
+#include <cstddef>
 
 #include "cuda/cuda_check.h"
 
@@ -16,6 +19,15 @@ namespace cuda_detail {
 // the same address) and index out of bounds. One synchronisation per new shape, where cudaMalloc
 // and cudaFree already cost about as much.
 inline void finish_setup_copies() { CRISP_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+// Copies `bytes` of host memory at `src` to `dst` on the device, in `stream`'s order: kernels
+// enqueued on `stream` afterwards read the new contents, work enqueued before it (which may
+// still read the old contents) finishes first. `src` may be reused as soon as this returns. The
+// copy goes through a pinned staging ring per device, so it never synchronises the device; the
+// host waits only when the ring wraps onto a copy still in flight (a lap of kStagingBytes ago).
+// Copies larger than the ring go directly from `src` (cudaMemcpyAsync from pageable memory, which
+// may wait for `stream`). Thread-safe.
+void upload_async(void* dst, const void* src, std::size_t bytes, cudaStream_t stream);
 
 }  // namespace cuda_detail
 }  // namespace crisp

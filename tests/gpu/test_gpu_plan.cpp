@@ -21,6 +21,7 @@
 #include "crisp/crisp.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
+#include "cuda/setup_copies.h"
 #include "gpu/gpu_test_util.h"
 
 namespace {
@@ -354,6 +355,93 @@ TEST(GpuPlan, NewPlansOnANonBlockingStreamReadTheirOwnTables) {
     }
   }
   cudaStreamDestroy(stream);
+}
+
+// llama.cpp's hook since session 15: one device buffer reused for a DevicePlan per shape, each made
+// on the op's stream (its bases uploaded in that stream's order, no synchronisation), planned right
+// away, then destroyed, its planner workspace kept as a spare for the next DevicePlan, which lays
+// it out again for a smaller or larger shape (growing it when too small). Shapes alternate
+// between two non-blocking streams, so the workspace's wait for its last use on the other stream
+// is exercised too. Every plan must equal the CPU reference.
+TEST(GpuPlan, PlansMadeOnAStreamInReusedMemoryMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  crisp::cuda::release_cached_workspaces();  // the spares start empty: the first plan allocates
+  const crisp::Config cfg = crisp::Config::from_preset("crisp");
+  struct Prompt {
+    crisp::Workload w;
+    crisp::Plan cpu;
+    std::unique_ptr<DeviceArray> q, k;
+  };
+  std::vector<Prompt> prompts;
+  // Smaller, then larger than the first: the spare is re-laid out in place, then grown.
+  for (const int64_t n : {2048, 512, 6144, 1024}) {
+    Prompt p{crisp::make_workload(crisp_test::workload_spec(4, 2, 64, {n}, 41 + n)), {}, nullptr, nullptr};
+    p.cpu = crisp::plan(p.w.q_view(), p.w.k_view(), cfg, p.w.cu_seqlens);
+    p.q = std::make_unique<DeviceArray>(p.w.q.data(), p.w.q.size() * sizeof(float));
+    p.k = std::make_unique<DeviceArray>(p.w.k.data(), p.w.k.size() * sizeof(float));
+    ASSERT_NE(p.q->ptr, nullptr);
+    ASSERT_NE(p.k->ptr, nullptr);
+    prompts.push_back(std::move(p));
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the inputs' copies rode the legacy stream
+  std::size_t capacity = 0;
+  for (const Prompt& p : prompts)
+    capacity = std::max(capacity, crisp::cuda::DevicePlan::bytes_required(4, p.w.cu_seqlens, cfg.block_size));
+  void* memory = nullptr;
+  ASSERT_EQ(cudaMalloc(&memory, capacity), cudaSuccess);
+  // Poison: a plan that read stale bases would index from these.
+  ASSERT_EQ(cudaMemset(memory, 0x7f, capacity), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStream_t streams[2] = {nullptr, nullptr};
+  for (cudaStream_t& s : streams) ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  // NOTE: 4 rounds of 4 shapes: every shape follows a larger and a smaller one, on either stream.
+  for (int round = 0; round < 4; ++round) {
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      const Prompt& p = prompts[i];
+      cudaStream_t stream = streams[(round + i) % 2];
+      SCOPED_TRACE("round " + std::to_string(round) + ", prompt " + std::to_string(p.w.total_tokens));
+      const auto q_gpu = crisp::TensorView::contiguous(p.q->ptr, crisp::DType::f32, 4, p.w.total_tokens, 64,
+                                                       crisp::Device::cuda);
+      const auto k_gpu = crisp::TensorView::contiguous(p.k->ptr, crisp::DType::f32, 2, p.w.total_tokens, 64,
+                                                       crisp::Device::cuda);
+      crisp::cuda::DevicePlan dplan(4, 2, 64, p.w.cu_seqlens, cfg, memory, capacity, stream);
+      crisp::cuda::plan_async(q_gpu, k_gpu, cfg, dplan, stream);
+      expect_same_plan(dplan.to_host(stream), p.cpu, "plan made on a stream in reused memory");
+    }
+  }
+  for (cudaStream_t s : streams) cudaStreamDestroy(s);
+  cudaFree(memory);
+  crisp::cuda::release_cached_workspaces();
+}
+
+// cuda_detail::upload_async: many copies through the staging ring, more than a lap of it, onto
+// two streams, each checked after all were enqueued (a copy whose staging was overwritten before
+// its DMA ran would show the later copy's bytes).
+TEST(GpuPlan, StagedUploadsLandInStreamOrder) {
+  SKIP_WITHOUT_GPU();
+  // NOTE: 48 copies of 256 KiB = 12 MiB, three laps of the 4 MiB ring, sizes not multiples of 256.
+  constexpr int kCopies = 48;
+  constexpr std::size_t kBytes = (std::size_t{256} << 10) - 40;
+  std::vector<void*> targets(kCopies, nullptr);
+  for (void*& t : targets) ASSERT_EQ(cudaMalloc(&t, kBytes), cudaSuccess);
+  cudaStream_t streams[2] = {nullptr, nullptr};
+  for (cudaStream_t& s : streams) ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<unsigned char> source(kBytes);
+  for (int c = 0; c < kCopies; ++c) {
+    for (std::size_t b = 0; b < kBytes; ++b) source[b] = static_cast<unsigned char>((b * 7 + c * 13) & 0xff);
+    crisp::cuda_detail::upload_async(targets[c], source.data(), kBytes, streams[c % 2]);
+    std::fill(source.begin(), source.end(), 0xee);  // the source may be reused at once
+  }
+  for (cudaStream_t s : streams) ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  std::vector<unsigned char> back(kBytes);
+  for (int c = 0; c < kCopies; ++c) {
+    ASSERT_EQ(cudaMemcpy(back.data(), targets[c], kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::size_t wrong = 0;
+    for (std::size_t b = 0; b < kBytes; ++b) wrong += back[b] != static_cast<unsigned char>((b * 7 + c * 13) & 0xff);
+    EXPECT_EQ(wrong, 0u) << "copy " << c;
+  }
+  for (cudaStream_t s : streams) cudaStreamDestroy(s);
+  for (void* t : targets) cudaFree(t);
 }
 
 // A DevicePlan held by a static object (as llama.cpp's CUDA hook caches its plans) is destroyed at

@@ -1,0 +1,93 @@
+// src/cuda/setup_copies.cu — the pinned staging ring behind cuda_detail::upload_async.
+//
+// Why by hand: cudaMemcpyAsync from pageable memory may synchronise with the stream (the driver
+// stages it itself), and a pinned allocation per table (cudaMallocHost) is itself a synchronising
+// call. One pinned buffer per device, used as a ring, costs one allocation per process.
+#include "cuda/setup_copies.h"
+
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace crisp {
+namespace cuda_detail {
+namespace {
+
+// NOTE: 4 MiB of pinned staging per device. A shape's tables are a few KB to ~100 KB (48-byte
+// proxy work items, a few hundred per sequence; 64-byte sequence bases), so a lap spans many new
+// shapes and the wait at a wrap finds copies long finished.
+constexpr std::size_t kStagingBytes = std::size_t{4} << 20;
+constexpr std::size_t kStagingAlign = 256;  // NOTE: keeps each copy's source aligned for the DMA engine
+
+struct InFlight {
+  std::size_t begin = 0, end = 0;
+  cudaEvent_t done = nullptr;  // recorded on the copy's stream after the copy
+};
+
+struct StagingRing {
+  char* host = nullptr;
+  std::size_t cursor = 0;         // where the next copy's staging starts
+  std::deque<InFlight> in_flight;  // oldest first, laid out in ring order from the oldest
+  std::vector<cudaEvent_t> spare_events;
+};
+
+// Never destroyed: a DevicePlan destroyed at exit after this map would otherwise find it gone.
+std::mutex& staging_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<int, StagingRing>& staging_rings() {
+  static auto* rings = new std::map<int, StagingRing>;
+  return *rings;
+}
+
+void retire(StagingRing& ring) {
+  const InFlight oldest = ring.in_flight.front();
+  ring.in_flight.pop_front();
+  ring.spare_events.push_back(oldest.done);
+  CRISP_CUDA_CHECK(cudaEventSynchronize(oldest.done));
+}
+
+}  // namespace
+
+void upload_async(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  const std::size_t span = (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+  if (span > kStagingBytes) {
+    CRISP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+    return;
+  }
+  int device = 0;
+  CRISP_CUDA_CHECK(cudaGetDevice(&device));  // events belong to the device of the stream
+  std::lock_guard<std::mutex> lock(staging_mutex());
+  StagingRing& ring = staging_rings()[device];
+  if (ring.host == nullptr) CRISP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ring.host), kStagingBytes));
+  if (ring.cursor + span > kStagingBytes) {
+    // Wrap: every copy still recorded lies either in the skipped tail or ahead of the new
+    // staging; all are a lap old, so waiting for them all costs nothing in practice.
+    while (!ring.in_flight.empty()) retire(ring);
+    ring.cursor = 0;
+  }
+  const std::size_t begin = ring.cursor, end = begin + span;
+  // The oldest copies sit right after the cursor (the previous lap): wait for those the new
+  // staging overlaps.
+  while (!ring.in_flight.empty() && ring.in_flight.front().begin >= begin && ring.in_flight.front().begin < end)
+    retire(ring);
+  std::memcpy(ring.host + begin, src, bytes);
+  CRISP_CUDA_CHECK(cudaMemcpyAsync(dst, ring.host + begin, bytes, cudaMemcpyHostToDevice, stream));
+  cudaEvent_t done = nullptr;
+  if (!ring.spare_events.empty()) {
+    done = ring.spare_events.back();
+    ring.spare_events.pop_back();
+  } else {
+    CRISP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  }
+  CRISP_CUDA_CHECK(cudaEventRecord(done, stream));
+  ring.in_flight.push_back({begin, end, done});
+  ring.cursor = end;
+}
+
+}  // namespace cuda_detail
+}  // namespace crisp
