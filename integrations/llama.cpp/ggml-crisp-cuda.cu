@@ -61,14 +61,28 @@ static bool sync_check_requested() {
 // CRISP_HOOK_TIMING=host: the same stages without the synchronisations, each the host's own time
 // (a stage that blocks — a synchronisation, cudaFree, a synchronous copy — shows how long the host
 // waited there); for where the host's time goes in a run that keeps its asynchrony.
-enum class HookTiming { off, synchronised, host };
+// CRISP_HOOK_TIMING=gpu: the same stages on the GPU's clock, without synchronisations: a CUDA event
+// recorded on the stream at each mark, the time between consecutive events read back at the next
+// mask verdict's synchronisation (so the last compute's ops are left out). A stage's time is what
+// the GPU spent between the two points of the stream, its idle time waiting for the host
+// included; the time from one op's last mark to the next op's entry (llama.cpp's other nodes of
+// the layer, and whatever idles between) is its own stage.
+enum class HookTiming { off, synchronised, host, gpu };
 static HookTiming timing_mode() {
   static const HookTiming mode = [] {
     const char * value = std::getenv("CRISP_HOOK_TIMING");
     if (value == nullptr || value[0] == '\0' || std::strcmp(value, "0") == 0) return HookTiming::off;
-    return std::strcmp(value, "host") == 0 ? HookTiming::host : HookTiming::synchronised;
+    if (std::strcmp(value, "host") == 0) return HookTiming::host;
+    return std::strcmp(value, "gpu") == 0 ? HookTiming::gpu : HookTiming::synchronised;
   }();
   return mode;
+}
+static const char * timing_mode_name() {
+  switch (timing_mode()) {
+    case HookTiming::host: return "host time of each stage, no synchronisation added";
+    case HookTiming::gpu: return "GPU time between the stages' marks, no synchronisation added";
+    default: return "stream synchronised at every stage";
+  }
 }
 
 struct StageTimes {
@@ -78,11 +92,18 @@ struct StageTimes {
   std::mutex mutex;
   std::vector<std::pair<std::string, Total>> totals;  // by stage, in the order first seen
   std::chrono::steady_clock::time_point last;
+  // gpu mode: events recorded and not yet read (stage, event), the last one read, spare events.
+  std::vector<std::pair<std::string, cudaEvent_t>> pending;
+  cudaEvent_t last_event = nullptr;
+  std::vector<cudaEvent_t> spare_events;
+  void add(const std::string & stage, double seconds) {
+    auto it = std::find_if(totals.begin(), totals.end(), [&](const auto & entry) { return entry.first == stage; });
+    if (it == totals.end()) it = totals.insert(it, {stage, {}});
+    it->second.each.push_back(seconds);
+  }
   ~StageTimes() {
     if (totals.empty()) return;
-    std::fprintf(stderr, "crisp: CRISP_HOOK_TIMING (CUDA hook, %s)\n",
-                 timing_mode() == HookTiming::host ? "host time of each stage, no synchronisation added"
-                                                   : "stream synchronised at every stage");
+    std::fprintf(stderr, "crisp: CRISP_HOOK_TIMING (CUDA hook, %s)\n", timing_mode_name());
     std::fprintf(stderr, "crisp:   %-58s %8s %10s %10s %12s %10s\n", "stage", "calls", "total ms", "us/call",
                  "first us", "median us");
     for (auto & [name, t] : totals) {
@@ -109,16 +130,41 @@ StageTimes g_stage_times;
 static void time_stage(ggml_backend_cuda_context & ctx, const char * stage, bool first = false) {
   const HookTiming mode = timing_mode();
   if (mode == HookTiming::off) return;
+  if (mode == HookTiming::gpu) {
+    std::lock_guard<std::mutex> lock(g_stage_times.mutex);
+    cudaEvent_t event = nullptr;
+    if (!g_stage_times.spare_events.empty()) {
+      event = g_stage_times.spare_events.back();
+      g_stage_times.spare_events.pop_back();
+    } else {
+      CUDA_CHECK(cudaEventCreate(&event));
+    }
+    CUDA_CHECK(cudaEventRecord(event, ctx.stream()));
+    g_stage_times.pending.emplace_back(first ? "between the hook's ops (llama.cpp's nodes, idle time)" : stage, event);
+    return;
+  }
   if (mode == HookTiming::synchronised) CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(g_stage_times.mutex);
-  if (!first) {
-    auto it = std::find_if(g_stage_times.totals.begin(), g_stage_times.totals.end(),
-                           [&](const auto & entry) { return entry.first == stage; });
-    if (it == g_stage_times.totals.end()) it = g_stage_times.totals.insert(it, {stage, {}});
-    it->second.each.push_back(std::chrono::duration<double>(now - g_stage_times.last).count());
-  }
+  if (!first) g_stage_times.add(stage, std::chrono::duration<double>(now - g_stage_times.last).count());
   g_stage_times.last = now;
+}
+
+// gpu mode, right after a synchronisation of the stream: every event recorded so far has
+// completed; the times between consecutive ones go to their stages.
+static void read_gpu_marks() {
+  if (timing_mode() != HookTiming::gpu) return;
+  std::lock_guard<std::mutex> lock(g_stage_times.mutex);
+  for (auto & [stage, event] : g_stage_times.pending) {
+    if (g_stage_times.last_event != nullptr) {
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, g_stage_times.last_event, event));
+      g_stage_times.add(stage, ms * 1e-3);
+      g_stage_times.spare_events.push_back(g_stage_times.last_event);
+    }
+    g_stage_times.last_event = event;
+  }
+  g_stage_times.pending.clear();
 }
 
 static void sync_check(ggml_backend_cuda_context & ctx, const ggml_tensor * dst, const char * stage) {
@@ -189,6 +235,7 @@ static int64_t check_mask_on_device(ggml_backend_cuda_context & ctx, const ggml_
   int * host = pinned_verdict();
   CUDA_CHECK(cudaMemcpyAsync(host, verdict.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
+  read_gpu_marks();
   return *host;
 }
 
