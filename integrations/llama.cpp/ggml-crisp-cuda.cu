@@ -35,6 +35,22 @@ namespace {
 
 using namespace ggml_crisp;
 
+// ---------------------------------------------------------------- the launch queue
+// A crisp op enqueues about 40 launches and copies (the planner's kernels, its work-order sort,
+// the attention, the conversions) where llama.cpp's flash attention enqueues one. During a prompt
+// the host runs ahead of the GPU until CUDA's launch queue is full; with crisp a ubatch's launches
+// no longer fit in it, so the host is still launching the last layers when it should be filling
+// the next ubatch's KQ mask, and the GPU idles while it does: the 8B-shaped model at 64k lost
+// about 4 s of 14 that way (bench/RESULTS.md, session 15). Four times CUDA's default queue (the
+// driver's CUDA_SCALE_LAUNCH_QUEUES, which later llama.cpp releases also set for pipeline
+// parallelism) holds a ubatch again. Set when this library is loaded, before CUDA initialises;
+// a value the user set is kept, and where CUDA was initialised earlier (another library) it has
+// no effect.
+// NOTE: "4x", the scale llama.cpp chose upstream; the 64k run went from 4.9k to 6.4-6.8k tok/s.
+[[maybe_unused]] static const bool g_launch_queues_scaled = [] {
+  return setenv("CUDA_SCALE_LAUNCH_QUEUES", "4x", /*overwrite=*/0) == 0;
+}();
+
 // ---------------------------------------------------------------- the debug check of every stage
 // CRISP_HOOK_SYNC_CHECK=1: the hook synchronises its stream and checks for a CUDA error on entry
 // (an earlier op's kernel) and after each of its stages, and aborts naming the stage and the op's

@@ -513,6 +513,13 @@ int main(int argc, char ** argv) {
     check(false, "the backend registry has ggml_backend_set/get/reset sparse prefill entry points");
     return 1;
   }
+  if (g_backend.cuda) {
+    // The hook raises CUDA's launch queue when libggml-cuda loads (ggml-crisp-cuda.cu, "the launch
+    // queue"); the CI environment sets nothing, so the hook's value must be there.
+    const char * scale = std::getenv("CUDA_SCALE_LAUNCH_QUEUES");
+    check(scale != nullptr && std::string(scale) == "4x",
+          std::string("CUDA_SCALE_LAUNCH_QUEUES is 4x when libggml-cuda is loaded (is ") + (scale ? scale : "unset") + ")");
+  }
   graph_after_an_eager_compute_of_llama_cpp();  // first: before any crisp op in this process
   would_take_rule();
   stats_reset();
