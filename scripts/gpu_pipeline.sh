@@ -27,7 +27,7 @@
 #      model's chunked prefill at 64k.
 #   PIPE_PHASE=hostdiag: the GPU tests and test-ggml-crisp, then the 8B-shaped model at 64k: fa
 #      and crisp alternated, crisp with the hook's and the planner's host timing, every attention
-#      node timed, and a pair at 32k and at 128k (no models to carry).
+#      node timed, and three alternated pairs at 32k and at 128k (no models to carry).
 #   PIPE_PHASE=diag: Gemma 3's 16k / 32k test split beside the GPU tests, then the planner's
 #      kernel profile (128k x 32 heads; Gemma 3's shape), the crossover, the hook's timing and
 #      `crisp bench` 128k / 512k.
@@ -120,12 +120,15 @@ if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
     step "attn_time_8b_64k_$policy" 150 "$BIN/llama-attn-time" -m "$GGUF_8B" --tokens 65536 --reps 1 -fa -ngl 99 \
       -b 65536 -ub 2048 --warmup-tokens 512 "${flag[@]}"
   done
-  # The issue's other lengths, one pair each (the 64k runs above say how far a pair can drift).
+  # The issue's other lengths: fa and crisp alternated three times each (session 15: single runs
+  # of one machine spread by up to 30% at 128k); the hook sets CUDA_SCALE_LAUNCH_QUEUES=4x for both.
   for n in 32768 131072; do
-    for run in fa crisp; do
-      policy=(); [ $run = fa ] || policy=(--sparse-prefill crisp)
-      step "llama8b_$((n / 1024))k_$run" 180 "$BIN/llama-bench" -m "$GGUF_8B" -p $n -n 0 -fa 1 -b $n -ub 2048 -ngl 99 \
-        -r 1 --no-warmup "${policy[@]}"
+    for rep in 1 2 3; do
+      for run in fa crisp; do
+        policy=(); [ $run = fa ] || policy=(--sparse-prefill crisp)
+        step "llama8b_$((n / 1024))k_${run}_$rep" 180 "$BIN/llama-bench" -m "$GGUF_8B" -p $n -n 0 -fa 1 -b $n \
+          -ub 2048 -ngl 99 -r 1 --no-warmup "${policy[@]}"
+      done
     done
   done
   log "pipeline done (hostdiag)"
