@@ -91,8 +91,9 @@ class DevicePlan {
   // `stream` (a cudaStream_t, not null) the shape's tables are written into the workspace in that
   // stream's order, without synchronising: work enqueued earlier on `stream` that still reads the
   // workspace (a DevicePlan it held before) finishes first, and the DevicePlan must be used on
-  // `stream` first (or other streams ordered after it with an event). Without one (null), the
-  // copy is synchronous and ends in a device synchronisation.
+  // `stream` first (or other streams ordered after it with an event); not while `stream` is being
+  // captured into a graph (crisp::Error naming "stream"). Without one (null), the copy is
+  // synchronous and ends in a device synchronisation.
   DevicePlan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const Batch& batch,
              const Config& config, void* workspace, std::size_t workspace_bytes, void* stream = nullptr);
   // Allocates for the shape of `plan` (cudaMalloc) and uploads it on `stream`.

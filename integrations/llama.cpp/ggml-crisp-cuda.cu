@@ -77,7 +77,8 @@ static bool sync_check_requested() {
 // CRISP_HOOK_TIMING=host: the same stages without the synchronisations, each the host's own time
 // (a stage that blocks — a synchronisation, cudaFree, a synchronous copy — shows how long the host
 // waited there); for where the host's time goes in a run that keeps its asynchrony.
-// CRISP_HOOK_TIMING=gpu: the same stages on the GPU's clock, without synchronisations: a CUDA event
+// CRISP_HOOK_TIMING=gpu (the first device and stream the hook runs on only): the same stages on
+// the GPU's clock, without synchronisations: a CUDA event
 // recorded on the stream at each mark, the time between consecutive events read back at the next
 // mask verdict's synchronisation (so the last compute's ops are left out). A stage's time is what
 // the GPU spent between the two points of the stream, its idle time waiting for the host
@@ -112,6 +113,8 @@ struct StageTimes {
   std::vector<std::pair<std::string, cudaEvent_t>> pending;
   cudaEvent_t last_event = nullptr;
   std::vector<cudaEvent_t> spare_events;
+  int device = -1;                // the one device and stream gpu mode times: the first seen
+  cudaStream_t stream = nullptr;
   void add(const std::string & stage, double seconds) {
     auto it = std::find_if(totals.begin(), totals.end(), [&](const auto & entry) { return entry.first == stage; });
     if (it == totals.end()) it = totals.insert(it, {stage, {}});
@@ -148,6 +151,12 @@ static void time_stage(ggml_backend_cuda_context & ctx, const char * stage, bool
   if (mode == HookTiming::off) return;
   if (mode == HookTiming::gpu) {
     std::lock_guard<std::mutex> lock(g_stage_times.mutex);
+    if (g_stage_times.device < 0) {
+      g_stage_times.device = ctx.device;
+      g_stage_times.stream = ctx.stream();
+    }
+    // Events belong to one device, and only that stream's synchronisation completes them.
+    if (ctx.device != g_stage_times.device || ctx.stream() != g_stage_times.stream) return;
     cudaEvent_t event = nullptr;
     if (!g_stage_times.spare_events.empty()) {
       event = g_stage_times.spare_events.back();
@@ -168,9 +177,10 @@ static void time_stage(ggml_backend_cuda_context & ctx, const char * stage, bool
 
 // gpu mode, right after a synchronisation of the stream: every event recorded so far has
 // completed; the times between consecutive ones go to their stages.
-static void read_gpu_marks() {
+static void read_gpu_marks(int device, cudaStream_t stream) {
   if (timing_mode() != HookTiming::gpu) return;
   std::lock_guard<std::mutex> lock(g_stage_times.mutex);
+  if (device != g_stage_times.device || stream != g_stage_times.stream) return;
   for (auto & [stage, event] : g_stage_times.pending) {
     if (g_stage_times.last_event != nullptr) {
       float ms = 0.0f;
@@ -251,7 +261,7 @@ static int64_t check_mask_on_device(ggml_backend_cuda_context & ctx, const ggml_
   int * host = pinned_verdict();
   CUDA_CHECK(cudaMemcpyAsync(host, verdict.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  read_gpu_marks();
+  read_gpu_marks(ctx.device, stream);
   return *host;
 }
 
@@ -386,11 +396,17 @@ struct PlanKey {
 
 struct PlanSlot {
   PlanKey key{};
-  std::shared_ptr<crisp::cuda::DevicePlan> plan;  // null while the slot is being refilled
+  std::unique_ptr<crisp::cuda::DevicePlan> plan;  // null until made, or after a refill failed
   void * memory = nullptr;                        // the slot's device memory (never freed while the process runs)
   size_t capacity = 0;
-  cudaEvent_t last_use = nullptr;  // recorded after each op that used the plan
+  cudaEvent_t last_use = nullptr;  // recorded after each op that used the slot's memory
   cudaStream_t last_stream = nullptr;
+  bool used = false;  // last_use has been recorded
+
+  // Orders `stream` after the slot's last use on another stream (on the same stream it is).
+  void wait_for_last_use(cudaStream_t stream) const {
+    if (used && last_stream != stream) CUDA_CHECK(cudaStreamWaitEvent(stream, last_use, 0));
+  }
 };
 
 // Per device: a lock held by an op from its plan's lookup until its use is recorded, and the slots.
@@ -398,13 +414,15 @@ std::mutex g_plans_mutex[GGML_CUDA_MAX_DEVICES];
 std::list<PlanSlot> g_plans[GGML_CUDA_MAX_DEVICES];  // most recent first
 
 // The slot of key.device holding the plan of `key` (made on `stream` when new), moved to the
-// front. Called with g_plans_mutex[key.device] held. Throws crisp::Error (the op then declines)
-// when the slot's memory cannot be allocated.
+// front, with `stream` ordered after the slot's last use elsewhere. Called with
+// g_plans_mutex[key.device] held. Throws crisp::Error (the op then declines) when the plan cannot
+// be made; the slot then goes to the back, to be refilled first.
 static PlanSlot & plan_for(const PlanKey & key, const crisp::Config & config, cudaStream_t stream) {
   std::list<PlanSlot> & plans = g_plans[key.device];
   for (auto it = plans.begin(); it != plans.end(); ++it)
     if (it->plan && it->key == key) {
       plans.splice(plans.begin(), plans, it);
+      plans.front().wait_for_last_use(stream);  // its plan is rewritten by this op
       return plans.front();
     }
   if (plans.size() < kCachedPlans) {
@@ -414,28 +432,32 @@ static PlanSlot & plan_for(const PlanKey & key, const crisp::Config & config, cu
     plans.splice(plans.begin(), plans, std::prev(plans.end()));  // the least recent
   }
   PlanSlot & slot = plans.front();
-  // The old plan's ops on another stream finish before the new plan's set-up overwrites the memory
-  // (on the same stream they are ordered already).
-  if (slot.plan && slot.last_stream != stream) CUDA_CHECK(cudaStreamWaitEvent(stream, slot.last_use, 0));
+  // The old plan's ops on another stream finish before the new plan's set-up overwrites the memory.
+  slot.wait_for_last_use(stream);
   slot.plan.reset();  // its planner workspace goes to crisp's spares
   slot.key = key;
-  const crisp::Batch batch({0, key.n_q}, {0, key.n_k});
-  const size_t need = crisp::cuda::DevicePlan::bytes_required(key.q_heads, batch, key.block_size);
-  if (need > slot.capacity) {
-    if (slot.memory) CUDA_CHECK(cudaFree(slot.memory));  // waits for the work still reading it
-    slot.memory = nullptr;
-    slot.capacity = 0;
-    const size_t want = static_cast<size_t>(static_cast<double>(need) * kSlotGrowth);
-    if (cudaMalloc(&slot.memory, want) != cudaSuccess) {
-      (void)cudaGetLastError();
+  try {
+    const crisp::Batch batch({0, key.n_q}, {0, key.n_k});
+    const size_t need = crisp::cuda::DevicePlan::bytes_required(key.q_heads, batch, key.block_size);
+    if (need > slot.capacity) {
+      if (slot.memory) CUDA_CHECK(cudaFree(slot.memory));  // waits for the work still reading it
       slot.memory = nullptr;
-      throw crisp::Error("sparse prefill", "cudaMalloc of " + std::to_string(want) + " bytes for the plan failed",
-                         "free device memory for crisp's plan of the ubatch");
+      slot.capacity = 0;
+      const size_t want = static_cast<size_t>(static_cast<double>(need) * kSlotGrowth);
+      if (cudaMalloc(&slot.memory, want) != cudaSuccess) {
+        (void)cudaGetLastError();
+        slot.memory = nullptr;
+        throw crisp::Error("sparse prefill", "cudaMalloc of " + std::to_string(want) + " bytes for the plan failed",
+                           "free device memory for crisp's plan of the ubatch");
+      }
+      slot.capacity = want;
     }
-    slot.capacity = want;
+    slot.plan = std::make_unique<crisp::cuda::DevicePlan>(key.q_heads, key.kv_heads, key.head_dim, batch, config,
+                                                          slot.memory, slot.capacity, stream);
+  } catch (...) {
+    plans.splice(plans.end(), plans, plans.begin());
+    throw;
   }
-  slot.plan = std::make_shared<crisp::cuda::DevicePlan>(key.q_heads, key.kv_heads, key.head_dim, batch, config,
-                                                        slot.memory, slot.capacity, stream);
   return slot;
 }
 
@@ -493,22 +515,27 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
   const PlanKey key{ctx.device, heads, kv_heads, d, n_q, n_k, config.block_size};
   std::unique_lock<std::mutex> plans_lock(g_plans_mutex[ctx.device]);  // until the slot's use is recorded
   PlanSlot & slot = plan_for(key, config, stream);
-  const std::shared_ptr<crisp::cuda::DevicePlan> plan = slot.plan;
+  crisp::cuda::DevicePlan & plan = *slot.plan;  // valid while the lock is held
   sync_check(ctx, dst, "after making or reusing the DevicePlan of the shape");
-  crisp::cuda::plan_async(qv, kv, config, *plan, stream);
+  // From here the slot's memory is in use on `stream`, whatever throws.
+  slot.last_stream = stream;
+  slot.used = true;
+  struct RecordUse {
+    PlanSlot & slot;
+    cudaStream_t stream;
+    ~RecordUse() { (void) cudaEventRecord(slot.last_use, stream); }  // an error stays with the stream
+  } record_use{slot, stream};
+  crisp::cuda::plan_async(qv, kv, config, plan, stream);
   sync_check(ctx, dst, "after crisp::cuda::plan_async");
-  crisp::cuda::attend_async(qv, kv, vv, *plan, out, lse_view, stream);
+  crisp::cuda::attend_async(qv, kv, vv, plan, out, lse_view, stream);
   sync_check(ctx, dst, "after crisp::cuda::attend_async");
   // Past attend_async nothing throws: dst is written only from here on.
-  const auto * view = static_cast<const crisp::cuda_detail::DevicePlanView *>(plan->raw_view());
+  const auto * view = static_cast<const crisp::cuda_detail::DevicePlanView *>(plan.raw_view());
   add_kept_blocks_kernel<<<1, 32, 0, stream>>>(view->nnz, static_cast<int>(heads), kept_counter(ctx.device));
   sync_check(ctx, dst, "after the kept-blocks count");
   out_to_f32_kernel<T><<<element_blocks(n), kElementThreads, 0, stream>>>(out_scratch.get(), n,
                                                                          static_cast<float *>(dst->data));
   CUDA_CHECK(cudaGetLastError());
-  CUDA_CHECK(cudaEventRecord(slot.last_use, stream));
-  slot.last_stream = stream;
-  plans_lock.unlock();
   sync_check(ctx, dst, "after O's conversion into dst");
   count_blocks(0, heads * causal_blocks_of_op(n_past, n_q, config.block_size));
 }

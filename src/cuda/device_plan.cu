@@ -186,7 +186,7 @@ struct DevicePlan::Impl {
   DevicePlanView view;
 
   ~Impl() {  // no throw from a destructor
-    cuda_detail::release_planner_workspace(view.seqs);
+    cuda_detail::release_planner_workspace(cuda_detail::workspace_key(view));
     if (owns && memory != nullptr) cudaFree(memory);
   }
 };

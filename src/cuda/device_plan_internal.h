@@ -23,9 +23,14 @@ inline DevicePlanView& mutable_view_of(cuda::DevicePlan& plan) {
   return const_cast<DevicePlanView&>(view_of(plan));
 }
 
-// Frees the planning workspace plan_async keeps for the DevicePlan whose view starts at `key`
-// (view.seqs); called when that DevicePlan's buffers are released, so no workspace outlives its
-// plan or is handed to another plan made later at the same address. Never throws.
+// The key of a live DevicePlan's planning workspace: the address of its view, which lives in the
+// DevicePlan's own host object. Not the device buffer's address: a caller that reuses a buffer
+// (llama.cpp's hook) may make a new DevicePlan in it while a copy of the old one still lives.
+inline const void* workspace_key(const DevicePlanView& view) { return &view; }
+
+// Releases the planning workspace plan_async keeps for the DevicePlan whose view is `key`
+// (workspace_key): kept as a spare for a later DevicePlan of its device, or freed. Called when
+// that DevicePlan is destroyed. Never throws.
 void release_planner_workspace(const void* key) noexcept;
 
 // The batch shape with both lists filled (an empty cu_seqlens_k: whole prompts) and the block

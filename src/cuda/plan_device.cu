@@ -146,8 +146,13 @@ class PlanWorkspace {
     if (memory_ != nullptr && shape == shape_ && covers(needs_, needs)) return false;
     shape_ = shape;
     needs_ = needs;
-    build_items();
-    lay_out(stream);
+    try {
+      build_items();
+      lay_out(stream);
+    } catch (...) {
+      shape_ = Shape{};  // matches no call's shape: the next one lays the buffers out again
+      throw;
+    }
     return true;
   }
 
@@ -903,6 +908,17 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
                 "whose tensor-core proxy fits");
   const Clock::time_point t_checked = host_timing ? Clock::now() : Clock::time_point{};
   pw.begin_use(stream);
+  // Records the end of this call's work even when a later step throws after launching some.
+  struct EndUse {
+    PlanWorkspace& pw;
+    cudaStream_t stream;
+    ~EndUse() {
+      try {
+        pw.end_use(stream);
+      } catch (...) {  // no throw from a destructor; the error stays with the stream
+      }
+    }
+  } end_use{pw, stream};
   const bool new_workspace = pw.ensure(sh, needs, stream);
   const Clock::time_point t_workspace = host_timing ? Clock::now() : Clock::time_point{};
   const double scale = plan.softmax_scale();
@@ -914,7 +930,6 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
   }
   const Clock::time_point t_kernels = host_timing ? Clock::now() : Clock::time_point{};
   build_work_order(mutable_view_of(plan), stream);
-  pw.end_use(stream);
   if (host_timing) {
     const auto ms = [](Clock::time_point a, Clock::time_point b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
@@ -931,7 +946,7 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
 namespace cuda {
 
 namespace {
-// One planning workspace per live DevicePlan, keyed by its view's buffer address; the entry is
+// One planning workspace per live DevicePlan, keyed by its view's address; the entry is
 // erased when that DevicePlan is destroyed (cuda_detail::release_planner_workspace) and its
 // workspace kept as a spare for the next DevicePlan planned on the same device, so that a caller
 // who makes a DevicePlan per shape (llama.cpp's hook: one per ubatch) does not allocate and free
@@ -973,7 +988,7 @@ std::unique_ptr<PlanWorkspace> take_spare(int device) {
 
 void plan_async(const TensorView& q, const TensorView& k, const Config& config, DevicePlan& plan, void* stream,
                 const BlockTable& block_table) {
-  const void* key = cuda_detail::view_of(plan).seqs;  // unique per live DevicePlan buffer
+  const void* key = cuda_detail::workspace_key(cuda_detail::view_of(plan));  // unique per live DevicePlan
   PlanWorkspace* pw = nullptr;
   {
     int device = 0;

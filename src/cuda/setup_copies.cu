@@ -17,7 +17,7 @@ namespace {
 
 // NOTE: 4 MiB of pinned staging per device. A shape's tables are a few KB to ~100 KB (48-byte
 // proxy work items, a few hundred per sequence; 64-byte sequence bases), so a lap spans many new
-// shapes and the wait at a wrap finds copies long finished.
+// shapes and a copy is waited for only when its staging comes round again, a lap later.
 constexpr std::size_t kStagingBytes = std::size_t{4} << 20;
 constexpr std::size_t kStagingAlign = 256;  // NOTE: keeps each copy's source aligned for the DMA engine
 
@@ -54,6 +54,11 @@ void retire(StagingRing& ring) {
 
 void upload_async(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CRISP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    throw Error("stream", "is being captured into a CUDA graph while a new shape's tables are uploaded",
+                "a first call of the shape outside the capture (plan_async: call it once before capturing)");
   const std::size_t span = (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
   if (span > kStagingBytes) {
     CRISP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
@@ -64,19 +69,18 @@ void upload_async(void* dst, const void* src, std::size_t bytes, cudaStream_t st
   std::lock_guard<std::mutex> lock(staging_mutex());
   StagingRing& ring = staging_rings()[device];
   if (ring.host == nullptr) CRISP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ring.host), kStagingBytes));
+  // The copies in flight lie in ring order from the oldest: first the previous lap's, at or after
+  // the cursor, then this lap's, before it.
   if (ring.cursor + span > kStagingBytes) {
-    // Wrap: every copy still recorded lies either in the skipped tail or ahead of the new
-    // staging; all are a lap old, so waiting for them all costs nothing in practice.
-    while (!ring.in_flight.empty()) retire(ring);
+    // Wrap: the previous lap's tail is skipped, so its copies (a lap old) are retired first.
+    const std::size_t tail = ring.cursor;
+    while (!ring.in_flight.empty() && ring.in_flight.front().begin >= tail) retire(ring);
     ring.cursor = 0;
   }
   const std::size_t begin = ring.cursor, end = begin + span;
-  // The oldest copies sit right after the cursor (the previous lap): wait for those the new
-  // staging overlaps.
+  // The oldest copies left start at `begin` or later: wait for those the new staging overlaps.
   while (!ring.in_flight.empty() && ring.in_flight.front().begin >= begin && ring.in_flight.front().begin < end)
     retire(ring);
-  std::memcpy(ring.host + begin, src, bytes);
-  CRISP_CUDA_CHECK(cudaMemcpyAsync(dst, ring.host + begin, bytes, cudaMemcpyHostToDevice, stream));
   cudaEvent_t done = nullptr;
   if (!ring.spare_events.empty()) {
     done = ring.spare_events.back();
@@ -84,7 +88,16 @@ void upload_async(void* dst, const void* src, std::size_t bytes, cudaStream_t st
   } else {
     CRISP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   }
-  CRISP_CUDA_CHECK(cudaEventRecord(done, stream));
+  std::memcpy(ring.host + begin, src, bytes);
+  const cudaError_t copied = cudaMemcpyAsync(dst, ring.host + begin, bytes, cudaMemcpyHostToDevice, stream);
+  const cudaError_t recorded = copied == cudaSuccess ? cudaEventRecord(done, stream) : copied;
+  if (recorded != cudaSuccess) {
+    // The staging may be read by a copy already enqueued: wait for the stream before it is reused.
+    (void)cudaStreamSynchronize(stream);
+    ring.spare_events.push_back(done);
+    throw_cuda_error(recorded, copied != cudaSuccess ? "cudaMemcpyAsync (staged upload)" : "cudaEventRecord (staged upload)",
+                     __FILE__, __LINE__);
+  }
   ring.in_flight.push_back({begin, end, done});
   ring.cursor = end;
 }

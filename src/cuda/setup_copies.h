@@ -24,9 +24,11 @@ inline void finish_setup_copies() { CRISP_CUDA_CHECK(cudaDeviceSynchronize()); }
 // enqueued on `stream` afterwards read the new contents, work enqueued before it (which may
 // still read the old contents) finishes first. `src` may be reused as soon as this returns. The
 // copy goes through a pinned staging ring per device, so it never synchronises the device; the
-// host waits only when the ring wraps onto a copy still in flight (a lap of kStagingBytes ago).
-// Copies larger than the ring go directly from `src` (cudaMemcpyAsync from pageable memory, which
-// may wait for `stream`). Thread-safe.
+// host waits only when the ring comes round to a copy still in flight (a lap of kStagingBytes
+// ago). Copies larger than the ring go directly from `src` (cudaMemcpyAsync from pageable memory,
+// which may wait for `stream`). Refused (crisp::Error naming "stream") while `stream` is being
+// captured into a graph: a replay would read whatever the staging holds by then. The current
+// device must be `stream`'s. Thread-safe.
 void upload_async(void* dst, const void* src, std::size_t bytes, cudaStream_t stream);
 
 }  // namespace cuda_detail

@@ -414,6 +414,30 @@ TEST(GpuPlan, PlansMadeOnAStreamInReusedMemoryMatchCpu) {
   crisp::cuda::release_cached_workspaces();
 }
 
+// A shape's tables cannot be uploaded while the stream is being captured (a replay would read
+// whatever the staging ring holds by then): a clear error naming the stream, and the capture
+// can still be ended.
+TEST(GpuPlan, StagedUploadRefusedDuringCapture) {
+  SKIP_WITHOUT_GPU();
+  void* target = nullptr;
+  ASSERT_EQ(cudaMalloc(&target, 1024), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<unsigned char> source(1024, 7);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  try {
+    crisp::cuda_detail::upload_async(target, source.data(), source.size(), stream);
+    ADD_FAILURE() << "upload_async during capture was not refused";
+  } catch (const crisp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stream"), std::string::npos) << e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  cudaFree(target);
+}
+
 // cuda_detail::upload_async: many copies through the staging ring, more than a lap of it, onto
 // two streams, each checked after all were enqueued (a copy whose staging was overwritten before
 // its DMA ran would show the later copy's bytes).
