@@ -5,6 +5,8 @@
 // call. One pinned buffer per device, used as a ring, costs one allocation per process.
 #include "cuda/setup_copies.h"
 
+#include "cuda/staging_ring.h"
+
 #include <cstring>
 #include <deque>
 #include <map>
@@ -21,15 +23,14 @@ namespace {
 constexpr std::size_t kStagingBytes = std::size_t{4} << 20;
 constexpr std::size_t kStagingAlign = 256;  // NOTE: keeps each copy's source aligned for the DMA engine
 
-struct InFlight {
-  std::size_t begin = 0, end = 0;
+struct InFlight : StagingSpan {
   cudaEvent_t done = nullptr;  // recorded on the copy's stream after the copy
 };
 
 struct StagingRing {
   char* host = nullptr;
   std::size_t cursor = 0;         // where the next copy's staging starts
-  std::deque<InFlight> in_flight;  // oldest first, laid out in ring order from the oldest
+  std::deque<InFlight> in_flight;  // oldest first, in ring order from the oldest (staging_ring.h)
   std::vector<cudaEvent_t> spare_events;
 };
 
@@ -69,18 +70,9 @@ void upload_async(void* dst, const void* src, std::size_t bytes, cudaStream_t st
   std::lock_guard<std::mutex> lock(staging_mutex());
   StagingRing& ring = staging_rings()[device];
   if (ring.host == nullptr) CRISP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ring.host), kStagingBytes));
-  // The copies in flight lie in ring order from the oldest: first the previous lap's, at or after
-  // the cursor, then this lap's, before it.
-  if (ring.cursor + span > kStagingBytes) {
-    // Wrap: the previous lap's tail is skipped, so its copies (a lap old) are retired first.
-    const std::size_t tail = ring.cursor;
-    while (!ring.in_flight.empty() && ring.in_flight.front().begin >= tail) retire(ring);
-    ring.cursor = 0;
-  }
-  const std::size_t begin = ring.cursor, end = begin + span;
-  // The oldest copies left start at `begin` or later: wait for those the new staging overlaps.
-  while (!ring.in_flight.empty() && ring.in_flight.front().begin >= begin && ring.in_flight.front().begin < end)
-    retire(ring);
+  const StagingPlacement placement = place_in_staging(kStagingBytes, ring.cursor, ring.in_flight, span);
+  for (std::size_t r = 0; r < placement.retire; ++r) retire(ring);
+  const std::size_t begin = placement.begin, end = begin + span;
   cudaEvent_t done = nullptr;
   if (!ring.spare_events.empty()) {
     done = ring.spare_events.back();
@@ -98,7 +90,11 @@ void upload_async(void* dst, const void* src, std::size_t bytes, cudaStream_t st
     throw_cuda_error(recorded, copied != cudaSuccess ? "cudaMemcpyAsync (staged upload)" : "cudaEventRecord (staged upload)",
                      __FILE__, __LINE__);
   }
-  ring.in_flight.push_back({begin, end, done});
+  InFlight copy;
+  copy.begin = begin;
+  copy.end = end;
+  copy.done = done;
+  ring.in_flight.push_back(copy);
   ring.cursor = end;
 }
 
