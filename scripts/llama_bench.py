@@ -19,6 +19,13 @@ takes these from the last pass (the shape seen before, as in llama-bench after i
 keeps the first pass's attention time beside them (`attention_ms_first_pass`): a shape's first
 pass pays its one-time costs, crisp's DevicePlan and planner workspace among them.
 
+--rounds R (default 1) runs the policies of a model and length R times in turn (fa, crisp, fa,
+crisp, ...): one machine's runs drift and spread (bench/RESULTS.md, session 15: up to 30% between
+single runs at 128k), so a comparison is made between neighbours. Each round is a row of its own
+(llama-attn-time only in the first); the JSON's "summary" and a second markdown table give per
+policy the median, lowest and highest tokens/s over the rounds and the median, lowest and highest
+of its speedup over fa in the same round.
+
 Writes one JSON (every row, rewritten after each run, so a run cut short keeps what it measured)
 and a markdown table per model. The attention share is the attention nodes' time over the timed
 pass's wall time; the timed pass runs slower than llama-bench by the per-node synchronisation (its
@@ -77,6 +84,8 @@ def parse_args(argv):
     p.add_argument("--sparse-prefill-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a crisp Config field for every crisp policy run (repeatable)")
     p.add_argument("--reps", type=int, default=3, help="llama-bench repetitions [3]")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="the policies run this many times in turn per model and length [1]")
     p.add_argument("--max-ubatch", type=int, default=32768,
                    help="-ub is the prompt length up to this [32768]; -b is the prompt length")
     p.add_argument("--full-warmup-max", type=int, default=65536,
@@ -95,7 +104,7 @@ def parse_args(argv):
     for policy in args.policies:
         if policy not in POLICIES:
             die(f"--policies: '{policy}' is not one of {', '.join(POLICIES)}")
-    for flag in ("reps", "attn_reps", "max_ubatch", "full_warmup_max", "ngl"):
+    for flag in ("reps", "rounds", "attn_reps", "max_ubatch", "full_warmup_max", "ngl"):
         if getattr(args, flag) <= 0:
             die(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected a positive integer")
     if args.threads is not None and args.threads <= 0:
@@ -231,10 +240,10 @@ def attn_time(args, path, policy, n, timeout):
 
 
 def add_relative(rows):
-    """Speedups against the fa row of the same model and length, and the timing overhead."""
-    fa = {(r["model"], r["n_prompt"]): r for r in rows if r["policy"] == "fa" and "mean_ms" in r}
+    """Speedups against the fa row of the same model, length and round, and the timing overhead."""
+    fa = {(r["model"], r["n_prompt"], r.get("round", 1)): r for r in rows if r["policy"] == "fa" and "mean_ms" in r}
     for r in rows:
-        base = fa.get((r["model"], r["n_prompt"]))
+        base = fa.get((r["model"], r["n_prompt"], r.get("round", 1)))
         if "mean_ms" in r and base is not None:
             r["speedup_vs_fa"] = base["mean_ms"] / r["mean_ms"]
         if r.get("attention_ms") and base is not None and base.get("attention_ms"):
@@ -242,6 +251,31 @@ def add_relative(rows):
         if r.get("attn_wall_ms") and r.get("mean_ms"):
             r["timing_overhead"] = r["attn_wall_ms"] / r["mean_ms"] - 1.0
             r["attention_share_of_bench"] = r["attention_ms"] / r["mean_ms"]
+
+
+def median(values):
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def summarize(rows):
+    """Per model, length and policy over its rounds: tokens/s and the speedup over fa of the same
+    round (median, lowest, highest), from the rows that measured."""
+    out = []
+    for key in dict.fromkeys((r["model"], r["n_prompt"], r["policy"]) for r in rows):
+        mine = [r for r in rows if (r["model"], r["n_prompt"], r["policy"]) == key and "tokens_per_s" in r]
+        if not mine:
+            continue
+        rate = [r["tokens_per_s"] for r in mine]
+        speedup = [r["speedup_vs_fa"] for r in mine if "speedup_vs_fa" in r]
+        entry = {"model": key[0], "n_prompt": key[1], "policy": key[2], "rounds": len(mine),
+                 "tokens_per_s_median": median(rate), "tokens_per_s_min": min(rate), "tokens_per_s_max": max(rate)}
+        if speedup:
+            entry.update({"speedup_vs_fa_median": median(speedup), "speedup_vs_fa_min": min(speedup),
+                          "speedup_vs_fa_max": max(speedup)})
+        out.append(entry)
+    return out
 
 
 def fmt(value, pattern, missing="-"):
@@ -259,17 +293,17 @@ def markdown(doc) -> str:
         first = next((r for r in rows if "model_type" in r), rows[0])
         out.append(f"### {model} ({first.get('model_type', '?')}, {first.get('backends', '?')} "
                    f"{first.get('gpu_info') or first.get('cpu_info') or ''})\n")
-        out.append("| n | policy | -ub | tok/s | ms (mean ± sd) | speedup vs fa | attention ms | attention share "
+        out.append("| n | policy | -ub | round | tok/s | ms (mean ± sd) | speedup vs fa | attention ms | attention share "
                    "| attention speedup vs fa | density | 1/density | timing overhead | notes |")
-        out.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        out.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for r in rows:
             density = r.get("density")
             notes = "; ".join(filter(None, [r.get("error"), r.get("attn_error"),
                                             "crisp took no op" if r["policy"] != "fa" and "crisp_computed" in r
                                             and not r["crisp_computed"] else None,
                                             *(f.split(": ", 2)[-1] for f in r.get("crisp_fallbacks", []))]))
-            out.append("| %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                r["n_prompt"], r["policy"], r["n_ubatch"], fmt(r.get("tokens_per_s"), "%.0f"),
+            out.append("| %d | %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                r["n_prompt"], r["policy"], r["n_ubatch"], r.get("round", 1), fmt(r.get("tokens_per_s"), "%.0f"),
                 "-" if "mean_ms" not in r else "%.1f ± %.1f" % (r["mean_ms"], r["stddev_ms"]),
                 fmt(r.get("speedup_vs_fa"), "%.2fx"), fmt(r.get("attention_ms"), "%.1f"),
                 fmt(percent(r.get("attention_share")), "%.0f%%"),
@@ -277,6 +311,18 @@ def markdown(doc) -> str:
                 fmt(None if not density else 1.0 / density, "%.2f"), fmt(percent(r.get("timing_overhead")), "%+.0f%%"),
                 notes.replace("|", "/")))
         out.append("")
+        summary = [e for e in doc.get("summary", []) if e["model"] == model]
+        if doc.get("rounds", 1) > 1 and summary:
+            out.append(f"Over {doc['rounds']} rounds (the policies in turn): tokens/s and speedup over fa of the same round, "
+                       "median [lowest, highest]\n")
+            out.append("| n | policy | rounds | tok/s | speedup vs fa |")
+            out.append("|---:|---|---:|---|---|")
+            for e in summary:
+                out.append("| %d | %s | %d | %.0f [%.0f, %.0f] | %s |" % (
+                    e["n_prompt"], e["policy"], e["rounds"], e["tokens_per_s_median"], e["tokens_per_s_min"],
+                    e["tokens_per_s_max"], "-" if "speedup_vs_fa_median" not in e else "%.2fx [%.2f, %.2f]" % (
+                        e["speedup_vs_fa_median"], e["speedup_vs_fa_min"], e["speedup_vs_fa_max"])))
+            out.append("")
     out.append(f"llama-bench `-p N -n 0 -fa 1 -b N -ub min(N, {doc['max_ubatch']}) -ngl {doc['n_gpu_layers']} "
                f"-r {doc['reps']}` (-ub halved while llama.cpp's F32 KQ mask would pass INT_MAX bytes); attention share: attention nodes / wall time of one llama-attn-time pass "
                "(nodes timed one by one); timing overhead: that pass's wall time / llama-bench's mean - 1.")
@@ -287,11 +333,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.time()
     doc = {"tool": "scripts/llama_bench.py", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
-           "lengths": args.lengths, "policies": args.policies, "reps": args.reps, "max_ubatch": args.max_ubatch,
+           "lengths": args.lengths, "policies": args.policies, "reps": args.reps, "rounds": args.rounds,
+           "max_ubatch": args.max_ubatch,
            "n_gpu_layers": args.ngl, "sparse_prefill_set": args.sparse_prefill_set, "complete": False, "rows": []}
 
     def save():
         add_relative(doc["rows"])
+        doc["summary"] = summarize(doc["rows"])
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         if args.md:
             Path(args.md).write_text(markdown(doc))
@@ -302,24 +350,27 @@ def main(argv=None) -> int:
     failed = False
     for model, path in args.models:
         for n in args.lengths:
-            for policy in args.policies:
-                if left() is not None and left() < 1:
-                    print("llama_bench: deadline reached; the rows so far are kept", file=sys.stderr)
+            for round_ in range(1, args.rounds + 1):
+                for policy in args.policies:
+                    if left() is not None and left() < 1:
+                        print("llama_bench: deadline reached; the rows so far are kept", file=sys.stderr)
+                        save()
+                        return 1
+                    t0 = time.time()
+                    row = bench_row(args, model, path, policy, n, left())
+                    row["round"] = round_
+                    if ("error" not in row and not args.no_attn_time and round_ == 1 and
+                            (left() is None or left() >= 1)):
+                        row.update(attn_time(args, path, policy, n, left()))
+                    failed = failed or "error" in row or "attn_error" in row
+                    doc["rows"].append(row)
                     save()
-                    return 1
-                t0 = time.time()
-                row = bench_row(args, model, path, policy, n, left())
-                if "error" not in row and not args.no_attn_time and (left() is None or left() >= 1):
-                    row.update(attn_time(args, path, policy, n, left()))
-                failed = failed or "error" in row or "attn_error" in row
-                doc["rows"].append(row)
-                save()
-                print(f"llama_bench: {model} n={n} {policy}: " +
-                      (row.get("error") or "%.1f ms, %.0f tok/s, attention %s ms (share %s), density %s" % (
-                          row["mean_ms"], row["tokens_per_s"], fmt(row.get("attention_ms"), "%.1f"),
-                          fmt(row.get("attention_share"), "%.2f"), fmt(row.get("density"), "%.3f"))) +
-                      (f"; {row['attn_error']}" if "attn_error" in row else "") + f" ({time.time() - t0:.0f} s)",
-                      file=sys.stderr)
+                    print(f"llama_bench: {model} n={n} {policy} (round {round_}): " +
+                          (row.get("error") or "%.1f ms, %.0f tok/s, attention %s ms (share %s), density %s" % (
+                              row["mean_ms"], row["tokens_per_s"], fmt(row.get("attention_ms"), "%.1f"),
+                              fmt(row.get("attention_share"), "%.2f"), fmt(row.get("density"), "%.3f"))) +
+                          (f"; {row['attn_error']}" if "attn_error" in row else "") + f" ({time.time() - t0:.0f} s)",
+                          file=sys.stderr)
     doc["complete"] = True
     save()
     print(markdown(doc))

@@ -87,6 +87,31 @@ assert doc["rows"][1]["crisp_computed"] and not doc["rows"][1]["crisp_fallbacks"
 assert doc["rows"][0]["speedup_vs_fa"] == 1.0
 PY
 grep -q "^| 256 | dense | 256 |" "$work/grid.md" || fail "llama_bench.py's markdown table: $(cat "$work/grid.md")"
+# --rounds: the policies in turn, a row per round, the summary over rounds
+python3 "$repo_root/scripts/llama_bench.py" --bin "$bin" --model tiny="$work/tiny.gguf" --lengths 256 \
+  --policies fa,dense --reps 1 --rounds 2 --no-attn-time --threads 2 --json "$work/rounds.json" \
+  --md "$work/rounds.md" > "$work/rounds.out" 2>&1 \
+  || fail "llama_bench.py --rounds 2 exited $?: $(tail -n 5 "$work/rounds.out")"
+python3 - "$work/rounds.json" <<'PY' || fail "llama_bench.py --rounds 2: its JSON"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert [(r["policy"], r["round"]) for r in doc["rows"]] == [("fa", 1), ("dense", 1), ("fa", 2), ("dense", 2)], doc["rows"]
+by_policy = {e["policy"]: e for e in doc["summary"]}
+assert set(by_policy) == {"fa", "dense"} and all(e["rounds"] == 2 for e in by_policy.values()), doc["summary"]
+fa, dense = by_policy["fa"], by_policy["dense"]
+assert fa["speedup_vs_fa_median"] == fa["speedup_vs_fa_min"] == fa["speedup_vs_fa_max"] == 1.0, fa
+rates = [r["tokens_per_s"] for r in doc["rows"] if r["policy"] == "dense"]
+assert dense["tokens_per_s_min"] == min(rates) and dense["tokens_per_s_max"] == max(rates), (dense, rates)
+# each round's speedup against that round's fa row
+pairs = [d["tokens_per_s"] / f["tokens_per_s"] for f, d in zip(doc["rows"][0::2], doc["rows"][1::2])]
+assert abs(dense["speedup_vs_fa_min"] - min(pairs)) < 0.02 and abs(dense["speedup_vs_fa_max"] - max(pairs)) < 0.02, (dense, pairs)
+PY
+grep -q "^Over 2 rounds" "$work/rounds.md" && grep -q "^| 256 | dense | 2 |" "$work/rounds.md" \
+  || fail "llama_bench.py --rounds 2: its summary table: $(cat "$work/rounds.md")"
+python3 "$repo_root/scripts/llama_bench.py" --bin "$bin" --model "$work/tiny.gguf" --rounds 0 \
+  --json "$work/bad.json" 2> "$work/grid_bad.err"
+rc=$?
+[ "$rc" -eq 2 ] && grep -q -- "--rounds" "$work/grid_bad.err" || fail "llama_bench.py --rounds 0: exit $rc"
 python3 "$repo_root/scripts/llama_bench.py" --bin "$bin" --model "$work/tiny.gguf" --policies fa,sparse \
   --json "$work/bad.json" 2> "$work/grid_bad.err"
 rc=$?
