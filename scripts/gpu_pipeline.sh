@@ -109,11 +109,16 @@ if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
   step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda  # the hook, beside the GPU tests
   wait  # the GPU tests and the 8B-shaped GGUF
   log "GPU tests and the GGUF done"
+  bench_8b() {  # bench_8b STEP TIMEOUT_S N fa|crisp [ENV...]: one llama-bench run, ubatches of 2048
+    local name=$1 limit=$2 n=$3 policy=()
+    [ "$4" = fa ] || policy=(--sparse-prefill crisp)
+    shift 4
+    step "$name" "$limit" env "$@" "$BIN/llama-bench" -m "$GGUF_8B" -p "$n" -n 0 -fa 1 -b "$n" -ub 2048 -ngl 99 \
+      -r 1 --no-warmup "${policy[@]}"
+  }
   for run in fa_1 crisp_1 fa_2 crisp_2 fa_3 crisp_3 crisp_host; do
-    policy=(); [ "${run%_*}" = fa ] || policy=(--sparse-prefill crisp)
     timing=(); [ $run = crisp_host ] && timing=(CRISP_HOOK_TIMING=host CRISP_PLAN_TIMING=host)
-    step "llama8b_64k_$run" 120 env "${timing[@]}" "$BIN/llama-bench" -m "$GGUF_8B" -p 65536 -n 0 -fa 1 \
-      -b 65536 -ub 2048 -ngl 99 -r 1 --no-warmup "${policy[@]}"
+    bench_8b "llama8b_64k_$run" 120 65536 "${run%_*}" "${timing[@]}"
   done
   for policy in fa crisp; do
     flag=(); [ $policy = crisp ] && flag=(--sparse-prefill crisp)
@@ -125,9 +130,7 @@ if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
   for n in 32768 131072; do
     for rep in 1 2 3; do
       for run in fa crisp; do
-        policy=(); [ $run = fa ] || policy=(--sparse-prefill crisp)
-        step "llama8b_$((n / 1024))k_${run}_$rep" 180 "$BIN/llama-bench" -m "$GGUF_8B" -p $n -n 0 -fa 1 -b $n \
-          -ub 2048 -ngl 99 -r 1 --no-warmup "${policy[@]}"
+        bench_8b "llama8b_$((n / 1024))k_${run}_$rep" 180 $n $run
       done
     done
   done

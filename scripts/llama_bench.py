@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -253,12 +254,6 @@ def add_relative(rows):
             r["attention_share_of_bench"] = r["attention_ms"] / r["mean_ms"]
 
 
-def median(values):
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-
-
 def summarize(rows):
     """Per model, length and policy over its rounds: tokens/s and the speedup over fa of the same
     round (median, lowest, highest), from the rows that measured."""
@@ -270,9 +265,9 @@ def summarize(rows):
         rate = [r["tokens_per_s"] for r in mine]
         speedup = [r["speedup_vs_fa"] for r in mine if "speedup_vs_fa" in r]
         entry = {"model": key[0], "n_prompt": key[1], "policy": key[2], "rounds": len(mine),
-                 "tokens_per_s_median": median(rate), "tokens_per_s_min": min(rate), "tokens_per_s_max": max(rate)}
+                 "tokens_per_s_median": statistics.median(rate), "tokens_per_s_min": min(rate), "tokens_per_s_max": max(rate)}
         if speedup:
-            entry.update({"speedup_vs_fa_median": median(speedup), "speedup_vs_fa_min": min(speedup),
+            entry.update({"speedup_vs_fa_median": statistics.median(speedup), "speedup_vs_fa_min": min(speedup),
                           "speedup_vs_fa_max": max(speedup)})
         out.append(entry)
     return out

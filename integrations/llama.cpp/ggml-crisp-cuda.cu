@@ -26,6 +26,7 @@
 #include "common.cuh"
 #include "crisp/cuda.h"
 #include "cuda/device_plan.h"
+#include "cuda/last_use.h"
 #include "ggml-crisp-cuda.h"
 #include "ggml-crisp-rules.h"
 
@@ -399,14 +400,7 @@ struct PlanSlot {
   std::unique_ptr<crisp::cuda::DevicePlan> plan;  // null until made, or after a refill failed
   void * memory = nullptr;                        // the slot's device memory (never freed while the process runs)
   size_t capacity = 0;
-  cudaEvent_t last_use = nullptr;  // recorded after each op that used the slot's memory
-  cudaStream_t last_stream = nullptr;
-  bool used = false;  // last_use has been recorded
-
-  // Orders `stream` after the slot's last use on another stream (on the same stream it is).
-  void wait_for_last_use(cudaStream_t stream) const {
-    if (used && last_stream != stream) CUDA_CHECK(cudaStreamWaitEvent(stream, last_use, 0));
-  }
+  crisp::cuda_detail::LastUse last_use;  // recorded after each op that used the slot's memory
 };
 
 // Per device: a lock held by an op from its plan's lookup until its use is recorded, and the slots.
@@ -422,18 +416,17 @@ static PlanSlot & plan_for(const PlanKey & key, const crisp::Config & config, cu
   for (auto it = plans.begin(); it != plans.end(); ++it)
     if (it->plan && it->key == key) {
       plans.splice(plans.begin(), plans, it);
-      plans.front().wait_for_last_use(stream);  // its plan is rewritten by this op
+      plans.front().last_use.wait(stream);  // its plan is rewritten by this op
       return plans.front();
     }
   if (plans.size() < kCachedPlans) {
     plans.emplace_front();
-    CUDA_CHECK(cudaEventCreateWithFlags(&plans.front().last_use, cudaEventDisableTiming));
   } else {
     plans.splice(plans.begin(), plans, std::prev(plans.end()));  // the least recent
   }
   PlanSlot & slot = plans.front();
   // The old plan's ops on another stream finish before the new plan's set-up overwrites the memory.
-  slot.wait_for_last_use(stream);
+  slot.last_use.wait(stream);
   slot.plan.reset();  // its planner workspace goes to crisp's spares
   slot.key = key;
   try {
@@ -518,12 +511,15 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
   crisp::cuda::DevicePlan & plan = *slot.plan;  // valid while the lock is held
   sync_check(ctx, dst, "after making or reusing the DevicePlan of the shape");
   // From here the slot's memory is in use on `stream`, whatever throws.
-  slot.last_stream = stream;
-  slot.used = true;
   struct RecordUse {
     PlanSlot & slot;
     cudaStream_t stream;
-    ~RecordUse() { (void) cudaEventRecord(slot.last_use, stream); }  // an error stays with the stream
+    ~RecordUse() {
+      try {
+        slot.last_use.record(stream);
+      } catch (const crisp::Error &) {  // no throw from a destructor; the error stays with the stream
+      }
+    }
   } record_use{slot, stream};
   crisp::cuda::plan_async(qv, kv, config, plan, stream);
   sync_check(ctx, dst, "after crisp::cuda::plan_async");

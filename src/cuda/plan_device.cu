@@ -34,6 +34,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_plan.h"
 #include "cuda/device_plan_internal.h"
+#include "cuda/last_use.h"
 #include "cuda/setup_copies.h"
 #include "cuda/work_order.h"
 #include "cuda/plan_common.cuh"
@@ -118,7 +119,6 @@ class PlanWorkspace {
   PlanWorkspace() = default;
   ~PlanWorkspace() {  // no throw from a destructor
     if (memory_ != nullptr) cudaFree(memory_);
-    if (last_use_ != nullptr) cudaEventDestroy(last_use_);
   }
   PlanWorkspace(const PlanWorkspace&) = delete;
   PlanWorkspace& operator=(const PlanWorkspace&) = delete;
@@ -127,16 +127,11 @@ class PlanWorkspace {
   // stream being captured into a graph neither waits nor records: its work runs at replay).
   void begin_use(cudaStream_t stream) {
     CRISP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture_));
-    if (capture_ != cudaStreamCaptureStatusNone) return;
-    if (recorded_ && stream != last_stream_) CRISP_CUDA_CHECK(cudaStreamWaitEvent(stream, last_use_, 0));
+    if (capture_ == cudaStreamCaptureStatusNone) last_use_.wait(stream);
   }
   // Marks the end of this call's work on `stream`.
   void end_use(cudaStream_t stream) {
-    if (capture_ != cudaStreamCaptureStatusNone) return;
-    if (last_use_ == nullptr) CRISP_CUDA_CHECK(cudaEventCreateWithFlags(&last_use_, cudaEventDisableTiming));
-    CRISP_CUDA_CHECK(cudaEventRecord(last_use_, stream));
-    last_stream_ = stream;
-    recorded_ = true;
+    if (capture_ == cudaStreamCaptureStatusNone) last_use_.record(stream);
   }
 
   // Lays the buffers out for `shape` when it differs from the last one or the config needs
@@ -372,9 +367,7 @@ class PlanWorkspace {
   std::size_t bytes_ = 0;     // in use by the current layout
   std::size_t capacity_ = 0;  // allocated
   int device_ = -1;
-  cudaEvent_t last_use_ = nullptr;
-  cudaStream_t last_stream_ = nullptr;
-  bool recorded_ = false;
+  LastUse last_use_;
   cudaStreamCaptureStatus capture_ = cudaStreamCaptureStatusNone;
   Workspace ws_;
   ProxyWorkItem* items_dev_ = nullptr;
