@@ -25,9 +25,10 @@
 #      split of a pick that met the bar), then the planner at Gemma 3's shape, Gemma 3 in llama.cpp
 #      on each kernel and against llama.cpp's flash attention, bench/compare.py, the 8B-shaped
 #      model's chunked prefill at 64k.
-#   PIPE_PHASE=hostdiag: the GPU tests and test-ggml-crisp, then the 8B-shaped model at 64k: fa
-#      and crisp alternated, crisp with the hook's and the planner's host timing, every attention
-#      node timed, and three alternated pairs at 32k and at 128k (no models to carry).
+#   PIPE_PHASE=hostdiag: the GPU tests and test-ggml-crisp, then paged against contiguous K/V
+#      (`crisp bench --page-sizes`), then the 8B-shaped model: fa and crisp alternated three times
+#      at 32k, 64k and 128k, summarised in pairs.txt (no models to carry; PIPE_HOSTDIAG_FULL=1 adds
+#      the hook's host timing and every attention node timed at 64k).
 #   PIPE_PHASE=diag: Gemma 3's 16k / 32k test split beside the GPU tests, then the planner's
 #      kernel profile (128k x 32 heads; Gemma 3's shape), the crossover, the hook's timing and
 #      `crisp bench` 128k / 512k.
@@ -99,12 +100,12 @@ hook_timing() {  # hook_timing NAME MODEL POLICY [ENV...]
     -ub 8192 -ngl 99 -r 1 --sparse-prefill "$policy"
 }
 
-# PIPE_PHASE=hostdiag (no small models needed): where the 8B-shaped model's prefill loses to
-# llama.cpp's flash attention end to end although crisp's attention nodes are faster
-# (docs/llama_cpp.md, "Known problems on CUDA", item 7). After the GPU tests: fa and crisp
-# alternated three times (a machine's runs drift, so pairs are compared with their neighbours),
-# one crisp run with the hook's and the planner's host timing (no synchronisations added), then
-# every attention node timed on its own for both.
+# PIPE_PHASE=hostdiag (no small models needed): whether the 8B-shaped model's prefill through crisp
+# is ever slower than llama.cpp's flash attention end to end (docs/llama_cpp.md, "Known problems
+# on CUDA", item 7). After the GPU tests and paged K/V's bench: fa and crisp alternated three
+# times per length (a machine's runs drift, so a run is compared with its neighbour); with
+# PIPE_HOSTDIAG_FULL=1 also a crisp run with the hook's and the planner's host timing (no
+# synchronisations added) and every attention node timed on its own for both.
 if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
   step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda  # the hook, beside the GPU tests
   wait  # the GPU tests and the 8B-shaped GGUF
@@ -116,24 +117,26 @@ if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
     step "$name" "$limit" env "$@" "$BIN/llama-bench" -m "$GGUF_8B" -p "$n" -n 0 -fa 1 -b "$n" -ub 2048 -ngl 99 \
       -r 1 --no-warmup "${policy[@]}"
   }
-  for run in fa_1 crisp_1 fa_2 crisp_2 fa_3 crisp_3 crisp_host; do
-    timing=(); [ $run = crisp_host ] && timing=(CRISP_HOOK_TIMING=host CRISP_PLAN_TIMING=host)
-    bench_8b "llama8b_64k_$run" 120 65536 "${run%_*}" "${timing[@]}"
-  done
-  for policy in fa crisp; do
-    flag=(); [ $policy = crisp ] && flag=(--sparse-prefill crisp)
-    step "attn_time_8b_64k_$policy" 150 "$BIN/llama-attn-time" -m "$GGUF_8B" --tokens 65536 --reps 1 -fa -ngl 99 \
-      -b 65536 -ub 2048 --warmup-tokens 512 "${flag[@]}"
-  done
-  # The issue's other lengths: fa and crisp alternated three times each (session 15: single runs
-  # of one machine spread by up to 30% at 128k); the hook sets CUDA_SCALE_LAUNCH_QUEUES=4x for both.
-  for n in 32768 131072; do
-    for rep in 1 2 3; do
-      for run in fa crisp; do
-        bench_8b "llama8b_$((n / 1024))k_${run}_$rep" 180 $n $run
-      done
+  # Paged K/V against contiguous (issue 16), alone on the GPU: the ratio of each page size to
+  # contiguous within one run is the figure (bench/RESULTS.md, session 12: pages of 16 1.49x).
+  step crisp_cli_build 300 cmake --build build-gpu --target crisp_cli -j"$(nproc)"
+  step paged_bench 240 build-gpu/crisp bench --seq 131072 --presets dense,crisp --kernels auto --reps 3 \
+    --warmup 1 --chunks 16384 --page-sizes 16,32,128 --json "$PIPE/paged_bench.json"
+  # PIPE_HOSTDIAG_FULL=1: the host timing and every attention node timed (session 15's diagnosis).
+  if [ "${PIPE_HOSTDIAG_FULL:-0}" = 1 ]; then
+    bench_8b llama8b_64k_crisp_host 120 65536 crisp CRISP_HOOK_TIMING=host CRISP_PLAN_TIMING=host
+    for policy in fa crisp; do
+      flag=(); [ $policy = crisp ] && flag=(--sparse-prefill crisp)
+      step "attn_time_8b_64k_$policy" 150 "$BIN/llama-attn-time" -m "$GGUF_8B" --tokens 65536 --reps 1 -fa -ngl 99 \
+        -b 65536 -ub 2048 --warmup-tokens 512 "${flag[@]}"
     done
-  done
+  fi
+  # The issue's lengths: fa and crisp alternated three times each (session 15: single runs of one
+  # machine spread by up to 30% at 128k), ubatches of 2048, the short warm-up for every length;
+  # the hook sets CUDA_SCALE_LAUNCH_QUEUES=4x for both. llama8b_rounds.md holds the summary.
+  step llama8b_rounds 900 python3 scripts/llama_bench.py --bin "$BIN" --model "llama3.1-8b-shape=$GGUF_8B" \
+    --lengths 32768,65536,131072 --policies fa,crisp --reps 1 --rounds 3 --max-ubatch 2048 --full-warmup-max 0 \
+    --no-attn-time --json "$PIPE/llama8b_rounds.json" --md "$PIPE/llama8b_rounds.md"
   log "pipeline done (hostdiag)"
   exit 0
 fi

@@ -5,8 +5,8 @@
 // The walk over the CSR column list is the only place the sparsity appears: every load is a whole
 // tile at a gathered block address.
 // Paged K/V: the producer's whole warp takes part (ProducerMainloop::loading_thread): lane i looks
-// up the page of the tile's box i, one tile ahead of the loads, and lane 0 (the leader) still
-// issues every TMA load and every mbarrier operation, so each box is counted once.
+// up the page of the tile's box i, one tile ahead of the loads, and issues that box's TMA loads;
+// lane 0 (the leader) alone does every mbarrier operation, so each tile's bytes are counted once.
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; nothing is linked from the driver library)
 
@@ -104,7 +104,8 @@ class ProducerMainloop {
  private:
   static constexpr unsigned kWarp = 0xffffffffu;  // paged K/V: every lane of the producer warp
 
-  // Lane 0 issues every TMA load and mbarrier operation (the only thread with contiguous K/V).
+  // Lane 0 does every mbarrier operation and the query's loads (and, with contiguous K/V, the only
+  // loading thread, every load).
   static __device__ __forceinline__ bool leader() { return threadIdx.x % 32 == 0; }
 
   __device__ __forceinline__ void load_query(const CUtensorMap& map_q, const attention::Params& p, const WorkItem& it,
@@ -157,7 +158,7 @@ class ProducerMainloop {
   // Paged K/V. A key tile is B / box rows boxes (the maps' box, paged_box_rows: each inside one
   // page, each starting a swizzle atom), at most B / 16 = 8, so lane i owns box i of every tile:
   // it reads that box's page id (the ids of a tile are consecutive entries of the table row: one
-  // coalesced read), one tile ahead, while the leader waits for a free slot and issues the current
+  // coalesced read), one tile ahead, while the warp waits for a free slot and issues the current
   // tile's boxes, so the reads' latency is off the load path. The key blocks come from the CSR row
   // 32 at a time (lane l holds column 32 c + l). Registers are few (40 a thread at B = 128): a
   // lane keeps its next page id, not its pool row, and recomputes the tile's key block.
@@ -208,21 +209,21 @@ class ProducerMainloop {
   }
 
   // Paged K/V: one tile as boxes, box i at the pool row `token` of lane i (load_key_value's tile
-  // loader); the tile's bytes are counted once, by the leader, who issues every box. Every lane
-  // runs it (the shuffles).
+  // loader). The leader counts the tile's bytes once; then each lane with a box issues that box's
+  // loads itself, so a tile of B / 16 boxes is one TMA instruction of the warp per half instead of
+  // a shuffle and a leader-only issue per box (the issue loop was the producer's bottleneck at
+  // pages of 16: bench/RESULTS.md, session 16). Every lane runs it.
   __device__ __forceinline__ void load_paged_tile(const CUtensorMap& map, const attention::Params& p, uint32_t dst,
                                                   uint32_t bar_full, uint32_t bar_empty, bool reuse,
                                                   uint32_t reuse_parity, int32_t token, int32_t kv_head) const {
     if (reuse) mbar_wait(bar_empty, reuse_parity);
     if (leader()) mbar_expect_tx(bar_full, Shape::kTileBytes);
-    const int box = paged_box_rows(p.page_size, kBlock);
-    for (int i = 0; i * box < kBlock; ++i) {
-      const int32_t pool_row = __shfl_sync(kWarp, token, i);
-      if (leader()) {
+    __syncwarp(kWarp);  // the bytes are expected before any box can complete (not required, clearer)
+    const int box_row = static_cast<int>(threadIdx.x % 32) * paged_box_rows(p.page_size, kBlock);
+    if (box_row < kBlock) {
 #pragma unroll
-        for (int x = 0; x < kHalves; ++x)
-          tma_load(dst + x * Shape::kHalfBytes + i * box * 128, &map, x * kHalfCols, pool_row, kv_head, bar_full);
-      }
+      for (int x = 0; x < kHalves; ++x)
+        tma_load(dst + x * Shape::kHalfBytes + box_row * 128, &map, x * kHalfCols, token, kv_head, bar_full);
     }
   }
 
