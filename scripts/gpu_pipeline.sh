@@ -135,7 +135,7 @@ if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
   # machine spread by up to 30% at 128k), ubatches of 2048, the short warm-up for every length;
   # the hook sets CUDA_SCALE_LAUNCH_QUEUES=4x for both. llama8b_rounds.md holds the summary.
   step llama8b_rounds 900 python3 scripts/llama_bench.py --bin "$BIN" --model "llama3.1-8b-shape=$GGUF_8B" \
-    --lengths 32768,65536,131072 --policies fa,crisp --reps 1 --rounds 3 --max-ubatch 2048 --full-warmup-max 0 \
+    --lengths 32768,65536,131072 --policies fa,crisp --reps 1 --rounds 3 --max-ubatch 2048 --full-warmup-max 1 \
     --no-attn-time --json "$PIPE/llama8b_rounds.json" --md "$PIPE/llama8b_rounds.md"
   log "pipeline done (hostdiag)"
   exit 0
