@@ -36,26 +36,19 @@ class ProducerMainloop {
   using Shape = TileShape<kDim, kBlock>;
   static constexpr int kStages = Shape::kStages;
   static constexpr int kHalves = kDim / kHalfCols;  // TMA boxes per tile
-  // Paged K/V through cp.async: the threads that copy, the whole producer role (128 at B = 128, its
-  // warp at B = 64; each arrives once per tile on its "full" barrier, SharedStorage::init_barriers;
-  // one warp measured 1.45x contiguous at every page size on the H200, bound by its copy issue),
-  // and the rows a page lookup covers (a page is a multiple of 16 rows and a key tile starts on a
-  // multiple of B, so 16 rows never span two pages).
-  static constexpr int kCopyLanes = Shape::kProducerThreads;
-  static constexpr int kCopyWarps = kCopyLanes / 32;
+  // Paged K/V through cp.async: the lanes that copy (each arrives once per tile on its "full"
+  // barrier, SharedStorage::init_barriers) and the rows a lane's page lookup covers (a page is a
+  // multiple of 16 rows and a key tile starts on a multiple of B, so 16 rows never span two pages).
+  static constexpr int kCopyLanes = 32;
   static constexpr int kSegmentRows = 16;
-  static constexpr int kSegmentsPerWarp = kBlock / kSegmentRows / kCopyWarps;
-  static_assert(kSegmentsPerWarp >= 1 && kBlock % (kSegmentRows * kCopyWarps) == 0, "paged copy split");
 
   __device__ __forceinline__ explicit ProducerMainloop(const SharedStorage<kDim, kBlock>& storage)
       : storage_(storage) {}
 
   // Whether producer thread `producer_thread` (0 = the role's first) takes part in the loads: the
-  // leader; with paged K/V the rest of its warp (lanes look up page ids), and with cp.async every
-  // producer thread. The others return.
+  // leader, and with paged K/V the rest of its warp (lanes look up page ids). The others return.
   static __device__ __forceinline__ bool loading_thread(const attention::Params& p, int producer_thread) {
-    if (p.block_table == nullptr) return producer_thread == 0;
-    return producer_thread < (p.paged_cp_async ? kCopyLanes : 32);
+    return producer_thread == 0 || (producer_thread < 32 && p.block_table != nullptr);
   }
 
   // Waits until the consumers released the query buffer (and the item slot), which they do once
@@ -66,20 +59,10 @@ class ProducerMainloop {
   }
 
   // The next item from `scheduler` (its code, -1 for none, and the item in `it`): the leader takes
-  // it, and with paged K/V hands it to the other lanes (and, cp.async at B = 128, warps: through the
-  // item slot between two producer barriers, the first so that every warp has read the last code).
+  // it, and with paged K/V hands it to the other lanes.
   __device__ __forceinline__ int32_t take_item(TileScheduler& scheduler, const attention::Params& p,
                                                WorkItem& it) const {
     int32_t code = -1;
-    if (p.block_table != nullptr && p.paged_cp_async && kCopyWarps > 1) {
-      named_barrier_sync(kProducerBarrier, kCopyLanes);
-      if (leader()) *storage_.item_slot = code = scheduler.next(p, it);
-      named_barrier_sync(kProducerBarrier, kCopyLanes);
-      if (leader()) return code;
-      code = *storage_.item_slot;
-      if (code >= 0) it = decode_item(p, code);
-      return code;
-    }
     if (leader()) code = scheduler.next(p, it);
     if (p.block_table == nullptr) return code;  // the leader alone
     it.h = __shfl_sync(kWarp, it.h, 0);
@@ -131,10 +114,9 @@ class ProducerMainloop {
  private:
   static constexpr unsigned kWarp = 0xffffffffu;  // paged K/V: every lane of the producer warp
 
-  // The role's first thread does every mbarrier operation and the query's loads (and, with
-  // contiguous K/V, the only loading thread, every load). Producer threads are one warpgroup
-  // (B = 128) or one warp (B = 64) starting at a multiple of its size.
-  static __device__ __forceinline__ bool leader() { return threadIdx.x % kCopyLanes == 0; }
+  // Lane 0 does every mbarrier operation and the query's loads (and, with contiguous K/V, the only
+  // loading thread, every load).
+  static __device__ __forceinline__ bool leader() { return threadIdx.x % 32 == 0; }
 
   __device__ __forceinline__ void load_query(const CUtensorMap& map_q, const attention::Params& p, const WorkItem& it,
                                              int q_token, int32_t kv_head) const {
@@ -196,12 +178,8 @@ class ProducerMainloop {
                                                   const attention::Params& p, int32_t table_row, int32_t n,
                                                   const int32_t* row_cols, int32_t num_tiles, int32_t kv_head) const {
     const int lane = static_cast<int>(threadIdx.x % 32);
-    // This lane's box (TMA: lane i, box i) or 16-row segment (cp.async: warp w's lane i, segment
-    // w kSegmentsPerWarp + i): rows from box_row; kBlock for a lane with none.
-    const int warp = static_cast<int>(threadIdx.x % kCopyLanes) / 32;
-    const int box_row = !p.paged_cp_async           ? lane * paged_box_rows(p.page_size, kBlock)
-                        : lane < kSegmentsPerWarp ? (warp * kSegmentsPerWarp + lane) * kSegmentRows
-                                                  : kBlock;
+    // This lane's box (TMA) or 16-row segment (cp.async): rows from box_row.
+    const int box_row = lane * (p.paged_cp_async ? kSegmentRows : paged_box_rows(p.page_size, kBlock));
     int32_t cols = lane < num_tiles ? row_cols[lane] : 0;           // columns 32 c .. 32 c + 31
     int32_t page_id = look_up_page(p, table_row, n, __shfl_sync(kWarp, cols, 0) * kBlock, box_row);
     for (int j = 0; j < num_tiles; ++j) {
@@ -265,51 +243,41 @@ class ProducerMainloop {
     }
   }
 
-  // Paged K/V through cp.async (load_key_value's tile loader, every producer thread): warp w copies
-  // the tile's 16-row segments w kSegmentsPerWarp + i, whose pool rows its lanes i hold in
-  // `token`; kLanesPerSegment lanes copy a segment, 16 bytes a copy, consecutive lanes on
-  // consecutive chunks of a row (a whole 256-byte row per segment and copy at d = 128, B = 128),
-  // into the 128-byte-swizzled halves TMA would write. A segment on
+  // Paged K/V through cp.async (load_key_value's tile loader, every lane): lane i < B / 16 holds the
+  // pool row of the tile's 16-row segment i in `token`; kLanesPerSegment lanes copy a segment, row
+  // by row, 16 bytes a copy, consecutive lanes on consecutive chunks of a row (a coalesced 64-byte
+  // piece per segment and copy at B = 128), into the 128-byte-swizzled halves TMA would write. A segment on
   // no page or past the sequence (token = the pool's end, box_token) is zero-filled and not read.
   // The lane's arrival on `bar_full` fires once its copies have landed. Bf16/f16 rows (the Hopper
   // kernel's types): 2 bytes an element.
   __device__ __forceinline__ void copy_paged_tile(const attention::Params& p, bool is_key, uint32_t dst,
                                                   uint32_t bar_full, uint32_t bar_empty, bool reuse,
                                                   uint32_t reuse_parity, int32_t token, int32_t kv_head) const {
-    constexpr int kLanesPerSegment = 32 / kSegmentsPerWarp;
+    constexpr int kSegments = kBlock / kSegmentRows;
+    constexpr int kLanesPerSegment = kCopyLanes / kSegments;
     constexpr int kChunksPerRow = kDim * 2 / 16;
-    // A row's chunks spread over the segment's lanes (or, with more lanes than chunks, several
-    // rows at once): kLanesPerRow lanes a row, kChunksPerLane chunks each, kRowsPerStep rows a step.
-    constexpr int kLanesPerRow = kLanesPerSegment < kChunksPerRow ? kLanesPerSegment : kChunksPerRow;
-    constexpr int kChunksPerLane = kChunksPerRow / kLanesPerRow;
-    constexpr int kRowsPerStep = kLanesPerSegment / kLanesPerRow;
-    static_assert(32 % kSegmentsPerWarp == 0 && kChunksPerRow % kLanesPerRow == 0 &&
-                      kLanesPerSegment % kLanesPerRow == 0 && kSegmentRows % kRowsPerStep == 0,
-                  "paged copy shape");
+    constexpr int kChunksPerLane = kChunksPerRow / kLanesPerSegment;  // of each row
+    static_assert(kCopyLanes % kSegments == 0 && kChunksPerRow % kLanesPerSegment == 0, "paged copy shape");
     if (reuse) mbar_wait(bar_empty, reuse_parity);
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const int segment = lane / kLanesPerSegment;  // of this warp's
-    const int first_chunk = lane % kLanesPerRow;  // then every kLanesPerRow-th chunk of the row
+    const int segment = lane / kLanesPerSegment;
+    const int first_chunk = lane % kLanesPerSegment;  // then every kLanesPerSegment-th chunk of the row
     const int32_t pool_row = __shfl_sync(kWarp, token, segment);
     const bool valid = pool_row < static_cast<int32_t>(p.pool_rows);
     const int64_t row_bytes = 2 * (is_key ? p.k_stride_token : p.v_stride_token);
-    const int first_row = (lane % kLanesPerSegment) / kLanesPerRow;
     const char* src = static_cast<const char*>(is_key ? p.k : p.v) + first_chunk * 16 +
-                      (valid ? (pool_row + first_row) * row_bytes : 0) +
-                      2 * kv_head * (is_key ? p.k_stride_head : p.v_stride_head);
+                      (valid ? pool_row * row_bytes : 0) + 2 * kv_head * (is_key ? p.k_stride_head : p.v_stride_head);
     const int src_bytes = valid ? 16 : 0;
-    const int segment_row0 = ((static_cast<int>(threadIdx.x % kCopyLanes) / 32) * kSegmentsPerWarp + segment) *
-                             kSegmentRows;
-    // Rows one step at a time (registers: the producer keeps 40), the lane's chunks of a row unrolled.
+    // Rows one at a time (registers: the producer keeps 40), the lane's chunks of a row unrolled.
 #pragma unroll 1
-    for (int tile_row = segment_row0 + first_row; tile_row < segment_row0 + kSegmentRows; tile_row += kRowsPerStep) {
+    for (int tile_row = segment * kSegmentRows; tile_row < (segment + 1) * kSegmentRows; ++tile_row) {
 #pragma unroll
       for (int j = 0; j < kChunksPerLane; ++j) {
-        const int chunk = first_chunk + j * kLanesPerRow;
+        const int chunk = first_chunk + j * kLanesPerSegment;
         cp_async_16_zfill(dst + (chunk / 8) * Shape::kHalfBytes + swizzled_bytes<128>(tile_row, chunk % 8),
-                          src + j * kLanesPerRow * 16, src_bytes);
+                          src + j * kLanesPerSegment * 16, src_bytes);
       }
-      if (valid) src += kRowsPerStep * row_bytes;
+      src += row_bytes;
     }
     cp_async_mbar_arrive(bar_full);
   }

@@ -113,9 +113,6 @@ constexpr int kPingPongBarrier = 1;
 // Named barrier 3: every consumer thread, after zeroing the V rows past the sequence end
 // (ConsumerMainloop), before the PV that reads them.
 constexpr int kTailBarrier = 3;
-// Named barrier 4: the producer warpgroup (B = 128) when its four warps copy paged K/V with
-// cp.async: the leader hands each work item to the other warps through the item slot.
-constexpr int kProducerBarrier = 4;
 
 // The rows of one K/V TMA box for paged K/V: gcd(page_size, B), a power of two >= 16 (page sizes
 // are multiples of 16, B a power of two), so a box never crosses a page and starts a swizzle atom.
