@@ -117,12 +117,10 @@ if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
     step "$name" "$limit" env "$@" "$BIN/llama-bench" -m "$GGUF_8B" -p "$n" -n 0 -fa 1 -b "$n" -ub 2048 -ngl 99 \
       -r 1 --no-warmup "${policy[@]}"
   }
-  # Paged K/V against contiguous (issue 16), alone on the GPU, loaded by TMA boxes and by cp.async
-  # (crisp::PagedCopy): the ratio of each page size to contiguous within one run is the figure
-  # (bench/RESULTS.md, session 12: pages of 16 1.49x by TMA).
+  # Paged K/V against contiguous (issue 16), alone on the GPU: the ratio of each page size to
+  # contiguous within one run is the figure (bench/RESULTS.md, session 12: pages of 16 1.49x).
   step crisp_cli_build 300 cmake --build build-gpu --target crisp_cli -j"$(nproc)"
-  step paged_bench 240 build-gpu/crisp bench --seq 131072 --presets dense,crisp --reps 3 \
-    --kernels hopper-paged-tma,hopper-paged-cp-async \
+  step paged_bench 240 build-gpu/crisp bench --seq 131072 --presets dense,crisp --kernels auto --reps 3 \
     --warmup 1 --chunks 16384 --page-sizes 16,32,128 --json "$PIPE/paged_bench.json"
   # PIPE_HOSTDIAG_FULL=1: the host timing and every attention node timed (session 15's diagnosis).
   if [ "${PIPE_HOSTDIAG_FULL:-0}" = 1 ]; then

@@ -56,15 +56,6 @@ const char* to_string(GqaPacking packing) {
   return "invalid";
 }
 
-const char* to_string(PagedCopy copy) {
-  switch (copy) {
-    case PagedCopy::automatic: return "auto";
-    case PagedCopy::tma: return "tma";
-    case PagedCopy::cp_async: return "cp_async";
-  }
-  return "invalid";
-}
-
 namespace detail {
 namespace {
 
@@ -82,7 +73,6 @@ void check_cuda_options(const CudaOptions& cuda) {
   check_enum(cuda.schedule, "options.cuda.schedule", "Schedule::automatic, persistent or grid");
   check_enum(cuda.ping_pong, "options.cuda.ping_pong", "PingPong::automatic, on or off");
   check_enum(cuda.gqa_packing, "options.cuda.gqa_packing", "GqaPacking::automatic, separate or pack");
-  check_enum(cuda.paged_copy, "options.cuda.paged_copy", "PagedCopy::automatic, tma or cp_async");
   if (cuda.kernel != Kernel::portable) return;
   // The Hopper kernel's settings mean nothing to the portable kernel: asking for both is a mistake.
   const auto hopper_only = [](const char* name, const char* value) {
@@ -93,7 +83,6 @@ void check_cuda_options(const CudaOptions& cuda) {
   if (cuda.ping_pong != PingPong::automatic) hopper_only("options.cuda.ping_pong", to_string(cuda.ping_pong));
   if (cuda.gqa_packing != GqaPacking::automatic)
     hopper_only("options.cuda.gqa_packing", to_string(cuda.gqa_packing));
-  if (cuda.paged_copy != PagedCopy::automatic) hopper_only("options.cuda.paged_copy", to_string(cuda.paged_copy));
 }
 
 void check_options(const Options& options) {
@@ -108,8 +97,7 @@ void check_options(const Options& options) {
     const CudaOptions defaults;
     const bool is_default = options.cuda.kernel == defaults.kernel && options.cuda.schedule == defaults.schedule &&
                             options.cuda.ping_pong == defaults.ping_pong &&
-                            options.cuda.gqa_packing == defaults.gqa_packing &&
-                            options.cuda.paged_copy == defaults.paged_copy;
+                            options.cuda.gqa_packing == defaults.gqa_packing;
     if (!is_default)
       throw Error("options.cuda", "sets a CUDA kernel choice but options.backend is cpu",
                   "the default CudaOptions on the CPU backend, or backend cuda/auto");
@@ -146,7 +134,6 @@ CudaOptions resolve_kernel_override(const CudaOptions& cuda) {
     resolved.schedule = Schedule::automatic;
     resolved.ping_pong = PingPong::automatic;
     resolved.gqa_packing = GqaPacking::automatic;
-    resolved.paged_copy = PagedCopy::automatic;
   }
   return resolved;
 }

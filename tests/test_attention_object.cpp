@@ -153,17 +153,6 @@ TEST(AttentionObject, BadOptionsNameTheField) {
   o.cuda.ping_pong = crisp::PingPong::automatic;
   o.cuda.gqa_packing = crisp::GqaPacking::pack;
   expect_error_naming(make(o), "options.cuda.gqa_packing");
-  o.cuda.gqa_packing = crisp::GqaPacking::automatic;
-  o.cuda.paged_copy = crisp::PagedCopy::cp_async;
-  expect_error_naming(make(o), "options.cuda.paged_copy");
-  o = {};
-  o.cuda.paged_copy = static_cast<crisp::PagedCopy>(9);
-  expect_error_naming(make(o), "options.cuda.paged_copy");
-  // A Hopper setting on the CPU backend.
-  o = {};
-  o.backend = crisp::Backend::cpu;
-  o.cuda.paged_copy = crisp::PagedCopy::tma;
-  expect_error_naming(make(o), "options.cuda");
   // A CUDA kernel choice on the CPU backend.
   o = {};
   o.backend = crisp::Backend::cpu;

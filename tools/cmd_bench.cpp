@@ -16,9 +16,7 @@
 // hopper-persistent-nopp, hopper-grid-pp, hopper-grid-nopp (Schedule x PingPong, crisp/options.h);
 // "hopper" is the default variant. hopper-gqa-pack packs each GQA group into the kernel's tiles
 // (GqaPacking::pack): it computes the union of the group's layouts, so its rows report the
-// density, TFLOP/s and recall of crisp::gqa_union(plan), what it computed. hopper-paged-tma and
-// hopper-paged-cp-async fix how paged K/V (--page-sizes) are loaded (PagedCopy); contiguous K/V run
-// as "hopper".
+// density, TFLOP/s and recall of crisp::gqa_union(plan), what it computed.
 #include "commands.h"
 
 #if defined(CRISP_WITH_CUDA)
@@ -64,13 +62,7 @@ const KernelVariant kKernelVariants[] = {
     {"hopper-grid-pp", {crisp::Kernel::hopper, crisp::Schedule::grid, crisp::PingPong::on}},
     {"hopper-grid-nopp", {crisp::Kernel::hopper, crisp::Schedule::grid, crisp::PingPong::off}},
     {"hopper-gqa-pack",
-     {crisp::Kernel::hopper, crisp::Schedule::automatic, crisp::PingPong::automatic, crisp::GqaPacking::pack}},
-    {"hopper-paged-tma",
-     {crisp::Kernel::hopper, crisp::Schedule::automatic, crisp::PingPong::automatic, crisp::GqaPacking::automatic,
-      crisp::PagedCopy::tma}},
-    {"hopper-paged-cp-async",
-     {crisp::Kernel::hopper, crisp::Schedule::automatic, crisp::PingPong::automatic, crisp::GqaPacking::automatic,
-      crisp::PagedCopy::cp_async}}};
+     {crisp::Kernel::hopper, crisp::Schedule::automatic, crisp::PingPong::automatic, crisp::GqaPacking::pack}}};
 
 const crisp::CudaOptions& kernel_options(const std::string& kernel) {
   for (const KernelVariant& v : kKernelVariants)
@@ -375,7 +367,7 @@ void register_bench_command(CLI::App& app) {
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
   sub->add_option("--kernels", args->kernels,
                   "Attention kernels to time each layout with (comma separated: portable, hopper, auto, or a "
-                  "Hopper variant hopper-{persistent,grid}-{pp,nopp}, hopper-gqa-pack or hopper-paged-{tma,cp-async}; default portable plus hopper on sm_90)")
+                  "Hopper variant hopper-{persistent,grid}-{pp,nopp} or hopper-gqa-pack; default portable plus hopper on sm_90)")
       ->delimiter(',')
       ->check(CLI::IsMember(kernel_names()));
   sub->add_option("--gpus", args->gpus,

@@ -37,12 +37,6 @@ enum class PingPong { automatic, on, off };
 // kernel's default (separate). Applies at block size 128, group sizes 2/4/8/16, whole-plan
 // launches; elsewhere the heads run separately.
 enum class GqaPacking { automatic, separate, pack };
-// How the Hopper kernel loads paged K/V (a block table): TMA boxes, each inside one page, issued by
-// one producer warp, or 16-byte cp.async copies by that warp's 32 lanes, which gather rows of any
-// page at the same rate. TMA pays a fixed cost per box, so small pages (many boxes per key tile)
-// go to cp.async. automatic: the kernel's default (cp.async below pages of 64 rows,
-// src/cuda/hopper/hopper_attention.h). Contiguous K/V always take TMA.
-enum class PagedCopy { automatic, tma, cp_async };
 
 // The CUDA attention kernel and its settings. Schedule, ping-pong and packing are Hopper-kernel
 // settings: with kernel == portable they must stay automatic (crisp::Error otherwise).
@@ -51,7 +45,6 @@ struct CudaOptions {
   Schedule schedule = Schedule::automatic;
   PingPong ping_pong = PingPong::automatic;
   GqaPacking gqa_packing = GqaPacking::automatic;
-  PagedCopy paged_copy = PagedCopy::automatic;
 };
 
 // NOTE: the most CPU threads any entry point accepts (Options::num_threads, the model runner,
@@ -73,7 +66,6 @@ const char* to_string(Backend backend);
 const char* to_string(Kernel kernel);
 const char* to_string(Schedule schedule);
 const char* to_string(PingPong ping_pong);
-const char* to_string(PagedCopy copy);
 const char* to_string(GqaPacking packing);
 
 }  // namespace crisp

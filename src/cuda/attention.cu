@@ -180,12 +180,11 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   // kernel below.
   // Kernel::automatic's size rule counts the query rows this launch computes (a row-subset call:
   // its listed blocks), and leaves calls that set a Hopper-only option (schedule, ping-pong, GQA
-  // packing, which changes what is computed, paged copy) to the Hopper kernel as before.
+  // packing, which changes what is computed) to the Hopper kernel as before.
   const int64_t launched_rows = items != nullptr ? std::min(tokens, num_items * block) * Hq : tokens * Hq;
   const bool hopper_settings = kernel_options.schedule != Schedule::automatic ||
                                kernel_options.ping_pong != PingPong::automatic ||
-                               kernel_options.gqa_packing != GqaPacking::automatic ||
-                               kernel_options.paged_copy != PagedCopy::automatic;
+                               kernel_options.gqa_packing != GqaPacking::automatic;
   const bool small_call = kernel_options.kernel == Kernel::automatic && !hopper_settings &&
                           !shape_rules::automatic_prefers_hopper(launched_rows);
   if (!small_call && cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, k.shape[1], Hkv,

@@ -37,7 +37,6 @@
 #include <cstdint>
 
 #include "common/kv_rows.h"
-#include "cuda/async_copy.cuh"  // cp_async_16_full / _zfill, swizzled_bytes
 #include "cuda/attention_params.h"
 #include "plan/plan_layout.h"
 #include "plan/rules.h"
@@ -154,7 +153,19 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 }
 
 // ------------------------------------------------------------------ tile copies
-// (swizzled_bytes<kDim * sizeof(T)> is the byte layout of swizzled<kDim>: src/cuda/async_copy.cuh.)
+// Byte offset of (row, 16-byte chunk) in a swizzled tile with kRowBytes bytes per row (the
+// layout of swizzled<kDim>, in bytes).
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t swizzled_bytes(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+__device__ __forceinline__ void cp_async_16_full(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
+}
+
 // Issues the cp.async copies of a kRows x kDim tile whose row i starts at src + i * row_stride
 // into the swizzled tile at shared address smem_tile. Rows outside [first_valid, valid_rows) are
 // zero-filled and their source is not read (safe_src, any mapped address, stands in for it). Each

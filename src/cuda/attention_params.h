@@ -36,9 +36,6 @@ struct Params {
   int64_t table_stride;
   int32_t page_size;
   int64_t pool_rows;  // num_pages * page_size
-  // Hopper kernel, paged K/V only: 1 loads the key tiles with cp.async (crisp::PagedCopy), 0 with
-  // TMA boxes. Set by the Hopper launch; the portable kernel ignores it.
-  int32_t paged_cp_async;
   // Optional row subset (context parallelism): when non-null the work items are num_q_heads x
   // (listed rows), and work item w computes row_items[w / num_q_heads] for head w % num_q_heads,
   // writing its rows to out/lse token row_items[...].out_token + i; when null, every query block of

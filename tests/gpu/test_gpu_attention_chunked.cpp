@@ -271,14 +271,6 @@ TEST_P(GpuChunkedAttention, BothKernelsMatchFloat64ReferenceAndWriteEveryElement
   hopper.kernel = crisp::Kernel::hopper;
   hopper.gqa_packing = crisp::GqaPacking::separate;
   check_kernel(c, p, kv, ref, "hopper", hopper);
-  // Paged K/V both ways (PagedCopy), whichever one automatic picked above: TMA boxes and cp.async.
-  if (c.page_size > 0) {
-    crisp::CudaOptions forced = hopper;
-    forced.paged_copy = crisp::PagedCopy::tma;
-    check_kernel(c, p, kv, ref, "hopper, paged K/V by TMA", forced);
-    forced.paged_copy = crisp::PagedCopy::cp_async;
-    check_kernel(c, p, kv, ref, "hopper, paged K/V by cp.async", forced);
-  }
   // GQA packing on, where it applies: the kernel then computes the group union.
   const int64_t group = c.num_q_heads / c.num_kv_heads;
   if (crisp::cuda::gqa_packing_applies(c.block_size, group)) {

@@ -35,11 +35,6 @@ bool ping_pong(const CudaOptions& options) {
 bool gqa_pack(const CudaOptions& options) {
   return options.gqa_packing == GqaPacking::automatic ? kDefaultGqaPack : options.gqa_packing == GqaPacking::pack;
 }
-bool paged_cp_async(const attention::Params& params, int block, const CudaOptions& options) {
-  if (params.block_table == nullptr) return false;
-  if (options.paged_copy != PagedCopy::automatic) return options.paged_copy == PagedCopy::cp_async;
-  return paged_box_rows(params.page_size, block) < kPagedTmaMinBoxRows;
-}
 
 }  // namespace
 
@@ -161,10 +156,8 @@ void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const 
 }
 
 template <typename T, int kDim, int kBlock>
-void launch(const attention::Params& call_params, int64_t q_tokens, int64_t k_tokens, int64_t num_kv_heads,
+void launch(const attention::Params& params, int64_t q_tokens, int64_t k_tokens, int64_t num_kv_heads,
             int64_t num_ctas, DType dtype, const CudaOptions& options, cudaStream_t stream) {
-  attention::Params params = call_params;
-  params.paged_cp_async = paged_cp_async(params, kBlock, options) ? 1 : 0;
   const int64_t group = params.num_q_heads / num_kv_heads;
   // Each setting is used where it applies: packing at B = 128 for whole-plan launches on a device
   // with memory pools (its union layout and work order are stream-ordered allocations), ping-pong
@@ -176,8 +169,7 @@ void launch(const attention::Params& call_params, int64_t q_tokens, int64_t k_to
   const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, q_tokens,
                                             params.q_stride_head, params.q_stride_token,
                                             packed ? static_cast<int>(kBlock / group) : kBlock);
-  // Paged K/V: a key tile is B / box_rows boxes, each inside one page (paged_box_rows); unused
-  // when the producer copies paged K/V with cp.async.
+  // Paged K/V: a key tile is B / box_rows boxes, each inside one page (paged_box_rows).
   const int key_box = params.block_table != nullptr ? paged_box_rows(params.page_size, kBlock) : kBlock;
   const CUtensorMap map_k = make_tensor_map("k", params.k, dtype, kDim, num_kv_heads, k_tokens,
                                             params.k_stride_head, params.k_stride_token, key_box);

@@ -50,11 +50,6 @@ constexpr bool kDefaultPingPong = false;
 // K/V tiles per FLOP as one head per tile does (docs/hopper.md, "GQA packing"), and on crisp plans
 // it computes the union of the group's layouts (2.1-2.5x the blocks on the structured workload).
 constexpr bool kDefaultGqaPack = false;
-// NOTE: PagedCopy::automatic loads paged K/V with cp.async when a key tile's TMA boxes (one per
-// page piece, paged_box_rows) would hold fewer rows than this: TMA pays a fixed cost per box, and
-// pages of 16 rows (8 boxes per tensor and tile) made the kernel 1.5x slower than contiguous K/V,
-// pages of 128 within 1-4% (bench/RESULTS.md, sessions 12 and 16).
-constexpr int kPagedTmaMinBoxRows = 64;
 
 // True when the current device is sm_90 and the loaded binary of the Hopper kernel is sm_90a code
 // (a build without the 90a architecture carries only a stub).

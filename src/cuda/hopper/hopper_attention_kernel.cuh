@@ -9,7 +9,7 @@
 //  - tile_shape.h: threads, shared-memory layout, ring depth and register split of a tile shape;
 //  - shared_storage.cuh: shared-memory addresses and the pipeline's mbarriers;
 //  - tile_scheduler.cuh: the work order (which item a CTA takes next) and item decoding;
-//  - mainloop_producer.cuh: TMA loads of the query block and the K/V ring (cp.async for small pages);
+//  - mainloop_producer.cuh: TMA loads of the query block and the K/V ring;
 //  - mainloop_consumer.cuh: S = QK^T, softmax, O += PV on wgmma, ping-pong turns;
 //  - softmax.cuh: the masked online softmax in registers;
 //  - epilogue.cuh: normalise, write O and LSE.
@@ -26,8 +26,7 @@
 // read the next sequence's tokens (or zeros past the tensor end) and are masked (keys) or not
 // written (queries); the consumers zero such V rows in shared memory before their PV, so a
 // non-finite value there never reaches O. Paged K/V: each key tile is gathered from the page pool
-// in TMA boxes of gcd(page size, B) rows or, for small pages (crisp::PagedCopy), by the producer
-// warp's 16-byte cp.async copies (mainloop_producer.cuh); rows past the sequence end inside its
+// in boxes of gcd(page size, B) rows (mainloop_producer.cuh); rows past the sequence end inside its
 // last page are zeroed the same way.
 // Queries over a KV prefix (spec §11): the query tile of row r starts at position rB, q row
 // token_offset + rB - (n_k - n_q); in a chunk's first row its rows before the first query are the
@@ -79,7 +78,7 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
   static_assert(!kPacked || kBlock == 128, "GQA packing at block size 128");
   extern __shared__ unsigned char smem_raw[];
   const SharedStorage<kDim, kBlock> storage(smem_raw);
-  if (threadIdx.x == 0) storage.init_barriers(p.paged_cp_async ? ProducerMainloop<kDim, kBlock, kPacked>::kCopyLanes : 1);
+  if (threadIdx.x == 0) storage.init_barriers();
   __syncthreads();
 
   // B = 128: warpgroup 0 produces, warpgroups 1 and 2 consume; B = 64: warpgroup 0 consumes and
@@ -113,7 +112,7 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
   const int group = lane / 4;      // accumulator row within an 8-row half
   const int quad_lane = lane % 4;  // accumulator column pair
   using Mainloop = ConsumerMainloop<T, kDim, kBlock, kPingPong>;
-  Mainloop mainloop(storage, consumer, lane, p.paged_cp_async != 0);
+  Mainloop mainloop(storage, consumer, lane);
   float o_acc[Mainloop::kOutRegs];
   OnlineSoftmax<kBlock> softmax;
   mainloop.first_turn();

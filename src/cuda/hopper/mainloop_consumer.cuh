@@ -73,14 +73,10 @@ class ConsumerMainloop {
   // Descriptors. Q and K are K-major (dims contiguous): the 128-byte swizzle atom is 8 rows x 128
   // bytes, so the stride between 8-row groups is 1024 bytes and the leading offset is unused; a
   // 16-dim k-step advances 32 bytes inside the atom, the second 64 dims are the next half.
-  // paged_cp_async: the K/V tiles arrive through the producer's cp.async copies (generic proxy),
-  // which wgmma (async proxy) may read only after a proxy fence (attention::Params::paged_cp_async).
-  __device__ __forceinline__ ConsumerMainloop(const SharedStorage<kDim, kBlock>& storage, int consumer, int lane,
-                                              bool paged_cp_async)
+  __device__ __forceinline__ ConsumerMainloop(const SharedStorage<kDim, kBlock>& storage, int consumer, int lane)
       : storage_(storage),
         consumer_(consumer),
         lane_(lane),
-        paged_cp_async_(paged_cp_async),
         q_desc_(smem_descriptor(storage.q() + consumer * 64 * 128, 16, 1024)) {}
 
   // Waits for the producer's next item and returns its code (-1: no more).
@@ -212,7 +208,6 @@ class ConsumerMainloop {
   __device__ __forceinline__ void issue_qk(uint32_t t) {
     const int stage = t % kStages;
     mbar_wait(storage_.bar_k_full(stage), (t / kStages) & 1);
-    if (paged_cp_async_) fence_proxy_async_shared();
     fence_registers(s_acc_);
     wgmma_fence();
     const uint64_t kd = k_desc(stage);
@@ -224,7 +219,6 @@ class ConsumerMainloop {
   __device__ __forceinline__ void issue_pv(float (&o_acc)[kOutRegs], uint32_t t) {
     const int stage = t % kStages;
     mbar_wait(storage_.bar_v_full(stage), (t / kStages) & 1);
-    if (paged_cp_async_) fence_proxy_async_shared();
     fence_registers(o_acc);
     wgmma_fence();
     const uint64_t vd = v_desc(stage);
@@ -249,7 +243,7 @@ class ConsumerMainloop {
       const uint32_t addr = tile + (c / chunks) * Shape::kHalfBytes + (c % chunks) * 16;
       asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
     }
-    fence_proxy_async_shared();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     named_barrier_sync(kTailBarrier, kThreads);
   }
   // One arrival per warp, after the warp's own wgmma wait.
@@ -283,7 +277,6 @@ class ConsumerMainloop {
   // the loops compile as they did when they were written inside the kernel.
   const SharedStorage<kDim, kBlock> storage_;
   const int consumer_, lane_;
-  const bool paged_cp_async_;
   const uint64_t q_desc_;
   uint32_t tiles_done_ = 0, items_done_ = 0;
   float s_acc_[kScoreRegs];      // S of the current tile, then its exp2 values

@@ -5,18 +5,13 @@
 // The walk over the CSR column list is the only place the sparsity appears: every load is a whole
 // tile at a gathered block address.
 // Paged K/V: the producer's whole warp takes part (ProducerMainloop::loading_thread): lane i looks
-// up the page of the tile's box i, one tile ahead of the loads. With TMA (pages of 64 rows and
-// more, crisp::PagedCopy) the lanes issue their boxes' loads and lane 0 (the leader) alone does
-// every mbarrier operation, so each tile's bytes are counted once; with cp.async (smaller pages:
-// TMA's fixed cost per box made pages of 16 rows 1.5x slower than contiguous K/V) the 32 lanes
-// copy the tile's 16-row segments 16 bytes at a time into the same swizzled layout, and each
-// lane's arrival on the tile's barrier fires when its copies have landed.
+// up the page of the tile's box i, one tile ahead of the loads, and issues that box's TMA loads;
+// lane 0 (the leader) alone does every mbarrier operation, so each tile's bytes are counted once.
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; nothing is linked from the driver library)
 
 #include <cstdint>
 
-#include "cuda/async_copy.cuh"
 #include "cuda/attention_params.h"
 #include "cuda/hopper/shared_storage.cuh"
 #include "cuda/hopper/sm90_primitives.cuh"
@@ -36,11 +31,6 @@ class ProducerMainloop {
   using Shape = TileShape<kDim, kBlock>;
   static constexpr int kStages = Shape::kStages;
   static constexpr int kHalves = kDim / kHalfCols;  // TMA boxes per tile
-  // Paged K/V through cp.async: the lanes that copy (each arrives once per tile on its "full"
-  // barrier, SharedStorage::init_barriers) and the rows a lane's page lookup covers (a page is a
-  // multiple of 16 rows and a key tile starts on a multiple of B, so 16 rows never span two pages).
-  static constexpr int kCopyLanes = 32;
-  static constexpr int kSegmentRows = 16;
 
   __device__ __forceinline__ explicit ProducerMainloop(const SharedStorage<kDim, kBlock>& storage)
       : storage_(storage) {}
@@ -98,8 +88,8 @@ class ProducerMainloop {
       for (int j = 0; j < num_tiles; ++j) {
         const int32_t key = kv_token0 + row_cols[j] * kBlock;
         load_key_value(map_k, map_v, tiles_done_ + j,
-                       [&](const CUtensorMap& map, bool, uint32_t dst, uint32_t bar_full, uint32_t bar_empty,
-                           bool reuse, uint32_t reuse_parity) {
+                       [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
+                           uint32_t reuse_parity) {
                          load_ring_tile(map, dst, bar_full, bar_empty, reuse, reuse_parity, key, kv_head);
                        });
       }
@@ -141,7 +131,7 @@ class ProducerMainloop {
     }
   }
 
-  // The K and V tiles of ring tile t, K first, each through load_tile(map, is_key, dst, bar_full,
+  // The K and V tiles of ring tile t, K first, each through load_tile(map, dst, bar_full,
   // bar_empty, reuse, reuse_parity): into its slot's buffer `dst`, completing on `bar_full`; with
   // `reuse` (the first kStages tiles find the ring empty), once the consumers released the slot's
   // previous tile on `bar_empty`, the phase of parity `reuse_parity`.
@@ -151,10 +141,8 @@ class ProducerMainloop {
     const int stage = t % kStages;
     const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
     const bool reuse = t >= kStages;
-    load_tile(map_k, true, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse,
-              reuse_parity);
-    load_tile(map_v, false, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse,
-              reuse_parity);
+    load_tile(map_k, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse, reuse_parity);
+    load_tile(map_v, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse, reuse_parity);
   }
 
   // Contiguous K/V: one tile at token `key` (load_key_value's tile loader).
@@ -178,8 +166,7 @@ class ProducerMainloop {
                                                   const attention::Params& p, int32_t table_row, int32_t n,
                                                   const int32_t* row_cols, int32_t num_tiles, int32_t kv_head) const {
     const int lane = static_cast<int>(threadIdx.x % 32);
-    // This lane's box (TMA) or 16-row segment (cp.async): rows from box_row.
-    const int box_row = lane * (p.paged_cp_async ? kSegmentRows : paged_box_rows(p.page_size, kBlock));
+    const int box_row = lane * paged_box_rows(p.page_size, kBlock);  // this lane's box: rows from box_row
     int32_t cols = lane < num_tiles ? row_cols[lane] : 0;           // columns 32 c .. 32 c + 31
     int32_t page_id = look_up_page(p, table_row, n, __shfl_sync(kWarp, cols, 0) * kBlock, box_row);
     for (int j = 0; j < num_tiles; ++j) {
@@ -191,12 +178,9 @@ class ProducerMainloop {
         page_id = look_up_page(p, table_row, n, __shfl_sync(kWarp, cols, following % 32) * kBlock, box_row);
       }
       load_key_value(map_k, map_v, tiles_done_ + j,
-                     [&](const CUtensorMap& map, bool is_key, uint32_t dst, uint32_t bar_full, uint32_t bar_empty,
-                         bool reuse, uint32_t reuse_parity) {
-                       if (p.paged_cp_async)
-                         copy_paged_tile(p, is_key, dst, bar_full, bar_empty, reuse, reuse_parity, token, kv_head);
-                       else
-                         load_paged_tile(map, p, dst, bar_full, bar_empty, reuse, reuse_parity, token, kv_head);
+                     [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
+                         uint32_t reuse_parity) {
+                       load_paged_tile(map, p, dst, bar_full, bar_empty, reuse, reuse_parity, token, kv_head);
                      });
     }
   }
@@ -241,45 +225,6 @@ class ProducerMainloop {
       for (int x = 0; x < kHalves; ++x)
         tma_load(dst + x * Shape::kHalfBytes + box_row * 128, &map, x * kHalfCols, token, kv_head, bar_full);
     }
-  }
-
-  // Paged K/V through cp.async (load_key_value's tile loader, every lane): lane i < B / 16 holds the
-  // pool row of the tile's 16-row segment i in `token`; kLanesPerSegment lanes copy a segment, row
-  // by row, 16 bytes a copy, consecutive lanes on consecutive chunks of a row (a coalesced 64-byte
-  // piece per segment and copy at B = 128), into the 128-byte-swizzled halves TMA would write. A segment on
-  // no page or past the sequence (token = the pool's end, box_token) is zero-filled and not read.
-  // The lane's arrival on `bar_full` fires once its copies have landed. Bf16/f16 rows (the Hopper
-  // kernel's types): 2 bytes an element.
-  __device__ __forceinline__ void copy_paged_tile(const attention::Params& p, bool is_key, uint32_t dst,
-                                                  uint32_t bar_full, uint32_t bar_empty, bool reuse,
-                                                  uint32_t reuse_parity, int32_t token, int32_t kv_head) const {
-    constexpr int kSegments = kBlock / kSegmentRows;
-    constexpr int kLanesPerSegment = kCopyLanes / kSegments;
-    constexpr int kChunksPerRow = kDim * 2 / 16;
-    constexpr int kChunksPerLane = kChunksPerRow / kLanesPerSegment;  // of each row
-    static_assert(kCopyLanes % kSegments == 0 && kChunksPerRow % kLanesPerSegment == 0, "paged copy shape");
-    if (reuse) mbar_wait(bar_empty, reuse_parity);
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    const int segment = lane / kLanesPerSegment;
-    const int first_chunk = lane % kLanesPerSegment;  // then every kLanesPerSegment-th chunk of the row
-    const int32_t pool_row = __shfl_sync(kWarp, token, segment);
-    const bool valid = pool_row < static_cast<int32_t>(p.pool_rows);
-    const int64_t row_bytes = 2 * (is_key ? p.k_stride_token : p.v_stride_token);
-    const char* src = static_cast<const char*>(is_key ? p.k : p.v) + first_chunk * 16 +
-                      (valid ? pool_row * row_bytes : 0) + 2 * kv_head * (is_key ? p.k_stride_head : p.v_stride_head);
-    const int src_bytes = valid ? 16 : 0;
-    // Rows one at a time (registers: the producer keeps 40), the lane's chunks of a row unrolled.
-#pragma unroll 1
-    for (int tile_row = segment * kSegmentRows; tile_row < (segment + 1) * kSegmentRows; ++tile_row) {
-#pragma unroll
-      for (int j = 0; j < kChunksPerLane; ++j) {
-        const int chunk = first_chunk + j * kLanesPerSegment;
-        cp_async_16_zfill(dst + (chunk / 8) * Shape::kHalfBytes + swizzled_bytes<128>(tile_row, chunk % 8),
-                          src + j * kLanesPerSegment * 16, src_bytes);
-      }
-      src += row_bytes;
-    }
-    cp_async_mbar_arrive(bar_full);
   }
 
   // A copy, not a reference: the compiler then keeps the addresses in registers from the start, and

@@ -42,18 +42,15 @@ struct SharedStorage {
   __device__ __forceinline__ uint32_t bar_v_empty(int stage) const { return bar_q() + 8u * (1 + 3 * kStages + stage); }
   __device__ __forceinline__ uint32_t bar_q_empty() const { return bar_q() + 8u * (1 + 4 * kStages); }
 
-  // One thread initialises the barriers; the caller synchronises the CTA before any use. A K/V
-  // tile's "full" barrier completes on `tile_arrivals` arrivals and its transaction bytes: 1 (the
-  // producer's leader expects the TMA bytes) or, for paged K/V copied with cp.async, one arrival
-  // per producer lane, each triggered when that lane's copies have landed.
-  __device__ __forceinline__ void init_barriers(uint32_t tile_arrivals) const {
+  // One thread initialises the barriers; the caller synchronises the CTA before any use.
+  __device__ __forceinline__ void init_barriers() const {
     mbar_init(bar_q(), 1);
     // NOTE: one arrival per consumer warp (each warp releases a buffer after its own wgmma wait).
     mbar_init(bar_q_empty(), Shape::kConsumers * 4);
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
-      mbar_init(bar_k_full(st), tile_arrivals);
-      mbar_init(bar_v_full(st), tile_arrivals);
+      mbar_init(bar_k_full(st), 1);
+      mbar_init(bar_v_full(st), 1);
       mbar_init(bar_k_empty(st), Shape::kConsumers * 4);
       mbar_init(bar_v_empty(st), Shape::kConsumers * 4);
     }

@@ -42,16 +42,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-// Orders this thread's view of shared memory written through the generic proxy (st.shared,
-// cp.async) before its later async-proxy operations on it (wgmma operand reads, TMA stores).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// Arrives on `bar` once every cp.async this thread issued before has landed; noinc: the arrival is
-// one of the barrier's initial count (it does not add an expected arrival first).
-__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 // One 3-D box (64 dims x the map's box tokens x 1 head: B, or 128 / g for a packed query tile)
 // into shared memory, completing on `bar`.
 __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int dim0, int token, int head,
