@@ -27,7 +27,7 @@
 #      model's chunked prefill at 64k.
 #   PIPE_PHASE=hostdiag: the GPU tests and test-ggml-crisp, then paged against contiguous K/V
 #      (`crisp bench --page-sizes`), then the 8B-shaped model: fa and crisp alternated three times
-#      at 32k, 64k and 128k, summarised in pairs.txt (no models to carry; PIPE_HOSTDIAG_FULL=1 adds
+#      at 32k, 64k and 128k, summarised in llama8b_rounds.md (no models to carry; PIPE_HOSTDIAG_FULL=1 adds
 #      the hook's host timing and every attention node timed at 64k).
 #   PIPE_PHASE=diag: Gemma 3's 16k / 32k test split beside the GPU tests, then the planner's
 #      kernel profile (128k x 32 heads; Gemma 3's shape), the crossover, the hook's timing and

@@ -210,9 +210,10 @@ class ProducerMainloop {
 
   // Paged K/V: one tile as boxes, box i at the pool row `token` of lane i (load_key_value's tile
   // loader). The leader counts the tile's bytes once; then each lane with a box issues that box's
-  // loads itself, so a tile of B / 16 boxes is one TMA instruction of the warp per half instead of
-  // a shuffle and a leader-only issue per box (the issue loop was the producer's bottleneck at
-  // pages of 16: bench/RESULTS.md, session 16). Every lane runs it.
+  // loads itself, without a shuffle and a leader-only branch per box. TMA takes its operands in
+  // uniform registers, so the compiler still issues the lanes' boxes one after another; dropping
+  // the per-box shuffle took pages of 16 from 1.49x to about 1.25x contiguous (bench/RESULTS.md,
+  // session 16). Every lane runs it.
   __device__ __forceinline__ void load_paged_tile(const CUtensorMap& map, const attention::Params& p, uint32_t dst,
                                                   uint32_t bar_full, uint32_t bar_empty, bool reuse,
                                                   uint32_t reuse_parity, int32_t token, int32_t kv_head) const {
