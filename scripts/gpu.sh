@@ -44,6 +44,7 @@
 #                            not --reps / --warmup, which the suite sets: refused)
 #   CRISP_GPU_BASELINE       bench: a second source tree (e.g. `git archive main`) built into
 #                            <build>-baseline and benched with the same flags
+#   CRISP_GPU_BASELINE_BIN   bench: a prebuilt baseline `crisp` benched with the same flags (no build)
 #   CRISP_GPU_PLAN_PROFILE=1 bench: Nsight Compute times the planner kernels of one crisp plan at
 #                            CRISP_GPU_PROFILE_SEQ [131072] tokens (table by kernel name), with the
 #                            bench flags of CRISP_GPU_PROFILE_ARGS (e.g. "--heads 4 --kv-heads 1 --dim 256")
@@ -308,7 +309,16 @@ suite_bench() {
   tail -3 "$DETAIL/bench_progress.log"
   status=$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc$([ $rc = 124 ] && echo ' (deadline; rows so far kept)')")
   record bench "$status" "$(bench_figures "$OUT/bench.json" 2>/dev/null) ($(( $(date +%s) - T0 )) s)"
-  if [ -n "${CRISP_GPU_BASELINE:-}" ]; then
+  if [ -n "${CRISP_GPU_BASELINE_BIN:-}" ]; then
+    note "baseline binary $CRISP_GPU_BASELINE_BIN: the same bench"
+    T0=$(date +%s)
+    run_bench "$CRISP_GPU_BASELINE_BIN" "$OUT/bench_baseline.json" bench_baseline
+    rc=$?
+    BASELINE_TABLE=$(bench_table "$OUT/bench.json" "$OUT/bench_baseline.json")
+    echo "$BASELINE_TABLE"
+    record "bench baseline" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" \
+      "$(bench_figures "$OUT/bench_baseline.json" 2>/dev/null) ($(( $(date +%s) - T0 )) s)"
+  elif [ -n "${CRISP_GPU_BASELINE:-}" ]; then
     note "baseline $CRISP_GPU_BASELINE: build ${BUILD}-baseline and the same bench"
     T0=$(date +%s)
     if build_tree "$CRISP_GPU_BASELINE" "$ROOT/${BUILD}-baseline" crisp_cli; then

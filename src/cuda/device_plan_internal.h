@@ -33,6 +33,13 @@ inline const void* workspace_key(const DevicePlanView& view) { return &view; }
 // that DevicePlan is destroyed. Never throws.
 void release_planner_workspace(const void* key) noexcept;
 
+// Which kernel runs the fused tensor-core proxy pass of bf16 / fp16 planning (plan_device.cu).
+// automatic: wgmma (hopper/plan_proxy_wgmma.cuh) where the device runs the binary's sm_90a code,
+// mma.sync (plan_proxy_mma.cuh) elsewhere; mma_sync: the mma.sync kernel everywhere, so the GPU
+// tests check the sm_80 kernel on a Hopper device too. Process-wide; set it between plans.
+enum class ProxyMmaKernel { automatic, mma_sync };
+void set_proxy_mma_kernel(ProxyMmaKernel kernel);
+
 // The batch shape with both lists filled (an empty cu_seqlens_k: whole prompts) and the block
 // table dropped, after checking the offsets. Throws crisp::Error naming the list.
 Batch normalized_shape(const Batch& batch);

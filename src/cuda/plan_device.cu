@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -42,6 +43,8 @@
 #include "cuda/plan_proxy.cuh"
 #include "cuda/plan_proxy_mma.cuh"
 #include "cuda/plan_select.cuh"
+#include "cuda/hopper/hopper_attention.h"  // hopper::kernel_available
+#include "cuda/hopper/plan_proxy_wgmma.cuh"
 #include "plan/plan_params.h"
 #include "plan/select.h"
 
@@ -495,6 +498,19 @@ void set_smem(const void* kernel, std::size_t bytes) {
     CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+std::atomic<int>& proxy_mma_kernel_setting() {
+  static std::atomic<int> setting{static_cast<int>(ProxyMmaKernel::automatic)};
+  return setting;
+}
+
+// The fused pass on wgmma (hopper/plan_proxy_wgmma.cuh) where the device runs the binary's sm_90a
+// code, unless set_proxy_mma_kernel chose mma.sync. Its shared memory (at most 193 KB, d = 256)
+// fits every sm_90 device.
+bool wgmma_proxy() {
+  return proxy_mma_kernel_setting().load() == static_cast<int>(ProxyMmaKernel::automatic) &&
+         hopper::kernel_available();
+}
+
 // §1 on tensor cores (plan_proxy_mma.cuh). Pooled rules (noise_floor, and every PE/JSD need): one
 // fused pass over K (softmax partials and per-row masses), combine, rows and bins finalize. Token-level
 // rules (cumulative, topk need v and u per token): pass 1, combine, pass 2, finalize.
@@ -506,9 +522,16 @@ void proxy_on_tensor_cores(const Strided3<T>& qs, const Strided3<T>& ks, const P
   constexpr std::size_t smem = proxy_mma_smem_bytes<T, kDim>();
   constexpr int kThreads = mma_warps(kDim) * 32;
   if (!token_level) {
-    set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, kFusedPass, false>), smem);
-    proxy_mma_kernel<T, kDim, kFusedPass, false><<<items, kThreads, smem, stream>>>(qs, ks, pp, records);
-    CRISP_CUDA_CHECK_LAUNCH("proxy_mma_kernel (fused pass)");
+    if (wgmma_proxy()) {
+      constexpr std::size_t wgmma_smem = proxy_wgmma_smem_bytes<kDim>();
+      set_smem(reinterpret_cast<const void*>(&proxy_wgmma_kernel<T, kDim>), wgmma_smem);
+      proxy_wgmma_kernel<T, kDim><<<items, kThreads, wgmma_smem, stream>>>(qs, ks, pp, records);
+      CRISP_CUDA_CHECK_LAUNCH("proxy_wgmma_kernel (fused pass)");
+    } else {
+      set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, kFusedPass, false>), smem);
+      proxy_mma_kernel<T, kDim, kFusedPass, false><<<items, kThreads, smem, stream>>>(qs, ks, pp, records);
+      CRISP_CUDA_CHECK_LAUNCH("proxy_mma_kernel (fused pass)");
+    }
     proxy_combine_kernel<mma_rows(kDim), true><<<combine_grid, 256, 0, stream>>>(cp);
     CRISP_CUDA_CHECK_LAUNCH("proxy_combine_kernel");
     proxy_mma_rows_kernel<<<dim3(grid_for(max_blocks, kRowsFinalizeWarps), slots), kRowsFinalizeWarps * 32, 0,
@@ -934,6 +957,10 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
 }
 
 }  // namespace planner
+
+void set_proxy_mma_kernel(ProxyMmaKernel kernel) {
+  planner::proxy_mma_kernel_setting().store(static_cast<int>(kernel));
+}
 }  // namespace cuda_detail
 
 namespace cuda {

@@ -199,20 +199,69 @@ __device__ __forceinline__ int count_flags(const int8_t* flags, int N, int* scra
   return block_reduce(local, scratch, SumOp());
 }
 
+// NOTE: up to this many blocks are picked by repeated block-wide arg-max rounds (one reduction each);
+// more by counting each candidate's rank against every block (N steps per thread). PE heads add
+// their min_budget blocks here (2 at 256 tokens and B = 128): by rank counting that cost ~40 us
+// per side at N = 1024, most of the vs_flags stage at 128k (bench/RESULTS.md, session 17).
+constexpr int kArgMaxPickLimit = 32;
+
+// Marks temp[b] = 1 for the `count` candidates (cand(b)) ranked first by rules::ranks_before on
+// mass, temp[b] = 0 elsewhere; every thread of the block calls it. The same blocks either way:
+// ranks_before is a strict total order on (mass, index).
+template <typename Candidate>
+__device__ void mark_first_ranked(const double* mass, int8_t* temp, int N, int count, Candidate cand) {
+  __shared__ double best_mass[32];
+  __shared__ int best_index[32];
+  for (int b = threadIdx.x; b < N; b += blockDim.x) temp[b] = 0;
+  __syncthreads();
+  if (count <= kArgMaxPickLimit) {
+    for (int round = 0; round < count; ++round) {
+      double bm = 0.0;
+      int bi = -1;
+      for (int b = threadIdx.x; b < N; b += blockDim.x)
+        if (cand(b) && !temp[b] && (bi < 0 || rules::ranks_before(mass[b], b, bm, bi))) {
+          bm = mass[b];
+          bi = b;
+        }
+      for (int off = 16; off > 0; off >>= 1) {
+        const double om = __shfl_xor_sync(0xffffffffu, bm, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (oi >= 0 && (bi < 0 || rules::ranks_before(om, oi, bm, bi))) {
+          bm = om;
+          bi = oi;
+        }
+      }
+      if ((threadIdx.x & 31) == 0) {
+        best_mass[threadIdx.x >> 5] = bm;
+        best_index[threadIdx.x >> 5] = bi;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
+          if (best_index[w] >= 0 && (bi < 0 || rules::ranks_before(best_mass[w], best_index[w], bm, bi))) {
+            bm = best_mass[w];
+            bi = best_index[w];
+          }
+        if (bi >= 0) temp[bi] = 1;
+      }
+      __syncthreads();
+    }
+    return;
+  }
+  for (int b = threadIdx.x; b < N; b += blockDim.x) {
+    if (!cand(b)) continue;
+    int rank = 0;
+    for (int o = 0; o < N; ++o) rank += (cand(o) && rules::ranks_before(mass[o], o, mass[b], b)) ? 1 : 0;
+    temp[b] = rank < count;
+  }
+  __syncthreads();
+}
+
 // Adds unflagged blocks in tie order (rules::ranks_before on mass) until `target` are flagged.
 __device__ void add_until(const double* mass, int8_t* flags, int8_t* temp, int N, int target, int* scratch) {
   const int kept = count_flags(flags, N, scratch);
   if (kept >= target) return;
-  const int need = target - kept;
-  for (int b = threadIdx.x; b < N; b += blockDim.x) {
-    temp[b] = 0;
-    if (flags[b]) continue;
-    int rank = 0;
-    for (int o = 0; o < N; ++o)
-      rank += (!flags[o] && rules::ranks_before(mass[o], o, mass[b], b)) ? 1 : 0;
-    temp[b] = rank < need;
-  }
-  __syncthreads();
+  mark_first_ranked(mass, temp, N, target - kept, [&](int b) { return !flags[b]; });
   for (int b = threadIdx.x; b < N; b += blockDim.x) flags[b] |= temp[b];
   __syncthreads();
 }
@@ -221,19 +270,8 @@ __device__ void add_until(const double* mass, int8_t* flags, int8_t* temp, int N
 __device__ void trim_to(const double* mass, int8_t* flags, int8_t* temp, int N, int limit, int* scratch) {
   const int kept = count_flags(flags, N, scratch);
   if (kept <= limit) return;
-  for (int b = threadIdx.x; b < N; b += blockDim.x) {
-    temp[b] = 0;
-    if (b == 0) {
-      temp[b] = 1;
-      continue;
-    }
-    if (!flags[b]) continue;
-    int rank = 0;
-    for (int o = 1; o < N; ++o) rank += (flags[o] && rules::ranks_before(mass[o], o, mass[b], b)) ? 1 : 0;
-    temp[b] = rank < limit - 1;
-  }
-  __syncthreads();
-  for (int b = threadIdx.x; b < N; b += blockDim.x) flags[b] = temp[b];
+  mark_first_ranked(mass, temp, N, limit - 1, [&](int b) { return b >= 1 && flags[b]; });
+  for (int b = threadIdx.x; b < N; b += blockDim.x) flags[b] = b == 0 ? 1 : temp[b];
   __syncthreads();
 }
 

@@ -90,9 +90,11 @@ constexpr int kFusedLastBins = kFusedBins;  // first index of the last rows' bin
 constexpr int kFusedBinsPitch = kFusedBins + kMmaSlashBins;
 
 // First distance block reached by key block kb from the L proxy rows (t >= n - L - (kb+1) B + 1).
-__device__ __forceinline__ int mma_slash_base(int64_t n, int L, int B, int64_t kb) {
-  const int64_t t_lo = n - L - (kb + 1) * B + 1;
-  return t_lo > 0 ? static_cast<int>(t_lo / B) : 0;
+// Positions fit an int on this path (proxy_mma_kernel's pw), so 32-bit arithmetic: a 64-bit
+// division per tile costs a call to a division routine.
+__device__ __forceinline__ int mma_slash_base(int n, int L, int B, int kb) {
+  const int t_lo = n - L - (kb + 1) * B + 1;
+  return t_lo > 0 ? t_lo / B : 0;
 }
 
 // Pass-2 masses of one tile for one thread: turns acc (raw q.k) into A values in place and adds
@@ -140,6 +142,136 @@ __device__ __forceinline__ void reduce_scatter_half(float (&vals)[16], int lane)
     const float keep = upper ? vals[i + kHalf] : vals[i];
     vals[i] = keep + __shfl_xor_sync(0xffffffffu, send, kMask);
   }
+}
+
+// One proxy row of the fused pass, over this lane's keys: running maximum (log2 domain) and sum,
+// and the current key block's masses (3 slash bins, structural) relative to that maximum.
+struct FusedRowState {
+  float max = -INFINITY, sum = 0.f, bin0 = 0.f, bin1 = 0.f, bin2 = 0.f, cs = 0.f;
+};
+
+// Whether a 64-key tile from j0 needs the general row update for some proxy row (positions
+// n - L .. n - 1): a key after a row (causal mask), in the sink, or within w_local of a row.
+__device__ __forceinline__ bool fused_tile_is_general(int64_t n, int L, int j0, int64_t w_sink, int64_t w_local) {
+  return j0 < w_sink || (n - L) - (j0 + kMmaKeyTile - 1) < (w_local > 0 ? w_local : 0);
+}
+
+// The fused pass's update of one row by this lane's 16 raw scores of a 64-key tile (s(nt, e): key
+// j0q + 8 nt + e; the row at position p): online softmax, then the tile's masses added to the
+// slash bins of distance blocks c_base + 0..2 (key offsets <= tb - T2 in bin 2, <= tb - T1 in
+// bin 1) and, kGeneral, the causal mask and the structural mass. The fast form (no key of the
+// tile after the row, in the sink or the local window) uses that a 64-key tile meets at most one
+// bin boundary of a row (B >= 64): two sums split at that boundary, then added to their bins.
+template <bool kGeneral, typename Scores>
+__device__ __forceinline__ void fused_row_update(Scores s, int p, int j0q, int T1, int T2, float scale_log2,
+                                                 int64_t w_sink, int64_t w_local, FusedRowState& st) {
+  const int tb = p - j0q;  // distance of key offset 0
+  const int k1 = tb - T1, k2 = tb - T2;
+  if (!kGeneral) {
+    float raw_max = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) raw_max = fmaxf(raw_max, s(nt, e));
+    const float m = fmaxf(st.max, raw_max * scale_log2);  // scale > 0: max commutes with it
+    const float rescale = attention::fast_exp2(st.max - m);
+    st.max = m;
+    st.sum *= rescale;
+    st.bin0 *= rescale;
+    st.bin1 *= rescale;
+    st.bin2 *= rescale;
+    st.cs *= rescale;
+    const bool upper = k2 >= 0;  // the tile's keys lie in bins 2 and 1, else in bins 1 and 0
+    const int cut = upper ? k2 : k1;
+    float far = 0.f, near = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float a = attention::fast_exp2(fmaf(s(nt, e), scale_log2, -m));
+        if (8 * nt + e <= cut) far += a;
+        else near += a;
+      }
+    if (upper) {
+      st.bin2 += far;
+      st.bin1 += near;
+    } else {
+      st.bin1 += far;
+      st.bin0 += near;
+    }
+    return;
+  }
+  float m = st.max;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float x = s(nt, e) * scale_log2;
+      if (j0q + 8 * nt + e > p) x = -INFINITY;
+      s(nt, e) = x;
+      m = fmaxf(m, x);
+    }
+  if (m == -INFINITY) return;  // no key of this row so far
+  const float rescale = attention::fast_exp2(st.max - m);
+  st.max = m;
+  st.sum *= rescale;
+  float b0 = st.bin0 * rescale, b1 = st.bin1 * rescale, b2 = st.bin2 * rescale, bc = st.cs * rescale;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int koff = 8 * nt + e;
+      const float a = attention::fast_exp2(s(nt, e) - m);  // 0 where masked
+      if (koff <= k2) b2 += a;
+      else if (koff <= k1) b1 += a;
+      else b0 += a;
+      if (rules::in_structural_set(j0q + koff, p, w_sink, w_local)) bc += a;
+    }
+  st.bin0 = b0;
+  st.bin1 = b1;
+  st.bin2 = b2;
+  st.cs = bc;
+}
+
+// End of a key block (or of a CTA's keys) for one row: its bins join the running sum; the 4 lanes
+// (qd) of the row bring their masses to the largest of their maxima and sum them; lane qd = 0
+// stores the record at `at` when `store`; the bins restart at zero.
+__device__ __forceinline__ void fused_row_block_end(FusedRowState& st, const ProxyMmaRecords& R, int64_t at,
+                                                    bool store) {
+  st.sum += (st.bin0 + st.bin1) + st.bin2;
+  float m = st.max, b0 = st.bin0, b1 = st.bin1, b2 = st.bin2, bc = st.cs;
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
+    const float o0 = __shfl_xor_sync(0xffffffffu, b0, off), o1 = __shfl_xor_sync(0xffffffffu, b1, off);
+    const float o2 = __shfl_xor_sync(0xffffffffu, b2, off), oc = __shfl_xor_sync(0xffffffffu, bc, off);
+    const float mm = fmaxf(m, m2);
+    const float f = m == -INFINITY ? 0.f : exp2f(m - mm), f2 = m2 == -INFINITY ? 0.f : exp2f(m2 - mm);
+    b0 = b0 * f + o0 * f2;
+    b1 = b1 * f + o1 * f2;
+    b2 = b2 * f + o2 * f2;
+    bc = bc * f + oc * f2;
+    m = mm;
+  }
+  if (store && (threadIdx.x & 3) == 0) {
+    R.data[at] = make_float4(b0, b1, b2, bc);
+    R.row_max[at] = m;
+  }
+  st.bin0 = st.bin1 = st.bin2 = st.cs = 0.f;
+}
+
+// The row's softmax partials (running maximum and sum over the CTA's keys), the 4 lanes (qd)
+// combined; lane qd = 0 stores them at `at` when `store`.
+__device__ __forceinline__ void store_row_partials(float m, float l, float2* partial_stats, int64_t at, bool store) {
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
+    const float l2 = __shfl_xor_sync(0xffffffffu, l, off);
+    const float mm = fmaxf(m, m2);
+    l = (m == -INFINITY ? 0.f : l * exp2f(m - mm)) + (m2 == -INFINITY ? 0.f : l2 * exp2f(m2 - mm));
+    m = mm;
+  }
+  if (store && (threadIdx.x & 3) == 0) partial_stats[at] = make_float2(m, l);
 }
 
 // kPass 1: softmax partials; kPass 2: masses (+ v, u when kTokenLevel); kFusedPass: both, the
@@ -215,7 +347,7 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   const int64_t slot = layout::slot(item.seq, head, H);
   const float scale_log2 = P.scale * 1.4426950408889634f;
 
-  float run_max[4], run_sum[4];  // pass 1 and fused pass (per lane)
+  float run_max[4], run_sum[4];  // pass 1 (per lane)
   float row_max[4], row_inv[4];  // pass 2 (the exact row statistics)
 #pragma unroll
   for (int rr = 0; rr < 4; ++rr) {
@@ -230,10 +362,7 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
     }
   }
   float ps0 = 0.f, ps1 = 0.f, ps2 = 0.f, cs = 0.f;
-  // Fused pass: this lane's part of each row's masses in the current key block, relative to
-  // run_max of the row (per lane, like run_sum).
-  float bin0[4] = {0.f, 0.f, 0.f, 0.f}, bin1[4] = {0.f, 0.f, 0.f, 0.f}, bin2[4] = {0.f, 0.f, 0.f, 0.f},
-        bin_cs[4] = {0.f, 0.f, 0.f, 0.f};
+  FusedRowState rows[4];  // fused pass (per lane)
   if (kTokenLevel)
     for (int idx = tid; idx < kMaxHeads * kMmaRing; idx += kThreads) (&s_u[0][0])[idx] = 0.f;
   const int heads_here = min(kRows, rows_total - row0) / L;
@@ -280,14 +409,9 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
       }
 
       const bool needs_mask = j0i + kMmaKeyTile - 1 > pw;  // some key lies after some row
-      if (kPass == 1 || kPass == kFusedPass) {
+      if (kPass == 1) {
         // Online softmax per row (this lane's keys): the masked scores and their maximum, then
-        // run_sum (and, fused, this key block's masses) brought to the new maximum and extended.
-        const int64_t kb = j0 / B;
-        const int c_base = kPass == kFusedPass ? mma_slash_base(n, L, B, kb) : 0;
-        const int T1 = (c_base + 1) * B, T2 = (c_base + 2) * B;
-        const bool edge = needs_mask || j0 < P.w_sink || pw - (j0i + kMmaKeyTile - 1) < P.w_local;
-        const int j0q = j0i + 2 * qd;
+        // run_sum brought to the new maximum and extended.
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -300,48 +424,39 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 float x = acc[mt][nt][2 * hf + e] * scale_log2;
-                if (needs_mask && j0q + 8 * nt + e > p) x = -INFINITY;
+                if (needs_mask && j0i + 2 * qd + 8 * nt + e > p) x = -INFINITY;
                 acc[mt][nt][2 * hf + e] = x;
                 m = fmaxf(m, x);
               }
             if (m == -INFINITY) continue;  // no key of this row so far
-            const float rescale = attention::fast_exp2(run_max[rr] - m);
+            float sum = run_sum[rr] * attention::fast_exp2(run_max[rr] - m);
             run_max[rr] = m;
-            if (kPass == 1) {
-              float sum = run_sum[rr] * rescale;
-#pragma unroll
-              for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) sum += attention::fast_exp2(acc[mt][nt][2 * hf + e] - m);
-              run_sum[rr] = sum;
-              continue;
-            }
-            // Fused: run_sum and the bins share the frame of run_max; the block's bins join
-            // run_sum at the block's end.
-            run_sum[rr] *= rescale;
-            float b0 = bin0[rr] * rescale, b1 = bin1[rr] * rescale, b2 = bin2[rr] * rescale;
-            float bc = bin_cs[rr] * rescale;
-            const int tb = p - j0q;  // distance of key offset 0
-            const int k1 = tb - T1, k2 = tb - T2;  // key offsets <= k1 are in bin >= 1, <= k2 in bin 2
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int koff = 8 * nt + e;
-                const float a = attention::fast_exp2(acc[mt][nt][2 * hf + e] - m);  // 0 where masked
-                if (koff <= k2) b2 += a;
-                else if (koff <= k1) b1 += a;
-                else b0 += a;
-                if (edge && rules::in_structural_set(j0q + koff, p, P.w_sink, P.w_local)) bc += a;
-              }
-            bin0[rr] = b0;
-            bin1[rr] = b1;
-            bin2[rr] = b2;
-            bin_cs[rr] = bc;
+              for (int e = 0; e < 2; ++e) sum += attention::fast_exp2(acc[mt][nt][2 * hf + e] - m);
+            run_sum[rr] = sum;
+          }
+      } else if (kPass == kFusedPass) {
+        const int kb = j0i / B;
+        const int c_base = mma_slash_base(static_cast<int>(n), L, B, kb);
+        const int T1 = (c_base + 1) * B, T2 = (c_base + 2) * B;
+        const int j0q = j0i + 2 * qd;
+        const bool general = fused_tile_is_general(n, L, j0i, P.w_sink, P.w_local);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            auto scores = [&](int nt, int e) -> float& { return acc[mt][nt][2 * hf + e]; };
+            const int p = pw + g + 8 * (2 * mt + hf);
+            if (general)
+              fused_row_update<true>(scores, p, j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[2 * mt + hf]);
+            else
+              fused_row_update<false>(scores, p, j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[2 * mt + hf]);
           }
       } else {
-        const int64_t kb = j0 / B;
-        const int c_base = mma_slash_base(n, L, B, kb);
+        const int kb = j0i / B;
+        const int c_base = mma_slash_base(static_cast<int>(n), L, B, kb);
         const int T1 = (c_base + 1) * B, T2 = (c_base + 2) * B;
         const bool fast = !needs_mask && j0 >= P.w_sink && pw - (j0i + kMmaKeyTile - 1) >= P.w_local;
         if (fast)
@@ -389,37 +504,12 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
     }
 
     if (kPass == kFusedPass && warp_valid && (((j0 + kMmaKeyTile) % B) == 0 || tile + 1 == tiles)) {
-      // End of a key block (or of this CTA's keys): one record per row. The 4 lanes (qd) of a row
-      // hold its masses relative to their own running maxima: brought to the largest of the four
-      // and summed, then stored with it; the lanes' bins restart at zero for the next block.
+      // End of a key block (or of this CTA's keys): one record per row.
       const int64_t kb = j0 / B;
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int rr = 2 * mt + hf;
-          run_sum[rr] += (bin0[rr] + bin1[rr]) + bin2[rr];
-          float m = run_max[rr], b0 = bin0[rr], b1 = bin1[rr], b2 = bin2[rr], bc = bin_cs[rr];
-#pragma unroll
-          for (int off = 1; off < 4; off <<= 1) {
-            const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
-            const float o0 = __shfl_xor_sync(0xffffffffu, b0, off), o1 = __shfl_xor_sync(0xffffffffu, b1, off);
-            const float o2 = __shfl_xor_sync(0xffffffffu, b2, off), oc = __shfl_xor_sync(0xffffffffu, bc, off);
-            const float mm = fmaxf(m, m2);
-            const float f = m == -INFINITY ? 0.f : exp2f(m - mm), f2 = m2 == -INFINITY ? 0.f : exp2f(m2 - mm);
-            b0 = b0 * f + o0 * f2;
-            b1 = b1 * f + o1 * f2;
-            b2 = b2 * f + o2 * f2;
-            bc = bc * f + oc * f2;
-            m = mm;
-          }
-          if (qd == 0) {
-            const int64_t at = item.record_base + kb * item.record_pitch + warp * kMmaWarpRows + mt * 16 + hf * 8 + g;
-            R.data[at] = make_float4(b0, b1, b2, bc);
-            R.row_max[at] = m;
-          }
-          bin0[rr] = bin1[rr] = bin2[rr] = bin_cs[rr] = 0.f;
-        }
+      for (int rr = 0; rr < 4; ++rr)
+        fused_row_block_end(rows[rr], R, item.record_base + kb * item.record_pitch + warp * kMmaWarpRows + 8 * rr + g,
+                            true);
     }
 
     if (kPass == 2) {
@@ -454,25 +544,12 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
 
   if (kPass == 1 || kPass == kFusedPass) {
     if (!warp_valid) return;
-    // Combine the 4 lanes (qd) that share each row.
+    // The softmax partials of each row, the 4 lanes (qd) that share it combined.
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int rr = 2 * mt + hf;
-        float m = run_max[rr], l = run_sum[rr];
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-          const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
-          const float l2 = __shfl_xor_sync(0xffffffffu, l, off);
-          const float mm = fmaxf(m, m2);
-          l = (m == -INFINITY ? 0.f : l * exp2f(m - mm)) + (m2 == -INFINITY ? 0.f : l2 * exp2f(m2 - mm));
-          m = mm;
-        }
-        if (qd == 0)
-          P.ws.partial_stats[static_cast<int64_t>(blockIdx.x) * kRows + warp * kMmaWarpRows + mt * 16 + hf * 8 + g] =
-              make_float2(m, l);
-      }
+    for (int rr = 0; rr < 4; ++rr)
+      store_row_partials(kPass == 1 ? run_max[rr] : rows[rr].max, kPass == 1 ? run_sum[rr] : rows[rr].sum,
+                         P.ws.partial_stats, static_cast<int64_t>(blockIdx.x) * kRows + warp * kMmaWarpRows + 8 * rr + g,
+                         true);
   } else if (kTokenLevel && tiles > 0) {
     // The distances still held: [n - L - j_last - 63, n - j_last - 65] (L - 1 of them).
     const int64_t j_last = item.key_begin + static_cast<int64_t>(tiles - 1) * kMmaKeyTile;
@@ -512,7 +589,7 @@ __device__ __forceinline__ double slash_mass(int64_t n, int L, int B, int N, int
   const int64_t kb_hi = min((n - 1 - c * B) / B, static_cast<int64_t>(N - 1));
   double ps = 0.0;
   for (int64_t kb = max(kb_hi - 3, static_cast<int64_t>(0)); kb <= kb_hi; ++kb) {
-    const int bin = static_cast<int>(c - mma_slash_base(n, L, B, kb));
+    const int bin = static_cast<int>(c - mma_slash_base(static_cast<int>(n), L, B, static_cast<int>(kb)));
     if (bin < 0 || bin >= kMmaSlashBins) continue;
     ps += bin_mass(kb, bin);
   }

@@ -21,6 +21,7 @@
 #include "crisp/crisp.h"
 #include "crisp/cuda.h"
 #include "crisp/workload.h"
+#include "cuda/device_plan_internal.h"
 #include "cuda/setup_copies.h"
 #include "gpu/gpu_test_util.h"
 
@@ -101,11 +102,8 @@ void expect_same_plan(const crisp::Plan& gpu, const crisp::Plan& cpu, const char
   testing::Test::RecordProperty(std::string(reference) + "_pe_heads", pe_heads);
 }
 
-class GpuPlanMatchesCpu : public testing::TestWithParam<PlanCase> {};
-
-TEST_P(GpuPlanMatchesCpu, RoutesLayoutsAndStatistics) {
-  SKIP_WITHOUT_GPU();
-  const PlanCase& pc = GetParam();
+// One case: the device plan against the CPU's (float32 and float64), and a refill of it.
+void expect_gpu_plan_matches_cpu(const PlanCase& pc) {
   crisp::WorkloadSpec spec = crisp_test::workload_spec(pc.hq, pc.hkv, pc.d, pc.seq_lens, pc.seed);
   crisp::Workload w = crisp::make_workload(spec);
   crisp::Config cfg = crisp::Config::from_preset(pc.preset);
@@ -150,6 +148,27 @@ TEST_P(GpuPlanMatchesCpu, RoutesLayoutsAndStatistics) {
   // A second fill of the same DevicePlan (reused workspace) gives the same plan.
   crisp::cuda::plan_async(q_gpu, k_gpu, cfg, dplan, nullptr);
   expect_same_plan(dplan.to_host(nullptr), cpu32, "cpu_f32_refill");
+}
+
+class GpuPlanMatchesCpu : public testing::TestWithParam<PlanCase> {};
+
+TEST_P(GpuPlanMatchesCpu, RoutesLayoutsAndStatistics) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_plan_matches_cpu(GetParam());
+}
+
+// The bf16 cases again with the fused proxy pass on the mma.sync kernel (the sm_80 one): on a
+// Hopper device the suite above runs the wgmma kernel (hopper/plan_proxy_wgmma.cuh), so without
+// this the sm_80 kernel would go untested on the H200.
+class GpuPlanMmaSyncProxyMatchesCpu : public testing::TestWithParam<PlanCase> {
+ protected:
+  void SetUp() override { crisp::cuda_detail::set_proxy_mma_kernel(crisp::cuda_detail::ProxyMmaKernel::mma_sync); }
+  void TearDown() override { crisp::cuda_detail::set_proxy_mma_kernel(crisp::cuda_detail::ProxyMmaKernel::automatic); }
+};
+
+TEST_P(GpuPlanMmaSyncProxyMatchesCpu, RoutesLayoutsAndStatistics) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_plan_matches_cpu(GetParam());
 }
 
 std::vector<PlanCase> plan_cases() {
@@ -249,6 +268,14 @@ std::vector<PlanCase> plan_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, GpuPlanMatchesCpu, testing::ValuesIn(plan_cases()), case_name);
+
+std::vector<PlanCase> bf16_plan_cases() {
+  std::vector<PlanCase> cases;
+  for (const PlanCase& pc : plan_cases())
+    if (pc.bf16) cases.push_back(pc);
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(Bf16, GpuPlanMmaSyncProxyMatchesCpu, testing::ValuesIn(bf16_plan_cases()), case_name);
 
 // The API dispatch (crisp::plan on Device::cuda views) is the same planner, and refuses what it lacks.
 TEST(GpuPlan, ApiPathMatchesCpu) {

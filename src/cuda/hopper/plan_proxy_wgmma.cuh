@@ -1,0 +1,200 @@
+// src/cuda/hopper/plan_proxy_wgmma.cuh — the fused proxy pass (plan_proxy_mma.cuh, kFusedPass) on
+// Hopper's warpgroup matrix multiply: the same work items, records and softmax partials, so the
+// combine and finalize kernels are shared; only how S = Q K^T reaches the registers differs.
+//
+// Why a second kernel: the mma.sync pass re-reads every query and key fragment from shared memory
+// through ldmatrix into registers (about 24 KB per warp per 64-key tile), and at 512 threads under
+// a 128-register cap those fragments and the 64 score accumulators spill. wgmma reads both operands
+// from shared memory itself (descriptors), so a thread holds only its accumulators.
+//
+//  - one CTA = one work item (sequence, kv head, row group of mma_rows(d) proxy rows, key range),
+//    as in plan_proxy_mma.cuh; one warpgroup per 128 rows (4 at d <= 128, 2 at d = 256), each
+//    issuing two m64n64k16 per 16-dim step (rows 0-63 and 64-127 of its 128);
+//  - queries and key tiles of 64 are stored in the 128-byte swizzle wgmma reads (64-dim halves of
+//    8-row atoms), filled by cp.async from every thread (contiguous or paged K alike), with a
+//    proxy fence before the barrier that hands a tile to the tensor cores;
+//  - the accumulator of m64nNk16 gives each warp 16 rows in the m16n8 C-fragment layout of
+//    mma.sync, so both kernels share the per-row epilogue of plan_proxy_mma.cuh (fused_row_update:
+//    online softmax, slash bins, structural mass; fused_row_block_end: one record per row and key
+//    block; store_row_partials).
+// Built for sm_90a only (CRISP_HOPPER_DEVICE_CODE); the planner launches it where
+// hopper::kernel_available() says the binary holds that code.
+#pragma once
+#include "cuda/attention_kernel.cuh"  // cp.async helpers
+#include "cuda/hopper/sm90_primitives.cuh"
+#include "cuda/hopper/wgmma.cuh"
+#include "cuda/plan_common.cuh"
+#include "cuda/plan_proxy.cuh"
+#include "cuda/plan_proxy_mma.cuh"
+
+namespace crisp {
+namespace cuda_detail {
+namespace planner {
+
+// Dynamic shared memory of proxy_wgmma_kernel: the mma.sync kernel's layout plus room to align the
+// base to the 1024-byte swizzle atom.
+template <int kDim>
+constexpr size_t proxy_wgmma_smem_bytes() {
+  return static_cast<size_t>(mma_rows(kDim) + 2 * kMmaKeyTile) * kDim * 2 + 1024;
+}
+
+template <typename T, int kDim>
+__global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
+    proxy_wgmma_kernel(Strided3<T> q, Strided3<T> k, ProxyParams P, ProxyMmaRecords R) {
+#if defined(CRISP_HOPPER_DEVICE_CODE)
+  using hopper::smem_descriptor;
+  constexpr int kRows = mma_rows(kDim), kThreads = mma_warps(kDim) * 32;
+  constexpr int kChunks = kDim / 8;                    // 16-byte chunks per row
+  constexpr int kQHalfBytes = kRows * 128;             // one 64-dim half of the query rows
+  constexpr int kKHalfBytes = kMmaKeyTile * 128;       // one 64-dim half of a key tile
+  constexpr int kKTileBytes = (kDim / 64) * kKHalfBytes;
+  static_assert(kDim % 64 == 0, "64-dim halves");
+  extern __shared__ unsigned char proxy_wgmma_smem[];
+  const uint32_t smem_base = (hopper::smem_u32(proxy_wgmma_smem) + 1023u) & ~1023u;
+  const uint32_t q_smem = smem_base;
+  const uint32_t k_smem = smem_base + kRows * kDim * 2;  // two stages of kKTileBytes
+  // Byte offset of 16-byte chunk c of row `row` in a tile of 64-dim halves of `half_bytes`, with
+  // the 128-byte swizzle (chunk index XOR row mod 8 inside each 8-row, 1024-byte atom).
+  auto swizzle128 = [](int row, int c, int half_bytes) {
+    return static_cast<uint32_t>((c >> 3) * half_bytes + row * 128 + (((c & 7) ^ (row & 7)) << 4));
+  };
+
+  const ProxyWorkItem item = P.items[blockIdx.x];
+  const layout::SequenceBases sb = P.seqs[item.seq];
+  const int B = P.block;
+  const int64_t n = sb.n;
+  const int L = B;  // as in proxy_mma_kernel: this path runs only where every n_q >= B
+  const int rows_total = P.group * L;
+  const int row0 = item.row_tile * kRows;
+  const int rows_here = min(kRows, rows_total - row0);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+  const int wg = warp >> 2, warp_in_wg = warp & 3;
+
+  for (int idx = tid; idx < kRows * kChunks; idx += kThreads) {
+    const int row = idx / kChunks, chunk = idx % kChunks;
+    const int rho = row0 + row;
+    const T* src = q.data;
+    int bytes = 0;
+    if (rho < rows_total) {
+      const int64_t h = static_cast<int64_t>(item.kv) * P.group + rho / L;
+      const int64_t p = rules::proxy_position(n, L, rho % L);
+      src = q.data + h * q.stride_head + query_row(sb, p) * q.stride_token + chunk * 8;
+      bytes = 16;
+    }
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(q_smem + swizzle128(row, chunk, kQHalfBytes)),
+                 "l"(src), "r"(bytes));
+  }
+  const int64_t key_stop = min(item.key_end, n);
+  const int tiles = static_cast<int>((key_stop - item.key_begin + kMmaKeyTile - 1) / kMmaKeyTile);
+  const int32_t* table_row = P.keys.table != nullptr ? P.keys.table + item.seq * P.keys.row_stride : nullptr;
+  const T* k_rows = k.data + item.kv * k.stride_head + (table_row != nullptr ? 0 : sb.kv_offset * k.stride_token);
+  auto load_keys = [&](int64_t j0, int stage) {
+    const uint32_t dst = k_smem + stage * kKTileBytes;
+    for (int idx = tid; idx < kMmaKeyTile * kChunks; idx += kThreads) {
+      const int key = idx / kChunks, chunk = idx % kChunks;
+      const int64_t j = j0 + key;
+      const bool inside = j < n;
+      const T* src = inside ? k_rows + kv_rows::key_row(0, table_row, P.keys.page_size, j) * k.stride_token + chunk * 8
+                            : k.data;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + swizzle128(key, chunk, kKHalfBytes)),
+                   "l"(src), "r"(inside ? 16 : 0));
+    }
+  };
+  load_keys(item.key_begin, 0);
+  attention::cp_async_commit();
+
+  // This thread's four rows rr = 2 mt + hf: row 64 mt + 16 warp_in_wg + 8 hf + g of its warpgroup's
+  // 128 (mt: the first or second m64 of the warpgroup).
+  const bool wg_valid = wg * 128 < rows_here;
+  int row_in_tile[4], pos[4];
+#pragma unroll
+  for (int rr = 0; rr < 4; ++rr) {
+    row_in_tile[rr] = wg * 128 + (rr >> 1) * 64 + warp_in_wg * 16 + (rr & 1) * 8 + g;
+    pos[rr] = static_cast<int>(n) - L + (row0 + row_in_tile[rr]) % L;
+  }
+  const float scale_log2 = P.scale * 1.4426950408889634f;
+  // Descriptors (128-byte swizzle, K-major: 8-row groups 1024 bytes apart, leading offset unused).
+  const uint64_t q_desc0 = smem_descriptor(q_smem + (wg * 128) * 128, 16, 1024);
+  const uint64_t q_desc1 = smem_descriptor(q_smem + (wg * 128 + 64) * 128, 16, 1024);
+
+  FusedRowState rows[4];
+  float acc0[32], acc1[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc0[i] = acc1[i] = 0.f;
+
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int64_t j0 = item.key_begin + static_cast<int64_t>(tile) * kMmaKeyTile;
+    attention::cp_async_wait<0>();
+    // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();  // tile ready everywhere; every warpgroup is done with the other stage
+    if (tile + 1 < tiles) {
+      load_keys(j0 + kMmaKeyTile, (tile + 1) & 1);
+      attention::cp_async_commit();
+    }
+    if (!wg_valid) continue;
+    const int j0i = static_cast<int>(j0);
+    {
+      const uint64_t k_desc = smem_descriptor(k_smem + (tile & 1) * kKTileBytes, 16, 1024);
+      hopper::fence_registers(acc0);
+      hopper::fence_registers(acc1);
+      hopper::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kDim / 16; ++kk) {
+        // A 16-dim step advances 32 bytes inside the 128-byte row; every 4 steps, the next half.
+        const uint64_t q_step = static_cast<uint64_t>(((kk / 4) * kQHalfBytes + (kk % 4) * 32) >> 4);
+        const uint64_t k_step = static_cast<uint64_t>(((kk / 4) * kKHalfBytes + (kk % 4) * 32) >> 4);
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+          hopper::wgmma_m64n64k16_ss_bf16(acc0, q_desc0 + q_step, k_desc + k_step, kk > 0);
+          hopper::wgmma_m64n64k16_ss_bf16(acc1, q_desc1 + q_step, k_desc + k_step, kk > 0);
+        } else {
+          hopper::wgmma_m64n64k16_ss_f16(acc0, q_desc0 + q_step, k_desc + k_step, kk > 0);
+          hopper::wgmma_m64n64k16_ss_f16(acc1, q_desc1 + q_step, k_desc + k_step, kk > 0);
+        }
+      }
+      hopper::wgmma_commit();
+      hopper::wgmma_wait<0>();
+      hopper::fence_registers(acc0);
+      hopper::fence_registers(acc1);
+    }
+
+    // The rows' online softmax and masses (plan_proxy_mma.cuh's fused_row_update, each row with
+    // its own position).
+    const int kb = j0i / B;
+    const int c_base = mma_slash_base(static_cast<int>(n), L, B, kb);
+    const int T1 = (c_base + 1) * B, T2 = (c_base + 2) * B;
+    const int j0q = j0i + 2 * qd;
+    const bool general = fused_tile_is_general(n, L, j0i, P.w_sink, P.w_local);
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      float* acc = (rr >> 1) ? acc1 : acc0;
+      const int hf = rr & 1;
+      auto scores = [&](int nt, int e) -> float& { return acc[4 * nt + 2 * hf + e]; };
+      if (general)
+        fused_row_update<true>(scores, pos[rr], j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[rr]);
+      else
+        fused_row_update<false>(scores, pos[rr], j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[rr]);
+    }
+    if (((j0i + kMmaKeyTile) % B) == 0 || tile + 1 == tiles) {
+      // End of a key block (or of this CTA's keys): one record per row.
+#pragma unroll
+      for (int rr = 0; rr < 4; ++rr)
+        fused_row_block_end(rows[rr], R, item.record_base + static_cast<int64_t>(kb) * item.record_pitch + row_in_tile[rr],
+                            row_in_tile[rr] < rows_here);
+    }
+  }
+
+  if (!wg_valid) return;
+  // The softmax partials of each row for the combine kernel.
+#pragma unroll
+  for (int rr = 0; rr < 4; ++rr)
+    store_row_partials(rows[rr].max, rows[rr].sum, P.ws.partial_stats,
+                       static_cast<int64_t>(blockIdx.x) * kRows + row_in_tile[rr], row_in_tile[rr] < rows_here);
+#else
+  __trap();  // sm_90a code only; the planner checks hopper::kernel_available() first
+#endif
+}
+
+}  // namespace planner
+}  // namespace cuda_detail
+}  // namespace crisp
