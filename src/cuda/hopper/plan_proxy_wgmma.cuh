@@ -9,8 +9,7 @@
 //
 //  - one CTA = one work item (sequence, kv head, row group of mma_rows(d) proxy rows, key range),
 //    as in plan_proxy_mma.cuh; one warpgroup per 128 rows (4 at d <= 128, 2 at d = 256), each
-//    issuing two m64n64k16 per 16-dim step (rows 0-63 and 64-127 of its 128); odd warpgroups
-//    run a tile behind even ones in their row updates, so tensor cores and SFUs overlap;
+//    issuing two m64n64k16 per 16-dim step (rows 0-63 and 64-127 of its 128);
 //  - queries and key tiles of 64 are stored in the 128-byte swizzle wgmma reads (64-dim halves of
 //    8-row atoms), filled by cp.async from every thread (contiguous or paged K alike), with a
 //    proxy fence before the barrier that hands a tile to the tensor cores;
@@ -107,10 +106,12 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   // This thread's four rows rr = 2 mt + hf: row 64 mt + 16 warp_in_wg + 8 hf + g of its warpgroup's
   // 128 (mt: the first or second m64 of the warpgroup).
   const bool wg_valid = wg * 128 < rows_here;
-  // Computed where used rather than held in registers. row0 is a multiple of L (L divides kRows),
-  // so a row's place in its head is (row_in_tile % L).
-  auto row_in_tile = [&](int rr) { return wg * 128 + (rr >> 1) * 64 + warp_in_wg * 16 + (rr & 1) * 8 + g; };
-  auto position = [&](int rr) { return static_cast<int>(n) - L + row_in_tile(rr) % L; };
+  int row_in_tile[4], pos[4];
+#pragma unroll
+  for (int rr = 0; rr < 4; ++rr) {
+    row_in_tile[rr] = wg * 128 + (rr >> 1) * 64 + warp_in_wg * 16 + (rr & 1) * 8 + g;
+    pos[rr] = static_cast<int>(n) - L + (row0 + row_in_tile[rr]) % L;
+  }
   const float scale_log2 = P.scale * 1.4426950408889634f;
   // Descriptors (128-byte swizzle, K-major: 8-row groups 1024 bytes apart, leading offset unused).
   const uint64_t q_desc0 = smem_descriptor(q_smem + (wg * 128) * 128, 16, 1024);
@@ -121,34 +122,44 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
 #pragma unroll
   for (int i = 0; i < 32; ++i) acc0[i] = acc1[i] = 0.f;
 
-  // S = Q K^T of tile t into acc0 / acc1 (issued and waited for).
-  auto scores_of_tile = [&](int t) {
-    const uint64_t k_desc = smem_descriptor(k_smem + (t & 1) * kKTileBytes, 16, 1024);
-    hopper::fence_registers(acc0);
-    hopper::fence_registers(acc1);
-    hopper::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kDim / 16; ++kk) {
-      // A 16-dim step advances 32 bytes inside the 128-byte row; every 4 steps, the next half.
-      const uint64_t q_step = static_cast<uint64_t>(((kk / 4) * kQHalfBytes + (kk % 4) * 32) >> 4);
-      const uint64_t k_step = static_cast<uint64_t>(((kk / 4) * kKHalfBytes + (kk % 4) * 32) >> 4);
-      if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-        hopper::wgmma_m64n64k16_ss_bf16(acc0, q_desc0 + q_step, k_desc + k_step, kk > 0);
-        hopper::wgmma_m64n64k16_ss_bf16(acc1, q_desc1 + q_step, k_desc + k_step, kk > 0);
-      } else {
-        hopper::wgmma_m64n64k16_ss_f16(acc0, q_desc0 + q_step, k_desc + k_step, kk > 0);
-        hopper::wgmma_m64n64k16_ss_f16(acc1, q_desc1 + q_step, k_desc + k_step, kk > 0);
-      }
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int64_t j0 = item.key_begin + static_cast<int64_t>(tile) * kMmaKeyTile;
+    attention::cp_async_wait<0>();
+    // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();  // tile ready everywhere; every warpgroup is done with the other stage
+    if (tile + 1 < tiles) {
+      load_keys(j0 + kMmaKeyTile, (tile + 1) & 1);
+      attention::cp_async_commit();
     }
-    hopper::wgmma_commit();
-    hopper::wgmma_wait<0>();
-    hopper::fence_registers(acc0);
-    hopper::fence_registers(acc1);
-  };
-  // The rows' online softmax and masses from the scores of tile t (plan_proxy_mma.cuh's
-  // fused_row_update, each row with its own position), and the records at a key block's end.
-  auto update_rows = [&](int t) {
-    const int j0i = static_cast<int>(item.key_begin) + t * kMmaKeyTile;
+    if (!wg_valid) continue;
+    const int j0i = static_cast<int>(j0);
+    {
+      const uint64_t k_desc = smem_descriptor(k_smem + (tile & 1) * kKTileBytes, 16, 1024);
+      hopper::fence_registers(acc0);
+      hopper::fence_registers(acc1);
+      hopper::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kDim / 16; ++kk) {
+        // A 16-dim step advances 32 bytes inside the 128-byte row; every 4 steps, the next half.
+        const uint64_t q_step = static_cast<uint64_t>(((kk / 4) * kQHalfBytes + (kk % 4) * 32) >> 4);
+        const uint64_t k_step = static_cast<uint64_t>(((kk / 4) * kKHalfBytes + (kk % 4) * 32) >> 4);
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+          hopper::wgmma_m64n64k16_ss_bf16(acc0, q_desc0 + q_step, k_desc + k_step, kk > 0);
+          hopper::wgmma_m64n64k16_ss_bf16(acc1, q_desc1 + q_step, k_desc + k_step, kk > 0);
+        } else {
+          hopper::wgmma_m64n64k16_ss_f16(acc0, q_desc0 + q_step, k_desc + k_step, kk > 0);
+          hopper::wgmma_m64n64k16_ss_f16(acc1, q_desc1 + q_step, k_desc + k_step, kk > 0);
+        }
+      }
+      hopper::wgmma_commit();
+      hopper::wgmma_wait<0>();
+      hopper::fence_registers(acc0);
+      hopper::fence_registers(acc1);
+    }
+
+    // The rows' online softmax and masses (plan_proxy_mma.cuh's fused_row_update, each row with
+    // its own position).
     const int kb = j0i / B;
     const int c_base = mma_slash_base(static_cast<int>(n), L, B, kb);
     const int T1 = (c_base + 1) * B, T2 = (c_base + 2) * B;
@@ -160,46 +171,16 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
       const int hf = rr & 1;
       auto scores = [&](int nt, int e) -> float& { return acc[4 * nt + 2 * hf + e]; };
       if (general)
-        fused_row_update<true>(scores, position(rr), j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[rr]);
+        fused_row_update<true>(scores, pos[rr], j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[rr]);
       else
-        fused_row_update<false>(scores, position(rr), j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[rr]);
+        fused_row_update<false>(scores, pos[rr], j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[rr]);
     }
-    if (((j0i + kMmaKeyTile) % B) == 0 || t + 1 == tiles) {
+    if (((j0i + kMmaKeyTile) % B) == 0 || tile + 1 == tiles) {
+      // End of a key block (or of this CTA's keys): one record per row.
 #pragma unroll
       for (int rr = 0; rr < 4; ++rr)
-        fused_row_block_end(rows[rr], R, item.record_base + static_cast<int64_t>(kb) * item.record_pitch + row_in_tile(rr),
-                            row_in_tile(rr) < rows_here);
-    }
-  };
-
-  // Staggered warpgroups: in step t the even warpgroups compute the scores of tile t and then
-  // update their rows, the odd ones update their rows with tile t - 1's scores (still in their
-  // registers) and then compute tile t's. So one half's matrix multiplies overlap the other half's
-  // exponentials instead of all warpgroups taking turns on the tensor cores and the SFUs together.
-  // Tile t's keys stay in their stage until the odd warpgroups' step-t multiplies are done, which
-  // the barrier of step t + 1 orders before the loads into that stage (issued at step t + 1 for
-  // tile t + 2).
-  const bool leads = (wg & 1) == 0;
-  for (int tile = 0; tile <= tiles; ++tile) {
-    if (tile < tiles) {
-      attention::cp_async_wait<0>();
-      // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    }
-    __syncthreads();  // tile ready everywhere; every warpgroup is done with the other stage
-    if (tile + 1 < tiles) {
-      load_keys(item.key_begin + static_cast<int64_t>(tile + 1) * kMmaKeyTile, (tile + 1) & 1);
-      attention::cp_async_commit();
-    }
-    if (!wg_valid) continue;
-    if (leads) {
-      if (tile < tiles) {
-        scores_of_tile(tile);
-        update_rows(tile);
-      }
-    } else {
-      if (tile > 0) update_rows(tile - 1);
-      if (tile < tiles) scores_of_tile(tile);
+        fused_row_block_end(rows[rr], R, item.record_base + static_cast<int64_t>(kb) * item.record_pitch + row_in_tile[rr],
+                            row_in_tile[rr] < rows_here);
     }
   }
 
@@ -208,7 +189,7 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
 #pragma unroll
   for (int rr = 0; rr < 4; ++rr)
     store_row_partials(rows[rr].max, rows[rr].sum, P.ws.partial_stats,
-                       static_cast<int64_t>(blockIdx.x) * kRows + row_in_tile(rr), row_in_tile(rr) < rows_here);
+                       static_cast<int64_t>(blockIdx.x) * kRows + row_in_tile[rr], row_in_tile[rr] < rows_here);
 #else
   __trap();  // sm_90a code only; the planner checks hopper::kernel_available() first
 #endif
