@@ -504,7 +504,7 @@ std::atomic<int>& proxy_mma_kernel_setting() {
 }
 
 // The fused pass on wgmma (hopper/plan_proxy_wgmma.cuh) where the device runs the binary's sm_90a
-// code, unless set_proxy_mma_kernel chose mma.sync. Its shared memory (at most 193 KB, d = 256)
+// code, unless set_proxy_mma_kernel chose mma.sync. Its shared memory (at most 225 KB, d = 256)
 // fits every sm_90 device.
 bool wgmma_proxy() {
   return proxy_mma_kernel_setting().load() == static_cast<int>(ProxyMmaKernel::automatic) &&

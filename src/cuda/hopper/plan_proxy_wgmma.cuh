@@ -13,6 +13,10 @@
 //  - queries and key tiles of 64 are stored in the 128-byte swizzle wgmma reads (64-dim halves of
 //    8-row atoms), filled by cp.async from every thread (contiguous or paged K alike), with a
 //    proxy fence before the barrier that hands a tile to the tensor cores;
+//  - software-pipelined: a warpgroup's two m64 halves are separate wgmma groups, so the tensor
+//    cores compute one half (acc1 of tile t, then acc0 of tile t + 1) while the warpgroup updates
+//    the other half's rows; the lockstep form (both halves, then all rows) left the tensor cores
+//    idle during the updates and the SM idle during the multiplies (bench/RESULTS.md, session 17);
 //  - the accumulator of m64nNk16 gives each warp 16 rows in the m16n8 C-fragment layout of
 //    mma.sync, so both kernels share the per-row epilogue of plan_proxy_mma.cuh (fused_row_update:
 //    online softmax, slash bins, structural mass; fused_row_block_end: one record per row and key
@@ -31,11 +35,15 @@ namespace crisp {
 namespace cuda_detail {
 namespace planner {
 
-// Dynamic shared memory of proxy_wgmma_kernel: the mma.sync kernel's layout plus room to align the
-// base to the 1024-byte swizzle atom.
+// NOTE: three key stages: the software pipeline below keeps two tiles in the tensor cores' use
+// while the third loads (225 KB at d = 256, inside sm_90's 227 KB).
+constexpr int kWgmmaKeyStages = 3;
+
+// Dynamic shared memory of proxy_wgmma_kernel: the queries, kWgmmaKeyStages key tiles, and room to
+// align the base to the 1024-byte swizzle atom.
 template <int kDim>
 constexpr size_t proxy_wgmma_smem_bytes() {
-  return static_cast<size_t>(mma_rows(kDim) + 2 * kMmaKeyTile) * kDim * 2 + 1024;
+  return static_cast<size_t>(mma_rows(kDim) + kWgmmaKeyStages * kMmaKeyTile) * kDim * 2 + 1024;
 }
 
 template <typename T, int kDim>
@@ -43,7 +51,7 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
     proxy_wgmma_kernel(Strided3<T> q, Strided3<T> k, ProxyParams P, ProxyMmaRecords R) {
 #if defined(CRISP_HOPPER_DEVICE_CODE)
   using hopper::smem_descriptor;
-  constexpr int kRows = mma_rows(kDim), kThreads = mma_warps(kDim) * 32;
+  constexpr int kRows = mma_rows(kDim);
   constexpr int kChunks = kDim / 8;                    // 16-byte chunks per row
   constexpr int kQHalfBytes = kRows * 128;             // one 64-dim half of the query rows
   constexpr int kKHalfBytes = kMmaKeyTile * 128;       // one 64-dim half of a key tile
@@ -52,7 +60,7 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   extern __shared__ unsigned char proxy_wgmma_smem[];
   const uint32_t smem_base = (hopper::smem_u32(proxy_wgmma_smem) + 1023u) & ~1023u;
   const uint32_t q_smem = smem_base;
-  const uint32_t k_smem = smem_base + kRows * kDim * 2;  // two stages of kKTileBytes
+  const uint32_t k_smem = smem_base + kRows * kDim * 2;  // kWgmmaKeyStages stages of kKTileBytes
   // Byte offset of 16-byte chunk c of row `row` in a tile of 64-dim halves of `half_bytes`, with
   // the 128-byte swizzle (chunk index XOR row mod 8 inside each 8-row, 1024-byte atom).
   auto swizzle128 = [](int row, int c, int half_bytes) {
@@ -69,8 +77,14 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   const int rows_here = min(kRows, rows_total - row0);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
   const int wg = warp >> 2, warp_in_wg = warp & 3;
+  // Warpgroups without rows (a row group shorter than kRows) leave at once and the others load and
+  // synchronise among themselves (named barrier 1): a wgmma under a per-warpgroup branch would be
+  // serialised by ptxas (C7518), and an idle warpgroup's multiplies would take tensor-core time.
+  const int active_threads = (rows_here + 127) / 128 * 128;
+  if (tid >= active_threads) return;
+  auto sync_active = [&] { hopper::named_barrier_sync(1, active_threads); };
 
-  for (int idx = tid; idx < kRows * kChunks; idx += kThreads) {
+  for (int idx = tid; idx < kRows * kChunks; idx += active_threads) {
     const int row = idx / kChunks, chunk = idx % kChunks;
     const int rho = row0 + row;
     const T* src = q.data;
@@ -90,7 +104,7 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   const T* k_rows = k.data + item.kv * k.stride_head + (table_row != nullptr ? 0 : sb.kv_offset * k.stride_token);
   auto load_keys = [&](int64_t j0, int stage) {
     const uint32_t dst = k_smem + stage * kKTileBytes;
-    for (int idx = tid; idx < kMmaKeyTile * kChunks; idx += kThreads) {
+    for (int idx = tid; idx < kMmaKeyTile * kChunks; idx += active_threads) {
       const int key = idx / kChunks, chunk = idx % kChunks;
       const int64_t j = j0 + key;
       const bool inside = j < n;
@@ -100,12 +114,14 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
                    "l"(src), "r"(inside ? 16 : 0));
     }
   };
+  // Prologue: the queries and key tiles 0 and 1 (stages 0 and 1 of three).
   load_keys(item.key_begin, 0);
+  attention::cp_async_commit();
+  if (tiles > 1) load_keys(item.key_begin + kMmaKeyTile, 1);
   attention::cp_async_commit();
 
   // This thread's four rows rr = 2 mt + hf: row 64 mt + 16 warp_in_wg + 8 hf + g of its warpgroup's
-  // 128 (mt: the first or second m64 of the warpgroup).
-  const bool wg_valid = wg * 128 < rows_here;
+  // 128 (mt: the first or second m64 of the warpgroup, accumulated in acc0 or acc1).
   int row_in_tile[4], pos[4];
 #pragma unroll
   for (int rr = 0; rr < 4; ++rr) {
@@ -122,69 +138,85 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
 #pragma unroll
   for (int i = 0; i < 32; ++i) acc0[i] = acc1[i] = 0.f;
 
-  for (int tile = 0; tile < tiles; ++tile) {
-    const int64_t j0 = item.key_begin + static_cast<int64_t>(tile) * kMmaKeyTile;
-    attention::cp_async_wait<0>();
-    // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();  // tile ready everywhere; every warpgroup is done with the other stage
-    if (tile + 1 < tiles) {
-      load_keys(j0 + kMmaKeyTile, (tile + 1) & 1);
-      attention::cp_async_commit();
-    }
-    if (!wg_valid) continue;
-    const int j0i = static_cast<int>(j0);
-    {
-      const uint64_t k_desc = smem_descriptor(k_smem + (tile & 1) * kKTileBytes, 16, 1024);
-      hopper::fence_registers(acc0);
-      hopper::fence_registers(acc1);
-      hopper::wgmma_fence();
+  // S = Q K^T of one m64 half of the warpgroup's rows against the key tile in `stage`, issued
+  // and committed as one wgmma group (not waited for).
+  auto issue_scores = [&](float (&acc)[32], uint64_t q_desc, int stage) {
+    const uint64_t k_desc = smem_descriptor(k_smem + stage * kKTileBytes, 16, 1024);
+    hopper::fence_registers(acc);
+    hopper::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kDim / 16; ++kk) {
-        // A 16-dim step advances 32 bytes inside the 128-byte row; every 4 steps, the next half.
-        const uint64_t q_step = static_cast<uint64_t>(((kk / 4) * kQHalfBytes + (kk % 4) * 32) >> 4);
-        const uint64_t k_step = static_cast<uint64_t>(((kk / 4) * kKHalfBytes + (kk % 4) * 32) >> 4);
-        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-          hopper::wgmma_m64n64k16_ss_bf16(acc0, q_desc0 + q_step, k_desc + k_step, kk > 0);
-          hopper::wgmma_m64n64k16_ss_bf16(acc1, q_desc1 + q_step, k_desc + k_step, kk > 0);
-        } else {
-          hopper::wgmma_m64n64k16_ss_f16(acc0, q_desc0 + q_step, k_desc + k_step, kk > 0);
-          hopper::wgmma_m64n64k16_ss_f16(acc1, q_desc1 + q_step, k_desc + k_step, kk > 0);
-        }
-      }
-      hopper::wgmma_commit();
-      hopper::wgmma_wait<0>();
-      hopper::fence_registers(acc0);
-      hopper::fence_registers(acc1);
+    for (int kk = 0; kk < kDim / 16; ++kk) {
+      // A 16-dim step advances 32 bytes inside the 128-byte row; every 4 steps, the next half.
+      const uint64_t q_step = static_cast<uint64_t>(((kk / 4) * kQHalfBytes + (kk % 4) * 32) >> 4);
+      const uint64_t k_step = static_cast<uint64_t>(((kk / 4) * kKHalfBytes + (kk % 4) * 32) >> 4);
+      if constexpr (std::is_same<T, __nv_bfloat16>::value)
+        hopper::wgmma_m64n64k16_ss_bf16(acc, q_desc + q_step, k_desc + k_step, kk > 0);
+      else
+        hopper::wgmma_m64n64k16_ss_f16(acc, q_desc + q_step, k_desc + k_step, kk > 0);
     }
-
-    // The rows' online softmax and masses (plan_proxy_mma.cuh's fused_row_update, each row with
-    // its own position).
+    hopper::wgmma_commit();
+  };
+  // The online softmax and masses of the two rows of one m64 half (plan_proxy_mma.cuh's
+  // fused_row_update, each row with its own position), then the key block's records if the tile
+  // ends one. One branch for both rows, so their independent chains interleave.
+  auto update_half = [&](float (&acc)[32], int mt, int j0i, int tile) {
     const int kb = j0i / B;
     const int c_base = mma_slash_base(static_cast<int>(n), L, B, kb);
     const int T1 = (c_base + 1) * B, T2 = (c_base + 2) * B;
     const int j0q = j0i + 2 * qd;
-    const bool general = fused_tile_is_general(n, L, j0i, P.w_sink, P.w_local);
+    if (fused_tile_is_general(n, L, j0i, P.w_sink, P.w_local)) {
 #pragma unroll
-    for (int rr = 0; rr < 4; ++rr) {
-      float* acc = (rr >> 1) ? acc1 : acc0;
-      const int hf = rr & 1;
-      auto scores = [&](int nt, int e) -> float& { return acc[4 * nt + 2 * hf + e]; };
-      if (general)
-        fused_row_update<true>(scores, pos[rr], j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[rr]);
-      else
-        fused_row_update<false>(scores, pos[rr], j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[rr]);
+      for (int hf = 0; hf < 2; ++hf)
+        fused_row_update<true>([&](int nt, int e) -> float& { return acc[4 * nt + 2 * hf + e]; }, pos[2 * mt + hf],
+                               j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[2 * mt + hf]);
+    } else {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        fused_row_update<false>([&](int nt, int e) -> float& { return acc[4 * nt + 2 * hf + e]; }, pos[2 * mt + hf],
+                                j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[2 * mt + hf]);
     }
     if (((j0i + kMmaKeyTile) % B) == 0 || tile + 1 == tiles) {
       // End of a key block (or of this CTA's keys): one record per row.
 #pragma unroll
-      for (int rr = 0; rr < 4; ++rr)
+      for (int hf = 0; hf < 2; ++hf) {
+        const int rr = 2 * mt + hf;
         fused_row_block_end(rows[rr], R, item.record_base + static_cast<int64_t>(kb) * item.record_pitch + row_in_tile[rr],
                             row_in_tile[rr] < rows_here);
+      }
     }
+  };
+
+  attention::cp_async_wait<0>();
+  // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  sync_active();
+  if (tiles > 0) {
+    issue_scores(acc0, q_desc0, 0);
+    hopper::wgmma_wait<0>();
+  }
+  // Software pipeline over key tiles: while a warpgroup updates one m64 half's rows, the tensor
+  // cores compute its other half (acc1 of this tile, then acc0 of the next). Every group is waited
+  // for inside the iteration that issued it: a group pending across the loop's back edge makes
+  // ptxas serialise every wgmma (C7514/C7515). Three key stages: the tile after next loads while
+  // this tile's second half and the next tile's first are in flight.
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int64_t j0 = item.key_begin + static_cast<int64_t>(tile) * kMmaKeyTile;
+    const int j0i = static_cast<int>(j0);
+    hopper::fence_registers(acc0);
+    issue_scores(acc1, q_desc1, tile % kWgmmaKeyStages);
+    update_half(acc0, 0, j0i, tile);
+    attention::cp_async_wait<0>();  // tile + 1, loaded one iteration ago
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    sync_active();  // tile + 1 ready everywhere; every warpgroup is done with tile - 1's stage
+    if (tile + 2 < tiles) load_keys(j0 + 2 * kMmaKeyTile, (tile + 2) % kWgmmaKeyStages);
+    attention::cp_async_commit();
+    hopper::wgmma_wait<0>();  // acc1 of this tile
+    hopper::fence_registers(acc1);
+    if (tile + 1 < tiles) issue_scores(acc0, q_desc0, (tile + 1) % kWgmmaKeyStages);
+    update_half(acc1, 1, j0i, tile);
+    hopper::wgmma_wait<0>();  // acc0 of the next tile
   }
 
-  if (!wg_valid) return;
   // The softmax partials of each row for the combine kernel.
 #pragma unroll
   for (int rr = 0; rr < 4; ++rr)
