@@ -560,6 +560,9 @@ struct PeRow {
 };
 
 constexpr int kLayoutWarps = 8;
+// NOTE: key blocks per lane per step of layout_kernel: 4 cuts the warp-wide ballot/scan work per
+// block fourfold (the kernel was bound by instruction issue, bench/RESULTS.md session 17).
+constexpr int kLayoutLaneBlocks = 4;
 
 // kFill = false: row counts into row_ptr[r + 1]; kFill = true: columns at row_ptr[r].
 // grid: (ceil(max N / kLayoutWarps), slots); one warp per row.
@@ -581,16 +584,45 @@ __global__ void __launch_bounds__(kLayoutWarps * 32) layout_kernel(SlotParams P)
   const PeRow pe_row{route == rules::kRoutePe
                          ? P.ws.pe_keep + layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2
                          : nullptr};
-  int32_t written = kFill ? row_ptr[r] : 0;
   const int last_kb = r < sb.first_row ? -1 : r;  // rows without a query (§11) stay empty
-  for (int kb0 = 0; kb0 <= last_kb; kb0 += 32) {
-    const int kb = kb0 + lane;
-    const bool has = kb <= last_kb && select::layout_keeps(P.plan, route, r, kb, vflags, sflags, pe_row);
-    const unsigned ballot = __ballot_sync(0xffffffffu, has);
-    if (kFill && has) col[written + __popc(ballot & ((1u << lane) - 1u))] = kb;
-    written += __popc(ballot);
+  // Each lane tests kLayoutLaneBlocks consecutive key blocks per step (a bit each), so the warp's
+  // bookkeeping (the count, or the scan of the fill) is paid once per 32 x kLayoutLaneBlocks blocks.
+  auto lane_bits = [&](int base) {
+    unsigned bits = 0;
+#pragma unroll
+    for (int i = 0; i < kLayoutLaneBlocks; ++i) {
+      const int kb = base + i;
+      if (kb <= last_kb && select::layout_keeps(P.plan, route, r, kb, vflags, sflags, pe_row)) bits |= 1u << i;
+    }
+    return bits;
+  };
+  constexpr int kStep = 32 * kLayoutLaneBlocks;
+  if (!kFill) {
+    int count = 0;
+    for (int kb0 = 0; kb0 <= last_kb; kb0 += kStep) count += __popc(lane_bits(kb0 + kLayoutLaneBlocks * lane));
+    count = __reduce_add_sync(0xffffffffu, count);
+    if (lane == 0) row_ptr[r + 1] = count;
+    return;
   }
-  if (!kFill && lane == 0) row_ptr[r + 1] = written;
+  int32_t written = row_ptr[r];
+  for (int kb0 = 0; kb0 <= last_kb; kb0 += kStep) {
+    const int base = kb0 + kLayoutLaneBlocks * lane;
+    unsigned bits = lane_bits(base);
+    // Inclusive scan of the lanes' counts: this lane's columns go after the lanes before it.
+    int upto = __popc(bits);
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int other = __shfl_up_sync(0xffffffffu, upto, off);
+      if (lane >= off) upto += other;
+    }
+    int at = written + upto - __popc(bits);
+    while (bits != 0) {
+      const int i = __ffs(bits) - 1;
+      col[at++] = base + i;
+      bits &= bits - 1;
+    }
+    written += __shfl_sync(0xffffffffu, upto, 31);
+  }
 }
 
 // Inclusive scan of the row counts into row_ptr and nnz; one block per slot.

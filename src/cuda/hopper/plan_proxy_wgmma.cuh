@@ -102,15 +102,17 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   const int tiles = static_cast<int>((key_stop - item.key_begin + kMmaKeyTile - 1) / kMmaKeyTile);
   const int32_t* table_row = P.keys.table != nullptr ? P.keys.table + item.seq * P.keys.row_stride : nullptr;
   const T* k_rows = k.data + item.kv * k.stride_head + (table_row != nullptr ? 0 : sb.kv_offset * k.stride_token);
+  // A thread copies the same 16-byte chunk of every key_step-th key of each tile (active_threads is
+  // a multiple of kChunks), so its chunk and first key are computed once here, not per tile.
+  const int my_chunk = tid % kChunks, my_first_key = tid / kChunks, key_step = active_threads / kChunks;
   auto load_keys = [&](int64_t j0, int stage) {
     const uint32_t dst = k_smem + stage * kKTileBytes;
-    for (int idx = tid; idx < kMmaKeyTile * kChunks; idx += active_threads) {
-      const int key = idx / kChunks, chunk = idx % kChunks;
+    for (int key = my_first_key; key < kMmaKeyTile; key += key_step) {
       const int64_t j = j0 + key;
       const bool inside = j < n;
-      const T* src = inside ? k_rows + kv_rows::key_row(0, table_row, P.keys.page_size, j) * k.stride_token + chunk * 8
-                            : k.data;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + swizzle128(key, chunk, kKHalfBytes)),
+      const int64_t row = table_row == nullptr ? j : kv_rows::key_row(0, table_row, P.keys.page_size, j);
+      const T* src = inside ? k_rows + row * k.stride_token + my_chunk * 8 : k.data;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + swizzle128(key, my_chunk, kKHalfBytes)),
                    "l"(src), "r"(inside ? 16 : 0));
     }
   };
@@ -159,28 +161,42 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   // The online softmax and masses of the two rows of one m64 half (plan_proxy_mma.cuh's
   // fused_row_update, each row with its own position), then the key block's records if the tile
   // ends one. One branch for both rows, so their independent chains interleave.
-  auto update_half = [&](float (&acc)[32], int mt, int j0i, int tile) {
-    const int kb = j0i / B;
-    const int c_base = mma_slash_base(static_cast<int>(n), L, B, kb);
-    const int T1 = (c_base + 1) * B, T2 = (c_base + 2) * B;
-    const int j0q = j0i + 2 * qd;
-    if (fused_tile_is_general(n, L, j0i, P.w_sink, P.w_local)) {
+  // What the rows' update needs of a tile, computed once for both halves.
+  struct TileInfo {
+    int kb, T1, T2, j0q;
+    bool general, ends_block;
+  };
+  auto tile_info = [&](int j0i, int tile) {
+    TileInfo t;
+    t.kb = j0i / B;
+    const int c_base = mma_slash_base(static_cast<int>(n), L, B, t.kb);
+    t.T1 = (c_base + 1) * B;
+    t.T2 = (c_base + 2) * B;
+    t.j0q = j0i + 2 * qd;
+    t.general = fused_tile_is_general(n, L, j0i, P.w_sink, P.w_local);
+    t.ends_block = ((j0i + kMmaKeyTile) % B) == 0 || tile + 1 == tiles;  // or this CTA's keys end
+    return t;
+  };
+  // The online softmax and masses of the two rows of one m64 half (plan_proxy_mma.cuh's
+  // fused_row_update, each row with its own position), then the key block's records if the tile
+  // ends one. One branch for both rows, so their independent chains interleave.
+  auto update_half = [&](float (&acc)[32], int mt, const TileInfo& t) {
+    if (t.general) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
         fused_row_update<true>([&](int nt, int e) -> float& { return acc[4 * nt + 2 * hf + e]; }, pos[2 * mt + hf],
-                               j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[2 * mt + hf]);
+                               t.j0q, t.T1, t.T2, scale_log2, P.w_sink, P.w_local, rows[2 * mt + hf]);
     } else {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
         fused_row_update<false>([&](int nt, int e) -> float& { return acc[4 * nt + 2 * hf + e]; }, pos[2 * mt + hf],
-                                j0q, T1, T2, scale_log2, P.w_sink, P.w_local, rows[2 * mt + hf]);
+                                t.j0q, t.T1, t.T2, scale_log2, P.w_sink, P.w_local, rows[2 * mt + hf]);
     }
-    if (((j0i + kMmaKeyTile) % B) == 0 || tile + 1 == tiles) {
-      // End of a key block (or of this CTA's keys): one record per row.
+    if (t.ends_block) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int rr = 2 * mt + hf;
-        fused_row_block_end(rows[rr], R, item.record_base + static_cast<int64_t>(kb) * item.record_pitch + row_in_tile[rr],
+        fused_row_block_end(rows[rr], R, item.record_base + static_cast<int64_t>(t.kb) * item.record_pitch + row_in_tile[rr],
                             row_in_tile[rr] < rows_here);
       }
     }
@@ -201,10 +217,10 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   // this tile's second half and the next tile's first are in flight.
   for (int tile = 0; tile < tiles; ++tile) {
     const int64_t j0 = item.key_begin + static_cast<int64_t>(tile) * kMmaKeyTile;
-    const int j0i = static_cast<int>(j0);
+    const TileInfo info = tile_info(static_cast<int>(j0), tile);
     hopper::fence_registers(acc0);
     issue_scores(acc1, q_desc1, tile % kWgmmaKeyStages);
-    update_half(acc0, 0, j0i, tile);
+    update_half(acc0, 0, info);
     attention::cp_async_wait<0>();  // tile + 1, loaded one iteration ago
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     sync_active();  // tile + 1 ready everywhere; every warpgroup is done with tile - 1's stage
@@ -213,7 +229,7 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
     hopper::wgmma_wait<0>();  // acc1 of this tile
     hopper::fence_registers(acc1);
     if (tile + 1 < tiles) issue_scores(acc0, q_desc0, (tile + 1) % kWgmmaKeyStages);
-    update_half(acc1, 1, j0i, tile);
+    update_half(acc1, 1, info);
     hopper::wgmma_wait<0>();  // acc0 of the next tile
   }
 
