@@ -47,6 +47,9 @@ __device__ __forceinline__ int64_t key_mean_index(const layout::SequenceBases& s
 // dims at d = 128, 32 x 8 at d = 64, 8 x 32 at d = 256).
 constexpr int kMeansScalarThreads = 128;
 constexpr int kMeansVecThreads = 256;
+// NOTE: 16-byte loads a thread has in flight in block_mean's vector path: 8 covers a whole block of
+// 128 rows at d = 128 (16 lanes of rows x 8).
+constexpr int kMeansLoadBatch = 8;
 constexpr int means_threads(int vec_dim) { return vec_dim == 0 ? kMeansScalarThreads : kMeansVecThreads; }
 
 // The mean of positions [begin, end) of one head (`head` points at the head's row 0); position t
@@ -73,11 +76,24 @@ __device__ __forceinline__ void block_mean(const T* head, const Rows& rows, int6
     __shared__ double partial[kLanes][kVecDim];
     const int chunk = threadIdx.x % kChunks, lane = threadIdx.x / kChunks;
     double sum[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-    for (int64_t t = begin + lane; t < end; t += kLanes) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(head + rows.row(t) * stride_token + chunk * 8);
-      const T* v = reinterpret_cast<const T*>(&raw);
+    // All loads of a batch are issued before any is summed: one load in flight per thread left
+    // the kernels latency-bound (one 16-byte load, then its 8 adds, then the next). Same sums, in
+    // the same order.
+    for (int64_t t0 = begin + lane; t0 < end; t0 += kMeansLoadBatch * kLanes) {
+      uint4 raw[kMeansLoadBatch];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) sum[e] += static_cast<double>(to_float(v[e]));
+      for (int i = 0; i < kMeansLoadBatch; ++i) {
+        const int64_t t = t0 + i * kLanes;
+        raw[i] = t < end ? *reinterpret_cast<const uint4*>(head + rows.row(t) * stride_token + chunk * 8)
+                         : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int i = 0; i < kMeansLoadBatch; ++i) {
+        if (t0 + i * kLanes >= end) break;
+        const T* v = reinterpret_cast<const T*>(&raw[i]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum[e] += static_cast<double>(to_float(v[e]));
+      }
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) partial[lane][chunk * 8 + e] = sum[e];
