@@ -48,7 +48,8 @@ __device__ __forceinline__ int64_t key_mean_index(const layout::SequenceBases& s
 constexpr int kMeansScalarThreads = 128;
 constexpr int kMeansVecThreads = 256;
 // NOTE: 16-byte loads a thread has in flight in block_mean's vector path: 8 covers a whole block of
-// 128 rows at d = 128 (16 lanes of rows x 8).
+// 128 rows at d = 128 (16 lanes of rows x 8). Measured faster for keys, slower for a PE head's
+// queries (rows Hq x d apart); bench/RESULTS.md, session 17.
 constexpr int kMeansLoadBatch = 8;
 constexpr int means_threads(int vec_dim) { return vec_dim == 0 ? kMeansScalarThreads : kMeansVecThreads; }
 
