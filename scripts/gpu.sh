@@ -300,6 +300,16 @@ run_bench() {  # binary, json path, log name
     --reps "${CRISP_GPU_BENCH_REPS:-5}" --warmup 1 ${CRISP_GPU_BENCH_ARGS:-} --json "$2" \
     >"$DETAIL/$3.txt" 2>"$DETAIL/$3_progress.log"
 }
+# The bench suite's baseline: the same bench by another binary (T0 set by the caller), its table
+# against this build's and its summary row.
+bench_baseline_with() {  # baseline crisp binary
+  run_bench "$1" "$OUT/bench_baseline.json" bench_baseline
+  local rc=$?
+  BASELINE_TABLE=$(bench_table "$OUT/bench.json" "$OUT/bench_baseline.json")
+  echo "$BASELINE_TABLE"
+  record "bench baseline" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" \
+    "$(bench_figures "$OUT/bench_baseline.json" 2>/dev/null) ($(( $(date +%s) - T0 )) s)"
+}
 suite_bench() {
   note "crisp bench"
   local T0=$(date +%s) rc status
@@ -312,22 +322,12 @@ suite_bench() {
   if [ -n "${CRISP_GPU_BASELINE_BIN:-}" ]; then
     note "baseline binary $CRISP_GPU_BASELINE_BIN: the same bench"
     T0=$(date +%s)
-    run_bench "$CRISP_GPU_BASELINE_BIN" "$OUT/bench_baseline.json" bench_baseline
-    rc=$?
-    BASELINE_TABLE=$(bench_table "$OUT/bench.json" "$OUT/bench_baseline.json")
-    echo "$BASELINE_TABLE"
-    record "bench baseline" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" \
-      "$(bench_figures "$OUT/bench_baseline.json" 2>/dev/null) ($(( $(date +%s) - T0 )) s)"
+    bench_baseline_with "$CRISP_GPU_BASELINE_BIN"
   elif [ -n "${CRISP_GPU_BASELINE:-}" ]; then
     note "baseline $CRISP_GPU_BASELINE: build ${BUILD}-baseline and the same bench"
     T0=$(date +%s)
     if build_tree "$CRISP_GPU_BASELINE" "$ROOT/${BUILD}-baseline" crisp_cli; then
-      run_bench "$ROOT/${BUILD}-baseline/crisp" "$OUT/bench_baseline.json" bench_baseline
-      rc=$?
-      BASELINE_TABLE=$(bench_table "$OUT/bench.json" "$OUT/bench_baseline.json")
-      echo "$BASELINE_TABLE"
-      record "bench baseline" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" \
-        "$(bench_figures "$OUT/bench_baseline.json" 2>/dev/null) ($(( $(date +%s) - T0 )) s)"
+      bench_baseline_with "$ROOT/${BUILD}-baseline/crisp"
     else
       record "bench baseline" FAILED "build of $CRISP_GPU_BASELINE failed (detail/build_${BUILD}-baseline.log)"
     fi

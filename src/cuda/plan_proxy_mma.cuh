@@ -144,6 +144,22 @@ __device__ __forceinline__ void reduce_scatter_half(float (&vals)[16], int lane)
   }
 }
 
+// The 16-byte chunk `chunk` of proxy row rho of KV head kv's row group (query head kv * group +
+// rho / L, at proxy position rho % L) and its byte count for cp.async: rows past the group
+// (rho >= group * L) are zero-filled (bytes = 0, any valid address).
+template <typename T>
+__device__ __forceinline__ const T* proxy_query_chunk(const Strided3<T>& q, const layout::SequenceBases& sb, int kv,
+                                                      int group, int L, int rho, int chunk, int& bytes) {
+  if (rho >= group * L) {
+    bytes = 0;
+    return q.data;
+  }
+  const int64_t h = static_cast<int64_t>(kv) * group + rho / L;
+  const int64_t p = rules::proxy_position(sb.n, L, rho % L);
+  bytes = 16;
+  return q.data + h * q.stride_head + query_row(sb, p) * q.stride_token + chunk * 8;
+}
+
 // One proxy row of the fused pass, over this lane's keys: running maximum (log2 domain) and sum,
 // and the current key block's masses (3 slash bins, structural) relative to that maximum.
 struct FusedRowState {
@@ -311,15 +327,8 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   // Proxy queries of the row group -> shared memory (rows past the group are zero-filled).
   for (int idx = tid; idx < kRows * kChunks; idx += kThreads) {
     const int row = idx / kChunks, chunk = idx % kChunks;
-    const int rho = row0 + row;
-    const T* src = q.data;
     int bytes = 0;
-    if (rho < rows_total) {
-      const int64_t h = static_cast<int64_t>(item.kv) * P.group + rho / L;
-      const int64_t p = rules::proxy_position(n, L, rho % L);
-      src = q.data + h * q.stride_head + query_row(sb, p) * q.stride_token + chunk * 8;
-      bytes = 16;
-    }
+    const T* src = proxy_query_chunk(q, sb, item.kv, P.group, L, row0 + row, chunk, bytes);
     attention::cp_async_16(Qs + attention::swizzled<kDim>(row, chunk), src, bytes);
   }
   const int64_t key_stop = min(item.key_end, n);

@@ -86,15 +86,8 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
 
   for (int idx = tid; idx < kRows * kChunks; idx += active_threads) {
     const int row = idx / kChunks, chunk = idx % kChunks;
-    const int rho = row0 + row;
-    const T* src = q.data;
     int bytes = 0;
-    if (rho < rows_total) {
-      const int64_t h = static_cast<int64_t>(item.kv) * P.group + rho / L;
-      const int64_t p = rules::proxy_position(n, L, rho % L);
-      src = q.data + h * q.stride_head + query_row(sb, p) * q.stride_token + chunk * 8;
-      bytes = 16;
-    }
+    const T* src = proxy_query_chunk(q, sb, item.kv, P.group, L, row0 + row, chunk, bytes);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(q_smem + swizzle128(row, chunk, kQHalfBytes)),
                  "l"(src), "r"(bytes));
   }
