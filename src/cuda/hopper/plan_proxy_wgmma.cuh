@@ -103,8 +103,9 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
     for (int key = my_first_key; key < kMmaKeyTile; key += key_step) {
       const int64_t j = j0 + key;
       const bool inside = j < n;
-      const int64_t row = table_row == nullptr ? j : kv_rows::key_row(0, table_row, P.keys.page_size, j);
-      const T* src = inside ? k_rows + row * k.stride_token + my_chunk * 8 : k.data;
+      const T* src = k.data;  // past the sequence: zero-filled (the block table is not read there)
+      if (inside)
+        src = k_rows + kv_rows::key_row(0, table_row, P.keys.page_size, j) * k.stride_token + my_chunk * 8;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + swizzle128(key, my_chunk, kKHalfBytes)),
                    "l"(src), "r"(inside ? 16 : 0));
     }
@@ -189,8 +190,8 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int rr = 2 * mt + hf;
-        fused_row_block_end(rows[rr], R, item.record_base + static_cast<int64_t>(t.kb) * item.record_pitch + row_in_tile[rr],
-                            row_in_tile[rr] < rows_here);
+        const int64_t at = item.record_base + static_cast<int64_t>(t.kb) * item.record_pitch + row_in_tile[rr];
+        fused_row_block_end(rows[rr], R, at, row_in_tile[rr] < rows_here);
       }
     }
   };
