@@ -152,9 +152,6 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
     }
     hopper::wgmma_commit();
   };
-  // The online softmax and masses of the two rows of one m64 half (plan_proxy_mma.cuh's
-  // fused_row_update, each row with its own position), then the key block's records if the tile
-  // ends one. One branch for both rows, so their independent chains interleave.
   // What the rows' update needs of a tile, computed once for both halves.
   struct TileInfo {
     int kb, T1, T2, j0q;
