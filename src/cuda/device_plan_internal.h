@@ -40,6 +40,11 @@ void release_planner_workspace(const void* key) noexcept;
 enum class ProxyMmaKernel { automatic, mma_sync };
 void set_proxy_mma_kernel(ProxyMmaKernel kernel);
 
+// Whether a radix selection above kSelectChunk entries per slot lists the entries of its stop
+// bucket once they are few (plan_select.cuh's compaction; on by default). Off, the passes after
+// the grid passes read every entry, so the GPU tests check both paths. Process-wide.
+void set_select_compaction(bool on);
+
 // The batch shape with both lists filled (an empty cu_seqlens_k: whole prompts) and the block
 // table dropped, after checking the offsets. Throws crisp::Error naming the list.
 Batch normalized_shape(const Batch& batch);

@@ -158,6 +158,10 @@ struct Workspace {
   // §3 topk: blocks of the selected tokens (before routing is applied).
   int8_t* topk_vertical = nullptr;  // [block array]
   int8_t* topk_slash = nullptr;     // [block array]
+  // §5 layout: the count pass's membership bits for the fill pass, a byte per lane and step of
+  // 32 x 4 key blocks (plan_kernels.cuh, layout_steps_before): [slot][step][lane].
+  uint8_t* layout_bits = nullptr;
+  int64_t layout_steps_per_slot = 0;
 };
 
 // A block's pooled proxy mass (pv or ps, as the VS rules and the JSD read it) from the sums of the

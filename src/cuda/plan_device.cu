@@ -107,6 +107,12 @@ struct Shape {
   }
 };
 
+// Whether large radix selections list their candidates (plan_select.cuh); set_select_compaction.
+std::atomic<bool>& select_compaction_setting() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
 }  // namespace
 
 // The planner's temporary device memory for one batch shape (one allocation, reused).
@@ -165,7 +171,15 @@ class PlanWorkspace {
   const int8_t* estimated() const { return estimated_dev_; }
   SelectState* states(int which) const { return states_ + which * slots_; }
   unsigned long long* hist_count() const { return hist_count_; }
-  double* hist_mass() const { return hist_mass_; }
+  uint32_t* candidates() const { return candidates_; }
+  // Candidates per slot of a selection over at most max_len entries per slot (plan_select.cuh):
+  // at most kSelectCompactCap and a quarter of max_len; 0 (no compaction) when the setting is off
+  // or entry indices would not fit 32 bits. Within the buffer lay_out sized for the largest.
+  int64_t candidate_capacity(int64_t max_len) const {
+    if (!select_compaction_setting().load() || max_len > static_cast<int64_t>(UINT32_MAX)) return 0;
+    return std::min<int64_t>(kSelectCompactCap, max_len / 4);
+  }
+  unsigned long long* hist_mass() const { return hist_mass_; }  // fixed point (plan_select.cuh)
   int64_t slots() const { return slots_; }
   int32_t max_blocks() const { return max_blocks_; }
   int64_t max_tokens() const { return max_tokens_; }
@@ -310,9 +324,15 @@ class PlanWorkspace {
     const std::size_t o_pe_keep = needs_.pe ? take(causal_entries * sizeof(int8_t)) : 0;
     const std::size_t o_topk_v = take(block_entries_ * sizeof(int8_t));
     const std::size_t o_topk_s = take(block_entries_ * sizeof(int8_t));
+    const int64_t layout_steps = layout_steps_before(max_blocks_);  // per slot: every row of the longest
+    const std::size_t o_layout_bits = take(static_cast<std::size_t>(slots_ * layout_steps) * 32);
     const std::size_t o_states = take(3 * slots_ * sizeof(SelectState));
     const std::size_t o_hist_count = take(slots_ * kSelectBins * sizeof(unsigned long long));
-    const std::size_t o_hist_mass = take(slots_ * kSelectBins * sizeof(double));
+    const std::size_t o_hist_mass = take(slots_ * kSelectBins * sizeof(unsigned long long));
+    // Every selection's candidates (token walks over max_tokens_, PE over max_causal_) fit here.
+    const int64_t max_select = std::max(needs_.token_level ? max_tokens_ : 0, needs_.pe ? max_causal_ : 0);
+    const std::size_t o_candidates =
+        take(static_cast<std::size_t>(slots_) * std::min<int64_t>(kSelectCompactCap, max_select / 4) * sizeof(uint32_t));
     bytes_ = at;
 
     reserve(bytes_);
@@ -347,9 +367,12 @@ class PlanWorkspace {
     }
     ws_.topk_vertical = reinterpret_cast<int8_t*>(base + o_topk_v);
     ws_.topk_slash = reinterpret_cast<int8_t*>(base + o_topk_s);
+    ws_.layout_bits = reinterpret_cast<uint8_t*>(base + o_layout_bits);
+    ws_.layout_steps_per_slot = layout_steps;
     states_ = reinterpret_cast<SelectState*>(base + o_states);
     hist_count_ = reinterpret_cast<unsigned long long*>(base + o_hist_count);
-    hist_mass_ = reinterpret_cast<double*>(base + o_hist_mass);
+    hist_mass_ = reinterpret_cast<unsigned long long*>(base + o_hist_mass);
+    candidates_ = reinterpret_cast<uint32_t*>(base + o_candidates);
 
     // The shape tables, once per shape, in the stream's order.
     upload_async(items_dev_, items_.data(), items_.size() * sizeof(ProxyWorkItem), stream);
@@ -358,7 +381,7 @@ class PlanWorkspace {
     upload_async(estimated_dev_, sh.estimated.data(), S * sizeof(int8_t), stream);
     // The histogram bins start at zero; each scan clears what it used.
     CRISP_CUDA_CHECK(cudaMemsetAsync(hist_count_, 0, slots_ * kSelectBins * sizeof(unsigned long long), stream));
-    CRISP_CUDA_CHECK(cudaMemsetAsync(hist_mass_, 0, slots_ * kSelectBins * sizeof(double), stream));
+    CRISP_CUDA_CHECK(cudaMemsetAsync(hist_mass_, 0, slots_ * kSelectBins * sizeof(unsigned long long), stream));
   }
 
   Shape shape_;
@@ -383,7 +406,8 @@ class PlanWorkspace {
   double* bin_sums_ = nullptr;   // [block array][kFusedBinsPitch] finalize scratch (fused pass)
   SelectState* states_ = nullptr;
   unsigned long long* hist_count_ = nullptr;
-  double* hist_mass_ = nullptr;
+  unsigned long long* hist_mass_ = nullptr;
+  uint32_t* candidates_ = nullptr;  // [slot][candidate_capacity] entry indices (plan_select.cuh)
   int64_t slots_ = 0;
   int32_t max_blocks_ = 0;
   int64_t max_tokens_ = 0, max_causal_ = 0;
@@ -455,10 +479,36 @@ void with_means_variant(const Shape& sh, Launch launch) {
 
 unsigned grid_for(int64_t count, int threads) { return static_cast<unsigned>((count + threads - 1) / threads); }
 
-// Runs one radix selection (plan_select.cuh) over `values` for every slot, then marks.
+std::size_t max_shared_memory_per_block();  // below
+void set_smem(const void* kernel, std::size_t bytes);  // below
+
+// The head dims pe_logit_kernel stages per slice: all of d (rounded up to kPeDepthQuantum) where
+// the device's shared memory allows, else the most that fits.
+int pe_logit_depth(int d) {
+  const int whole = (d + kPeDepthQuantum - 1) / kPeDepthQuantum * kPeDepthQuantum;
+  int depth = whole;
+  while (depth > kPeDepthQuantum && pe_logit_smem_bytes(depth) > max_shared_memory_per_block()) depth -= kPeDepthQuantum;
+  return depth;
+}
+
+// Candidate values select_rest_kernel can stage in shared memory: what the device allows a block
+// beyond the kernel's static shared memory, at most `capacity`.
+int64_t rest_staged_capacity(int64_t capacity) {
+  if (capacity == 0) return 0;
+  cudaFuncAttributes attributes{};
+  CRISP_CUDA_CHECK(cudaFuncGetAttributes(&attributes, select_rest_kernel));
+  const std::size_t optin = max_shared_memory_per_block();
+  const std::size_t room = optin > attributes.sharedSizeBytes ? optin - attributes.sharedSizeBytes : 0;
+  return std::min<int64_t>(capacity, static_cast<int64_t>(room / sizeof(double)));
+}
+
+// Runs one radix selection (plan_select.cuh) over `values` for every slot, then marks: every
+// entry, or (ties_only: a reader that compares the entries with the stop itself, as the layout
+// does for PE) only the ties of a stop that keeps some of them; a one-launch selection marks every
+// entry either way.
 template <typename Mark>
 void run_select(const PlanWorkspace& pw, const double* values, SelectState* states, int64_t max_len, const Mark* mark,
-                cudaStream_t stream) {
+                cudaStream_t stream, bool ties_only = false) {
   const int slots = static_cast<int>(pw.slots());
   if (max_len <= kSelectChunk) {  // every slot is one chunk: the whole selection in one launch
     if (mark != nullptr)
@@ -468,19 +518,27 @@ void run_select(const PlanWorkspace& pw, const double* values, SelectState* stat
     CRISP_CUDA_CHECK_LAUNCH("select_one_block_kernel");
     return;
   }
+  const int64_t capacity = pw.candidate_capacity(max_len);
   const dim3 grid(grid_for(std::max<int64_t>(max_len, 1), static_cast<int>(kSelectChunk)), slots);
-  for (int pass = 0; pass < kSelectPasses; ++pass) {
+  for (int pass = 0; pass < kSelectGridPasses; ++pass) {
     const int shift = 64 - kSelectDigitBits * (pass + 1);
-    select_histogram_kernel<<<grid, kSelectThreads, 0, stream>>>(values, states, pw.hist_count(), pw.hist_mass(), shift);
+    select_histogram_kernel<<<grid, kSelectThreads, 0, stream>>>(values, states, pw.hist_count(), pw.hist_mass(), shift,
+                                                                 pw.candidates(), capacity);
     CRISP_CUDA_CHECK_LAUNCH("select_histogram_kernel");
-    select_scan_kernel<<<slots, kSelectBins, 0, stream>>>(states, pw.hist_count(), pw.hist_mass(), shift, slots);
+    select_scan_kernel<<<slots, kSelectBins, 0, stream>>>(states, pw.hist_count(), pw.hist_mass(), shift, slots,
+                                                          capacity);
     CRISP_CUDA_CHECK_LAUNCH("select_scan_kernel");
   }
-  select_finish_kernel<<<grid_for(slots, 128), 128, 0, stream>>>(states, slots);
-  CRISP_CUDA_CHECK_LAUNCH("select_finish_kernel");
+  const int64_t staged = rest_staged_capacity(capacity);
+  set_smem(reinterpret_cast<const void*>(&select_rest_kernel), staged * sizeof(double));
+  select_rest_kernel<<<slots, kSelectRestThreads, staged * sizeof(double), stream>>>(values, states, pw.candidates(),
+                                                                                     capacity, staged);
+  CRISP_CUDA_CHECK_LAUNCH("select_rest_kernel");
   if (mark != nullptr) {
-    select_mark_kernel<<<grid, kSelectThreads, 0, stream>>>(values, states, *mark);
-    CRISP_CUDA_CHECK_LAUNCH("select_mark_kernel");
+    if (!ties_only) {
+      select_mark_kernel<<<grid, kSelectThreads, 0, stream>>>(values, states, *mark);
+      CRISP_CUDA_CHECK_LAUNCH("select_mark_kernel");
+    }
     select_mark_ties_kernel<<<slots, 1024, 0, stream>>>(values, states, *mark);
     CRISP_CUDA_CHECK_LAUNCH("select_mark_ties_kernel");
   }
@@ -574,6 +632,7 @@ class PlanStages {
     sp_.plan = params;
     sp_.walk_v = pw.states(0);
     sp_.walk_u = pw.states(1);
+    sp_.pe_select = pw.states(2);
   }
 
   // 1. Proxy map: pv, ps, C_struct (+ v, u for the token walks).
@@ -727,14 +786,17 @@ class PlanStages {
   // 5b. PE heads: the block-causal softmax P.
   void pe_prob() {
     const auto pe_tiles = static_cast<unsigned>(layout::triangle_tiles(grid_for(max_n_, kPeTile)));
-    pe_logit_kernel<<<dim3(pe_tiles, slots_), kPeThreads, 0, stream_>>>(sp_);
+    const int depth = pe_logit_depth(static_cast<int>(sh_.d));
+    set_smem(reinterpret_cast<const void*>(&pe_logit_kernel), pe_logit_smem_bytes(depth));
+    pe_logit_kernel<<<dim3(pe_tiles, slots_), kPeThreads, pe_logit_smem_bytes(depth), stream_>>>(sp_, depth);
     CRISP_CUDA_CHECK_LAUNCH("pe_logit_kernel");
     pe_softmax_kernel<<<dim3(grid_for(max_n_, kPeSoftmaxWarps), slots_), kPeSoftmaxWarps * 32, 0, stream_>>>(sp_);
     CRISP_CUDA_CHECK_LAUNCH("pe_softmax_kernel");
   }
 
-  // 5c. PE heads: global coverage (select::pe_walk, a radix select) or the row floor
-  // (select::pe_floor_keeps, a parallel mark) into pe_keep.
+  // 5c. PE heads: global coverage (select::pe_walk, a radix select: its stop, and the kept ties in
+  // pe_keep when only some are, which layout_kernel reads) or the row floor (select::pe_floor_keeps,
+  // a parallel mark of pe_keep).
   void pe_select() {
     if (!select::pe_walks(sp_.plan)) {
       pe_floor_kernel<<<dim3(grid_for(max_n_, kPeSoftmaxWarps), slots_), kPeSoftmaxWarps * 32, 0, stream_>>>(sp_);
@@ -745,7 +807,7 @@ class PlanStages {
     init_pe_select_kernel<<<grid_for(slots_, 128), 128, 0, stream_>>>(st, sp_, slots_);
     CRISP_CUDA_CHECK_LAUNCH("init_pe_select_kernel");
     const PeMark mark{ws_.pe_keep, view_.seqs, static_cast<int32_t>(sh_.H)};
-    run_select(pw_, ws_.pe_prob, st, pw_.max_causal(), &mark, stream_);
+    run_select(pw_, ws_.pe_prob, st, pw_.max_causal(), &mark, stream_, /*ties_only=*/true);  // layout_kernel reads the stop
   }
 
   // 6. Layout: row counts, scan into row_ptr + nnz, columns.
@@ -961,6 +1023,7 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
 void set_proxy_mma_kernel(ProxyMmaKernel kernel) {
   planner::proxy_mma_kernel_setting().store(static_cast<int>(kernel));
 }
+void set_select_compaction(bool on) { planner::select_compaction_setting().store(on); }
 }  // namespace cuda_detail
 
 namespace cuda {

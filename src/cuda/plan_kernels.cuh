@@ -24,6 +24,7 @@ struct SlotParams {
   PlanParams plan;
   const SelectState* walk_v;  // the token walks (§3 cumulative / topk) of the VS slots, per slot
   const SelectState* walk_u;
+  const SelectState* pe_select;  // §4 global coverage of the PE slots, per slot
 };
 
 __device__ __forceinline__ int64_t key_mean_index(const layout::SequenceBases& sb, int64_t kv, int64_t c,
@@ -47,16 +48,17 @@ __device__ __forceinline__ int64_t key_mean_index(const layout::SequenceBases& s
 // dims at d = 128, 32 x 8 at d = 64, 8 x 32 at d = 256).
 constexpr int kMeansScalarThreads = 128;
 constexpr int kMeansVecThreads = 256;
-// NOTE: 16-byte loads a thread has in flight in block_mean's vector path: 8 covers a whole block of
-// 128 rows at d = 128 (16 lanes of rows x 8). Measured faster for keys, slower for a PE head's
-// queries (rows Hq x d apart); bench/RESULTS.md, session 17.
-constexpr int kMeansLoadBatch = 8;
+// NOTE: 16-byte loads a thread has in flight in block_mean's vector path: for keys 8 covers a
+// whole block of 128 rows at d = 128 (16 lanes of rows x 8); a PE head's queries (rows Hq x d
+// apart) measured slower with 8 than with one (bench/RESULTS.md, session 17), so they keep one.
+constexpr int kKeyMeansLoadBatch = 8;
+constexpr int kQueryMeansLoadBatch = 1;
 constexpr int means_threads(int vec_dim) { return vec_dim == 0 ? kMeansScalarThreads : kMeansVecThreads; }
 
 // The mean of positions [begin, end) of one head (`head` points at the head's row 0); position t
 // sits at row rows.row(t) (SequenceQueries, or SequenceKeys through the block table), and the
 // rows from t to rows.run_end(t, end) are consecutive (a page; the whole block when contiguous).
-template <typename T, int kVecDim, typename Rows>
+template <typename T, int kVecDim, int kLoadBatch, typename Rows>
 __device__ __forceinline__ void block_mean(const T* head, const Rows& rows, int64_t stride_token, int64_t stride_dim,
                                            int head_dim, int64_t begin, int64_t end, float* out) {
   const double inv = 1.0 / static_cast<double>(end - begin);
@@ -80,16 +82,16 @@ __device__ __forceinline__ void block_mean(const T* head, const Rows& rows, int6
     // All loads of a batch are issued before any is summed: one load in flight per thread left
     // the kernels latency-bound (one 16-byte load, then its 8 adds, then the next). Same sums, in
     // the same order.
-    for (int64_t t0 = begin + lane; t0 < end; t0 += kMeansLoadBatch * kLanes) {
-      uint4 raw[kMeansLoadBatch];
+    for (int64_t t0 = begin + lane; t0 < end; t0 += kLoadBatch * kLanes) {
+      uint4 raw[kLoadBatch];
 #pragma unroll
-      for (int i = 0; i < kMeansLoadBatch; ++i) {
+      for (int i = 0; i < kLoadBatch; ++i) {
         const int64_t t = t0 + i * kLanes;
         raw[i] = t < end ? *reinterpret_cast<const uint4*>(head + rows.row(t) * stride_token + chunk * 8)
                          : make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
-      for (int i = 0; i < kMeansLoadBatch; ++i) {
+      for (int i = 0; i < kLoadBatch; ++i) {
         if (t0 + i * kLanes >= end) break;
         const T* v = reinterpret_cast<const T*>(&raw[i]);
 #pragma unroll
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(means_threads(kVecDim)) key_means_kernel(Strid
   const layout::SequenceBases sb = P.view.seqs[s];
   if (c >= sb.num_blocks) return;
   const int64_t begin = rules::block_begin(c, P.view.block_size), end = rules::block_end(c, P.view.block_size, sb.n);
-  block_mean<T, kVecDim>(k.data + kv * k.stride_head, SequenceKeys{P.keys, sb, s}, k.stride_token, k.stride_dim,
+  block_mean<T, kVecDim, kKeyMeansLoadBatch>(k.data + kv * k.stride_head, SequenceKeys{P.keys, sb, s}, k.stride_token, k.stride_dim,
                          P.head_dim, begin, end,
                          P.ws.key_means + key_mean_index(sb, kv, c, P.num_kv_heads) * P.head_dim);
 }
@@ -131,7 +133,7 @@ __global__ void __launch_bounds__(means_threads(kVecDim)) query_means_kernel(Str
   if (c >= sb.num_blocks || c < sb.first_row) return;
   const int64_t begin = rules::row_query_begin(c, P.view.block_size, sb.n, sb.n_q);
   const int64_t end = rules::block_end(c, P.view.block_size, sb.n);
-  block_mean<T, kVecDim>(q.data + h * q.stride_head, SequenceQueries{sb}, q.stride_token, q.stride_dim,
+  block_mean<T, kVecDim, kQueryMeansLoadBatch>(q.data + h * q.stride_head, SequenceQueries{sb}, q.stride_token, q.stride_dim,
                          P.head_dim, begin, end,
                          P.ws.query_means + (layout::block_array_offset(sb, h, H) + c) * P.head_dim);
 }
@@ -420,27 +422,36 @@ struct TopkMark {
 // ---------------------------------------------------------------- §4 PE path
 // P[r, c] for the PE slots, in two kernels. pe_logit_kernel: one block per (64 x 64 tile of the
 // block-causal triangle, slot); the logits s q̄_r·k̄_c are a register-tiled fp32 matmul: each
-// thread owns a 4x4 output tile, staged kPeDepth-deep slices of q̄ and k̄ come from shared memory
-// as float4 (2 loads per 16 FMAs). Every dot product is one fmaf chain over x = 0 .. d-1 in order
-// (zero padding adds an exact +0), and the logit is rounded to float before it is stored in
-// pe_prob (as a double, exactly), like the CPU reference's logits. pe_softmax_kernel then turns
-// each row into probabilities with one warp per row (see there).
-// NOTE: 64x64 output tiles with 256 threads (4x4 per thread) and 32-deep slices: 17 KB of shared
-// memory, register-tiled FFMA. One tile per block (not a row of tiles per block): at N = 1024 a
-// head has 136 tiles, so the PE heads fill every SM several times over and the slices' L2
-// latency is hidden; a row of tiles per block left one 8-warp block per SM (3x slower at 128k).
+// thread owns a 4x4 output tile, and the tile's q̄ and k̄ rows are staged in shared memory
+// transposed ([x][row]) in slices of `depth` dims (the whole head dim where the device's shared
+// memory allows: pe_logit_depth), read as float4 (2 loads per 16 FMAs). Every dot product is one
+// fmaf chain over x = 0 .. d-1 in order (zero padding adds an exact +0), and the logit is rounded
+// to float before it is stored in pe_prob (as a double, exactly), like the CPU reference's logits.
+// pe_softmax_kernel then turns each row into probabilities with one warp per row (see there).
+// NOTE: 64x64 output tiles with 256 threads (4x4 per thread). One tile per block (not a row of
+// tiles per block): at N = 1024 a head has 136 tiles, so the PE heads fill every SM several times
+// over; a row of tiles per block left one 8-warp block per SM (3x slower at 128k). The whole
+// depth staged at once, each thread with 16 loads in flight: with 32-deep slices the block waited
+// for L2 once per slice and the kernel was latency-bound (bench/RESULTS.md, session 18).
 constexpr int kPeTile = 64;
-constexpr int kPeDepth = 32;
 constexpr int kPeMicro = 4;                                         // outputs per thread per axis
 constexpr int kPeThreadsPerAxis = kPeTile / kPeMicro;               // 16
 constexpr int kPeThreads = kPeThreadsPerAxis * kPeThreadsPerAxis;  // 256
-// NOTE: +4 floats per slice row: the transposed staging stores hit 8 banks instead of 1, and the
+constexpr int kPeWarps = kPeThreads / 32;
+constexpr int kPeRowsPerWarp = kPeTile / kPeWarps;  // staging: warp w loads rows w, w + 8, ...
+// NOTE: +4 floats per staged row: the transposed staging stores hit 8 banks instead of 1, and the
 // rows stay 16-byte aligned for the float4 reads.
 constexpr int kPeTileStride = kPeTile + 4;
+// Slices are multiples of 32 dims (one per lane when staging).
+constexpr int kPeDepthQuantum = 32;
+constexpr std::size_t pe_logit_smem_bytes(int depth) {
+  return static_cast<std::size_t>(2) * depth * kPeTileStride * sizeof(float);
+}
 
-__global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
-  __shared__ __align__(16) float q_slice[kPeDepth][kPeTileStride];  // [x][row]
-  __shared__ __align__(16) float k_slice[kPeDepth][kPeTileStride];  // [x][column]
+__global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P, int depth) {
+  extern __shared__ __align__(16) float pe_stage[];
+  float* q_slice = pe_stage;                           // [x][row]
+  float* k_slice = pe_stage + depth * kPeTileStride;  // [x][column]
   const int64_t slot = blockIdx.y;
   const int H = P.view.num_heads;
   const int64_t s = slot / H, h = slot % H;
@@ -459,27 +470,40 @@ __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
   const float* km = P.ws.key_means + key_mean_index(sb, kv, 0, P.num_kv_heads) * d;  // block c at km + c d
   double* head_out = P.ws.pe_prob + layout::col_offset(sb, h, H);  // (r, c) at r (r + 1) / 2 + c
   const int tx = threadIdx.x % kPeThreadsPerAxis, ty = threadIdx.x / kPeThreadsPerAxis;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
   float acc[kPeMicro][kPeMicro];
 #pragma unroll
   for (int i = 0; i < kPeMicro; ++i)
 #pragma unroll
     for (int j = 0; j < kPeMicro; ++j) acc[i][j] = 0.f;
-  for (int x0 = 0; x0 < d; x0 += kPeDepth) {
+  for (int x0 = 0; x0 < d; x0 += depth) {
     __syncthreads();  // the previous slice is consumed
-    // Coalesced along x in global memory, transposed into [x][row] in shared memory.
-    for (int idx = threadIdx.x; idx < kPeTile * kPeDepth; idx += kPeThreads) {
-      const int row = idx / kPeDepth, x = idx % kPeDepth;
-      const bool in_x = x0 + x < d;
-      q_slice[x][row] = in_x && r0 + row < N && r0 + row >= first_row ? qm[static_cast<int64_t>(r0 + row) * d + x0 + x]
-                                                                       : 0.f;
-      k_slice[x][row] = in_x && c0 + row <= last_row ? km[static_cast<int64_t>(c0 + row) * d + x0 + x] : 0.f;
+    // Coalesced along x in global memory (a lane per dim), transposed into [x][row]; every load of
+    // a 32-dim column is issued before any is stored.
+    for (int xq = 0; xq < depth; xq += kPeDepthQuantum) {
+      const int x = x0 + xq + lane;
+      const bool in_x = x < d;
+      float qv[kPeRowsPerWarp], kv_[kPeRowsPerWarp];
+#pragma unroll
+      for (int j = 0; j < kPeRowsPerWarp; ++j) {
+        const int row = warp + kPeWarps * j;
+        qv[j] = in_x && r0 + row < N && r0 + row >= first_row ? qm[static_cast<int64_t>(r0 + row) * d + x] : 0.f;
+        kv_[j] = in_x && c0 + row <= last_row ? km[static_cast<int64_t>(c0 + row) * d + x] : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kPeRowsPerWarp; ++j) {
+        const int row = warp + kPeWarps * j;
+        q_slice[(xq + lane) * kPeTileStride + row] = qv[j];
+        k_slice[(xq + lane) * kPeTileStride + row] = kv_[j];
+      }
     }
     __syncthreads();
+    const int x_end = min(depth, d - x0);
 #pragma unroll 8  // NOTE: keeps the float4 loads of later x in flight without bloating registers
-    for (int x = 0; x < kPeDepth; ++x) {
-      const float4 a = *reinterpret_cast<const float4*>(&q_slice[x][ty * kPeMicro]);
-      const float4 b = *reinterpret_cast<const float4*>(&k_slice[x][tx * kPeMicro]);
+    for (int x = 0; x < x_end; ++x) {
+      const float4 a = *reinterpret_cast<const float4*>(&q_slice[x * kPeTileStride + ty * kPeMicro]);
+      const float4 b = *reinterpret_cast<const float4*>(&k_slice[x * kPeTileStride + tx * kPeMicro]);
       const float qa[kPeMicro] = {a.x, a.y, a.z, a.w};
       const float kb[kPeMicro] = {b.x, b.y, b.z, b.w};
 #pragma unroll
@@ -570,19 +594,74 @@ __global__ void __launch_bounds__(kPeSoftmaxWarps * 32) pe_floor_kernel(SlotPara
 }
 
 // ---------------------------------------------------------------- §5 layout
-// The PE entries of one row (none for VS heads).
-struct PeRow {
-  const int8_t* row;
-  __device__ __forceinline__ int8_t operator[](int32_t c) const { return row != nullptr ? row[c] : int8_t(0); }
-};
-
 constexpr int kLayoutWarps = 8;
 // NOTE: key blocks per lane per step of layout_kernel: 4 cuts the warp-wide ballot/scan work per
 // block fourfold (the kernel was bound by instruction issue, bench/RESULTS.md session 17).
 constexpr int kLayoutLaneBlocks = 4;
+constexpr int kLayoutStep = 32 * kLayoutLaneBlocks;
 
-// kFill = false: row counts into row_ptr[r + 1]; kFill = true: columns at row_ptr[r].
-// grid: (ceil(max N / kLayoutWarps), slots); one warp per row.
+// Steps of 32 x kLayoutLaneBlocks key blocks in rows 0 .. r-1 of a slot (row r' has r' / kStep + 1).
+__host__ __device__ __forceinline__ int64_t layout_steps_before(int64_t r) {
+  const int64_t a = r / kLayoutStep, b = r % kLayoutStep;
+  return r + kLayoutStep * a * (a - 1) / 2 + a * b;
+}
+
+// The §4 decisions of one row of a PE slot, for rules::layout_has_block (none for other slots).
+// Global coverage reads P and the selection's stop: entries above its value are kept, below are
+// not, and of the ties (entries equal to it) all, none, or those select_mark_ties_kernel marked in
+// pe_keep; the row floor reads pe_keep, which pe_floor_kernel writes in full.
+struct PeRowRule {
+  enum Mode : int32_t { kNone, kMarks, kAll, kStop };
+  int32_t mode = kNone;
+  const double* prob = nullptr;  // the row's P (kStop)
+  const int8_t* marks = nullptr;  // the row's pe_keep (kMarks; kStop: the marked ties)
+  uint64_t stop = 0;              // bits of the stop's value (kStop)
+  int32_t ties = 0;               // kStop: 1 every tie kept, 0 none, -1 the marked ones
+  __device__ __forceinline__ bool keeps(int32_t c) const {
+    switch (mode) {
+      case kMarks: return marks[c] != 0;
+      case kAll: return true;
+      case kStop: {
+        const uint64_t bits = key_bits(prob[c]);
+        if (bits != stop) return bits > stop;
+        return ties < 0 ? marks[c] != 0 : ties != 0;
+      }
+      default: return false;
+    }
+  }
+};
+
+__device__ __forceinline__ PeRowRule pe_row_rule(const SlotParams& P, int64_t slot, int32_t route, int64_t row_entry) {
+  PeRowRule rule;
+  if (route != rules::kRoutePe) return rule;
+  rule.marks = P.ws.pe_keep + row_entry;
+  if (!select::pe_walks(P.plan)) {
+    rule.mode = PeRowRule::kMarks;
+    return rule;
+  }
+  const SelectState& st = P.pe_select[slot];
+  if (st.all) {
+    rule.mode = PeRowRule::kAll;
+    return rule;
+  }
+  rule.mode = PeRowRule::kStop;
+  rule.prob = P.ws.pe_prob + row_entry;
+  rule.stop = st.prefix;
+  rule.ties = st.ties_kept == st.ties ? 1 : st.ties_kept == 0 ? 0 : -1;
+  return rule;
+}
+
+// A lane's kLayoutLaneBlocks key blocks from `first` on, and the flags rules::layout_has_block
+// reads for them, loaded together (a short-circuit test loads one after the other).
+struct LaneFlags {
+  const int8_t* values;
+  int32_t first;
+  __device__ __forceinline__ int8_t operator[](int32_t i) const { return values[i - first]; }
+};
+
+// kFill = false: row counts into row_ptr[r + 1] and the membership bits into layout_bits;
+// kFill = true: columns at row_ptr[r] from layout_bits. grid: (ceil(max N / kLayoutWarps), slots);
+// one warp per row.
 template <bool kFill>
 __global__ void __launch_bounds__(kLayoutWarps * 32) layout_kernel(SlotParams P) {
   const int64_t slot = blockIdx.y;
@@ -592,39 +671,52 @@ __global__ void __launch_bounds__(kLayoutWarps * 32) layout_kernel(SlotParams P)
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.x * kLayoutWarps + (threadIdx.x >> 5);
   if (r >= sb.num_blocks) return;
-  const int32_t route = P.view.route[slot];
   int32_t* row_ptr = P.view.row_ptr + layout::row_ptr_offset(sb, h, H);
-  int32_t* col = P.view.col + layout::col_offset(sb, h, H);
-  const int64_t fo = layout::block_array_offset(sb, h, H);
-  const int8_t* vflags = P.view.vertical_flags + fo;
-  const int8_t* sflags = P.view.slash_flags + fo;
-  const PeRow pe_row{route == rules::kRoutePe
-                         ? P.ws.pe_keep + layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2
-                         : nullptr};
   const int last_kb = r < sb.first_row ? -1 : r;  // rows without a query (§11) stay empty
-  // Each lane tests kLayoutLaneBlocks consecutive key blocks per step (a bit each), so the warp's
-  // bookkeeping (the count, or the scan of the fill) is paid once per 32 x kLayoutLaneBlocks blocks.
-  auto lane_bits = [&](int base) {
-    unsigned bits = 0;
-#pragma unroll
-    for (int i = 0; i < kLayoutLaneBlocks; ++i) {
-      const int kb = base + i;
-      if (kb <= last_kb && select::layout_keeps(P.plan, route, r, kb, vflags, sflags, pe_row)) bits |= 1u << i;
-    }
-    return bits;
-  };
-  constexpr int kStep = 32 * kLayoutLaneBlocks;
+  uint8_t* row_bits = P.ws.layout_bits + (slot * P.ws.layout_steps_per_slot + layout_steps_before(r)) * 32 + lane;
   if (!kFill) {
+    const int32_t route = P.view.route[slot];
+    const int64_t fo = layout::block_array_offset(sb, h, H);
+    const int8_t* vflags = P.view.vertical_flags + fo;
+    const int8_t* sflags = P.view.slash_flags + fo;
+    const PeRowRule pe =
+        pe_row_rule(P, slot, route, layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2);
     int count = 0;
-    for (int kb0 = 0; kb0 <= last_kb; kb0 += kStep) count += __popc(lane_bits(kb0 + kLayoutLaneBlocks * lane));
+    for (int kb0 = 0; kb0 <= last_kb; kb0 += kLayoutStep) {
+      const int base = kb0 + kLayoutLaneBlocks * lane;
+      unsigned bits = 0;
+      if (base <= last_kb) {
+        // Verticals of base .. base+3, slashes of distances r-base-4 .. r-base (kCoverExact reads
+        // c - 1 too), the PE decisions of base .. base+3: loaded, then tested.
+        int8_t v[kLayoutLaneBlocks], sl[kLayoutLaneBlocks + 1], pe_kept[kLayoutLaneBlocks];
+        const int s_first = r - base - kLayoutLaneBlocks;
+#pragma unroll
+        for (int i = 0; i < kLayoutLaneBlocks; ++i) {
+          const int kb = base + i;
+          v[i] = kb <= last_kb ? vflags[kb] : int8_t(0);
+          pe_kept[i] = kb <= last_kb && pe.keeps(kb) ? 1 : 0;
+        }
+#pragma unroll
+        for (int i = 0; i <= kLayoutLaneBlocks; ++i) sl[i] = s_first + i >= 0 ? sflags[s_first + i] : int8_t(0);
+        const LaneFlags lane_v{v, base}, lane_s{sl, s_first}, lane_pe{pe_kept, base};
+#pragma unroll
+        for (int i = 0; i < kLayoutLaneBlocks; ++i) {
+          const int kb = base + i;
+          if (kb <= last_kb && select::layout_keeps(P.plan, route, r, kb, lane_v, lane_s, lane_pe)) bits |= 1u << i;
+        }
+      }
+      row_bits[(kb0 / kLayoutStep) * 32] = static_cast<uint8_t>(bits);
+      count += __popc(bits);
+    }
     count = __reduce_add_sync(0xffffffffu, count);
     if (lane == 0) row_ptr[r + 1] = count;
     return;
   }
+  int32_t* col = P.view.col + layout::col_offset(sb, h, H);
   int32_t written = row_ptr[r];
-  for (int kb0 = 0; kb0 <= last_kb; kb0 += kStep) {
+  for (int kb0 = 0; kb0 <= last_kb; kb0 += kLayoutStep) {
     const int base = kb0 + kLayoutLaneBlocks * lane;
-    unsigned bits = lane_bits(base);
+    unsigned bits = row_bits[(kb0 / kLayoutStep) * 32];
     // Inclusive scan of the lanes' counts: this lane's columns go after the lanes before it.
     int upto = __popc(bits);
 #pragma unroll

@@ -658,6 +658,9 @@ __global__ void __launch_bounds__(256) proxy_mma_finalize_kernel(ProxyFinalizePa
 // NOTE: 8 warps per block, a key block per warp: at 128k (32 heads, N = 1024) 4096 blocks, every SM
 // busy (one block per slot left 32 SMs working, 6x slower).
 constexpr int kRowsFinalizeWarps = 8;
+// NOTE: rows whose records a lane loads at once in proxy_mma_rows_kernel: 4 covers L = B = 128
+// (the records are read once, so loads in flight are what the kernel waits on).
+constexpr int kRowsLoadBatch = 4;
 
 struct FusedRecordView {
   int64_t first;  // record of (row 0 of the slot's head, key block 0)
@@ -692,20 +695,33 @@ __global__ void __launch_bounds__(kRowsFinalizeWarps * 32) proxy_mma_rows_kernel
   const int B = P.block;
   double m0 = 0.0, m1 = 0.0, m2 = 0.0, mc = 0.0;
   double l0 = 0.0, l1 = 0.0, l2 = 0.0, unused = 0.0;  // the last proxy_last_rows rows alone
-  for (int i = lane; i < rv.L; i += 32) {
-    const int64_t at = rv.first + static_cast<int64_t>(b) * rv.pitch + i;
-    const float m = P.record_max[at];
-    if (m == -INFINITY) continue;  // the row saw no key of this block
-    const float4 r = P.records[at];
-    const double w = static_cast<double>(exp2f(m - P.ws.row_max[slot * B + i])) * P.ws.row_inv_den[slot * B + i];
-    m0 += w * r.x;
-    m1 += w * r.y;
-    m2 += w * r.z;
-    mc += w * r.w;
-    if (proxy::in_last_rows(i, rv.L, P.last_rows)) {
-      l0 += w * r.x;
-      l1 += w * r.y;
-      l2 += w * r.z;
+  // The loads of kRowsLoadBatch rows per lane are issued before any is used (the kernel streams
+  // the records once: with one row in flight per lane it waited on memory); same sums, same order.
+  for (int i0 = lane; i0 < rv.L; i0 += 32 * kRowsLoadBatch) {
+    float m[kRowsLoadBatch];
+    float4 r[kRowsLoadBatch];
+#pragma unroll
+    for (int j = 0; j < kRowsLoadBatch; ++j) {
+      const int i = i0 + 32 * j;
+      const int64_t at = rv.first + static_cast<int64_t>(b) * rv.pitch + i;
+      m[j] = i < rv.L ? P.record_max[at] : -INFINITY;
+      r[j] = i < rv.L ? P.records[at] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kRowsLoadBatch; ++j) {
+      const int i = i0 + 32 * j;
+      if (m[j] == -INFINITY) continue;  // the row saw no key of this block (or no row)
+      const double w =
+          static_cast<double>(exp2f(m[j] - P.ws.row_max[slot * B + i])) * P.ws.row_inv_den[slot * B + i];
+      m0 += w * r[j].x;
+      m1 += w * r[j].y;
+      m2 += w * r[j].z;
+      mc += w * r[j].w;
+      if (proxy::in_last_rows(i, rv.L, P.last_rows)) {
+        l0 += w * r[j].x;
+        l1 += w * r[j].y;
+        l2 += w * r[j].z;
+      }
     }
   }
   warp_sum4(m0, m1, m2, mc);

@@ -9,8 +9,19 @@
 // mass G and count C of the entries strictly above it, and the ties T (entries equal to x*).
 // The ties are then walked in index order exactly as a sorted walk would.
 // Result per slot: kept = C + m (m ties, the first m of them in index order), or every entry.
-// Sums are double; they add the same numbers as a sorted walk in another order (the tests use
-// inputs with margins; a running sum landing within rounding of the target can differ).
+// Masses are summed in fixed point (select_fixed: each value, a probability in [0, 1], rounded
+// to a multiple of 2^-44 once, then exact 64-bit integer sums): shared-memory double atomics are
+// compare-and-swap loops on sm_80 / sm_90 that retry once per colliding lane, 32-bit integer
+// atomics are native, and integer sums do not depend on the order. The walk compares them as
+// doubles with the rule's targets like a sorted walk's double sums (the tests use inputs with
+// margins; a running sum landing within rounding of the target can differ).
+//
+// A large selection (above kSelectChunk entries) runs kSelectGridPasses passes as grids of chunks
+// (histogram kernel + scan kernel per pass); a grid pass whose prefix holds few entries
+// (select_compacts) also lists them, the candidates, so that the passes after it read only
+// those; the remaining passes then run in one block per slot (select_rest_kernel), with the
+// finish. A slot whose prefix never got few enough (more than the capacity's entries share the
+// top 16 + 8 bits) finishes in that one block over all its entries: correct, slower.
 #pragma once
 #include "cuda/plan_common.cuh"
 #include "plan/select.h"
@@ -26,6 +37,21 @@ constexpr int kSelectPasses = 64 / kSelectDigitBits;
 constexpr int kSelectThreads = 256;
 // NOTE: entries per histogram block: enough work per block to amortise the 256-bin flush.
 constexpr int64_t kSelectChunk = 8192;
+// NOTE: passes run as grids before the one-block rest: after two 8-bit digits a PE map's stop
+// bucket holds a few per cent of its entries (the top 4 mantissa bits), so the third grid pass
+// lists them and the last five passes read only those (bench/RESULTS.md, session 18).
+constexpr int kSelectGridPasses = 3;
+// NOTE: the most candidates one slot lists (also at most a quarter of the largest slot's entries,
+// run_select): 256 KB of entry indices per slot.
+constexpr int64_t kSelectCompactCap = 65536;
+// Fixed point of the masses: 2^44 per unit. A slot's values sum to at most N (PE: one per row) or
+// 1 (token walks), so sums stay below 2^63 for N < 2^19 blocks (N(N+1)/2 doubles would not fit a
+// device long before); the rounding, at most 2^-45 per value, is below a double sum's of the same
+// values near the targets (~0.5 ulp of N per addition).
+constexpr int kSelectFixedBits = 44;
+// NOTE: values each thread loads before it bins them: loads in flight, where one at a time left
+// the passes latency-bound. Not tuned.
+constexpr int kSelectLoadBatch = 4;
 
 struct SelectState {
   // Input, set by the caller's init kernel.
@@ -36,7 +62,7 @@ struct SelectState {
   int32_t active;     // 0: slot not selected (nothing marked, kept = 0)
   // Progress.
   uint64_t prefix, mask;
-  double mass_before;
+  uint64_t mass_before;  // fixed point (select_fixed)
   int64_t count_before;
   int64_t ties;
   int32_t all;        // 1: every entry is kept (the rule never stops inside the slot)
@@ -46,6 +72,10 @@ struct SelectState {
   // would leave it: the later passes would only add empty digits (mass 0.0, count 0).
   uint64_t single;
   int32_t resolved;
+  // Compaction: once set (by a grid pass's scan), the slot's entries that match the prefix are the
+  // cand_count entry indices of its candidate list, and the passes read only those.
+  int32_t compacted;
+  unsigned long long cand_count;
   // Result.
   int64_t ties_kept;
   int64_t kept;
@@ -56,118 +86,209 @@ __device__ __forceinline__ double select_value(const double* values, const Selec
 }
 __device__ __forceinline__ uint64_t key_bits(double v) { return static_cast<uint64_t>(__double_as_longlong(v)); }
 
-// Per-warp shared histograms of one pass (kSelectThreads threads).
+// Fixed point of a value in [0, 1] (kSelectFixedBits) and back.
+__device__ __forceinline__ uint64_t select_fixed(double v) { return __double2ull_rn(v * 0x1p44); }
+__device__ __forceinline__ double select_unfixed(uint64_t f) { return static_cast<double>(f) * 0x1p-44; }
+static_assert(kSelectFixedBits == 44, "select_fixed scales by 2^44");
+
+// Per-warp shared histograms of one pass (kSelectThreads threads): per digit a count and a 64-bit
+// fixed-point mass kept as two 32-bit words (add_mass carries from the low word into the high).
 constexpr int kSelectWarps = kSelectThreads / 32;
 struct SelectHistogram {
   unsigned int count[kSelectWarps][kSelectBins];
-  double mass[kSelectWarps][kSelectBins];
-  // Digit b's totals over the warps (a fixed order).
-  __device__ __forceinline__ void total(int b, unsigned int& c, double& m) const {
+  unsigned int mass_lo[kSelectWarps][kSelectBins];
+  unsigned int mass_hi[kSelectWarps][kSelectBins];
+  __device__ __forceinline__ void clear() {
+    for (int i = threadIdx.x; i < kSelectWarps * kSelectBins; i += blockDim.x) {
+      (&count[0][0])[i] = 0;
+      (&mass_lo[0][0])[i] = 0;
+      (&mass_hi[0][0])[i] = 0;
+    }
+  }
+  // Adds `n` entries of total fixed-point mass f to digit b of warp w's histogram. Native 32-bit
+  // atomics: the add that wraps the low word adds the carry to the high word.
+  __device__ __forceinline__ void add(int w, int b, unsigned int n, uint64_t f, bool with_mass) {
+    atomicAdd(&count[w][b], n);
+    if (!with_mass) return;
+    const unsigned int lo = static_cast<unsigned int>(f), hi = static_cast<unsigned int>(f >> 32);
+    const unsigned int before = atomicAdd(&mass_lo[w][b], lo);
+    const unsigned int carry = before + lo < before ? 1u : 0u;
+    if (hi + carry != 0) atomicAdd(&mass_hi[w][b], hi + carry);
+  }
+  // Digit b's totals over the warps.
+  __device__ __forceinline__ void total(int b, unsigned int& c, uint64_t& m) const {
     c = 0;
-    m = 0.0;
+    m = 0;
     for (int w = 0; w < kSelectWarps; ++w) {
       c += count[w][b];
-      m += mass[w][b];
+      m += (static_cast<uint64_t>(mass_hi[w][b]) << 32) + mass_lo[w][b];
     }
   }
 };
 
+// Does the slot still need passes (active, the stop not found yet)?
+__device__ __forceinline__ bool select_needs_pass(const SelectState& st) {
+  return st.active && !st.all && !st.resolved;
+}
+// Is the stop one entry whose bits the pass only has to find (early resolution)?
+__device__ __forceinline__ bool select_single_pending(const SelectState& st) { return st.mask != 0 && st.ties == 1; }
+// Does this grid pass list the entries of the current prefix (at most `capacity` of them)? Read
+// from the state before the pass: the histogram blocks and the scan of the pass agree.
+__device__ __forceinline__ bool select_compacts(const SelectState& st, int64_t capacity) {
+  return select_needs_pass(st) && !st.compacted && st.mask != 0 && st.ties > 1 && st.ties <= capacity;
+}
+
+// The entries a pass walks: the slot's candidates once compacted, else all of them; item i is
+// entry(i), of value value(i).
+struct SelectItems {
+  const double* values;
+  const SelectState* st;
+  const uint32_t* list;  // null: entries 0 .. count-1
+  int64_t count;
+  __device__ __forceinline__ int64_t entry(int64_t i) const { return list != nullptr ? list[i] : i; }
+  __device__ __forceinline__ double value(int64_t e) const { return select_value(values, *st, e); }
+};
+__device__ __forceinline__ SelectItems select_items(const double* values, const SelectState& st,
+                                                    const uint32_t* candidates) {
+  return st.compacted ? SelectItems{values, &st, candidates, static_cast<int64_t>(st.cand_count)}
+                      : SelectItems{values, &st, nullptr, st.len};
+}
+// The candidates' values copied to shared memory (select_rest_kernel): item i is value i.
+struct StagedItems {
+  const double* staged;
+  int64_t count;
+  __device__ __forceinline__ int64_t entry(int64_t i) const { return i; }
+  __device__ __forceinline__ double value(int64_t e) const { return staged[e]; }
+};
+
+// The scan's barrier: the first kSelectBins threads of the block (all of it but in
+// select_rest_kernel, whose other threads skip the scan).
+__device__ __forceinline__ void select_scan_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kSelectBins) : "memory"); }
+
 // The stop is one entry (st.ties == 1 after a pass): its bits into st.single, from its only thread.
-__device__ __forceinline__ void select_find_single(const double* values, SelectState& st, int64_t begin, int64_t end) {
-  for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-    const uint64_t bits = key_bits(select_value(values, st, e));
+template <typename Items>
+__device__ __forceinline__ void select_find_single(SelectState& st, const Items& items, int64_t begin, int64_t end) {
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const uint64_t bits = key_bits(items.value(items.entry(i)));
     if ((bits & st.mask) == st.prefix) st.single = bits;
   }
 }
 
-// One pass's histogram of the entries [begin, end) of an active, unresolved slot whose prefix
-// still has more than one entry. Called by every thread of the block; ends with __syncthreads.
-__device__ __forceinline__ void select_block_histogram(const double* values, const SelectState& st, int64_t begin,
-                                                       int64_t end, int shift, SelectHistogram& h) {
+// Appends the entries of the lanes that keep one to `list` (counter: its length). All 32 lanes.
+__device__ __forceinline__ void warp_append(bool keep, int64_t entry, unsigned long long* counter, uint32_t* list) {
+  const unsigned full = 0xffffffffu;
+  const unsigned ballot = __ballot_sync(full, keep);
+  if (ballot == 0) return;
+  const int lane = threadIdx.x & 31, first = __ffs(ballot) - 1;
+  unsigned long long base = 0;
+  if (lane == first) base = atomicAdd(counter, static_cast<unsigned long long>(__popc(ballot)));
+  base = __shfl_sync(full, base, first);
+  if (keep) list[base + __popc(ballot & ((1u << lane) - 1u))] = static_cast<uint32_t>(entry);
+}
+
+// One pass's histogram of the items [begin, end) of an active, unresolved slot whose prefix
+// still has more than one entry; with `append`, the items that match the prefix are also listed
+// there. Called by every thread of the block (the loop is block-uniform: warp intrinsics inside);
+// ends with __syncthreads.
+template <typename Items>
+__device__ __forceinline__ void select_block_histogram(const SelectState& st, const Items& items, int64_t begin,
+                                                       int64_t end,
+                                                       int shift, SelectHistogram& h,
+                                                       unsigned long long* append_counter = nullptr,
+                                                       uint32_t* append = nullptr) {
   // One histogram per warp: the digits below the top one spread over many bins, where 256 threads
-  // sharing one histogram serialise on its shared-memory atomics (the double adds are CAS loops);
-  // a warp's own copy sees 32 (bench/RESULTS.md, session 4, has the selection's timings).
-  auto& s_count = h.count;
-  auto& s_mass = h.mass;
-  constexpr int kWarps = kSelectWarps;
-  for (int i = threadIdx.x; i < kWarps * kSelectBins; i += blockDim.x) {
-    (&s_count[0][0])[i] = 0;
-    (&s_mass[0][0])[i] = 0.0;
-  }
+  // sharing one histogram serialise on its shared-memory atomics; a warp's own copy sees 32
+  // (bench/RESULTS.md, session 4, has the selection's timings).
+  h.clear();
   __syncthreads();
-  unsigned int* warp_count = s_count[threadIdx.x / 32];
-  double* warp_mass = s_mass[threadIdx.x / 32];
+  const int warp = (threadIdx.x / 32) % kSelectWarps;
   const uint64_t prefix = st.prefix, mask = st.mask;
+  const bool with_mass = st.walk.mode != select::kCount;
   // Runs of one digit are summed in registers first: the high digits of probabilities cluster in
   // a few bins (one exponent range), where one shared atomic per entry would serialise.
   int run_digit = -1;
   unsigned int run_count = 0;
-  double run_mass = 0.0;
-  for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-    const double v = select_value(values, st, e);
-    const uint64_t bits = key_bits(v);
-    if ((bits & mask) != prefix) continue;
-    const int digit = static_cast<int>((bits >> shift) & (kSelectBins - 1));
-    if (digit != run_digit) {
-      if (run_count != 0) {
-        atomicAdd(&warp_count[run_digit], run_count);
-        if (st.walk.mode != select::kCount) atomicAdd(&warp_mass[run_digit], run_mass);
-      }
-      run_digit = digit;
-      run_count = 0;
-      run_mass = 0.0;
+  uint64_t run_mass = 0;
+  const int64_t threads = blockDim.x;
+  for (int64_t i0 = begin; i0 < end; i0 += kSelectLoadBatch * threads) {
+    double x[kSelectLoadBatch];
+    int64_t e[kSelectLoadBatch];
+#pragma unroll
+    for (int j = 0; j < kSelectLoadBatch; ++j) {
+      const int64_t i = i0 + j * threads + threadIdx.x;
+      e[j] = i < end ? items.entry(i) : -1;
     }
-    ++run_count;
-    run_mass += v;
+#pragma unroll
+    for (int j = 0; j < kSelectLoadBatch; ++j) x[j] = e[j] >= 0 ? items.value(e[j]) : -1.0;
+#pragma unroll
+    for (int j = 0; j < kSelectLoadBatch; ++j) {
+      const uint64_t bits = key_bits(x[j]);
+      const bool match = e[j] >= 0 && (bits & mask) == prefix;
+      if (append != nullptr) warp_append(match, e[j], append_counter, append);
+      if (!match) continue;
+      const int digit = static_cast<int>((bits >> shift) & (kSelectBins - 1));
+      if (digit != run_digit) {
+        if (run_count != 0) h.add(warp, run_digit, run_count, run_mass, with_mass);
+        run_digit = digit;
+        run_count = 0;
+        run_mass = 0;
+      }
+      ++run_count;
+      if (with_mass) run_mass += select_fixed(x[j]);
+    }
   }
-  if (run_count != 0) {
-    atomicAdd(&warp_count[run_digit], run_count);
-    if (st.walk.mode != select::kCount) atomicAdd(&warp_mass[run_digit], run_mass);
-  }
+  if (run_count != 0) h.add(warp, run_digit, run_count, run_mass, with_mass);
   __syncthreads();
 }
 
+// One grid pass: grid (chunks of kSelectChunk items, slots). candidates: kSelectCompactCap-or-fewer
+// (`capacity`) entry indices per slot; capacity 0: no compaction.
 __global__ void __launch_bounds__(kSelectThreads)
 select_histogram_kernel(const double* values, SelectState* states, unsigned long long* hist_count,
-                        double* hist_mass, int shift) {
+                        unsigned long long* hist_mass, int shift, uint32_t* candidates, int64_t capacity) {
   const int64_t slot = blockIdx.y;
   SelectState& st = states[slot];
-  if (!st.active || st.all || st.resolved) return;
+  if (!select_needs_pass(st)) return;
+  uint32_t* slot_candidates = candidates + slot * capacity;
+  const SelectItems items = select_items(values, st, slot_candidates);
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kSelectChunk;
-  if (begin >= st.len) return;
-  const int64_t end = min(begin + kSelectChunk, st.len);
-  if (st.mask != 0 && st.ties == 1) {  // no histogram; the scan resolves
-    select_find_single(values, st, begin, end);
+  if (begin >= items.count) return;
+  const int64_t end = min(begin + kSelectChunk, items.count);
+  if (select_single_pending(st)) {  // no histogram; the scan resolves
+    select_find_single(st, items, begin, end);
     return;
   }
   __shared__ SelectHistogram h;
-  select_block_histogram(values, st, begin, end, shift, h);
+  if (select_compacts(st, capacity))
+    select_block_histogram(st, items, begin, end, shift, h, &st.cand_count, slot_candidates);
+  else
+    select_block_histogram(st, items, begin, end, shift, h);
   for (int b = threadIdx.x; b < kSelectBins; b += blockDim.x) {
     unsigned int count = 0;
-    double mass = 0.0;
+    uint64_t mass = 0;
     h.total(b, count, mass);
     if (count == 0) continue;
     atomicAdd(&hist_count[slot * kSelectBins + b], static_cast<unsigned long long>(count));
-    if (st.walk.mode != select::kCount) atomicAdd(&hist_mass[slot * kSelectBins + b], mass);
+    if (st.walk.mode != select::kCount) atomicAdd(&hist_mass[slot * kSelectBins + b], static_cast<unsigned long long>(mass));
   }
 }
 
 // Thread `rank` holds digit kSelectBins - 1 - rank (the walk goes from the largest digit down);
 // exclusive prefix sums over the ranks give the mass G and count C above every digit at once, and
 // the first digit where the rule stops is the smallest rank that crosses. Same decisions as a
-// sequential walk from the top digit; the prefix sums add the same doubles in a tree order.
+// sequential walk from the top digit; the prefix sums are exact (fixed point).
 // The scan of one pass for one slot, by a block of kSelectBins threads: thread `rank` brings the
-// count c and mass m of digit kSelectBins - 1 - rank. Returns early only uniformly over the block
-// before its last __syncthreads; the thread that finds the stop updates st after it.
-__device__ __forceinline__ void select_scan_block(SelectState& st, int64_t c, double m, int shift) {
-  __shared__ double s_warp_mass[kSelectBins / 32];
+// count c and mass m of digit kSelectBins - 1 - rank. Returns early only uniformly over the first
+// kSelectBins threads before their last barrier; the thread that finds the stop updates st after it.
+__device__ __forceinline__ void select_scan_block(SelectState& st, int64_t c, uint64_t m, int shift) {
+  __shared__ unsigned long long s_warp_mass[kSelectBins / 32];
   __shared__ long long s_warp_count[kSelectBins / 32];
   __shared__ int s_found, s_last;
   const int rank = threadIdx.x, digit = kSelectBins - 1 - rank;
   const int lane = rank & 31, warp = rank >> 5;
-  if (!st.active || st.all || st.resolved) return;  // uniform over the block
-  if (st.mask != 0 && st.ties == 1) {  // the histogram pass found the one entry (early resolution)
-    __syncthreads();  // every thread has read the state before rank 0 changes it
+  if (!select_needs_pass(st)) return;  // uniform over the block
+  if (select_single_pending(st)) {  // the histogram pass found the one entry (early resolution)
+    select_scan_sync();  // every thread has read the state before rank 0 changes it
     if (rank == 0) {
       st.prefix = st.single;
       st.mask = ~0ull;
@@ -176,11 +297,11 @@ __device__ __forceinline__ void select_scan_block(SelectState& st, int64_t c, do
     return;
   }
   // Inclusive warp scans, then the totals of the warps before.
-  double incl_m = m;
+  uint64_t incl_m = m;
   long long incl_c = c;
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
-    const double om = __shfl_up_sync(0xffffffffu, incl_m, off);
+    const uint64_t om = __shfl_up_sync(0xffffffffu, incl_m, off);
     const long long oc = __shfl_up_sync(0xffffffffu, incl_c, off);
     if (lane >= off) {
       incl_m += om;
@@ -195,26 +316,26 @@ __device__ __forceinline__ void select_scan_block(SelectState& st, int64_t c, do
     s_found = kSelectBins;
     s_last = -1;
   }
-  __syncthreads();
-  double excl_m = __shfl_up_sync(0xffffffffu, incl_m, 1);
+  select_scan_sync();
+  uint64_t excl_m = __shfl_up_sync(0xffffffffu, incl_m, 1);
   long long excl_c = __shfl_up_sync(0xffffffffu, incl_c, 1);
   if (lane == 0) {
-    excl_m = 0.0;
+    excl_m = 0;
     excl_c = 0;
   }
-  double before_m = 0.0;
+  uint64_t before_m = 0;
   long long before_c = 0;
   for (int w = 0; w < warp; ++w) {
     before_m += s_warp_mass[w];
     before_c += s_warp_count[w];
   }
-  const double G = st.mass_before + (before_m + excl_m);
+  const uint64_t G = st.mass_before + before_m + excl_m;
   const int64_t C = st.count_before + static_cast<int64_t>(before_c + excl_c);
   if (c != 0) {
-    if (select::walk_stops_within(st.walk, G, m, C, c)) atomicMin(&s_found, rank);
+    if (select::walk_stops_within(st.walk, select_unfixed(G), select_unfixed(m), C, c)) atomicMin(&s_found, rank);
     atomicMax(&s_last, rank);
   }
-  __syncthreads();
+  select_scan_sync();
   int chosen = s_found;
   if (chosen == kSelectBins) {
     if (st.mask == 0) {
@@ -234,19 +355,24 @@ __device__ __forceinline__ void select_scan_block(SelectState& st, int64_t c, do
 }
 
 // One block of kSelectBins threads per slot: the scan of the pass's global histogram, which it
-// clears.
+// clears; a pass that listed the slot's candidates (select_compacts) marks it compacted.
 __global__ void __launch_bounds__(kSelectBins) select_scan_kernel(SelectState* states, unsigned long long* hist_count,
-                                                                  double* hist_mass, int shift, int num_slots) {
+                                                                  unsigned long long* hist_mass, int shift, int num_slots,
+                                                                  int64_t capacity) {
   const int slot = blockIdx.x;
   if (slot >= num_slots) return;
+  SelectState& st = states[slot];
   const int digit = kSelectBins - 1 - static_cast<int>(threadIdx.x);
   unsigned long long* cnt = hist_count + static_cast<int64_t>(slot) * kSelectBins;
-  double* mass = hist_mass + static_cast<int64_t>(slot) * kSelectBins;
+  unsigned long long* mass = hist_mass + static_cast<int64_t>(slot) * kSelectBins;
   const int64_t c = static_cast<int64_t>(cnt[digit]);
-  const double m = mass[digit];
+  const uint64_t m = mass[digit];
   cnt[digit] = 0;
-  mass[digit] = 0.0;
-  select_scan_block(states[slot], c, m, shift);
+  mass[digit] = 0;
+  const bool compacted_now = select_compacts(st, capacity);
+  __syncthreads();  // every thread has read the state before thread 0 changes it
+  if (compacted_now && threadIdx.x == 0) st.compacted = 1;
+  select_scan_block(st, c, m, shift);
 }
 
 // Final tie walk (sequential, as a sorted walk would do it) and the kept count.
@@ -262,14 +388,9 @@ __device__ __forceinline__ void select_finish(SelectState& st) {
     return;
   }
   const double x = __longlong_as_double(static_cast<long long>(st.prefix));
-  const int64_t m = select::walk_ties_kept(st.walk, st.mass_before, st.count_before, x, st.ties);
+  const int64_t m = select::walk_ties_kept(st.walk, select_unfixed(st.mass_before), st.count_before, x, st.ties);
   st.ties_kept = m;
   st.kept = st.count_before + m;
-}
-
-__global__ void select_finish_kernel(SelectState* states, int num_slots) {
-  const int slot = blockIdx.x * blockDim.x + threadIdx.x;
-  if (slot < num_slots) select_finish(states[slot]);
 }
 
 // Marks the kept entries: mark(slot, e, kept) is called for EVERY entry of an active slot
@@ -336,11 +457,66 @@ __global__ void __launch_bounds__(1024) select_mark_ties_kernel(const double* va
   select_mark_ties(values, states[slot], slot, mark);
 }
 
+// Passes first_pass .. kSelectPasses-1 of one slot and its finish, by one block of any multiple
+// of kSelectBins threads (its first kSelectBins scan), over `items`.
+template <typename Items>
+__device__ __forceinline__ void select_passes_in_block(SelectState& st, const Items& items, int first_pass,
+                                                       SelectHistogram& h) {
+  const int rank = threadIdx.x, digit = kSelectBins - 1 - rank;
+  for (int pass = first_pass; pass < kSelectPasses; ++pass) {
+    const int shift = 64 - kSelectDigitBits * (pass + 1);
+    __syncthreads();  // the previous pass's update of st is seen by every thread
+    if (!select_needs_pass(st)) break;  // uniform: read after the barrier
+    if (select_single_pending(st)) {
+      select_find_single(st, items, 0, items.count);
+      __syncthreads();  // st.single is written
+      if (rank < kSelectBins) select_scan_block(st, 0, 0, shift);  // resolves (its single-entry branch)
+      continue;
+    }
+    select_block_histogram(st, items, 0, items.count, shift, h);
+    if (rank < kSelectBins) {
+      unsigned int c = 0;
+      uint64_t m = 0;
+      h.total(digit, c, m);
+      select_scan_block(st, static_cast<int64_t>(c), m, shift);
+    }
+  }
+  __syncthreads();
+  if (rank == 0) select_finish(st);
+  __syncthreads();
+}
+
+// NOTE: the rest's block: 1024 threads (one block per slot, so its loads in flight are the
+// limit); the candidates' values are staged in dynamic shared memory up to what the device allows
+// beside the histograms (run_select: about 25k doubles on sm_90, 17k on sm_80).
+constexpr int kSelectRestThreads = 1024;
+static_assert(kSelectRestThreads % kSelectBins == 0, "the rest's block scans with its first kSelectBins threads");
+
+// The passes after the grid passes and the finish, one block per slot (see the top of the file).
+// A compacted slot whose candidates fit `staged_capacity` doubles of dynamic shared memory reads
+// their values once into it; otherwise the passes read global memory.
+__global__ void __launch_bounds__(kSelectRestThreads)
+select_rest_kernel(const double* values, SelectState* states, const uint32_t* candidates, int64_t capacity,
+                   int64_t staged_capacity) {
+  __shared__ SelectHistogram h;
+  extern __shared__ double staged[];
+  const int64_t slot = blockIdx.x;
+  SelectState& st = states[slot];
+  const SelectItems items = select_items(values, st, candidates + slot * capacity);
+  if (select_needs_pass(st) && st.compacted && items.count <= staged_capacity) {
+    for (int64_t i = threadIdx.x; i < items.count; i += blockDim.x) staged[i] = items.value(items.entry(i));
+    // The first barrier of the passes makes the copy visible.
+    select_passes_in_block(st, StagedItems{staged, items.count}, kSelectGridPasses, h);
+  } else {
+    select_passes_in_block(st, items, kSelectGridPasses, h);
+  }
+}
+
 // The whole selection of slots of at most kSelectChunk entries in ONE launch, a block of
 // kSelectThreads (= kSelectBins) threads per slot: the passes, the finish and (kMark) the marks, as
-// the kernels above do them for a one-chunk slot (the same sums in the same order, so the same
-// result), without their 8 x 2 + 3 launches. A plan of a short sequence or chunk (llama.cpp's
-// ubatches: N(N+1)/2 <= 8192 PE entries below N = 128 blocks) is launch-bound there.
+// the kernels above do them for a one-chunk slot, without their launches. A plan of a short
+// sequence or chunk (llama.cpp's ubatches: N(N+1)/2 <= 8192 PE entries below N = 128 blocks) is
+// launch-bound there.
 static_assert(kSelectThreads == kSelectBins, "the one-block select scans with its histogram threads");
 template <bool kMark, typename Mark>
 __global__ void __launch_bounds__(kSelectThreads)
@@ -348,25 +524,7 @@ select_one_block_kernel(const double* values, SelectState* states, Mark mark) {
   __shared__ SelectHistogram h;
   const int64_t slot = blockIdx.x;
   SelectState& st = states[slot];
-  const int rank = threadIdx.x, digit = kSelectBins - 1 - rank;
-  for (int pass = 0; pass < kSelectPasses; ++pass) {
-    const int shift = 64 - kSelectDigitBits * (pass + 1);
-    __syncthreads();  // the previous pass's update of st is seen by every thread
-    if (!st.active || st.all || st.resolved) break;  // uniform: read after the barrier
-    if (st.mask != 0 && st.ties == 1) {
-      select_find_single(values, st, 0, st.len);
-      select_scan_block(st, 0, 0.0, shift);  // resolves (its single-entry branch)
-      continue;
-    }
-    select_block_histogram(values, st, 0, st.len, shift, h);
-    unsigned int c = 0;
-    double m = 0.0;
-    h.total(digit, c, m);
-    select_scan_block(st, static_cast<int64_t>(c), m, shift);
-  }
-  __syncthreads();
-  if (rank == 0) select_finish(st);
-  __syncthreads();
+  select_passes_in_block(st, SelectItems{values, &st, nullptr, st.len}, 0, h);
   if (!kMark || !st.active) return;
   select_mark_range(values, st, slot, 0, st.len, mark);
   select_mark_ties(values, st, slot, mark);

@@ -264,6 +264,10 @@ std::vector<PlanCase> plan_cases() {
                    41});
   cases.push_back({"select_chunks_flexprefill", "flexprefill", {}, {10000, 3000}, 4, 2, 64, 128, 42});
   cases.push_back({"select_chunks_topk", "minference", {}, {9500}, 4, 2, 64, 128, 43, true});
+  // N = 512 blocks of 64: 131k PE entries per head, 16 chunks; compaction lists the stop bucket's
+  // entries after a grid pass and the one-block passes read only those.
+  cases.push_back({"select_chunks_pe_n32k_b64", "crisp", {"routing=cstruct", "tau_proxy=0.6"}, {32768}, 4, 1, 64, 64,
+                   44});
   return cases;
 }
 
@@ -276,6 +280,29 @@ std::vector<PlanCase> bf16_plan_cases() {
   return cases;
 }
 INSTANTIATE_TEST_SUITE_P(Bf16, GpuPlanMmaSyncProxyMatchesCpu, testing::ValuesIn(bf16_plan_cases()), case_name);
+
+// The selections above kSelectChunk entries again with compaction off (plan_select.cuh): the
+// passes after the grid passes then read every entry in one block per slot, the path of a slot
+// whose stop bucket stays crowded, which the inputs above rarely reach.
+class GpuPlanSelectWithoutCompactionMatchesCpu : public testing::TestWithParam<PlanCase> {
+ protected:
+  void SetUp() override { crisp::cuda_detail::set_select_compaction(false); }
+  void TearDown() override { crisp::cuda_detail::set_select_compaction(true); }
+};
+
+TEST_P(GpuPlanSelectWithoutCompactionMatchesCpu, RoutesLayoutsAndStatistics) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_plan_matches_cpu(GetParam());
+}
+
+std::vector<PlanCase> select_chunk_cases() {
+  std::vector<PlanCase> cases;
+  for (const PlanCase& pc : plan_cases())
+    if (pc.name.rfind("select_chunks", 0) == 0) cases.push_back(pc);
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(Chunks, GpuPlanSelectWithoutCompactionMatchesCpu, testing::ValuesIn(select_chunk_cases()),
+                         case_name);
 
 // The API dispatch (crisp::plan on Device::cuda views) is the same planner, and refuses what it lacks.
 TEST(GpuPlan, ApiPathMatchesCpu) {
