@@ -115,6 +115,41 @@ std::atomic<bool>& select_compaction_setting() {
 
 }  // namespace
 
+// A second stream for planner work that does not need the main stream's latest kernels, so that
+// it fills SMs the main stream's kernels leave idle: fork() orders it after everything enqueued on
+// `main` so far, join() orders `main` after everything enqueued on it. Both are event waits, which
+// a graph capture of `main` follows (the side stream joins the capture and is joined back).
+class SideStream {
+ public:
+  SideStream() = default;
+  ~SideStream() {  // no throw from a destructor
+    if (fork_ != nullptr) cudaEventDestroy(fork_);
+    if (join_ != nullptr) cudaEventDestroy(join_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+
+  cudaStream_t fork(cudaStream_t main) {
+    if (stream_ == nullptr) {
+      CRISP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      CRISP_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+      CRISP_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+    }
+    CRISP_CUDA_CHECK(cudaEventRecord(fork_, main));
+    CRISP_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
+    return stream_;
+  }
+  void join(cudaStream_t main) {
+    CRISP_CUDA_CHECK(cudaEventRecord(join_, stream_));
+    CRISP_CUDA_CHECK(cudaStreamWaitEvent(main, join_, 0));
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+};
+
 // The planner's temporary device memory for one batch shape (one allocation, reused).
 //
 // A new shape re-lays the buffers out in the memory it has and allocates only when that is too
@@ -161,6 +196,7 @@ class PlanWorkspace {
   }
 
   int device() const { return device_; }          // -1 before the first allocation
+  SideStream& side() { return side_; }
   std::size_t capacity() const { return capacity_; }
   const Shape& shape() const { return shape_; }
   const Workspace& ws() const { return ws_; }
@@ -394,6 +430,7 @@ class PlanWorkspace {
   std::size_t capacity_ = 0;  // allocated
   int device_ = -1;
   LastUse last_use_;
+  SideStream side_;  // created on the first plan, on this workspace's device
   cudaStreamCaptureStatus capture_ = cudaStreamCaptureStatusNone;
   Workspace ws_;
   ProxyWorkItem* items_dev_ = nullptr;
@@ -481,15 +518,6 @@ unsigned grid_for(int64_t count, int threads) { return static_cast<unsigned>((co
 
 std::size_t max_shared_memory_per_block();  // below
 void set_smem(const void* kernel, std::size_t bytes);  // below
-
-// The head dims pe_logit_kernel stages per slice: all of d (rounded up to kPeDepthQuantum) where
-// the device's shared memory allows, else the most that fits.
-int pe_logit_depth(int d) {
-  const int whole = (d + kPeDepthQuantum - 1) / kPeDepthQuantum * kPeDepthQuantum;
-  int depth = whole;
-  while (depth > kPeDepthQuantum && pe_logit_smem_bytes(depth) > max_shared_memory_per_block()) depth -= kPeDepthQuantum;
-  return depth;
-}
 
 // Candidate values select_rest_kernel can stage in shared memory: what the device allows a block
 // beyond the kernel's static shared memory, at most `capacity`.
@@ -724,12 +752,12 @@ class PlanStages {
     CRISP_CUDA_CHECK_LAUNCH("proxy_kernel (pass 2)");
   }
 
-  // 2a. Block means of K (jsd routing and PE heads).
-  void key_means() {
+  // 2a. Block means of K (jsd routing and PE heads), on `stream`.
+  void key_means(cudaStream_t stream) {
     if (!needs_.key_means) return;
     const dim3 grid(max_n_, static_cast<unsigned>(sh_.Hkv), static_cast<unsigned>(sh_.bases.size()));
     with_means_variant<T>(sh_, [&](auto vec_dim) {
-      key_means_kernel<T, vec_dim.value><<<grid, means_threads(vec_dim.value), 0, stream_>>>(ks_, sp_);
+      key_means_kernel<T, vec_dim.value><<<grid, means_threads(vec_dim.value), 0, stream>>>(ks_, sp_);
     });
     CRISP_CUDA_CHECK_LAUNCH("key_means_kernel");
   }
@@ -786,9 +814,7 @@ class PlanStages {
   // 5b. PE heads: the block-causal softmax P.
   void pe_prob() {
     const auto pe_tiles = static_cast<unsigned>(layout::triangle_tiles(grid_for(max_n_, kPeTile)));
-    const int depth = pe_logit_depth(static_cast<int>(sh_.d));
-    set_smem(reinterpret_cast<const void*>(&pe_logit_kernel), pe_logit_smem_bytes(depth));
-    pe_logit_kernel<<<dim3(pe_tiles, slots_), kPeThreads, pe_logit_smem_bytes(depth), stream_>>>(sp_, depth);
+    pe_logit_kernel<<<dim3(pe_tiles, slots_), kPeThreads, 0, stream_>>>(sp_);
     CRISP_CUDA_CHECK_LAUNCH("pe_logit_kernel");
     pe_softmax_kernel<<<dim3(grid_for(max_n_, kPeSoftmaxWarps), slots_), kPeSoftmaxWarps * 32, 0, stream_>>>(sp_);
     CRISP_CUDA_CHECK_LAUNCH("pe_softmax_kernel");
@@ -842,11 +868,17 @@ void plan_typed(const TensorView& q, const TensorView& k, const KeyTable& keys, 
                 const DevicePlanView& view, PlanWorkspace& pw, double scale, cudaStream_t stream) {
   PlanStages<T> stages(q, k, keys, params, view, pw, scale, stream);
   const bool estimate = pw.any_estimated();
+  // The key means run on the workspace's side stream beside the proxy pass (memory-bound work on
+  // the SMs beyond the proxy's one wave of CTAs, which fill every register of theirs); the
+  // "proxy" stage time includes them. The layout of the non-PE slots beside the PE path was
+  // measured slower (it took bandwidth from pe_logit and the softmax; bench/RESULTS.md, session 18).
   StageTimer timer(stream);
   if (estimate) {
-    stages.proxy_map();
+    const cudaStream_t side = pw.side().fork(stream);  // before the proxy: K only
+    stages.proxy_map();                                 // enqueued first, so its CTAs start first
+    stages.key_means(side);
+    pw.side().join(stream);
     timer.mark("proxy");
-    stages.key_means();
   }
   stages.route();
   timer.mark("means+route");

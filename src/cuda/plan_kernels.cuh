@@ -422,36 +422,29 @@ struct TopkMark {
 // ---------------------------------------------------------------- §4 PE path
 // P[r, c] for the PE slots, in two kernels. pe_logit_kernel: one block per (64 x 64 tile of the
 // block-causal triangle, slot); the logits s q̄_r·k̄_c are a register-tiled fp32 matmul: each
-// thread owns a 4x4 output tile, and the tile's q̄ and k̄ rows are staged in shared memory
-// transposed ([x][row]) in slices of `depth` dims (the whole head dim where the device's shared
-// memory allows: pe_logit_depth), read as float4 (2 loads per 16 FMAs). Every dot product is one
-// fmaf chain over x = 0 .. d-1 in order (zero padding adds an exact +0), and the logit is rounded
-// to float before it is stored in pe_prob (as a double, exactly), like the CPU reference's logits.
-// pe_softmax_kernel then turns each row into probabilities with one warp per row (see there).
-// NOTE: 64x64 output tiles with 256 threads (4x4 per thread). One tile per block (not a row of
-// tiles per block): at N = 1024 a head has 136 tiles, so the PE heads fill every SM several times
-// over; a row of tiles per block left one 8-warp block per SM (3x slower at 128k). The whole
-// depth staged at once, each thread with 16 loads in flight: with 32-deep slices the block waited
-// for L2 once per slice and the kernel was latency-bound (bench/RESULTS.md, session 18).
+// thread owns an 8x8 output tile, staged kPeDepth-deep slices of q̄ and k̄ come from shared memory
+// as float4 (4 loads per 64 FMAs). Every dot product is one fmaf chain over x = 0 .. d-1 in order
+// (zero padding adds an exact +0), and the logit is rounded to float before it is stored in
+// pe_prob (as a double, exactly), like the CPU reference's logits. pe_softmax_kernel then turns
+// each row into probabilities with one warp per row (see there).
+// NOTE: 64x64 output tiles with 64 threads (8x8 per thread) and 32-deep slices: 17 KB of shared
+// memory, register-tiled FFMA. 4x4 per thread (256 threads) was bound by the shared-memory loads,
+// 2 per 16 FMAs (bench/RESULTS.md, session 18).
+// 160 registers (6 blocks, 12 warps per SM; capped at 128 it spills). One tile per block (not a row of tiles per block): at N = 1024 a
+// head has 136 tiles, so the PE heads fill every SM several times over and the slices' L2
+// latency is hidden; a row of tiles per block left one 8-warp block per SM (3x slower at 128k).
 constexpr int kPeTile = 64;
-constexpr int kPeMicro = 4;                                         // outputs per thread per axis
-constexpr int kPeThreadsPerAxis = kPeTile / kPeMicro;               // 16
-constexpr int kPeThreads = kPeThreadsPerAxis * kPeThreadsPerAxis;  // 256
-constexpr int kPeWarps = kPeThreads / 32;
-constexpr int kPeRowsPerWarp = kPeTile / kPeWarps;  // staging: warp w loads rows w, w + 8, ...
-// NOTE: +4 floats per staged row: the transposed staging stores hit 8 banks instead of 1, and the
+constexpr int kPeDepth = 32;
+constexpr int kPeMicro = 8;                                         // outputs per thread per axis
+constexpr int kPeThreadsPerAxis = kPeTile / kPeMicro;               // 8
+constexpr int kPeThreads = kPeThreadsPerAxis * kPeThreadsPerAxis;  // 64
+// NOTE: +4 floats per slice row: the transposed staging stores hit 8 banks instead of 1, and the
 // rows stay 16-byte aligned for the float4 reads.
 constexpr int kPeTileStride = kPeTile + 4;
-// Slices are multiples of 32 dims (one per lane when staging).
-constexpr int kPeDepthQuantum = 32;
-constexpr std::size_t pe_logit_smem_bytes(int depth) {
-  return static_cast<std::size_t>(2) * depth * kPeTileStride * sizeof(float);
-}
 
-__global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P, int depth) {
-  extern __shared__ __align__(16) float pe_stage[];
-  float* q_slice = pe_stage;                           // [x][row]
-  float* k_slice = pe_stage + depth * kPeTileStride;  // [x][column]
+__global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
+  __shared__ __align__(16) float q_slice[kPeDepth][kPeTileStride];  // [x][row]
+  __shared__ __align__(16) float k_slice[kPeDepth][kPeTileStride];  // [x][column]
   const int64_t slot = blockIdx.y;
   const int H = P.view.num_heads;
   const int64_t s = slot / H, h = slot % H;
@@ -470,42 +463,35 @@ __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P, int 
   const float* km = P.ws.key_means + key_mean_index(sb, kv, 0, P.num_kv_heads) * d;  // block c at km + c d
   double* head_out = P.ws.pe_prob + layout::col_offset(sb, h, H);  // (r, c) at r (r + 1) / 2 + c
   const int tx = threadIdx.x % kPeThreadsPerAxis, ty = threadIdx.x / kPeThreadsPerAxis;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
   float acc[kPeMicro][kPeMicro];
 #pragma unroll
   for (int i = 0; i < kPeMicro; ++i)
 #pragma unroll
     for (int j = 0; j < kPeMicro; ++j) acc[i][j] = 0.f;
-  for (int x0 = 0; x0 < d; x0 += depth) {
+  for (int x0 = 0; x0 < d; x0 += kPeDepth) {
     __syncthreads();  // the previous slice is consumed
-    // Coalesced along x in global memory (a lane per dim), transposed into [x][row]; every load of
-    // a 32-dim column is issued before any is stored.
-    for (int xq = 0; xq < depth; xq += kPeDepthQuantum) {
-      const int x = x0 + xq + lane;
-      const bool in_x = x < d;
-      float qv[kPeRowsPerWarp], kv_[kPeRowsPerWarp];
-#pragma unroll
-      for (int j = 0; j < kPeRowsPerWarp; ++j) {
-        const int row = warp + kPeWarps * j;
-        qv[j] = in_x && r0 + row < N && r0 + row >= first_row ? qm[static_cast<int64_t>(r0 + row) * d + x] : 0.f;
-        kv_[j] = in_x && c0 + row <= last_row ? km[static_cast<int64_t>(c0 + row) * d + x] : 0.f;
-      }
-#pragma unroll
-      for (int j = 0; j < kPeRowsPerWarp; ++j) {
-        const int row = warp + kPeWarps * j;
-        q_slice[(xq + lane) * kPeTileStride + row] = qv[j];
-        k_slice[(xq + lane) * kPeTileStride + row] = kv_[j];
-      }
+    // Coalesced along x in global memory, transposed into [x][row] in shared memory.
+#pragma unroll 4  // NOTE: loads in flight (read-only loads, so they need not wait for the stores)
+    for (int idx = threadIdx.x; idx < kPeTile * kPeDepth; idx += kPeThreads) {
+      const int row = idx / kPeDepth, x = idx % kPeDepth;
+      const bool in_x = x0 + x < d;
+      q_slice[x][row] = in_x && r0 + row < N && r0 + row >= first_row
+                            ? __ldg(qm + static_cast<int64_t>(r0 + row) * d + x0 + x)
+                            : 0.f;
+      k_slice[x][row] = in_x && c0 + row <= last_row ? __ldg(km + static_cast<int64_t>(c0 + row) * d + x0 + x) : 0.f;
     }
     __syncthreads();
-    const int x_end = min(depth, d - x0);
-#pragma unroll 8  // NOTE: keeps the float4 loads of later x in flight without bloating registers
-    for (int x = 0; x < x_end; ++x) {
-      const float4 a = *reinterpret_cast<const float4*>(&q_slice[x * kPeTileStride + ty * kPeMicro]);
-      const float4 b = *reinterpret_cast<const float4*>(&k_slice[x * kPeTileStride + tx * kPeMicro]);
-      const float qa[kPeMicro] = {a.x, a.y, a.z, a.w};
-      const float kb[kPeMicro] = {b.x, b.y, b.z, b.w};
+#pragma unroll 2  // NOTE: the next x's float4 loads in flight (8 operands each; deeper unrolling spills)
+    for (int x = 0; x < kPeDepth; ++x) {
+      float qa[kPeMicro], kb[kPeMicro];
+#pragma unroll
+      for (int v = 0; v < kPeMicro / 4; ++v) {
+        const float4 a = *reinterpret_cast<const float4*>(&q_slice[x][ty * kPeMicro + 4 * v]);
+        const float4 b = *reinterpret_cast<const float4*>(&k_slice[x][tx * kPeMicro + 4 * v]);
+        qa[4 * v] = a.x, qa[4 * v + 1] = a.y, qa[4 * v + 2] = a.z, qa[4 * v + 3] = a.w;
+        kb[4 * v] = b.x, kb[4 * v + 1] = b.y, kb[4 * v + 2] = b.z, kb[4 * v + 3] = b.w;
+      }
 #pragma unroll
       for (int i = 0; i < kPeMicro; ++i)
 #pragma unroll
@@ -530,6 +516,8 @@ __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P, int 
 // kernel with one warp per row so that enough rows are in flight to hide the L2 latency of the
 // three sweeps (inside pe_logit_kernel only 8 warps per 64-row tile would do them).
 constexpr int kPeSoftmaxWarps = 8;  // NOTE: 256-thread blocks, 8 rows each
+// NOTE: entries a lane loads at once in each sweep of pe_softmax_kernel (loads in flight).
+constexpr int kPeSoftmaxBatch = 4;
 
 __global__ void __launch_bounds__(kPeSoftmaxWarps * 32) pe_softmax_kernel(SlotParams P) {
   const int64_t slot = blockIdx.y;
@@ -541,17 +529,40 @@ __global__ void __launch_bounds__(kPeSoftmaxWarps * 32) pe_softmax_kernel(SlotPa
   const int r = blockIdx.x * kPeSoftmaxWarps + (threadIdx.x >> 5);
   if (r >= sb.num_blocks || r < sb.first_row) return;  // warp-uniform
   double* out = P.ws.pe_prob + layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2;
+  // Each sweep loads kPeSoftmaxBatch entries per lane before it uses them (the sweeps wait on L2);
+  // a lane still visits its entries c = lane, lane + 32, ... in order, so the sums are the same.
+  constexpr int kStep = 32 * kPeSoftmaxBatch;
   float row_max = -INFINITY;
-  for (int c = lane; c <= r; c += 32) row_max = fmaxf(row_max, static_cast<float>(out[c]));
+  for (int c0 = lane; c0 <= r; c0 += kStep) {
+    double v[kPeSoftmaxBatch];
+#pragma unroll
+    for (int i = 0; i < kPeSoftmaxBatch; ++i) v[i] = c0 + 32 * i <= r ? out[c0 + 32 * i] : -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPeSoftmaxBatch; ++i) row_max = fmaxf(row_max, static_cast<float>(v[i]));
+  }
   for (int off = 16; off > 0; off >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, off));
   double den = 0.0;
-  for (int c = lane; c <= r; c += 32) {
-    const double e = static_cast<double>(expf(static_cast<float>(out[c]) - row_max));
-    den += e;
-    out[c] = e;
+  for (int c0 = lane; c0 <= r; c0 += kStep) {
+    double v[kPeSoftmaxBatch];
+#pragma unroll
+    for (int i = 0; i < kPeSoftmaxBatch; ++i) v[i] = c0 + 32 * i <= r ? out[c0 + 32 * i] : 0.0;
+#pragma unroll
+    for (int i = 0; i < kPeSoftmaxBatch; ++i) {
+      if (c0 + 32 * i > r) break;
+      const double e = static_cast<double>(expf(static_cast<float>(v[i]) - row_max));
+      den += e;
+      out[c0 + 32 * i] = e;
+    }
   }
   for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
-  for (int c = lane; c <= r; c += 32) out[c] /= den;
+  for (int c0 = lane; c0 <= r; c0 += kStep) {
+    double v[kPeSoftmaxBatch];
+#pragma unroll
+    for (int i = 0; i < kPeSoftmaxBatch; ++i) v[i] = c0 + 32 * i <= r ? out[c0 + 32 * i] : 0.0;
+#pragma unroll
+    for (int i = 0; i < kPeSoftmaxBatch; ++i)
+      if (c0 + 32 * i <= r) out[c0 + 32 * i] = v[i] / den;
+  }
 }
 
 __global__ void init_pe_select_kernel(SelectState* states, SlotParams P, int num_slots) {

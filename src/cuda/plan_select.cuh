@@ -94,10 +94,15 @@ static_assert(kSelectFixedBits == 44, "select_fixed scales by 2^44");
 // Per-warp shared histograms of one pass (kSelectThreads threads): per digit a count and a 64-bit
 // fixed-point mass kept as two 32-bit words (add_mass carries from the low word into the high).
 constexpr int kSelectWarps = kSelectThreads / 32;
+// NOTE: candidates a warp gathers before it reserves room for them in the slot's list with one
+// global atomic: an atomic per warp instruction on one counter per slot serialised the compacting
+// pass (bench/RESULTS.md, session 18).
+constexpr int kSelectAppendBuffer = 64;
 struct SelectHistogram {
   unsigned int count[kSelectWarps][kSelectBins];
   unsigned int mass_lo[kSelectWarps][kSelectBins];
   unsigned int mass_hi[kSelectWarps][kSelectBins];
+  uint32_t appended[kSelectWarps][kSelectAppendBuffer];  // a warp's candidates not yet listed
   __device__ __forceinline__ void clear() {
     for (int i = threadIdx.x; i < kSelectWarps * kSelectBins; i += blockDim.x) {
       (&count[0][0])[i] = 0;
@@ -174,16 +179,33 @@ __device__ __forceinline__ void select_find_single(SelectState& st, const Items&
   }
 }
 
-// Appends the entries of the lanes that keep one to `list` (counter: its length). All 32 lanes.
-__device__ __forceinline__ void warp_append(bool keep, int64_t entry, unsigned long long* counter, uint32_t* list) {
+// Moves a warp's `fill` gathered candidates to the slot's list (counter: its length). All 32 lanes.
+__device__ __forceinline__ void warp_list_appended(uint32_t* gathered, int fill, unsigned long long* counter,
+                                                   uint32_t* list) {
   const unsigned full = 0xffffffffu;
-  const unsigned ballot = __ballot_sync(full, keep);
-  if (ballot == 0) return;
-  const int lane = threadIdx.x & 31, first = __ffs(ballot) - 1;
+  __syncwarp();
+  if (fill == 0) return;
+  const int lane = threadIdx.x & 31;
   unsigned long long base = 0;
-  if (lane == first) base = atomicAdd(counter, static_cast<unsigned long long>(__popc(ballot)));
-  base = __shfl_sync(full, base, first);
-  if (keep) list[base + __popc(ballot & ((1u << lane) - 1u))] = static_cast<uint32_t>(entry);
+  if (lane == 0) base = atomicAdd(counter, static_cast<unsigned long long>(fill));
+  base = __shfl_sync(full, base, 0);
+  for (int i = lane; i < fill; i += 32) list[base + i] = gathered[i];
+  __syncwarp();
+}
+// Gathers the entries of the lanes that keep one (fill: how many the warp holds, the same in every
+// lane), listing them when the buffer would overflow. All 32 lanes.
+__device__ __forceinline__ void warp_append(bool keep, int64_t entry, uint32_t* gathered, int& fill,
+                                            unsigned long long* counter, uint32_t* list) {
+  const unsigned ballot = __ballot_sync(0xffffffffu, keep);
+  if (ballot == 0) return;
+  const int n = __popc(ballot);
+  if (fill + n > kSelectAppendBuffer) {
+    warp_list_appended(gathered, fill, counter, list);
+    fill = 0;
+  }
+  const int lane = threadIdx.x & 31;
+  if (keep) gathered[fill + __popc(ballot & ((1u << lane) - 1u))] = static_cast<uint32_t>(entry);
+  fill += n;
 }
 
 // One pass's histogram of the items [begin, end) of an active, unresolved slot whose prefix
@@ -209,6 +231,7 @@ __device__ __forceinline__ void select_block_histogram(const SelectState& st, co
   int run_digit = -1;
   unsigned int run_count = 0;
   uint64_t run_mass = 0;
+  int fill = 0;  // candidates the warp has gathered (append)
   const int64_t threads = blockDim.x;
   for (int64_t i0 = begin; i0 < end; i0 += kSelectLoadBatch * threads) {
     double x[kSelectLoadBatch];
@@ -224,7 +247,7 @@ __device__ __forceinline__ void select_block_histogram(const SelectState& st, co
     for (int j = 0; j < kSelectLoadBatch; ++j) {
       const uint64_t bits = key_bits(x[j]);
       const bool match = e[j] >= 0 && (bits & mask) == prefix;
-      if (append != nullptr) warp_append(match, e[j], append_counter, append);
+      if (append != nullptr) warp_append(match, e[j], h.appended[warp], fill, append_counter, append);
       if (!match) continue;
       const int digit = static_cast<int>((bits >> shift) & (kSelectBins - 1));
       if (digit != run_digit) {
@@ -238,6 +261,7 @@ __device__ __forceinline__ void select_block_histogram(const SelectState& st, co
     }
   }
   if (run_count != 0) h.add(warp, run_digit, run_count, run_mass, with_mass);
+  if (append != nullptr) warp_list_appended(h.appended[warp], fill, append_counter, append);
   __syncthreads();
 }
 
