@@ -422,22 +422,20 @@ struct TopkMark {
 // ---------------------------------------------------------------- §4 PE path
 // P[r, c] for the PE slots, in two kernels. pe_logit_kernel: one block per (64 x 64 tile of the
 // block-causal triangle, slot); the logits s q̄_r·k̄_c are a register-tiled fp32 matmul: each
-// thread owns an 8x8 output tile, staged kPeDepth-deep slices of q̄ and k̄ come from shared memory
-// as float4 (4 loads per 64 FMAs). Every dot product is one fmaf chain over x = 0 .. d-1 in order
+// thread owns a 4x4 output tile, staged kPeDepth-deep slices of q̄ and k̄ come from shared memory
+// as float4 (2 loads per 16 FMAs). Every dot product is one fmaf chain over x = 0 .. d-1 in order
 // (zero padding adds an exact +0), and the logit is rounded to float before it is stored in
 // pe_prob (as a double, exactly), like the CPU reference's logits. pe_softmax_kernel then turns
 // each row into probabilities with one warp per row (see there).
-// NOTE: 64x64 output tiles with 64 threads (8x8 per thread) and 32-deep slices: 17 KB of shared
-// memory, register-tiled FFMA. 4x4 per thread (256 threads) was bound by the shared-memory loads,
-// 2 per 16 FMAs (bench/RESULTS.md, session 18).
-// 160 registers (6 blocks, 12 warps per SM; capped at 128 it spills). One tile per block (not a row of tiles per block): at N = 1024 a
+// NOTE: 64x64 output tiles with 256 threads (4x4 per thread) and 32-deep slices: 17 KB of shared
+// memory, register-tiled FFMA. One tile per block (not a row of tiles per block): at N = 1024 a
 // head has 136 tiles, so the PE heads fill every SM several times over and the slices' L2
 // latency is hidden; a row of tiles per block left one 8-warp block per SM (3x slower at 128k).
 constexpr int kPeTile = 64;
 constexpr int kPeDepth = 32;
-constexpr int kPeMicro = 8;                                         // outputs per thread per axis
-constexpr int kPeThreadsPerAxis = kPeTile / kPeMicro;               // 8
-constexpr int kPeThreads = kPeThreadsPerAxis * kPeThreadsPerAxis;  // 64
+constexpr int kPeMicro = 4;                                         // outputs per thread per axis
+constexpr int kPeThreadsPerAxis = kPeTile / kPeMicro;               // 16
+constexpr int kPeThreads = kPeThreadsPerAxis * kPeThreadsPerAxis;  // 256
 // NOTE: +4 floats per slice row: the transposed staging stores hit 8 banks instead of 1, and the
 // rows stay 16-byte aligned for the float4 reads.
 constexpr int kPeTileStride = kPeTile + 4;
@@ -472,26 +470,20 @@ __global__ void __launch_bounds__(kPeThreads) pe_logit_kernel(SlotParams P) {
   for (int x0 = 0; x0 < d; x0 += kPeDepth) {
     __syncthreads();  // the previous slice is consumed
     // Coalesced along x in global memory, transposed into [x][row] in shared memory.
-#pragma unroll 4  // NOTE: loads in flight (read-only loads, so they need not wait for the stores)
     for (int idx = threadIdx.x; idx < kPeTile * kPeDepth; idx += kPeThreads) {
       const int row = idx / kPeDepth, x = idx % kPeDepth;
       const bool in_x = x0 + x < d;
-      q_slice[x][row] = in_x && r0 + row < N && r0 + row >= first_row
-                            ? __ldg(qm + static_cast<int64_t>(r0 + row) * d + x0 + x)
-                            : 0.f;
-      k_slice[x][row] = in_x && c0 + row <= last_row ? __ldg(km + static_cast<int64_t>(c0 + row) * d + x0 + x) : 0.f;
+      q_slice[x][row] = in_x && r0 + row < N && r0 + row >= first_row ? qm[static_cast<int64_t>(r0 + row) * d + x0 + x]
+                                                                       : 0.f;
+      k_slice[x][row] = in_x && c0 + row <= last_row ? km[static_cast<int64_t>(c0 + row) * d + x0 + x] : 0.f;
     }
     __syncthreads();
-#pragma unroll 2  // NOTE: the next x's float4 loads in flight (8 operands each; deeper unrolling spills)
+#pragma unroll 8  // NOTE: keeps the float4 loads of later x in flight without bloating registers
     for (int x = 0; x < kPeDepth; ++x) {
-      float qa[kPeMicro], kb[kPeMicro];
-#pragma unroll
-      for (int v = 0; v < kPeMicro / 4; ++v) {
-        const float4 a = *reinterpret_cast<const float4*>(&q_slice[x][ty * kPeMicro + 4 * v]);
-        const float4 b = *reinterpret_cast<const float4*>(&k_slice[x][tx * kPeMicro + 4 * v]);
-        qa[4 * v] = a.x, qa[4 * v + 1] = a.y, qa[4 * v + 2] = a.z, qa[4 * v + 3] = a.w;
-        kb[4 * v] = b.x, kb[4 * v + 1] = b.y, kb[4 * v + 2] = b.z, kb[4 * v + 3] = b.w;
-      }
+      const float4 a = *reinterpret_cast<const float4*>(&q_slice[x][ty * kPeMicro]);
+      const float4 b = *reinterpret_cast<const float4*>(&k_slice[x][tx * kPeMicro]);
+      const float qa[kPeMicro] = {a.x, a.y, a.z, a.w};
+      const float kb[kPeMicro] = {b.x, b.y, b.z, b.w};
 #pragma unroll
       for (int i = 0; i < kPeMicro; ++i)
 #pragma unroll
