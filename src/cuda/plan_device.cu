@@ -1,14 +1,15 @@
 // src/cuda/plan_device.cu — planning on the device: crisp::cuda::plan_async and the backend's
 // crisp::detail::cuda_plan (plan_async into a temporary DevicePlan, then to_host).
 //
-// Launch sequence (all on the caller's stream, no host synchronisation, fixed-size launches so
-// the whole sequence can be captured in a CUDA graph):
+// Launch sequence (on the caller's stream, no host synchronisation, fixed-size launches so the
+// whole sequence can be captured in a CUDA graph; step 2's key means run on the workspace's side
+// stream, forked from and joined back into the caller's with events, beside step 1):
 //   1. proxy pass 1 + combine + pass 2 (plan_proxy.cuh): pv, ps, C_struct (+ v, u);
 //   2. block means of K (jsd routing and PE), routing (+ JS distance);
 //   3. cumulative / topk token selections (plan_select.cuh) for the VS heads;
 //   4. verticals and slashes with anchors and min/max budget clamps;
 //   5. PE heads: block means of Q, block-causal softmax P, global coverage (radix select);
-//   6. layout: row counts, scan into row_ptr + nnz, columns.
+//   6. layout: row counts (and membership bits), scan into row_ptr + nnz, columns.
 //
 // Workspace: plan_async keeps one planning workspace per DevicePlan (one cudaMalloc, made on the
 // first call and again only when the shape or the parts the config needs outgrow it; a destroyed
