@@ -20,8 +20,8 @@
 // (histogram kernel + scan kernel per pass); a grid pass whose prefix holds few entries
 // (select_compacts) also lists them, the candidates, so that the passes after it read only
 // those; the remaining passes then run in one block per slot (select_rest_kernel), with the
-// finish. A slot whose prefix never got few enough (more than the capacity's entries share the
-// top 16 + 8 bits) finishes in that one block over all its entries: correct, slower.
+// finish. A slot whose prefix never got few enough (more than the capacity's entries share its top
+// 16 bits) finishes in that one block over all its entries: correct, slower.
 #pragma once
 #include "cuda/plan_common.cuh"
 #include "plan/select.h"
