@@ -48,6 +48,9 @@
 #   CRISP_GPU_PLAN_PROFILE=1 bench: Nsight Compute times the planner kernels of one crisp plan at
 #                            CRISP_GPU_PROFILE_SEQ [131072] tokens (table by kernel name), with the
 #                            bench flags of CRISP_GPU_PROFILE_ARGS (e.g. "--heads 4 --kv-heads 1 --dim 256")
+#   CRISP_GPU_PROFILE_DETAIL with the profile: a kernel-name regex (e.g. 'pe_logit|layout_kernel');
+#                            Nsight Compute's throughput, occupancy and warp-stall sections for the
+#                            first CRISP_GPU_PROFILE_DETAIL_LAUNCHES [4] launches it matches
 #   CRISP_GPU_WHEEL          python/compare: install this wheel instead of building the package
 #   CRISP_GPU_PYTEST_K       python: a pytest -k expression
 #   CRISP_GPU_COMPARE_ARGS   compare [--seq 8192,32768,131072 --long]
@@ -345,6 +348,21 @@ suite_bench() {
     rc=$?
     $PY scripts/plan_profile_table.py "$DETAIL/plan_profile.csv" | tee "$DETAIL/plan_profile.txt"
     record "plan profile" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" "$(tail -1 "$DETAIL/plan_profile.txt")"
+    if [ -n "${CRISP_GPU_PROFILE_DETAIL:-}" ]; then
+      # Nsight Compute's sections (throughputs, occupancy and its limits, warp stalls) for the
+      # planner kernels the regex names, one launch each; the headline lines go to the log.
+      note "plan kernel detail (ncu), kernels ${CRISP_GPU_PROFILE_DETAIL}"
+      timeout "$(left 240)" "$ncu" --clock-control none --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --kernel-name regex:"${CRISP_GPU_PROFILE_DETAIL}" \
+        --launch-count "${CRISP_GPU_PROFILE_DETAIL_LAUNCHES:-4}" "$CRISP" bench \
+        --seq "${CRISP_GPU_PROFILE_SEQ:-131072}" --presets crisp --densities 0.1 --reps 1 --warmup 0 --kernels hopper \
+        ${CRISP_GPU_PROFILE_ARGS:-} --quiet >"$DETAIL/plan_kernel_detail.txt" 2>&1
+      rc=$?
+      grep -E "^  [A-Za-z_:<>0-9 ]+\(|Duration|Throughput|Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued" \
+        "$DETAIL/plan_kernel_detail.txt" | tee "$DETAIL/plan_kernel_detail_summary.txt"
+      record "plan kernel detail" "$([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc")" \
+        "$(grep -c "Duration" "$DETAIL/plan_kernel_detail.txt") launches (detail/plan_kernel_detail.txt)"
+    fi
   fi
 }
 
