@@ -209,12 +209,12 @@ class PlanWorkspace {
   SelectState* states(int which) const { return states_ + which * slots_; }
   unsigned long long* hist_count() const { return hist_count_; }
   uint32_t* candidates() const { return candidates_; }
-  // Candidates per slot of a selection over at most max_len entries per slot (plan_select.cuh):
-  // at most kSelectCompactCap and a quarter of max_len; 0 (no compaction) when the setting is off
-  // or entry indices would not fit 32 bits. Within the buffer lay_out sized for the largest.
+  // Candidates per slot of a selection over at most max_len entries per slot
+  // (select_candidate_capacity, plan_select.cuh); 0 (no compaction) when the setting is off or
+  // entry indices would not fit 32 bits. Within the buffer lay_out sized for the largest.
   int64_t candidate_capacity(int64_t max_len) const {
     if (!select_compaction_setting().load() || max_len > static_cast<int64_t>(UINT32_MAX)) return 0;
-    return std::min<int64_t>(kSelectCompactCap, max_len / 4);
+    return select_candidate_capacity(max_len);
   }
   unsigned long long* hist_mass() const { return hist_mass_; }  // fixed point (plan_select.cuh)
   int64_t slots() const { return slots_; }
@@ -369,7 +369,7 @@ class PlanWorkspace {
     // Every selection's candidates (token walks over max_tokens_, PE over max_causal_) fit here.
     const int64_t max_select = std::max(needs_.token_level ? max_tokens_ : 0, needs_.pe ? max_causal_ : 0);
     const std::size_t o_candidates =
-        take(static_cast<std::size_t>(slots_) * std::min<int64_t>(kSelectCompactCap, max_select / 4) * sizeof(uint32_t));
+        take(static_cast<std::size_t>(slots_) * select_candidate_capacity(max_select) * sizeof(uint32_t));
     bytes_ = at;
 
     reserve(bytes_);
@@ -549,7 +549,8 @@ void run_select(const PlanWorkspace& pw, const double* values, SelectState* stat
   }
   const int64_t capacity = pw.candidate_capacity(max_len);
   const dim3 grid(grid_for(std::max<int64_t>(max_len, 1), static_cast<int>(kSelectChunk)), slots);
-  for (int pass = 0; pass < kSelectGridPasses; ++pass) {
+  const int grid_passes = select_grid_passes(max_len);
+  for (int pass = 0; pass < grid_passes; ++pass) {
     const int shift = 64 - kSelectDigitBits * (pass + 1);
     select_histogram_kernel<<<grid, kSelectThreads, 0, stream>>>(values, states, pw.hist_count(), pw.hist_mass(), shift,
                                                                  pw.candidates(), capacity);
@@ -559,9 +560,12 @@ void run_select(const PlanWorkspace& pw, const double* values, SelectState* stat
     CRISP_CUDA_CHECK_LAUNCH("select_scan_kernel");
   }
   const int64_t staged = rest_staged_capacity(capacity);
-  set_smem(reinterpret_cast<const void*>(&select_rest_kernel), staged * sizeof(double));
+  // Always opted in: the kernel's static shared memory counts against the 48 KB default too.
+  CRISP_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&select_rest_kernel),
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(staged * sizeof(double))));
   select_rest_kernel<<<slots, kSelectRestThreads, staged * sizeof(double), stream>>>(values, states, pw.candidates(),
-                                                                                     capacity, staged);
+                                                                                     capacity, staged, grid_passes);
   CRISP_CUDA_CHECK_LAUNCH("select_rest_kernel");
   if (mark != nullptr) {
     if (!ties_only) {

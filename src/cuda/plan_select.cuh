@@ -21,7 +21,8 @@
 // (select_compacts) also lists them, the candidates, so that the passes after it read only
 // those; the remaining passes then run in one block per slot (select_rest_kernel), with the
 // finish. A slot whose prefix never got few enough (more than the capacity's entries share its top
-// 16 bits) finishes in that one block over all its entries: correct, slower.
+// 16 bits, or 24 above kSelectLargeSlot) finishes in that one block over all its entries: correct,
+// slower.
 #pragma once
 #include "cuda/plan_common.cuh"
 #include "plan/select.h"
@@ -39,11 +40,25 @@ constexpr int kSelectThreads = 256;
 constexpr int64_t kSelectChunk = 8192;
 // NOTE: passes run as grids before the one-block rest: after two 8-bit digits a PE map's stop
 // bucket holds a few per cent of its entries (the top 4 mantissa bits), so the third grid pass
-// lists them and the last five passes read only those (bench/RESULTS.md, session 18).
+// lists them and the last five passes read only those (bench/RESULTS.md, session 18). Above
+// kSelectLargeSlot entries per slot a fourth grid pass (over the list) narrows the bucket to a
+// 2^-12 relative width first, so the one-block rest stays small (select_grid_passes).
 constexpr int kSelectGridPasses = 3;
-// NOTE: the most candidates one slot lists (also at most a quarter of the largest slot's entries,
-// run_select): 256 KB of entry indices per slot.
+constexpr int64_t kSelectLargeSlot = int64_t(1) << 21;  // N above about 2048 blocks (PE)
+// NOTE: candidates one slot may list: kSelectCompactCap, or a sixteenth of the largest slot's
+// entries when that is more (a few per cent of a long PE map share the top 16 bits), at most a
+// quarter of it (select_candidate_capacity).
 constexpr int64_t kSelectCompactCap = 65536;
+__host__ __device__ constexpr int select_grid_passes(int64_t max_len) {
+  return max_len > kSelectLargeSlot ? kSelectGridPasses + 1 : kSelectGridPasses;
+}
+__host__ __device__ constexpr int64_t select_candidate_capacity(int64_t max_len) {
+  const int64_t wanted = max_len / 16 > kSelectCompactCap ? max_len / 16 : kSelectCompactCap;
+  return wanted < max_len / 4 ? wanted : max_len / 4;
+}
+static_assert(select_candidate_capacity(131072) == 32768 && select_candidate_capacity(525312) == 65536 &&
+                  select_candidate_capacity(int64_t(8390656)) == 524416,
+              "candidates: a quarter of a short slot, kSelectCompactCap, a sixteenth of a long one");
 // Fixed point of the masses: 2^44 per unit. A slot's values sum to at most N (PE: one per row) or
 // 1 (token walks), so sums stay below 2^63 for N < 2^19 blocks (N(N+1)/2 doubles would not fit a
 // device long before); the rounding, at most 2^-45 per value, is below a double sum's of the same
@@ -521,7 +536,7 @@ static_assert(kSelectRestThreads % kSelectBins == 0, "the rest's block scans wit
 // their values once into it; otherwise the passes read global memory.
 __global__ void __launch_bounds__(kSelectRestThreads)
 select_rest_kernel(const double* values, SelectState* states, const uint32_t* candidates, int64_t capacity,
-                   int64_t staged_capacity) {
+                   int64_t staged_capacity, int first_pass) {
   __shared__ SelectHistogram h;
   extern __shared__ double staged[];
   const int64_t slot = blockIdx.x;
@@ -530,9 +545,9 @@ select_rest_kernel(const double* values, SelectState* states, const uint32_t* ca
   if (select_needs_pass(st) && st.compacted && items.count <= staged_capacity) {
     for (int64_t i = threadIdx.x; i < items.count; i += blockDim.x) staged[i] = items.value(items.entry(i));
     // The first barrier of the passes makes the copy visible.
-    select_passes_in_block(st, StagedItems{staged, items.count}, kSelectGridPasses, h);
+    select_passes_in_block(st, StagedItems{staged, items.count}, first_pass, h);
   } else {
-    select_passes_in_block(st, items, kSelectGridPasses, h);
+    select_passes_in_block(st, items, first_pass, h);
   }
 }
 
