@@ -560,10 +560,7 @@ void run_select(const PlanWorkspace& pw, const double* values, SelectState* stat
     CRISP_CUDA_CHECK_LAUNCH("select_scan_kernel");
   }
   const int64_t staged = rest_staged_capacity(capacity);
-  // Always opted in: the kernel's static shared memory counts against the 48 KB default too.
-  CRISP_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&select_rest_kernel),
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(staged * sizeof(double))));
+  set_smem(reinterpret_cast<const void*>(&select_rest_kernel), staged * sizeof(double));
   select_rest_kernel<<<slots, kSelectRestThreads, staged * sizeof(double), stream>>>(values, states, pw.candidates(),
                                                                                      capacity, staged, grid_passes);
   CRISP_CUDA_CHECK_LAUNCH("select_rest_kernel");
@@ -583,9 +580,10 @@ Strided3<T> strided(const TensorView& v) {
 }
 
 void set_smem(const void* kernel, std::size_t bytes) {
-  // NOTE: kernels above the 48 KB default opt in; the limit depends on the device (227 KB on
-  // sm_90, 163 KB on sm_80), checked by the launch.
-  if (bytes > 48 * 1024)
+  // Every launch with dynamic shared memory opts in: a kernel's static shared memory counts
+  // against the 48 KB default too (vs_flags_kernel's 1 KB beside N x 10 bytes near N = 4900), and
+  // the limit depends on the device (227 KB on sm_90, 163 KB on sm_80), checked by the launch.
+  if (bytes > 0)
     CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
