@@ -521,29 +521,31 @@ std::size_t max_shared_memory_per_block();  // below
 void set_smem(const void* kernel, std::size_t bytes);  // below
 
 // Candidate values select_rest_kernel can stage in shared memory: what the device allows a block
-// beyond the kernel's static shared memory, at most `capacity`.
+// beyond the kernel's static shared memory (read once), at most `capacity`.
 int64_t rest_staged_capacity(int64_t capacity) {
   if (capacity == 0) return 0;
-  cudaFuncAttributes attributes{};
-  CRISP_CUDA_CHECK(cudaFuncGetAttributes(&attributes, select_rest_kernel));
+  static const std::size_t static_bytes = [] {
+    cudaFuncAttributes attributes{};
+    CRISP_CUDA_CHECK(cudaFuncGetAttributes(&attributes, select_rest_kernel));
+    return attributes.sharedSizeBytes;
+  }();
   const std::size_t optin = max_shared_memory_per_block();
-  const std::size_t room = optin > attributes.sharedSizeBytes ? optin - attributes.sharedSizeBytes : 0;
+  const std::size_t room = optin > static_bytes ? optin - static_bytes : 0;
   return std::min<int64_t>(capacity, static_cast<int64_t>(room / sizeof(double)));
 }
 
 // Runs one radix selection (plan_select.cuh) over `values` for every slot, then marks: every
 // entry, or (ties_only: a reader that compares the entries with the stop itself, as the layout
-// does for PE) only the ties of a stop that keeps some of them; a one-launch selection marks every
-// entry either way.
+// does for PE) only the ties of a stop that keeps some of them.
 template <typename Mark>
 void run_select(const PlanWorkspace& pw, const double* values, SelectState* states, int64_t max_len, const Mark* mark,
                 cudaStream_t stream, bool ties_only = false) {
   const int slots = static_cast<int>(pw.slots());
   if (max_len <= kSelectChunk) {  // every slot is one chunk: the whole selection in one launch
     if (mark != nullptr)
-      select_one_block_kernel<true><<<slots, kSelectThreads, 0, stream>>>(values, states, *mark);
+      select_one_block_kernel<true><<<slots, kSelectThreads, 0, stream>>>(values, states, *mark, ties_only);
     else
-      select_one_block_kernel<false><<<slots, kSelectThreads, 0, stream>>>(values, states, Mark{});
+      select_one_block_kernel<false><<<slots, kSelectThreads, 0, stream>>>(values, states, Mark{}, false);
     CRISP_CUDA_CHECK_LAUNCH("select_one_block_kernel");
     return;
   }

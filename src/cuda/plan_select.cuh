@@ -107,7 +107,7 @@ __device__ __forceinline__ double select_unfixed(uint64_t f) { return static_cas
 static_assert(kSelectFixedBits == 44, "select_fixed scales by 2^44");
 
 // Per-warp shared histograms of one pass (kSelectThreads threads): per digit a count and a 64-bit
-// fixed-point mass kept as two 32-bit words (add_mass carries from the low word into the high).
+// fixed-point mass kept as two 32-bit words (add carries from the low word into the high).
 constexpr int kSelectWarps = kSelectThreads / 32;
 // NOTE: candidates a warp gathers before it reserves room for them in the slot's list with one
 // global atomic: an atomic per warp instruction on one counter per slot serialised the compacting
@@ -280,8 +280,8 @@ __device__ __forceinline__ void select_block_histogram(const SelectState& st, co
   __syncthreads();
 }
 
-// One grid pass: grid (chunks of kSelectChunk items, slots). candidates: kSelectCompactCap-or-fewer
-// (`capacity`) entry indices per slot; capacity 0: no compaction.
+// One grid pass: grid (chunks of kSelectChunk items, slots). candidates: `capacity` entry indices
+// per slot (select_candidate_capacity); capacity 0: no compaction.
 __global__ void __launch_bounds__(kSelectThreads)
 select_histogram_kernel(const double* values, SelectState* states, unsigned long long* hist_count,
                         unsigned long long* hist_mass, int shift, uint32_t* candidates, int64_t capacity) {
@@ -552,20 +552,21 @@ select_rest_kernel(const double* values, SelectState* states, const uint32_t* ca
 }
 
 // The whole selection of slots of at most kSelectChunk entries in ONE launch, a block of
-// kSelectThreads (= kSelectBins) threads per slot: the passes, the finish and (kMark) the marks, as
-// the kernels above do them for a one-chunk slot, without their launches. A plan of a short
+// kSelectThreads (= kSelectBins) threads per slot: the passes, the finish and (kMark) the marks
+// (ties_only: only the ties of a stop that keeps some, as run_select's), as the kernels above do
+// them for a one-chunk slot, without their launches. A plan of a short
 // sequence or chunk (llama.cpp's ubatches: N(N+1)/2 <= 8192 PE entries below N = 128 blocks) is
 // launch-bound there.
 static_assert(kSelectThreads == kSelectBins, "the one-block select scans with its histogram threads");
 template <bool kMark, typename Mark>
 __global__ void __launch_bounds__(kSelectThreads)
-select_one_block_kernel(const double* values, SelectState* states, Mark mark) {
+select_one_block_kernel(const double* values, SelectState* states, Mark mark, bool ties_only) {
   __shared__ SelectHistogram h;
   const int64_t slot = blockIdx.x;
   SelectState& st = states[slot];
   select_passes_in_block(st, SelectItems{values, &st, nullptr, st.len}, 0, h);
   if (!kMark || !st.active) return;
-  select_mark_range(values, st, slot, 0, st.len, mark);
+  if (!ties_only) select_mark_range(values, st, slot, 0, st.len, mark);
   select_mark_ties(values, st, slot, mark);
 }
 
