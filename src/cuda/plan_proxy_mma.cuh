@@ -92,9 +92,13 @@ constexpr int kFusedBinsPitch = kFusedBins + kMmaSlashBins;
 // First distance block reached by key block kb from the L proxy rows (t >= n - L - (kb+1) B + 1).
 // Positions fit an int on this path (proxy_mma_kernel's pw), so 32-bit arithmetic: a 64-bit
 // division per tile costs a call to a division routine.
+// With X = n - L + 1 >= 1 and t_lo = X - (kb + 1) B: t_lo / B = X / B - (kb + 1) when t_lo > 0, and
+// X / B - (kb + 1) <= 0 otherwise, so the base is max(0, X / B - kb - 1); a kernel walking key
+// blocks computes X / B once (mma_slash_blocks) instead of a division per tile.
+__device__ __forceinline__ int mma_slash_blocks(int n, int L, int B) { return (n - L + 1) / B; }
+__device__ __forceinline__ int mma_slash_base_of(int slash_blocks, int kb) { return max(0, slash_blocks - kb - 1); }
 __device__ __forceinline__ int mma_slash_base(int n, int L, int B, int kb) {
-  const int t_lo = n - L - (kb + 1) * B + 1;
-  return t_lo > 0 ? t_lo / B : 0;
+  return mma_slash_base_of(mma_slash_blocks(n, L, B), kb);
 }
 
 // Pass-2 masses of one tile for one thread: turns acc (raw q.k) into A values in place and adds
@@ -204,14 +208,28 @@ __device__ __forceinline__ void fused_row_update(Scores s, int p, int j0q, int T
     const bool upper = k2 >= 0;  // the tile's keys lie in bins 2 and 1, else in bins 1 and 0
     const int cut = upper ? k2 : k1;
     float far = 0.f, near = 0.f;
+    // A lane's keys sit at offsets 0 .. 57 (8 nt + e). Where no lane of the warp has the bin
+    // boundary among its keys (about half of the tiles), each lane's keys all lie on one side of
+    // it: one sum, without the compare and the second (predicated) add per key.
+    if (__all_sync(0xffffffffu, cut < 0 || cut >= 57)) {
+      float sums[2] = {0.f, 0.f};  // two chains
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float a = attention::fast_exp2(fmaf(s(nt, e), scale_log2, -m));
-        if (8 * nt + e <= cut) far += a;
-        else near += a;
-      }
+        for (int e = 0; e < 2; ++e) sums[nt & 1] += attention::fast_exp2(fmaf(s(nt, e), scale_log2, -m));
+      const float sum = sums[0] + sums[1];
+      if (cut >= 0) far = sum;
+      else near = sum;
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float a = attention::fast_exp2(fmaf(s(nt, e), scale_log2, -m));
+          if (8 * nt + e <= cut) far += a;
+          else near += a;
+        }
+    }
     if (upper) {
       st.bin2 += far;
       st.bin1 += near;
@@ -255,28 +273,30 @@ __device__ __forceinline__ void fused_row_update(Scores s, int p, int j0q, int T
 }
 
 // End of a key block (or of a CTA's keys) for one row: its bins join the running sum; the 4 lanes
-// (qd) of the row bring their masses to the largest of their maxima and sum them; lane qd = 0
-// stores the record at `at` when `store`; the bins restart at zero.
+// (qd) of the row bring their masses to the largest of their maxima and sum them, lane qd ending
+// with component qd of the record (b0, b1, b2, cs), which it stores at `at` when `store` (lane 0
+// also the maximum); the bins restart at zero. Rescaling first and then a reduce-scatter takes one
+// exponential and 5 shuffles per row, where a pairwise combine took 6 and 15 (the block end was
+// about a sixth of the wgmma proxy's instructions).
 __device__ __forceinline__ void fused_row_block_end(FusedRowState& st, const ProxyMmaRecords& R, int64_t at,
                                                     bool store) {
   st.sum += (st.bin0 + st.bin1) + st.bin2;
-  float m = st.max, b0 = st.bin0, b1 = st.bin1, b2 = st.bin2, bc = st.cs;
-#pragma unroll
-  for (int off = 1; off < 4; off <<= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
-    const float o0 = __shfl_xor_sync(0xffffffffu, b0, off), o1 = __shfl_xor_sync(0xffffffffu, b1, off);
-    const float o2 = __shfl_xor_sync(0xffffffffu, b2, off), oc = __shfl_xor_sync(0xffffffffu, bc, off);
-    const float mm = fmaxf(m, m2);
-    const float f = m == -INFINITY ? 0.f : exp2f(m - mm), f2 = m2 == -INFINITY ? 0.f : exp2f(m2 - mm);
-    b0 = b0 * f + o0 * f2;
-    b1 = b1 * f + o1 * f2;
-    b2 = b2 * f + o2 * f2;
-    bc = bc * f + oc * f2;
-    m = mm;
-  }
-  if (store && (threadIdx.x & 3) == 0) {
-    R.data[at] = make_float4(b0, b1, b2, bc);
-    R.row_max[at] = m;
+  float mm = fmaxf(st.max, __shfl_xor_sync(0xffffffffu, st.max, 1));
+  mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, 2));
+  // A lane without a key so far holds zeros (and max -inf): its factor is 0, also when mm = -inf.
+  const float f = st.max == -INFINITY ? 0.f : exp2f(st.max - mm);
+  const int qd = threadIdx.x & 3;
+  // Lanes with qd bit 1 keep (b2, cs), the others (b0, b1); then qd bit 0 picks one of the pair.
+  const bool hi2 = (qd & 2) != 0, hi1 = (qd & 1) != 0;
+  float keep0 = (hi2 ? st.bin2 : st.bin0) * f, keep1 = (hi2 ? st.cs : st.bin1) * f;
+  const float send0 = (hi2 ? st.bin0 : st.bin2) * f, send1 = (hi2 ? st.bin1 : st.cs) * f;
+  keep0 += __shfl_xor_sync(0xffffffffu, send0, 2);
+  keep1 += __shfl_xor_sync(0xffffffffu, send1, 2);
+  const float send = hi1 ? keep0 : keep1;
+  const float mine = (hi1 ? keep1 : keep0) + __shfl_xor_sync(0xffffffffu, send, 1);
+  if (store) {
+    reinterpret_cast<float*>(R.data + at)[qd] = mine;
+    if (qd == 0) R.row_max[at] = mm;
   }
   st.bin0 = st.bin1 = st.bin2 = st.cs = 0.f;
 }

@@ -69,9 +69,8 @@ __global__ void work_key_kernel(const DevicePlanView view, const Cost cost_of, i
     const int64_t h = local % H, from_end = local / H;
     const int64_t r = b.num_blocks - 1 - from_end;
     const int64_t code = h + H * (s + S * from_end);
-    keys[j] = r < b.first_row ? 0u
-                              : ((cost_of(b, h, r) + 1u) << from_end_bits) |
-                                    (last_from_end - static_cast<uint64_t>(from_end));
+    const uint64_t from_end_key = from_end_bits > 0 ? last_from_end - static_cast<uint64_t>(from_end) : 0u;
+    keys[j] = r < b.first_row ? 0u : ((cost_of(b, h, r) + 1u) << from_end_bits) | from_end_key;
     codes[j] = static_cast<int32_t>(code);
   }
 }
@@ -106,8 +105,10 @@ void sort_rows(const DevicePlanView& view, const Cost& cost_of, const WorkOrderS
                cudaStream_t stream) {
   const int64_t rows = sorted_rows(view);
   // A row lists at most N key blocks: the key has bits(max N - 1) + bits(max N + 1) significant
-  // bits (21 at 128k tokens and B = 128), so the sort is a few 8-bit passes.
-  const int from_end_bits = bits_for(static_cast<uint64_t>(view.max_num_blocks - 1));
+  // bits (21 at 128k tokens and B = 128), so the sort is a few 8-bit passes. One sequence
+  // enumerates its rows in item-code order (j = code = h + H from_end), which the stable sort keeps
+  // among equal costs: the key is the cost alone (11 bits at 128k tokens: two passes, not three).
+  const int from_end_bits = view.num_sequences == 1 ? 0 : bits_for(static_cast<uint64_t>(view.max_num_blocks - 1));
   const int key_bits = from_end_bits + bits_for(static_cast<uint64_t>(view.max_num_blocks) + 1u);
   // NOTE: 256 threads x up to 1024 CTAs, grid-stride: the pass is a few hundred thousand rows at most.
   const int threads = 256;

@@ -108,6 +108,19 @@ TEST(GpuWorkOrder, UploadBuildsLongestRowsFirst) {
   expect_longest_first(dplan);
 }
 
+// One sequence sorts by the row cost alone (its rows are enumerated in item-code order, which the
+// stable sort keeps among equal costs): the same order as the batch key gives.
+TEST(GpuWorkOrder, OneSequenceSortsByCostInItemOrder) {
+  SKIP_WITHOUT_GPU();
+  const crisp::Plan dense = crisp::dense_plan(4, 2, 64, {0, 5000}, 128);
+  crisp::cuda::DevicePlan dplan(dense);
+  expect_longest_first(dplan);
+  for (uint64_t seed : {3, 11}) {
+    dplan.upload(crisp_gpu_test::random_plan(dense, 0.2, seed), nullptr);
+    expect_longest_first(dplan);
+  }
+}
+
 // A varlen batch of very uneven lengths (one 8192-token sequence among twenty 1-token ones) has 21
 // item codes per query block of the long sequence, 20 of them empty: the work order lists the 84
 // real rows per head only, and attention still writes every row.

@@ -125,9 +125,11 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
     pos[rr] = static_cast<int>(n) - L + (row0 + row_in_tile[rr]) % L;
   }
   const float scale_log2 = P.scale * 1.4426950408889634f;
-  // Descriptors (128-byte swizzle, K-major: 8-row groups 1024 bytes apart, leading offset unused).
+  // Descriptors (128-byte swizzle, K-major: 8-row groups 1024 bytes apart, leading offset unused),
+  // built once: a stage or a 16-dim step only moves the start address (desc_advance).
   const uint64_t q_desc0 = smem_descriptor(q_smem + (wg * 128) * 128, 16, 1024);
   const uint64_t q_desc1 = smem_descriptor(q_smem + (wg * 128 + 64) * 128, 16, 1024);
+  const uint64_t k_desc_stage0 = smem_descriptor(k_smem, 16, 1024);
 
   FusedRowState rows[4];
   float acc0[32], acc1[32];
@@ -137,18 +139,20 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   // S = Q K^T of one m64 half of the warpgroup's rows against the key tile in `stage`, issued
   // and committed as one wgmma group (not waited for).
   auto issue_scores = [&](float (&acc)[32], uint64_t q_desc, int stage) {
-    const uint64_t k_desc = smem_descriptor(k_smem + stage * kKTileBytes, 16, 1024);
+    const uint64_t k_desc = hopper::desc_advance(k_desc_stage0, stage * (kKTileBytes >> 4));
     hopper::fence_registers(acc);
     hopper::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kDim / 16; ++kk) {
       // A 16-dim step advances 32 bytes inside the 128-byte row; every 4 steps, the next half.
-      const uint64_t q_step = static_cast<uint64_t>(((kk / 4) * kQHalfBytes + (kk % 4) * 32) >> 4);
-      const uint64_t k_step = static_cast<uint64_t>(((kk / 4) * kKHalfBytes + (kk % 4) * 32) >> 4);
+      const uint32_t q_step = static_cast<uint32_t>(((kk / 4) * kQHalfBytes + (kk % 4) * 32) >> 4);
+      const uint32_t k_step = static_cast<uint32_t>(((kk / 4) * kKHalfBytes + (kk % 4) * 32) >> 4);
       if constexpr (std::is_same<T, __nv_bfloat16>::value)
-        hopper::wgmma_m64n64k16_ss_bf16(acc, q_desc + q_step, k_desc + k_step, kk > 0);
+        hopper::wgmma_m64n64k16_ss_bf16(acc, hopper::desc_advance(q_desc, q_step), hopper::desc_advance(k_desc, k_step),
+                                        kk > 0);
       else
-        hopper::wgmma_m64n64k16_ss_f16(acc, q_desc + q_step, k_desc + k_step, kk > 0);
+        hopper::wgmma_m64n64k16_ss_f16(acc, hopper::desc_advance(q_desc, q_step), hopper::desc_advance(k_desc, k_step),
+                                       kk > 0);
     }
     hopper::wgmma_commit();
   };
@@ -157,15 +161,21 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
     int kb, T1, T2, j0q;
     bool general, ends_block;
   };
+  // The tile's key block from its index: key_begin is a multiple of B and B / kMmaKeyTile a power
+  // of two (B is 64 or 128, shape_rules::valid_block_size), so no division per tile.
+  const int block_shift = __ffs(B / kMmaKeyTile) - 1;
+  const int first_block = static_cast<int>(item.key_begin / B);
+  const int first_slash_base = mma_slash_blocks(static_cast<int>(n), L, B) - first_block - 1;
   auto tile_info = [&](int j0i, int tile) {
     TileInfo t;
-    t.kb = j0i / B;
-    const int c_base = mma_slash_base(static_cast<int>(n), L, B, t.kb);
+    const int blocks_in = tile >> block_shift;
+    t.kb = first_block + blocks_in;
+    const int c_base = max(0, first_slash_base - blocks_in);  // mma_slash_base_of(.., t.kb)
     t.T1 = (c_base + 1) * B;
     t.T2 = (c_base + 2) * B;
     t.j0q = j0i + 2 * qd;
     t.general = fused_tile_is_general(n, L, j0i, P.w_sink, P.w_local);
-    t.ends_block = ((j0i + kMmaKeyTile) % B) == 0 || tile + 1 == tiles;  // or this CTA's keys end
+    t.ends_block = ((tile + 1) & ((1 << block_shift) - 1)) == 0 || tile + 1 == tiles;  // or this CTA's keys end
     return t;
   };
   // The online softmax and masses of the two rows of one m64 half (plan_proxy_mma.cuh's

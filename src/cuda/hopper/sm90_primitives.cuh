@@ -59,6 +59,13 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, uint32_t lead
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
          (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (1ull << 62);
 }
+// The descriptor `units` 16-byte units further on: a 32-bit add to the start-address field (bits
+// 0-13), which cannot carry into the next field while the address stays inside shared memory
+// (228 KB = 14592 units < 2^14); a 64-bit add costs a carry chain and register moves per wgmma.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t units) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + units, hi = static_cast<uint32_t>(desc >> 32);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
 #endif  // CRISP_HOPPER_DEVICE_CODE
 
 }  // namespace hopper
