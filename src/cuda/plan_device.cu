@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -44,7 +45,8 @@
 #include "cuda/plan_proxy.cuh"
 #include "cuda/plan_proxy_mma.cuh"
 #include "cuda/plan_select.cuh"
-#include "cuda/hopper/hopper_attention.h"  // hopper::kernel_available
+#include "cuda/hopper/hopper_attention.h"  // hopper::kernel_available, make_tensor_map
+#include "cuda/hopper/tile_shape.h"         // hopper::paged_box_rows
 #include "cuda/hopper/plan_proxy_wgmma.cuh"
 #include "plan/plan_params.h"
 #include "plan/select.h"
@@ -606,17 +608,24 @@ bool wgmma_proxy() {
 // fused pass over K (softmax partials and per-row masses), combine, rows and bins finalize. Token-level
 // rules (cumulative, topk need v and u per token): pass 1, combine, pass 2, finalize.
 template <typename T, int kDim>
-void proxy_on_tensor_cores(const Strided3<T>& qs, const Strided3<T>& ks, const ProxyParams& pp,
+void proxy_on_tensor_cores(const Strided3<T>& qs, const Strided3<T>& ks, const TensorView& k, const ProxyParams& pp,
                            const ProxyMmaRecords& records, const ProxyCombineParams& cp, const ProxyFinalizeParams& fp,
                            const dim3& combine_grid, unsigned items, int slots, int max_blocks, bool token_level,
                            cudaStream_t stream) {
   constexpr std::size_t smem = proxy_mma_smem_bytes<T, kDim>();
   constexpr int kThreads = mma_warps(kDim) * 32;
   if (!token_level) {
-    if (wgmma_proxy()) {
+    // The wgmma kernel's key tiles come by TMA: int32 coordinates, so at most 2^31 rows of K (a
+    // larger paged pool plans on mma.sync).
+    if (wgmma_proxy() && k.shape[1] <= std::numeric_limits<int32_t>::max()) {
       constexpr std::size_t wgmma_smem = proxy_wgmma_smem_bytes<kDim>();
+      const int box_rows = pp.keys.table != nullptr
+                               ? hopper::paged_box_rows(static_cast<int>(pp.keys.page_size), kMmaKeyTile)
+                               : kMmaKeyTile;
+      const CUtensorMap k_map = hopper::make_tensor_map("k", k.data, k.dtype, kDim, k.shape[0], k.shape[1],
+                                                        k.stride[0], k.stride[1], box_rows);
       set_smem(reinterpret_cast<const void*>(&proxy_wgmma_kernel<T, kDim>), wgmma_smem);
-      proxy_wgmma_kernel<T, kDim><<<items, kThreads, wgmma_smem, stream>>>(qs, ks, pp, records);
+      proxy_wgmma_kernel<T, kDim><<<items, kThreads, wgmma_smem, stream>>>(qs, k_map, pp, records);
       CRISP_CUDA_CHECK_LAUNCH("proxy_wgmma_kernel (fused pass)");
     } else {
       set_smem(reinterpret_cast<const void*>(&proxy_mma_kernel<T, kDim, kFusedPass, false>), smem);
@@ -651,7 +660,7 @@ class PlanStages {
  public:
   PlanStages(const TensorView& q, const TensorView& k, const KeyTable& keys, const PlanParams& params,
              const DevicePlanView& view, PlanWorkspace& pw, double scale, cudaStream_t stream)
-      : sh_(pw.shape()), ws_(pw.ws()), pw_(pw), view_(view), qs_(strided<T>(q)), ks_(strided<T>(k)),
+      : sh_(pw.shape()), ws_(pw.ws()), pw_(pw), view_(view), qs_(strided<T>(q)), ks_(strided<T>(k)), k_(k),
         needs_(needs_of(params)), slots_(static_cast<int>(pw.slots())), max_n_(pw.max_blocks()), scale_(scale),
         stream_(stream) {
     sp_.view = view;
@@ -719,13 +728,13 @@ class PlanStages {
         fp.ws = ws_;
         const ProxyMmaRecords records{pw_.records(), pw_.record_max()};
         if (sh_.d == 64)
-          proxy_on_tensor_cores<T, 64>(qs_, ks_, pp, records, cp, fp, combine_grid, items, slots_, max_n_,
+          proxy_on_tensor_cores<T, 64>(qs_, ks_, k_, pp, records, cp, fp, combine_grid, items, slots_, max_n_,
                                         needs_.token_level, stream_);
         else if (sh_.d == 128)
-          proxy_on_tensor_cores<T, 128>(qs_, ks_, pp, records, cp, fp, combine_grid, items, slots_, max_n_,
+          proxy_on_tensor_cores<T, 128>(qs_, ks_, k_, pp, records, cp, fp, combine_grid, items, slots_, max_n_,
                                          needs_.token_level, stream_);
         else
-          proxy_on_tensor_cores<T, 256>(qs_, ks_, pp, records, cp, fp, combine_grid, items, slots_, max_n_,
+          proxy_on_tensor_cores<T, 256>(qs_, ks_, k_, pp, records, cp, fp, combine_grid, items, slots_, max_n_,
                                          needs_.token_level, stream_);
         return;
       }
@@ -860,6 +869,7 @@ class PlanStages {
   PlanWorkspace& pw_;
   const DevicePlanView& view_;
   const Strided3<T> qs_, ks_;
+  const TensorView k_;  // the wgmma proxy's TMA map of K
   const Needs needs_;
   const int slots_;
   const int max_n_;

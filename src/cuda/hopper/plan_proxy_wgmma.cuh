@@ -11,8 +11,9 @@
 //    as in plan_proxy_mma.cuh; one warpgroup per 128 rows (4 at d <= 128, 2 at d = 256), each
 //    issuing two m64n64k16 per 16-dim step (rows 0-63 and 64-127 of its 128);
 //  - queries and key tiles of 64 are stored in the 128-byte swizzle wgmma reads (64-dim halves of
-//    8-row atoms), filled by cp.async from every thread (contiguous or paged K alike), with a
-//    proxy fence before the barrier that hands a tile to the tensor cores;
+//    8-row atoms): the queries once by cp.async from every thread (then a proxy fence), the key
+//    tiles by TMA from one thread, each stage completing on its mbarrier (contiguous or paged K,
+//    boxes inside a page); a named barrier per tile tells that thread a stage is free again;
 //  - software-pipelined: a warpgroup's two m64 halves are separate wgmma groups, so the tensor
 //    cores compute one half (acc1 of tile t, then acc0 of tile t + 1) while the warpgroup updates
 //    the other half's rows; the lockstep form (both halves, then all rows) left the tensor cores
@@ -26,6 +27,7 @@
 #pragma once
 #include "cuda/attention_kernel.cuh"  // cp.async helpers
 #include "cuda/hopper/sm90_primitives.cuh"
+#include "cuda/hopper/tile_shape.h"
 #include "cuda/hopper/wgmma.cuh"
 #include "cuda/plan_common.cuh"
 #include "cuda/plan_proxy.cuh"
@@ -48,7 +50,7 @@ constexpr size_t proxy_wgmma_smem_bytes() {
 
 template <typename T, int kDim>
 __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
-    proxy_wgmma_kernel(Strided3<T> q, Strided3<T> k, ProxyParams P, ProxyMmaRecords R) {
+    proxy_wgmma_kernel(Strided3<T> q, const __grid_constant__ CUtensorMap k_map, ProxyParams P, ProxyMmaRecords R) {
 #if defined(CRISP_HOPPER_DEVICE_CODE)
   using hopper::smem_descriptor;
   constexpr int kRows = mma_rows(kDim);
@@ -93,28 +95,44 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   }
   const int64_t key_stop = min(item.key_end, n);
   const int tiles = static_cast<int>((key_stop - item.key_begin + kMmaKeyTile - 1) / kMmaKeyTile);
+  // Key tiles arrive by TMA (k_map: boxes of 64 dims x box_rows keys, the 128-byte swizzle wgmma
+  // reads), issued by thread 0 and completing on the stage's mbarrier: no per-thread copies or
+  // address arithmetic per tile. Paged K: a box lies inside one page (box_rows divides the page
+  // size and the tile). Boxes past the sequence are not loaded (the block table is not read
+  // there): those keys are masked by the causal test of the general update, whatever the stage
+  // holds.
   const int32_t* table_row = P.keys.table != nullptr ? P.keys.table + item.seq * P.keys.row_stride : nullptr;
-  const T* k_rows = k.data + item.kv * k.stride_head + (table_row != nullptr ? 0 : sb.kv_offset * k.stride_token);
-  // A thread copies the same 16-byte chunk of every key_step-th key of each tile (active_threads is
-  // a multiple of kChunks), so its chunk and first key are computed once here, not per tile.
-  const int my_chunk = tid % kChunks, my_first_key = tid / kChunks, key_step = active_threads / kChunks;
-  auto load_keys = [&](int64_t j0, int stage) {
-    const uint32_t dst = k_smem + stage * kKTileBytes;
-    for (int key = my_first_key; key < kMmaKeyTile; key += key_step) {
-      const int64_t j = j0 + key;
-      const bool inside = j < n;
-      const T* src = k.data;  // past the sequence: zero-filled (the block table is not read there)
-      if (inside)
-        src = k_rows + kv_rows::key_row(0, table_row, P.keys.page_size, j) * k.stride_token + my_chunk * 8;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + swizzle128(key, my_chunk, kKHalfBytes)),
-                   "l"(src), "r"(inside ? 16 : 0));
+  const int box_rows =
+      table_row != nullptr ? hopper::paged_box_rows(static_cast<int>(P.keys.page_size), kMmaKeyTile) : kMmaKeyTile;
+  __shared__ __align__(8) uint64_t key_full[kWgmmaKeyStages];
+  const uint32_t full_bar = hopper::smem_u32(key_full);
+  auto load_keys = [&](int64_t j0, int stage) {  // thread 0 only
+    const uint32_t dst = k_smem + stage * kKTileBytes, bar = full_bar + stage * 8;
+    const int rows = static_cast<int>(min(static_cast<int64_t>(kMmaKeyTile), n - j0));  // j0 < n
+    const int boxes = (rows + box_rows - 1) / box_rows;
+    hopper::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * kDim * 2));
+#pragma unroll 1
+    for (int b = 0; b < boxes; ++b) {
+      const int64_t row = kv_rows::key_row(sb.kv_offset, table_row, P.keys.page_size, j0 + b * box_rows);
+#pragma unroll
+      for (int h = 0; h < kDim / 64; ++h)
+        hopper::tma_load(dst + h * kKHalfBytes + b * box_rows * 128, &k_map, h * 64, static_cast<int>(row), item.kv,
+                         bar);
     }
   };
-  // Prologue: the queries and key tiles 0 and 1 (stages 0 and 1 of three).
-  load_keys(item.key_begin, 0);
+  // Prologue: the queries (cp.async, every thread) and key tiles 0 and 1 (stages 0 and 1 of three).
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < kWgmmaKeyStages; ++st) hopper::mbar_init(full_bar + st * 8, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    if (tiles > 0) load_keys(item.key_begin, 0);
+    if (tiles > 1) load_keys(item.key_begin + kMmaKeyTile, 1);
+  }
   attention::cp_async_commit();
-  if (tiles > 1) load_keys(item.key_begin + kMmaKeyTile, 1);
-  attention::cp_async_commit();
+  // The k-th use of a stage (tile = 3 k + stage) waits for phase parity k & 1.
+  auto wait_keys = [&](int tile) {
+    hopper::mbar_wait(full_bar + (tile % kWgmmaKeyStages) * 8, static_cast<uint32_t>((tile / kWgmmaKeyStages) & 1));
+  };
 
   // This thread's four rows rr = 2 mt + hf: row 64 mt + 16 warp_in_wg + 8 hf + g of its warpgroup's
   // 128 (mt: the first or second m64 of the warpgroup, accumulated in acc0 or acc1).
@@ -204,10 +222,11 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   };
 
   attention::cp_async_wait<0>();
-  // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
+  // cp.async wrote the queries through the generic proxy; wgmma reads through the async proxy.
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  sync_active();
+  sync_active();  // also: the barriers' initialisation is visible to every thread
   if (tiles > 0) {
+    wait_keys(0);
     issue_scores(acc0, q_desc0, 0);
     hopper::wgmma_wait<0>();
   }
@@ -222,14 +241,14 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
     hopper::fence_registers(acc0);
     issue_scores(acc1, q_desc1, tile % kWgmmaKeyStages);
     update_half(acc0, 0, info);
-    attention::cp_async_wait<0>();  // tile + 1, loaded one iteration ago
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    sync_active();  // tile + 1 ready everywhere; every warpgroup is done with tile - 1's stage
-    if (tile + 2 < tiles) load_keys(j0 + 2 * kMmaKeyTile, (tile + 2) % kWgmmaKeyStages);
-    attention::cp_async_commit();
+    sync_active();  // every warpgroup is done with tile - 1's stage (its groups were waited for)
+    if (tid == 0 && tile + 2 < tiles) load_keys(j0 + 2 * kMmaKeyTile, (tile + 2) % kWgmmaKeyStages);
     hopper::wgmma_wait<0>();  // acc1 of this tile
     hopper::fence_registers(acc1);
-    if (tile + 1 < tiles) issue_scores(acc0, q_desc0, (tile + 1) % kWgmmaKeyStages);
+    if (tile + 1 < tiles) {
+      wait_keys(tile + 1);  // loaded one iteration ago
+      issue_scores(acc0, q_desc0, (tile + 1) % kWgmmaKeyStages);
+    }
     update_half(acc1, 1, info);
     hopper::wgmma_wait<0>();  // acc0 of the next tile
   }
