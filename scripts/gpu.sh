@@ -573,7 +573,7 @@ done
     IFS='|' read -r suite status figures <<<"$row"
     printf "%-16s %-10s %s\n" "$suite" "$status" "$figures"
   done
-  [ -n "$BASELINE_TABLE" ] && printf "\nbench against the baseline (%s):\n%s\n" "$CRISP_GPU_BASELINE" "$BASELINE_TABLE"
+  [ -n "$BASELINE_TABLE" ] && printf "\nbench against the baseline (%s):\n%s\n" "${CRISP_GPU_BASELINE:-${CRISP_GPU_BASELINE_BIN:-}}" "$BASELINE_TABLE"
 } | tee "$OUT/summary.txt"
 # Exit status: 1 when any suite failed.
 for row in "${ROWS[@]}"; do case "$row" in *"|FAILED"*) exit 1 ;; esac; done
