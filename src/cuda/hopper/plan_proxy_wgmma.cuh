@@ -183,12 +183,11 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   // of two (B is 64 or 128, shape_rules::valid_block_size), so no division per tile.
   const int block_shift = __ffs(B / kMmaKeyTile) - 1;
   const int first_block = static_cast<int>(item.key_begin / B);
-  const int first_slash_base = mma_slash_blocks(static_cast<int>(n), L, B) - first_block - 1;
+  const int slash_blocks = mma_slash_blocks(static_cast<int>(n), L, B);
   auto tile_info = [&](int j0i, int tile) {
     TileInfo t;
-    const int blocks_in = tile >> block_shift;
-    t.kb = first_block + blocks_in;
-    const int c_base = max(0, first_slash_base - blocks_in);  // mma_slash_base_of(.., t.kb)
+    t.kb = first_block + (tile >> block_shift);
+    const int c_base = mma_slash_base_of(slash_blocks, t.kb);
     t.T1 = (c_base + 1) * B;
     t.T2 = (c_base + 2) * B;
     t.j0q = j0i + 2 * qd;
