@@ -169,12 +169,15 @@ void launch(const attention::Params& params, int64_t q_tokens, int64_t k_tokens,
   const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, q_tokens,
                                             params.q_stride_head, params.q_stride_token,
                                             packed ? static_cast<int>(kBlock / group) : kBlock);
-  // Paged K/V: a key tile is B / box_rows boxes, each inside one page (paged_box_rows).
-  const int key_box = params.block_table != nullptr ? paged_box_rows(params.page_size, kBlock) : kBlock;
-  const CUtensorMap map_k = make_tensor_map("k", params.k, dtype, kDim, num_kv_heads, k_tokens,
-                                            params.k_stride_head, params.k_stride_token, key_box);
-  const CUtensorMap map_v = make_tensor_map("v", params.v, dtype, kDim, num_kv_heads, k_tokens,
-                                            params.v_stride_head, params.v_stride_token, key_box);
+  // A key tile is B / box rows boxes, each inside one page for paged K/V (key_box_rows). A V box
+  // holds all of its dims (value_row_units), a K box too where one box is the whole tile; K of
+  // smaller boxes is loaded part by part (its layout keeps the parts first).
+  const int key_box = key_box_rows(params.block_table != nullptr, params.page_size, kBlock);
+  const int parts = kDim / kHalfCols;
+  const CUtensorMap map_k = make_tile_map("k", params.k, dtype, kDim, num_kv_heads, k_tokens, params.k_stride_head,
+                                          params.k_stride_token, key_box, key_box == kBlock ? parts : 1);
+  const CUtensorMap map_v = make_tile_map("v", params.v, dtype, kDim, num_kv_heads, k_tokens, params.v_stride_head,
+                                          params.v_stride_token, key_box, parts);
   if constexpr (kBlock == 128) {
     if (packed) {  // the union rows and their work order, built on the stream, freed after the kernel
       PackedGqaLayout layout(params.plan, static_cast<int>(group), stream);
@@ -222,18 +225,16 @@ bool paged_pool_supported(const attention::Params& params) {
          (params.pool_rows <= INT32_MAX && params.plan.num_sequences * params.table_stride <= INT32_MAX);
 }
 
-CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int64_t head_dim, int64_t heads,
-                            int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens) {
+namespace {
+// One tiled map of `rank` dimensions (dimension 0 the 64 dims of a box, 128-byte swizzle, zero fill
+// out of bounds); a tensor the driver cannot describe is a crisp::Error naming `name`.
+CUtensorMap encode_tiled(const char* name, const void* base, DType dtype, cuuint32_t rank, const cuuint64_t* dims,
+                         const cuuint64_t* strides, const cuuint32_t* box) {
   CUtensorMap map;
   std::memset(&map, 0, sizeof map);
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(tokens),
-                              static_cast<cuuint64_t>(heads)};
-  // Byte strides of dimensions 1 and 2 (multiples of 16: checked by the caller, as for cp.async).
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride_token) * 2, static_cast<cuuint64_t>(stride_head) * 2};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kHalfCols), static_cast<cuuint32_t>(box_tokens), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUresult result = encode_function()(
-      &map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      &map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, rank,
       const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS)
@@ -241,6 +242,30 @@ CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int
                          std::to_string(static_cast<int>(result)) + ")",
                 "16-byte aligned rows with head/token strides below 2^40 bytes");
   return map;
+}
+}  // namespace
+
+CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int64_t head_dim, int64_t heads,
+                            int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens) {
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(tokens),
+                              static_cast<cuuint64_t>(heads)};
+  // Byte strides of dimensions 1 and 2 (multiples of 16: checked by the caller, as for cp.async).
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride_token) * 2, static_cast<cuuint64_t>(stride_head) * 2};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kHalfCols), static_cast<cuuint32_t>(box_tokens), 1};
+  return encode_tiled(name, base, dtype, 3, dims, strides, box);
+}
+
+CUtensorMap make_tile_map(const char* name, const void* base, DType dtype, int64_t head_dim, int64_t heads,
+                          int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens, int box_parts) {
+  // Dimension 3 splits a row's head_dim into 64-dim parts 128 bytes apart: one box then holds
+  // box_parts of them, part after part, each in the 128-byte swizzle as a 3-D box would be.
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(kHalfCols), static_cast<cuuint64_t>(tokens),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(head_dim / kHalfCols)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(stride_token) * 2, static_cast<cuuint64_t>(stride_head) * 2,
+                                 static_cast<cuuint64_t>(kHalfCols) * 2};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(kHalfCols), static_cast<cuuint32_t>(box_tokens), 1,
+                             static_cast<cuuint32_t>(box_parts)};
+  return encode_tiled(name, base, dtype, 4, dims, strides, box);
 }
 
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,

@@ -73,16 +73,20 @@ class ConsumerMainloop {
   // Descriptors. Q and K are K-major (dims contiguous): the 128-byte swizzle atom is 8 rows x 128
   // bytes, so the stride between 8-row groups is 1024 bytes and the leading offset is unused; a
   // 16-dim k-step advances 32 bytes inside the atom, the second 64 dims are the next half.
-  __device__ __forceinline__ ConsumerMainloop(const SharedStorage<kDim, kBlock>& storage, int consumer, int lane)
+  // `value_box_shift`: log2 of the V tile's box rows (key_box_shift of key_box_rows), which set
+  // where its rows lie (tile_shape.h, value_row_units).
+  __device__ __forceinline__ ConsumerMainloop(const SharedStorage<kDim, kBlock>& storage, int consumer, int lane,
+                                              int value_box_shift)
       : storage_(storage),
         consumer_(consumer),
         lane_(lane),
+        value_box_shift_(value_box_shift),
         q_desc_(smem_descriptor(storage.q() + consumer * 64 * 128, 16, 1024)) {}
 
   // Waits for the producer's next item and returns its code (-1: no more).
   __device__ __forceinline__ int32_t wait_item() const {
     mbar_wait(storage_.bar_q(), items_done_ & 1);
-    return *storage_.item_slot;
+    return storage_.read_item();
   }
 
   // Ping-pong turns: consumer c waits for its turn before issuing a round of matmuls and hands the
@@ -195,13 +199,13 @@ class ConsumerMainloop {
   }
   __device__ __forceinline__ uint64_t k_desc(int stage) const { return smem_descriptor(storage_.k(stage), 16, 1024); }
   // V is MN-major for PV (dims contiguous, keys the reduction dimension): a 16-key k-step is two
-  // 8-key atoms (1024 bytes apart) and 128 dims are two 64-dim halves (kHalfBytes apart; at d = 64
-  // the single half leaves the leading offset unused). For MN-major operands the leading offset is
-  // the stride between 64-element atoms along N (the dims) and the stride offset the one between
-  // 8-row groups along K (the keys). (Checked on the H200: the swapped reading gives a relative
-  // error of ~1.)
+  // 8-key atoms (1024 bytes apart, inside one box: boxes are at least 16 rows) and 128 dims are two
+  // 64-dim parts (value_part_bytes apart: a box's rows x 128 bytes; at d = 64 the single part
+  // leaves the leading offset unused). For MN-major operands the leading offset is the stride
+  // between 64-element atoms along N (the dims) and the stride offset the one between 8-row groups
+  // along K (the keys). (Checked on the H200: the swapped reading gives a relative error of ~1.)
   __device__ __forceinline__ uint64_t v_desc(int stage) const {
-    return smem_descriptor(storage_.v(stage), Shape::kHalfBytes, 1024);
+    return smem_descriptor(storage_.v(stage), value_part_bytes(value_box_shift_), 1024);
   }
 
   // S = Q K^T of ring tile t into s_acc_ (issued, not waited for).
@@ -223,7 +227,8 @@ class ConsumerMainloop {
     wgmma_fence();
     const uint64_t vd = v_desc(stage);
 #pragma unroll
-    for (int kc = 0; kc < kBlock / 16; ++kc) Ops<T>::pv(o_acc, p_frag_[kc], vd + ((kc * 16 * 128) >> 4));
+    for (int kc = 0; kc < kBlock / 16; ++kc)
+      Ops<T>::pv(o_acc, p_frag_[kc], desc_advance(vd, value_row_units(16 * kc, value_box_shift_, kHalves)));
     wgmma_commit();
   }
   // Zeroes rows `valid` .. kBlock - 1 of ring tile t's V (keys past the sequence end). TMA filled
@@ -237,10 +242,12 @@ class ConsumerMainloop {
     mbar_wait(storage_.bar_v_full(stage), (t / kStages) & 1);
     constexpr int kChunksPerRow = 128 / 16;
     const int chunks = (kBlock - valid) * kChunksPerRow;
-    const uint32_t tile = storage_.v(stage) + valid * 128;
+    const uint32_t tile = storage_.v(stage);
     constexpr int kThreads = Shape::kConsumers * 128;
     for (int c = consumer_ * 128 + static_cast<int>(threadIdx.x % 128); c < chunks * kHalves; c += kThreads) {
-      const uint32_t addr = tile + (c / chunks) * Shape::kHalfBytes + (c % chunks) * 16;
+      const int part = c / chunks, row = valid + (c % chunks) / kChunksPerRow;
+      const uint32_t addr = tile + value_row_units(row, value_box_shift_, kHalves) * 16 +
+                            part * value_part_bytes(value_box_shift_) + (c % kChunksPerRow) * 16;
       asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -277,6 +284,7 @@ class ConsumerMainloop {
   // the loops compile as they did when they were written inside the kernel.
   const SharedStorage<kDim, kBlock> storage_;
   const int consumer_, lane_;
+  const int value_box_shift_;
   const uint64_t q_desc_;
   uint32_t tiles_done_ = 0, items_done_ = 0;
   float s_acc_[kScoreRegs];      // S of the current tile, then its exp2 values

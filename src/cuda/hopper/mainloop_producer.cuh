@@ -1,6 +1,7 @@
 // src/cuda/hopper/mainloop_producer.cuh — the Hopper kernel's producer: one thread loads each work
 // item's query block once and then, for each listed key block, the K and the V tile (B keys x d
-// dims each) into the shared-memory ring with TMA (cp.async.bulk.tensor, 128-byte swizzle),
+// dims each; one load each, or one per box for paged K/V) into the shared-memory ring with TMA
+// (cp.async.bulk.tensor, 128-byte swizzle),
 // completing on the "full" mbarriers; it waits on a ring slot's "empty" mbarrier before reusing it.
 // The walk over the CSR column list is the only place the sparsity appears: every load is a whole
 // tile at a gathered block address.
@@ -30,7 +31,7 @@ class ProducerMainloop {
  public:
   using Shape = TileShape<kDim, kBlock>;
   static constexpr int kStages = Shape::kStages;
-  static constexpr int kHalves = kDim / kHalfCols;  // TMA boxes per tile
+  static constexpr int kHalves = kDim / kHalfCols;  // 64-dim parts of a row
 
   __device__ __forceinline__ explicit ProducerMainloop(const SharedStorage<kDim, kBlock>& storage)
       : storage_(storage) {}
@@ -65,7 +66,7 @@ class ProducerMainloop {
   // data, so the consumers read -1 and stop; returns whether there is an item to load.
   __device__ __forceinline__ bool publish(int32_t code) const {
     if (leader()) {
-      *storage_.item_slot = code;
+      storage_.publish_item(code);
       if (code < 0) mbar_arrive(storage_.bar_q());
     }
     return code >= 0;
@@ -89,7 +90,7 @@ class ProducerMainloop {
         const int32_t key = kv_token0 + row_cols[j] * kBlock;
         load_key_value(map_k, map_v, tiles_done_ + j,
                        [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
-                           uint32_t reuse_parity) {
+                           uint32_t reuse_parity, bool) {
                          load_ring_tile(map, dst, bar_full, bar_empty, reuse, reuse_parity, key, kv_head);
                        });
       }
@@ -135,24 +136,27 @@ class ProducerMainloop {
   // bar_empty, reuse, reuse_parity): into its slot's buffer `dst`, completing on `bar_full`; with
   // `reuse` (the first kStages tiles find the ring empty), once the consumers released the slot's
   // previous tile on `bar_empty`, the phase of parity `reuse_parity`.
+  // The loader's last argument says which: false for K, true for V (their layouts differ with boxes
+  // smaller than the tile, tile_shape.h).
   template <typename LoadTile>
   __device__ __forceinline__ void load_key_value(const CUtensorMap& map_k, const CUtensorMap& map_v, uint32_t t,
                                                  LoadTile&& load_tile) const {
     const int stage = t % kStages;
     const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
     const bool reuse = t >= kStages;
-    load_tile(map_k, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse, reuse_parity);
-    load_tile(map_v, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse, reuse_parity);
+    load_tile(map_k, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse, reuse_parity,
+              false);
+    load_tile(map_v, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse, reuse_parity,
+              true);
   }
 
-  // Contiguous K/V: one tile at token `key` (load_key_value's tile loader).
+  // Contiguous K/V: one tile at token `key`, one load of all its parts (load_key_value's tile loader).
   __device__ __forceinline__ void load_ring_tile(const CUtensorMap& map, uint32_t dst, uint32_t bar_full,
                                                  uint32_t bar_empty, bool reuse, uint32_t reuse_parity, int32_t key,
                                                  int32_t kv_head) const {
     if (reuse) mbar_wait(bar_empty, reuse_parity);
     mbar_expect_tx(bar_full, Shape::kTileBytes);
-#pragma unroll
-    for (int x = 0; x < kHalves; ++x) tma_load(dst + x * Shape::kHalfBytes, &map, x * kHalfCols, key, kv_head, bar_full);
+    tma_load_4d(dst, &map, key, kv_head, 0, bar_full);
   }
 
   // Paged K/V. A key tile is B / box rows boxes (the maps' box, paged_box_rows: each inside one
@@ -179,8 +183,8 @@ class ProducerMainloop {
       }
       load_key_value(map_k, map_v, tiles_done_ + j,
                      [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
-                         uint32_t reuse_parity) {
-                       load_paged_tile(map, p, dst, bar_full, bar_empty, reuse, reuse_parity, token, kv_head);
+                         uint32_t reuse_parity, bool value) {
+                       load_paged_tile(map, p, dst, bar_full, bar_empty, reuse, reuse_parity, token, kv_head, value);
                      });
     }
   }
@@ -213,19 +217,25 @@ class ProducerMainloop {
   // loads itself, without a shuffle and a leader-only branch per box. TMA takes its operands in
   // uniform registers, so the compiler still issues the lanes' boxes one after another; dropping
   // the per-box shuffle took pages of 16 from 1.49x to about 1.25x contiguous (bench/RESULTS.md,
-  // session 16). Every lane runs it.
+  // session 16). A V box is one load of all its parts (boxes first, tile_shape.h), as is a K box
+  // that is the whole tile; a smaller K box is one load per 64-dim part. Every lane runs it.
   __device__ __forceinline__ void load_paged_tile(const CUtensorMap& map, const attention::Params& p, uint32_t dst,
                                                   uint32_t bar_full, uint32_t bar_empty, bool reuse,
-                                                  uint32_t reuse_parity, int32_t token, int32_t kv_head) const {
+                                                  uint32_t reuse_parity, int32_t token, int32_t kv_head,
+                                                  bool value) const {
     if (reuse) mbar_wait(bar_empty, reuse_parity);
     if (leader()) mbar_expect_tx(bar_full, Shape::kTileBytes);
     __syncwarp(kWarp);  // the bytes are expected before any box can complete (not required, clearer)
-    const int box_row = static_cast<int>(threadIdx.x % 32) * paged_box_rows(p.page_size, kBlock);
-    if (box_row < kBlock) {
-#pragma unroll
-      for (int x = 0; x < kHalves; ++x)
-        tma_load(dst + x * Shape::kHalfBytes + box_row * 128, &map, x * kHalfCols, token, kv_head, bar_full);
+    const int box_rows = paged_box_rows(p.page_size, kBlock);
+    const int box = static_cast<int>(threadIdx.x % 32);
+    if (box * box_rows >= kBlock) return;
+    if (value || box_rows == kBlock) {
+      tma_load_4d(dst + box * box_rows * 128 * kHalves, &map, token, kv_head, 0, bar_full);
+      return;
     }
+#pragma unroll
+    for (int x = 0; x < kHalves; ++x)
+      tma_load_4d(dst + x * Shape::kHalfBytes + box * box_rows * 128, &map, token, kv_head, x, bar_full);
   }
 
   // A copy, not a reference: the compiler then keeps the addresses in registers from the start, and

@@ -20,15 +20,20 @@ struct SharedStorage {
   static constexpr int kStages = Shape::kStages;
 
   uint32_t base;  // shared-window address of the layout, 1024-byte aligned (the swizzle atom)
-  // The item the producer hands over: written before the query block's barrier completes, read by
-  // the consumers after they waited on it (mbarrier arrive/wait order the accesses), -1 = no more.
-  volatile int32_t* item_slot;
+  // The item the producer hands over (-1 = no more): written before the query block's barrier
+  // completes (the producer's arrive.expect_tx releases), read by the consumers after they waited
+  // on it (acquire). compute-sanitizer's racecheck does not model mbarrier waits as ordering
+  // (bench/RESULTS.md, sessions 7, 8 and 20: a slot on its own arrive-completed mbarrier was
+  // reported too), so the slot is written and read with atomics, which it does not report.
+  int32_t* item_slot;
 
   // Aligns the dynamic shared memory `smem_raw` to 1024 bytes.
   __device__ __forceinline__ explicit SharedStorage(unsigned char* smem_raw)
       : base((smem_u32(smem_raw) + 1023u) & ~1023u),
-        item_slot(reinterpret_cast<volatile int32_t*>(smem_raw + (base - smem_u32(smem_raw)) +
-                                                      Shape::kItemSlotOffset)) {}
+        item_slot(reinterpret_cast<int32_t*>(smem_raw + (base - smem_u32(smem_raw)) + Shape::kItemSlotOffset)) {}
+
+  __device__ __forceinline__ void publish_item(int32_t code) const { atomicExch(item_slot, code); }
+  __device__ __forceinline__ int32_t read_item() const { return atomicAdd(item_slot, 0); }
 
   __device__ __forceinline__ uint32_t q() const { return base + Shape::kQOffset; }
   __device__ __forceinline__ uint32_t k(int stage) const { return base + Shape::kKOffset + stage * Shape::kTileBytes; }

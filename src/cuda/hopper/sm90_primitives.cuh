@@ -53,6 +53,17 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// A 4-D box (dims 0-63 of `part`, tokens, head, parts) of a K/V map (make_tile_map) at
+// coordinates (0, token, head, part), completing on `bar`.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int token, int head, int part,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(token), "r"(head), "r"(part), "r"(bar)
+      : "memory");
+}
+
 // wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
 // byte offsets (each >> 4).
 __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {

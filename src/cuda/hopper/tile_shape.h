@@ -3,6 +3,8 @@
 // thread count and shared-memory size from here).
 #pragma once
 
+#include <cstdint>
+
 namespace crisp {
 namespace cuda_detail {
 namespace hopper {
@@ -122,6 +124,34 @@ __host__ __device__ constexpr int paged_box_rows(int page_size, int block) {
 static_assert(paged_box_rows(16, 128) == 16 && paged_box_rows(64, 64) == 64 && paged_box_rows(256, 128) == 128 &&
                   paged_box_rows(48, 128) == 16 && paged_box_rows(80, 64) == 16 && paged_box_rows(96, 64) == 32,
               "a box divides both the page and the tile");
+// The rows of one key box of a K/V tile: paged_box_rows for paged K/V, the whole tile (B) otherwise.
+__host__ __device__ constexpr int key_box_rows(bool paged, int page_size, int block) {
+  return paged ? paged_box_rows(page_size, block) : block;
+}
+// log2 of a key box's rows (a power of two, 16 .. B), for the shifts of value_row_units.
+__host__ __device__ constexpr int key_box_shift(int box_rows) {
+  return box_rows >= 128 ? 7 : box_rows >= 64 ? 6 : box_rows >= 32 ? 5 : 4;
+}
+
+// The V tile's shared-memory layout: box after box (B / box rows of them, each one TMA load of all
+// of a box's dims), and inside a box the 64-dim parts one after the other, each `box rows` rows of
+// 128 bytes in the 128-byte swizzle. With one box per tile (contiguous K/V, or pages of B tokens
+// and more) this is the K tile's layout, part after part of B rows. Why boxes first: a page of 16
+// keys is then one TMA load of V (d / 64 loads with parts first), and TMA's cost is per load
+// (bench/RESULTS.md, session 20). K keeps parts first (S = QK^T reads 8-row groups of all B keys
+// at one stride, which a page-major K would break), so paged K is still d / 64 loads per box.
+// value_row_units: the offset of key row `row` of part 0, in 16-byte units (the wgmma descriptor's
+// start-address unit): row x 8 + (row / box rows) x box rows x 8 x (parts - 1).
+__host__ __device__ constexpr uint32_t value_row_units(int row, int box_shift, int parts) {
+  return static_cast<uint32_t>(row) * 8u +
+         (static_cast<uint32_t>(row) >> box_shift) * ((8u << box_shift) * static_cast<uint32_t>(parts - 1));
+}
+// Bytes from one 64-dim part of a V box to the next (the PV descriptor's leading offset).
+__host__ __device__ constexpr uint32_t value_part_bytes(int box_shift) { return 128u << box_shift; }
+static_assert(value_row_units(16, 7, 2) == 128 && value_row_units(16, 4, 2) == 256 + 0 &&
+                  value_row_units(40, 4, 2) == 40 * 8 + 2 * 16 * 8 && value_row_units(40, 5, 4) == 40 * 8 + 32 * 8 * 3 &&
+                  value_row_units(100, 4, 1) == 800 && value_part_bytes(7) == 16384 && value_part_bytes(4) == 2048,
+              "V rows: box after box, parts inside a box");
 
 }  // namespace hopper
 }  // namespace cuda_detail
