@@ -169,15 +169,15 @@ void launch(const attention::Params& params, int64_t q_tokens, int64_t k_tokens,
   const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, q_tokens,
                                             params.q_stride_head, params.q_stride_token,
                                             packed ? static_cast<int>(kBlock / group) : kBlock);
-  // A key tile is B / box rows boxes, each inside one page for paged K/V (key_box_rows). A V box
-  // holds all of its dims (value_row_units), a K box too where one box is the whole tile; K of
-  // smaller boxes is loaded part by part (its layout keeps the parts first).
-  const int key_box = key_box_rows(params.block_table != nullptr, params.page_size, kBlock);
-  const int parts = kDim / kHalfCols;
-  const CUtensorMap map_k = make_tile_map("k", params.k, dtype, kDim, num_kv_heads, k_tokens, params.k_stride_head,
-                                          params.k_stride_token, key_box, key_box == kBlock ? parts : 1);
-  const CUtensorMap map_v = make_tile_map("v", params.v, dtype, kDim, num_kv_heads, k_tokens, params.v_stride_head,
-                                          params.v_stride_token, key_box, parts);
+  // A K/V tile is one box with contiguous K/V (parts first), B / box rows boxes with paged K/V, each
+  // inside one page (paged_box_rows; groups first): tile_shape.h, TileLayout.
+  const bool paged = params.block_table != nullptr;
+  const auto kv_map = paged ? make_paged_tile_map : make_tile_map;
+  const int key_box = paged ? paged_box_rows(params.page_size, kBlock) : kBlock;
+  const CUtensorMap map_k = kv_map("k", params.k, dtype, kDim, num_kv_heads, k_tokens, params.k_stride_head,
+                                   params.k_stride_token, key_box);
+  const CUtensorMap map_v = kv_map("v", params.v, dtype, kDim, num_kv_heads, k_tokens, params.v_stride_head,
+                                   params.v_stride_token, key_box);
   if constexpr (kBlock == 128) {
     if (packed) {  // the union rows and their work order, built on the stream, freed after the kernel
       PackedGqaLayout layout(params.plan, static_cast<int>(group), stream);
@@ -232,7 +232,7 @@ CUtensorMap encode_tiled(const char* name, const void* base, DType dtype, cuuint
                          const cuuint64_t* strides, const cuuint32_t* box) {
   CUtensorMap map;
   std::memset(&map, 0, sizeof map);
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   const CUresult result = encode_function()(
       &map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, rank,
       const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -256,16 +256,30 @@ CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int
 }
 
 CUtensorMap make_tile_map(const char* name, const void* base, DType dtype, int64_t head_dim, int64_t heads,
-                          int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens, int box_parts) {
-  // Dimension 3 splits a row's head_dim into 64-dim parts 128 bytes apart: one box then holds
-  // box_parts of them, part after part, each in the 128-byte swizzle as a 3-D box would be.
+                          int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens) {
+  // Dimension 3 splits a row's head_dim into 64-dim parts 128 bytes apart; a box holds every part,
+  // part after part, each in the 128-byte swizzle as a 3-D box would be.
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(kHalfCols), static_cast<cuuint64_t>(tokens),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(head_dim / kHalfCols)};
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(stride_token) * 2, static_cast<cuuint64_t>(stride_head) * 2,
                                  static_cast<cuuint64_t>(kHalfCols) * 2};
   const cuuint32_t box[4] = {static_cast<cuuint32_t>(kHalfCols), static_cast<cuuint32_t>(box_tokens), 1,
-                             static_cast<cuuint32_t>(box_parts)};
+                             static_cast<cuuint32_t>(head_dim / kHalfCols)};
   return encode_tiled(name, base, dtype, 4, dims, strides, box);
+}
+
+CUtensorMap make_paged_tile_map(const char* name, const void* base, DType dtype, int64_t head_dim, int64_t heads,
+                                int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens) {
+  // Rows split into 8-row groups and the 64-dim parts between the two, so a box lands groups first:
+  // rows 0-7 of every part, then rows 8-15, ... The pool has a multiple of 16 rows (pages of a
+  // multiple of 16), so the groups cover it exactly.
+  const cuuint64_t dims[5] = {static_cast<cuuint64_t>(kHalfCols), 8, static_cast<cuuint64_t>(head_dim / kHalfCols),
+                              static_cast<cuuint64_t>(tokens / 8), static_cast<cuuint64_t>(heads)};
+  const cuuint64_t strides[4] = {static_cast<cuuint64_t>(stride_token) * 2, static_cast<cuuint64_t>(kHalfCols) * 2,
+                                 static_cast<cuuint64_t>(stride_token) * 2 * 8, static_cast<cuuint64_t>(stride_head) * 2};
+  const cuuint32_t box[5] = {static_cast<cuuint32_t>(kHalfCols), 8, static_cast<cuuint32_t>(head_dim / kHalfCols),
+                             static_cast<cuuint32_t>(box_tokens / 8), 1};
+  return encode_tiled(name, base, dtype, 5, dims, strides, box);
 }
 
 bool launch_if_selected(const attention::Params& params, DType dtype, int64_t head_dim, int block_size,

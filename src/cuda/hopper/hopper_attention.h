@@ -78,11 +78,15 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
 // out of bounds. A tensor the driver cannot describe is a crisp::Error naming `name` (q, k or v).
 CUtensorMap make_tensor_map(const char* name, const void* base, DType dtype, int64_t head_dim, int64_t heads,
                             int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens);
-// The attention kernel's K/V map: 4-D (64 dims, tokens, heads, 64-dim parts of head_dim), boxes of
-// 64 dims x box_tokens x 1 head x box_parts parts, so one load brings a box's parts one after the
-// other (tile_shape.h, value_row_units); otherwise as make_tensor_map.
+// The attention kernel's contiguous K/V map: 4-D (64 dims, tokens, heads, 64-dim parts of
+// head_dim), boxes of 64 dims x box_tokens x 1 head x every part, so one load brings a tile parts
+// first (tile_shape.h, TileLayout); otherwise as make_tensor_map.
 CUtensorMap make_tile_map(const char* name, const void* base, DType dtype, int64_t head_dim, int64_t heads,
-                          int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens, int box_parts);
+                          int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens);
+// The paged K/V map: 5-D (64 dims, 8 rows, 64-dim parts, 8-row groups, heads) over a pool of
+// `tokens` rows (a multiple of 8), boxes of box_tokens rows with every part, groups first.
+CUtensorMap make_paged_tile_map(const char* name, const void* base, DType dtype, int64_t head_dim, int64_t heads,
+                                int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens);
 
 }  // namespace hopper
 }  // namespace cuda_detail

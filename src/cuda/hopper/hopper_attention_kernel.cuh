@@ -61,9 +61,9 @@ namespace crisp {
 namespace cuda_detail {
 namespace hopper {
 
-// q/k/v arrive as TMA tensor maps (q 3-D: dims, tokens, heads; k and v 4-D, make_tile_map); out/lse
-// and the plan through the attention parameters shared with the portable kernel (the same work
-// items, row subsets included).
+// q/k/v arrive as TMA tensor maps (q 3-D: dims, tokens, heads; k and v make_tile_map's 4-D or,
+// paged, make_paged_tile_map's 5-D); out/lse and the plan through the attention parameters shared
+// with the portable kernel (the same work items, row subsets included).
 //
 // kPingPong: the two consumer warpgroups take turns on the tensor cores (B = 128 only); the host
 // picks it (crisp::PingPong, hopper_attention.h).
@@ -113,8 +113,7 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
   const int group = lane / 4;      // accumulator row within an 8-row half
   const int quad_lane = lane % 4;  // accumulator column pair
   using Mainloop = ConsumerMainloop<T, kDim, kBlock, kPingPong>;
-  Mainloop mainloop(storage, consumer, lane,
-                    key_box_shift(key_box_rows(p.block_table != nullptr, p.page_size, kBlock)));
+  Mainloop mainloop(storage, consumer, lane, /*kv_groups_first=*/p.block_table != nullptr);
   float o_acc[Mainloop::kOutRegs];
   OnlineSoftmax<kBlock> softmax;
   mainloop.first_turn();

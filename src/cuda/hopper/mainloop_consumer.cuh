@@ -73,14 +73,13 @@ class ConsumerMainloop {
   // Descriptors. Q and K are K-major (dims contiguous): the 128-byte swizzle atom is 8 rows x 128
   // bytes, so the stride between 8-row groups is 1024 bytes and the leading offset is unused; a
   // 16-dim k-step advances 32 bytes inside the atom, the second 64 dims are the next half.
-  // `value_box_shift`: log2 of the V tile's box rows (key_box_shift of key_box_rows), which set
-  // where its rows lie (tile_shape.h, value_row_units).
+  // `kv_groups_first`: the K/V tiles' layout (paged K/V: groups first; tile_shape.h, TileLayout).
   __device__ __forceinline__ ConsumerMainloop(const SharedStorage<kDim, kBlock>& storage, int consumer, int lane,
-                                              int value_box_shift)
+                                              bool kv_groups_first)
       : storage_(storage),
         consumer_(consumer),
         lane_(lane),
-        value_box_shift_(value_box_shift),
+        kv_(tile_layout(kv_groups_first, kBlock, kHalves)),
         q_desc_(smem_descriptor(storage.q() + consumer * 64 * 128, 16, 1024)) {}
 
   // Waits for the producer's next item and returns its code (-1: no more).
@@ -193,19 +192,24 @@ class ConsumerMainloop {
  private:
   static constexpr int kScoreRegs = Softmax::kScoreRegs;
 
-  // Offsets are added to the start-address field (bytes >> 4).
+  // Offsets are added to the start-address field (bytes >> 4). A 16-dim k-step advances 32 bytes
+  // inside a 64-dim part; Q's parts are kHalfBytes apart, K's kv_.part (its 8-row groups
+  // kv_.group apart: the stride offset).
   static __device__ __forceinline__ uint64_t dim_step(int kk) {
     return static_cast<uint64_t>(((kk / 4) * Shape::kHalfBytes + (kk % 4) * 32) >> 4);
   }
-  __device__ __forceinline__ uint64_t k_desc(int stage) const { return smem_descriptor(storage_.k(stage), 16, 1024); }
+  __device__ __forceinline__ uint32_t k_dim_step(int kk) const { return ((kk / 4) * kv_.part + (kk % 4) * 32) >> 4; }
+  __device__ __forceinline__ uint64_t k_desc(int stage) const {
+    return smem_descriptor(storage_.k(stage), 16, kv_.group);
+  }
   // V is MN-major for PV (dims contiguous, keys the reduction dimension): a 16-key k-step is two
-  // 8-key atoms (1024 bytes apart, inside one box: boxes are at least 16 rows) and 128 dims are two
-  // 64-dim parts (value_part_bytes apart: a box's rows x 128 bytes; at d = 64 the single part
-  // leaves the leading offset unused). For MN-major operands the leading offset is the stride
-  // between 64-element atoms along N (the dims) and the stride offset the one between 8-row groups
-  // along K (the keys). (Checked on the H200: the swapped reading gives a relative error of ~1.)
+  // 8-key groups (kv_.group apart) and 128 dims are two 64-dim parts (kv_.part apart; at d = 64
+  // the single part leaves the leading offset unused). For MN-major operands the leading offset is
+  // the stride between 64-element atoms along N (the dims) and the stride offset the one between
+  // 8-row groups along K (the keys). (Checked on the H200: the swapped reading gives a relative
+  // error of ~1.)
   __device__ __forceinline__ uint64_t v_desc(int stage) const {
-    return smem_descriptor(storage_.v(stage), value_part_bytes(value_box_shift_), 1024);
+    return smem_descriptor(storage_.v(stage), kv_.part, kv_.group);
   }
 
   // S = Q K^T of ring tile t into s_acc_ (issued, not waited for).
@@ -216,7 +220,8 @@ class ConsumerMainloop {
     wgmma_fence();
     const uint64_t kd = k_desc(stage);
 #pragma unroll
-    for (int kk = 0; kk < kDim / 16; ++kk) Ops<T>::qk(s_acc_, q_desc_ + dim_step(kk), kd + dim_step(kk), kk > 0);
+    for (int kk = 0; kk < kDim / 16; ++kk)
+      Ops<T>::qk(s_acc_, q_desc_ + dim_step(kk), desc_advance(kd, k_dim_step(kk)), kk > 0);
     wgmma_commit();
   }
   // O += P V of ring tile t (issued, not waited for).
@@ -228,7 +233,7 @@ class ConsumerMainloop {
     const uint64_t vd = v_desc(stage);
 #pragma unroll
     for (int kc = 0; kc < kBlock / 16; ++kc)
-      Ops<T>::pv(o_acc, p_frag_[kc], desc_advance(vd, value_row_units(16 * kc, value_box_shift_, kHalves)));
+      Ops<T>::pv(o_acc, p_frag_[kc], desc_advance(vd, (2 * kc * kv_.group) >> 4));
     wgmma_commit();
   }
   // Zeroes rows `valid` .. kBlock - 1 of ring tile t's V (keys past the sequence end). TMA filled
@@ -246,8 +251,7 @@ class ConsumerMainloop {
     constexpr int kThreads = Shape::kConsumers * 128;
     for (int c = consumer_ * 128 + static_cast<int>(threadIdx.x % 128); c < chunks * kHalves; c += kThreads) {
       const int part = c / chunks, row = valid + (c % chunks) / kChunksPerRow;
-      const uint32_t addr = tile + value_row_units(row, value_box_shift_, kHalves) * 16 +
-                            part * value_part_bytes(value_box_shift_) + (c % kChunksPerRow) * 16;
+      const uint32_t addr = tile + tile_row_bytes(kv_, row) + part * kv_.part + (c % kChunksPerRow) * 16;
       asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -284,7 +288,7 @@ class ConsumerMainloop {
   // the loops compile as they did when they were written inside the kernel.
   const SharedStorage<kDim, kBlock> storage_;
   const int consumer_, lane_;
-  const int value_box_shift_;
+  const TileLayout kv_;  // the K and V tiles' layout
   const uint64_t q_desc_;
   uint32_t tiles_done_ = 0, items_done_ = 0;
   float s_acc_[kScoreRegs];      // S of the current tile, then its exp2 values

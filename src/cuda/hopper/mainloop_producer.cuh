@@ -90,7 +90,7 @@ class ProducerMainloop {
         const int32_t key = kv_token0 + row_cols[j] * kBlock;
         load_key_value(map_k, map_v, tiles_done_ + j,
                        [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
-                           uint32_t reuse_parity, bool) {
+                           uint32_t reuse_parity) {
                          load_ring_tile(map, dst, bar_full, bar_empty, reuse, reuse_parity, key, kv_head);
                        });
       }
@@ -136,21 +136,18 @@ class ProducerMainloop {
   // bar_empty, reuse, reuse_parity): into its slot's buffer `dst`, completing on `bar_full`; with
   // `reuse` (the first kStages tiles find the ring empty), once the consumers released the slot's
   // previous tile on `bar_empty`, the phase of parity `reuse_parity`.
-  // The loader's last argument says which: false for K, true for V (their layouts differ with boxes
-  // smaller than the tile, tile_shape.h).
   template <typename LoadTile>
   __device__ __forceinline__ void load_key_value(const CUtensorMap& map_k, const CUtensorMap& map_v, uint32_t t,
                                                  LoadTile&& load_tile) const {
     const int stage = t % kStages;
     const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
     const bool reuse = t >= kStages;
-    load_tile(map_k, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse, reuse_parity,
-              false);
-    load_tile(map_v, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse, reuse_parity,
-              true);
+    load_tile(map_k, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse, reuse_parity);
+    load_tile(map_v, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse, reuse_parity);
   }
 
-  // Contiguous K/V: one tile at token `key`, one load of all its parts (load_key_value's tile loader).
+  // Contiguous K/V: one tile at token `key`, one load of all its parts, parts first (load_key_value's
+  // tile loader).
   __device__ __forceinline__ void load_ring_tile(const CUtensorMap& map, uint32_t dst, uint32_t bar_full,
                                                  uint32_t bar_empty, bool reuse, uint32_t reuse_parity, int32_t key,
                                                  int32_t kv_head) const {
@@ -183,8 +180,8 @@ class ProducerMainloop {
       }
       load_key_value(map_k, map_v, tiles_done_ + j,
                      [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
-                         uint32_t reuse_parity, bool value) {
-                       load_paged_tile(map, p, dst, bar_full, bar_empty, reuse, reuse_parity, token, kv_head, value);
+                         uint32_t reuse_parity) {
+                       load_paged_tile(map, p, dst, bar_full, bar_empty, reuse, reuse_parity, token, kv_head);
                      });
     }
   }
@@ -214,28 +211,19 @@ class ProducerMainloop {
 
   // Paged K/V: one tile as boxes, box i at the pool row `token` of lane i (load_key_value's tile
   // loader). The leader counts the tile's bytes once; then each lane with a box issues that box's
-  // loads itself, without a shuffle and a leader-only branch per box. TMA takes its operands in
+  // load itself, without a shuffle and a leader-only branch per box. TMA takes its operands in
   // uniform registers, so the compiler still issues the lanes' boxes one after another; dropping
   // the per-box shuffle took pages of 16 from 1.49x to about 1.25x contiguous (bench/RESULTS.md,
-  // session 16). A V box is one load of all its parts (boxes first, tile_shape.h), as is a K box
-  // that is the whole tile; a smaller K box is one load per 64-dim part. Every lane runs it.
+  // session 16). A box is one load of all its parts, groups first (tile_shape.h, TileLayout): box
+  // i starts at row i x box rows. Every lane runs it.
   __device__ __forceinline__ void load_paged_tile(const CUtensorMap& map, const attention::Params& p, uint32_t dst,
                                                   uint32_t bar_full, uint32_t bar_empty, bool reuse,
-                                                  uint32_t reuse_parity, int32_t token, int32_t kv_head,
-                                                  bool value) const {
+                                                  uint32_t reuse_parity, int32_t token, int32_t kv_head) const {
     if (reuse) mbar_wait(bar_empty, reuse_parity);
     if (leader()) mbar_expect_tx(bar_full, Shape::kTileBytes);
     __syncwarp(kWarp);  // the bytes are expected before any box can complete (not required, clearer)
-    const int box_rows = paged_box_rows(p.page_size, kBlock);
-    const int box = static_cast<int>(threadIdx.x % 32);
-    if (box * box_rows >= kBlock) return;
-    if (value || box_rows == kBlock) {
-      tma_load_4d(dst + box * box_rows * 128 * kHalves, &map, token, kv_head, 0, bar_full);
-      return;
-    }
-#pragma unroll
-    for (int x = 0; x < kHalves; ++x)
-      tma_load_4d(dst + x * Shape::kHalfBytes + box * box_rows * 128, &map, token, kv_head, x, bar_full);
+    const int box_row = static_cast<int>(threadIdx.x % 32) * paged_box_rows(p.page_size, kBlock);
+    if (box_row < kBlock) tma_load_5d(dst + box_row * 128 * kHalves, &map, token, kv_head, bar_full);
   }
 
   // A copy, not a reference: the compiler then keeps the addresses in registers from the start, and

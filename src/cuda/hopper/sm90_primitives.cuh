@@ -53,14 +53,25 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
       : "memory");
 }
 
-// A 4-D box (dims 0-63 of `part`, tokens, head, parts) of a K/V map (make_tile_map) at
-// coordinates (0, token, head, part), completing on `bar`.
+// A 4-D box (dims 0-63 of `part`, tokens, head, parts) of a contiguous K/V map (make_tile_map)
+// at coordinates (0, token, head, part), completing on `bar`.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int token, int head, int part,
                                             uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::
           "r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(token), "r"(head), "r"(part), "r"(bar)
+      : "memory");
+}
+
+// A 5-D box of a paged K/V map (make_paged_tile_map: dims 0-63, 8 rows, parts, 8-row groups, head)
+// at coordinates (0, 0, 0, token / 8, head): a box of rows from `token` (a multiple of 8), groups
+// first (tile_shape.h, TileLayout), completing on `bar`.
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map, int token, int head, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %2, %2, %3, %4}], [%5];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(token >> 3), "r"(head), "r"(bar)
       : "memory");
 }
 

@@ -124,34 +124,35 @@ __host__ __device__ constexpr int paged_box_rows(int page_size, int block) {
 static_assert(paged_box_rows(16, 128) == 16 && paged_box_rows(64, 64) == 64 && paged_box_rows(256, 128) == 128 &&
                   paged_box_rows(48, 128) == 16 && paged_box_rows(80, 64) == 16 && paged_box_rows(96, 64) == 32,
               "a box divides both the page and the tile");
-// The rows of one key box of a K/V tile: paged_box_rows for paged K/V, the whole tile (B) otherwise.
-__host__ __device__ constexpr int key_box_rows(bool paged, int page_size, int block) {
-  return paged ? paged_box_rows(page_size, block) : block;
+// A K/V tile's shared-memory layout, as the consumers' wgmma descriptors read it: 8-row groups of
+// 128-byte rows in the 128-byte swizzle (one 1024-byte atom per group and 64-dim part), `group`
+// bytes from one group of a part to the next (the stride offset along the keys), `part` bytes from
+// one 64-dim part of a row to the next.
+//  - parts first (contiguous K/V): all B rows of part 0, then of part 1, ... (group 1024, part
+//    B x 128): one 4-D TMA box of the whole tile;
+//  - groups first (paged K/V): the parts of rows 0-7, then of rows 8-15, ... (group d / 64 x 1024,
+//    part 1024): a box of R rows (paged_box_rows, a multiple of 16) is then R x d x 2 contiguous
+//    bytes, one 5-D TMA box at any page size, where parts first would take d / 64 boxes of R < B
+//    rows (TMA's cost is per box: bench/RESULTS.md, session 20).
+// Both keep every part's 8-row groups at one stride, which S = QK^T (K-major, all B keys in one
+// wgmma) and PV (V MN-major, 16 keys a k-step) need.
+struct TileLayout {
+  uint32_t group;  // bytes between consecutive 8-row groups of one part
+  uint32_t part;   // bytes between consecutive 64-dim parts of one row
+};
+__host__ __device__ constexpr TileLayout tile_layout(bool groups_first, int block, int parts) {
+  return groups_first ? TileLayout{1024u * static_cast<uint32_t>(parts), 1024u}
+                      : TileLayout{1024u, 128u * static_cast<uint32_t>(block)};
 }
-// log2 of a key box's rows (a power of two, 16 .. B), for the shifts of value_row_units.
-__host__ __device__ constexpr int key_box_shift(int box_rows) {
-  return box_rows >= 128 ? 7 : box_rows >= 64 ? 6 : box_rows >= 32 ? 5 : 4;
+// Byte offset of row `row` of part 0.
+__host__ __device__ constexpr uint32_t tile_row_bytes(TileLayout layout, int row) {
+  return (static_cast<uint32_t>(row) >> 3) * layout.group + (static_cast<uint32_t>(row) & 7u) * 128u;
 }
-
-// The V tile's shared-memory layout: box after box (B / box rows of them, each one TMA load of all
-// of a box's dims), and inside a box the 64-dim parts one after the other, each `box rows` rows of
-// 128 bytes in the 128-byte swizzle. With one box per tile (contiguous K/V, or pages of B tokens
-// and more) this is the K tile's layout, part after part of B rows. Why boxes first: a page of 16
-// keys is then one TMA load of V (d / 64 loads with parts first), and TMA's cost is per load
-// (bench/RESULTS.md, session 20). K keeps parts first (S = QK^T reads 8-row groups of all B keys
-// at one stride, which a page-major K would break), so paged K is still d / 64 loads per box.
-// value_row_units: the offset of key row `row` of part 0, in 16-byte units (the wgmma descriptor's
-// start-address unit): row x 8 + (row / box rows) x box rows x 8 x (parts - 1).
-__host__ __device__ constexpr uint32_t value_row_units(int row, int box_shift, int parts) {
-  return static_cast<uint32_t>(row) * 8u +
-         (static_cast<uint32_t>(row) >> box_shift) * ((8u << box_shift) * static_cast<uint32_t>(parts - 1));
-}
-// Bytes from one 64-dim part of a V box to the next (the PV descriptor's leading offset).
-__host__ __device__ constexpr uint32_t value_part_bytes(int box_shift) { return 128u << box_shift; }
-static_assert(value_row_units(16, 7, 2) == 128 && value_row_units(16, 4, 2) == 256 + 0 &&
-                  value_row_units(40, 4, 2) == 40 * 8 + 2 * 16 * 8 && value_row_units(40, 5, 4) == 40 * 8 + 32 * 8 * 3 &&
-                  value_row_units(100, 4, 1) == 800 && value_part_bytes(7) == 16384 && value_part_bytes(4) == 2048,
-              "V rows: box after box, parts inside a box");
+static_assert(tile_row_bytes(tile_layout(false, 128, 2), 100) == 100 * 128 && tile_layout(false, 128, 2).part == 16384 &&
+                  tile_row_bytes(tile_layout(true, 128, 2), 16) == 4096 &&
+                  tile_row_bytes(tile_layout(true, 128, 4), 21) == 2 * 4096 + 5 * 128 &&
+                  tile_row_bytes(tile_layout(true, 64, 1), 21) == 21 * 128,
+              "K/V tile rows: parts first or groups first (one part: the same layout)");
 
 }  // namespace hopper
 }  // namespace cuda_detail
