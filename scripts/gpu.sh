@@ -35,7 +35,8 @@
 #   CRISP_GPU_CPU_TESTS=1    tests: also the CPU suite (ctest -L cpu)
 #   CRISP_GPU_TEST_FILTER    tests: a gtest filter [* ; with a build, ctest -L gpu takes -R from
 #                            CRISP_GPU_TEST_REGEX instead]
-#   CRISP_GPU_SANITIZE_TOOLS [memcheck,racecheck]  CRISP_GPU_SANITIZE_FILTER [three GpuPlanMatchesCpu cases]
+#   CRISP_GPU_SANITIZE_TOOLS [memcheck,racecheck]  CRISP_GPU_SANITIZE_FILTER [three GpuPlanMatchesCpu cases,
+#                            two GpuChunkedAttention cases]
 #   CRISP_GPU_BENCH_SEQ [32768,131072]  CRISP_GPU_BENCH_PRESETS [dense,crisp,flexprefill]
 #   CRISP_GPU_BENCH_DENSITIES [none; e.g. 0.1 for a 10% random layout]
 #   CRISP_GPU_BENCH_KERNELS  [bench's default: portable and hopper on sm_90; e.g.
@@ -210,7 +211,9 @@ suite_sanitizers() {
     record sanitizers SKIPPED "no compute-sanitizer on PATH"
     return
   fi
-  local filter=${CRISP_GPU_SANITIZE_FILTER:-'*GpuPlanMatchesCpu*crisp_n3001*:*GpuPlanMatchesCpu*minference_n2500*:*GpuPlanMatchesCpu*flexprefill_varlen*'}
+  # The planner's cases, and since session 20 (when racecheck stopped reporting the Hopper kernel's
+  # item handoff) two attention cases of both kernels: paged chunks and an unaligned chunk.
+  local filter=${CRISP_GPU_SANITIZE_FILTER:-'*GpuPlanMatchesCpu*crisp_n3001*:*GpuPlanMatchesCpu*minference_n2500*:*GpuPlanMatchesCpu*flexprefill_varlen*:*GpuChunkedAttention*paged16_shuffled_vllm_layout*:*GpuChunkedAttention*unaligned_gqa8*'}
   local tool rc figures="" status=ok
   local tools=${CRISP_GPU_SANITIZE_TOOLS:-memcheck,racecheck}
   for tool in ${tools//,/ }; do
