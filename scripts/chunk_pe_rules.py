@@ -14,7 +14,8 @@ routes PE:
            make (target gamma_pe * rows so far, over every earlier row too): what a chunk could do
            if the earlier chunks' P rows were carried along (state across calls).
 
-and prints each rule's density and the share of P's mass it covers (mean over rows). Estimates
+and prints each rule's density (kept entries of the PE map) and the share of P's mass it covers
+(mean over rows); --json writes the same. Estimates
 only (P is the block-mean proxy, not the attention); the accuracy a rule gives is measured on the
 bench's recall and the real models, not here.
 
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", required=True, help="folder with q.npy, k.npy (crisp gen) and plan.json (crisp plan)")
     ap.add_argument("--chunk", type=int, required=True, help="queries per chunk (a multiple of the block size)")
+    ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
     folder = Path(args.dir)
     plan = json.loads((folder / "plan.json").read_text())
@@ -76,6 +78,7 @@ def main(argv=None) -> int:
     group = heads_q // k.shape[0]
     print(f"n {n}, B {B}, N {N}, chunks of {rows_per_chunk} rows, gamma_pe {gamma}")
     print("head  rule    density  mass covered (mean over rows)")
+    figures = {"n": n, "block_size": B, "chunk_rows": rows_per_chunk, "pe_gamma": gamma, "heads": []}
     for h, head in enumerate(plan["heads"]):
         if head["route"] != "pe":
             continue
@@ -90,8 +93,13 @@ def main(argv=None) -> int:
             seg = slice(start[first], start[last])
             kept["chunk"][seg] = walk(flat[seg], gamma * (last - first))
             kept["prefix"][seg] = walk(flat[: start[last]], gamma * last)[seg]
+        entry = {"head": h}
         for name, keep in kept.items():
+            entry[name] = {"density": float(keep.mean()), "mass_covered": float(flat[keep].sum() / N)}
             print(f"{h:4d}  {name:6s}  {keep.mean():7.4f}  {flat[keep].sum() / N:7.4f}")
+        figures["heads"].append(entry)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
     return 0
 
 
