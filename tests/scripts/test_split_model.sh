@@ -42,10 +42,16 @@ set -e
 grep -q "is missing" "$work/err.log" || fail "no 'is missing' message: $(cat "$work/err.log")"
 [ ! -f "$work/store2/b.gguf" ] || fail "a joined b.gguf exists although a piece is missing"
 
-# A stale piece (one byte changed): the sha256 check refuses it and removes the joined file.
+# A stale piece (one byte changed): the sha256 check refuses it and removes the joined file. The
+# byte is replaced by a different value (writing a fixed 'X' left the piece unchanged whenever the
+# random byte was already 'X': a 1-in-256 flake, seen in CI on 2026-12-03).
 rm -rf "$work/store3" && mkdir "$work/store3"
 for d in "$work/repo/.modelcarry"/c*; do cp "$d"/* "$work/store3/"; done
-printf 'X' | dd of="$work/store3/a.gguf.part001" bs=1 seek=10 conv=notrunc status=none
+piece="$work/store3/a.gguf.part001"
+old_byte=$(dd if="$piece" bs=1 skip=10 count=1 status=none | od -An -tu1 | tr -d ' ')
+printf "\\$(printf '%03o' $(((old_byte + 1) % 256)))" | dd of="$piece" bs=1 seek=10 conv=notrunc status=none
+new_byte=$(dd if="$piece" bs=1 skip=10 count=1 status=none | od -An -tu1 | tr -d ' ')
+[ "$new_byte" != "$old_byte" ] || fail "the test could not change byte 10 of a piece"
 set +e
 "$work/repo/scripts/split_model_for_gpu.sh" --join "$work/store3" 2>"$work/err3.log" >/dev/null
 rc=$?
