@@ -272,7 +272,12 @@ CUtensorMap make_paged_tile_map(const char* name, const void* base, DType dtype,
                                 int64_t tokens, int64_t stride_head, int64_t stride_token, int box_tokens) {
   // Rows split into 8-row groups and the 64-dim parts between the two, so a box lands groups first:
   // rows 0-7 of every part, then rows 8-15, ... The pool has a multiple of 16 rows (pages of a
-  // multiple of 16), so the groups cover it exactly.
+  // multiple of 16, checked with the block table), so the groups cover it exactly; a pool that did
+  // not would lose its last rows to the bounds check, so it is refused here too.
+  if (tokens % 8 != 0 || box_tokens % 8 != 0)
+    throw Error(name, "is a page pool of " + std::to_string(tokens) + " rows read in boxes of " +
+                          std::to_string(box_tokens),
+                "a whole number of pages of a multiple of 16 rows");
   const cuuint64_t dims[5] = {static_cast<cuuint64_t>(kHalfCols), 8, static_cast<cuuint64_t>(head_dim / kHalfCols),
                               static_cast<cuuint64_t>(tokens / 8), static_cast<cuuint64_t>(heads)};
   const cuuint64_t strides[4] = {static_cast<cuuint64_t>(stride_token) * 2, static_cast<cuuint64_t>(kHalfCols) * 2,
