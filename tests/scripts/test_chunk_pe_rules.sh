@@ -6,9 +6,7 @@
 set -euo pipefail
 crisp=$1
 here="$(cd "$(dirname "$0")" && pwd)"
-python3 -c "import numpy" 2>/dev/null || { echo "skip: python3 with numpy is needed"; exit 77; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$here/numpy_scratch.sh"
 "$crisp" gen --seq 4096 --heads-q 8 --heads-kv 2 --seed 3 --out-dir "$tmp/w" > /dev/null
 "$crisp" plan --q "$tmp/w/q.npy" --k "$tmp/w/k.npy" --json "$tmp/w/plan.json" > /dev/null
 script="$here/../../scripts/chunk_pe_rules.py"

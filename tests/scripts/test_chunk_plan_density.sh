@@ -6,9 +6,7 @@
 set -euo pipefail
 crisp=$1
 here="$(cd "$(dirname "$0")" && pwd)"
-python3 -c "import numpy" 2>/dev/null || { echo "skip: python3 with numpy is needed"; exit 77; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$here/numpy_scratch.sh"
 "$crisp" gen --seq 2048 --heads-q 4 --heads-kv 1 --seed 7 --out-dir "$tmp/w" > /dev/null
 script="$here/../../scripts/chunk_plan_density.py"
 python3 "$script" --crisp "$crisp" --q "$tmp/w/q.npy" --k "$tmp/w/k.npy" --chunk 1024 --json "$tmp/d.json" > /dev/null
