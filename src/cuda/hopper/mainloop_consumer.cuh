@@ -71,8 +71,9 @@ class ConsumerMainloop {
   static_assert(!kPingPong || Shape::kConsumers == 2, "ping-pong takes two consumer warpgroups");
 
   // Descriptors. Q and K are K-major (dims contiguous): the 128-byte swizzle atom is 8 rows x 128
-  // bytes, so the stride between 8-row groups is 1024 bytes and the leading offset is unused; a
-  // 16-dim k-step advances 32 bytes inside the atom, the second 64 dims are the next half.
+  // bytes, the leading offset is unused and a 16-dim k-step advances 32 bytes inside the atom. Q's
+  // 8-row groups are 1024 bytes apart and its second 64 dims the next half; K's follow its layout
+  // (kv_: 1024 and a half apart, or groups first).
   // `kv_groups_first`: the K/V tiles' layout (paged K/V: groups first; tile_shape.h, TileLayout).
   __device__ __forceinline__ ConsumerMainloop(const SharedStorage<kDim, kBlock>& storage, int consumer, int lane,
                                               bool kv_groups_first)

@@ -153,7 +153,7 @@ class ProducerMainloop {
                                                  int32_t kv_head) const {
     if (reuse) mbar_wait(bar_empty, reuse_parity);
     mbar_expect_tx(bar_full, Shape::kTileBytes);
-    tma_load_4d(dst, &map, key, kv_head, 0, bar_full);
+    tma_load_4d(dst, &map, key, kv_head, bar_full);
   }
 
   // Paged K/V. A key tile is B / box rows boxes (the maps' box, paged_box_rows: each inside one
@@ -223,6 +223,8 @@ class ProducerMainloop {
     if (leader()) mbar_expect_tx(bar_full, Shape::kTileBytes);
     __syncwarp(kWarp);  // the bytes are expected before any box can complete (not required, clearer)
     const int box_row = static_cast<int>(threadIdx.x % 32) * paged_box_rows(p.page_size, kBlock);
+    // box_row x 128 x parts is tile_row_bytes of the groups-first layout at a box's first row (a
+    // multiple of 8), written out: the call form compiles to different producer code, not measured.
     if (box_row < kBlock) tma_load_5d(dst + box_row * 128 * kHalves, &map, token, kv_head, bar_full);
   }
 

@@ -53,14 +53,13 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
       : "memory");
 }
 
-// A 4-D box (dims 0-63 of `part`, tokens, head, parts) of a contiguous K/V map (make_tile_map)
-// at coordinates (0, token, head, part), completing on `bar`.
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int token, int head, int part,
-                                            uint32_t bar) {
+// A 4-D box of a contiguous K/V map (make_tile_map: dims 0-63, tokens, head, parts; the box holds
+// every part) at coordinates (0, token, head, 0), completing on `bar`.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int token, int head, uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %2}], [%5];\n" ::
           "r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(token), "r"(head), "r"(part), "r"(bar)
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(token), "r"(head), "r"(bar)
       : "memory");
 }
 
