@@ -57,6 +57,11 @@ crisp_cli_test(help.bench ARGS "bench|--help" RC 0 STDOUT "bench")
 # --dim takes the CUDA kernels' head dims only (checked before the GPU is looked for).
 crisp_cli_test(bench.dim_refused ARGS "bench|--dim|96" RC 2 STDERR "${ERR}--dim: '96' is not 64, 128 or 256")
 crisp_cli_test(help.bench_dims ARGS "bench|--help" RC 0 STDOUT "--dim.*64, 128 or 256")
+# The chunked bench's options need --chunks (checked before the GPU is looked for).
+crisp_cli_test(bench.page_sizes_need_chunks ARGS "bench|--page-sizes|16" RC 2
+               STDERR "${ERR}--page-sizes: is given without --chunks")
+crisp_cli_test(bench.kv_token_major_needs_chunks ARGS "bench|--kv-token-major" RC 2
+               STDERR "${ERR}--kv-token-major: is given without --chunks")
 # The evaluation commands (tools/cmd_eval.cpp, cmd_fidelity.cpp, cmd_pareto.cpp).
 crisp_cli_test(help.eval ARGS "eval|--help" RC 0 STDOUT "Usage: crisp eval")
 # The retired runner's commands are gone; the real-model ones are crisp-llama-eval's.

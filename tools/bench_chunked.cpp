@@ -10,6 +10,7 @@
 // Recall: exp(LSE - LSE_dense) per query against the one-shot dense run, mean and minimum.
 // Paged runs copy K/V into a page pool in vLLM's layout [pages, P, Hkv, d] with the pages
 // shuffled, and run the same chunks (plans and attention read K/V through the block table).
+// --kv-token-major lays the contiguous K/V out [n, Hkv, d], the pool's order without pages.
 #include "bench_chunked.h"
 
 #include "commands.h"
@@ -119,6 +120,21 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
       t.stride = {n * d, d, 1};
       return t;
     };
+    // Contiguous K/V as the runs read them: [Hkv, n, d], or with --kv-token-major a copy [n, Hkv, d].
+    std::unique_ptr<DeviceBuffer> k_token_major, v_token_major;
+    if (a.kv_token_major) {
+      const std::vector<uint16_t> kt = to_pages(kh, Hkv, n, d, n, {0}, 1), vt = to_pages(vh, Hkv, n, d, n, {0}, 1);
+      k_token_major = std::make_unique<DeviceBuffer>(kt.size() * 2);
+      v_token_major = std::make_unique<DeviceBuffer>(vt.size() * 2);
+      check(cudaMemcpy(k_token_major->ptr, kt.data(), kt.size() * 2, cudaMemcpyHostToDevice), "copy k token-major");
+      check(cudaMemcpy(v_token_major->ptr, vt.data(), vt.size() * 2, cudaMemcpyHostToDevice), "copy v token-major");
+    }
+    const auto contiguous_kv = [&](void* head_major, const std::unique_ptr<DeviceBuffer>& token_major, int64_t count) {
+      if (!token_major) return rows3(head_major, Hkv, 0, count);
+      TensorView t = TensorView::contiguous(token_major->ptr, crisp::DType::bf16, Hkv, count, d, dev);
+      t.stride = {d, Hkv * d, 1};
+      return t;
+    };
     const auto rows2 = [&](void* base, int64_t begin, int64_t count) {
       TensorView t = TensorView::contiguous2d(static_cast<float*>(base) + begin, crisp::DType::f32, H, count, dev);
       t.stride = {n, 1, 0};
@@ -206,8 +222,8 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
                 batch.block_table = table;
                 s.table = table;
               } else {
-                s.k = rows3(kd.ptr, Hkv, 0, c.n_k);
-                s.v = rows3(vd.ptr, Hkv, 0, c.n_k);
+                s.k = contiguous_kv(kd.ptr, k_token_major, c.n_k);
+                s.v = contiguous_kv(vd.ptr, v_token_major, c.n_k);
               }
               s.plan = std::make_unique<crisp::cuda::DevicePlan>(H, Hkv, d, batch, cfg);
               steps.push_back(std::move(s));
@@ -235,6 +251,7 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
             r["kernel"] = kernel;
             r["chunk"] = C;
             r["page_size"] = P;
+            if (P == 0) r["kv_layout"] = a.kv_token_major ? "token_major" : "head_major";
             r["chunks"] = chunks.size();
             r["total_ms"] = total_ms;
             r["vs_one_shot"] = C == n ? 1.0 : total_ms / oneshot_ms;

@@ -20,6 +20,9 @@ struct ChunkedBenchArgs {
   int reps = 5, warmup = 2;
   uint64_t seed = 0;
   double diffuse_share = 0.25;
+  // Contiguous K/V token-major, [n, Hkv, d] (the paged pool's memory order without pages), instead
+  // of head-major [Hkv, n, d]: separates what the paged runs pay for vLLM's order from the pages.
+  bool kv_token_major = false;
   std::string json_path;
   bool quiet = false;
 };

@@ -97,6 +97,7 @@ struct BenchArgs {
   // --chunks: chunked prefill against one shot (tools/bench_chunked.cpp), over --page-sizes too.
   std::vector<int64_t> chunks;
   std::vector<int64_t> page_sizes;
+  bool kv_token_major = false;
 };
 
 #if defined(CRISP_WITH_CUDA)
@@ -389,11 +390,16 @@ void register_bench_command(CLI::App& app) {
                   "(multiples of 16), against contiguous K/V")
       ->delimiter(',')
       ->check(CLI::Range(int64_t{16}, int64_t{1} << 20));
+  sub->add_flag("--kv-token-major", args->kv_token_major,
+                "With --chunks: contiguous K/V laid out token-major [n, Hkv, d] (the paged pool's memory order "
+                "without pages) instead of [Hkv, n, d]");
   sub->callback([args] {
     if (args->heads % args->kv_heads != 0)
       throw crisp::Error("--kv-heads", "does not divide --heads", "a divisor of the query head count");
     for (const int64_t p : args->page_sizes)
       if (p % 16 != 0) throw crisp::Error("--page-sizes", "has " + std::to_string(p), "multiples of 16");
+    if (args->kv_token_major && args->chunks.empty())
+      throw crisp::Error("--kv-token-major", "is given without --chunks", "--chunks (the layout of the chunked runs)");
     if (!args->page_sizes.empty() && args->chunks.empty())
       throw crisp::Error("--page-sizes", "is given without --chunks", "--chunks (paged K/V is measured on chunked runs)");
     if (!args->chunks.empty()) {
@@ -401,6 +407,7 @@ void register_bench_command(CLI::App& app) {
       c.seq = args->seq;
       c.chunks = args->chunks;
       c.page_sizes = args->page_sizes;
+      c.kv_token_major = args->kv_token_major;
       c.presets = args->presets;
       c.kernels = args->kernels;
       c.heads = args->heads;

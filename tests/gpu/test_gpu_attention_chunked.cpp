@@ -334,6 +334,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"fp16_d256_B64_paged128_shuffled_gqa4", f16, 256, 64, 8, 2, {{500, 1234}, {1, 65}}, Layout::crisp_plan, 0,
              128, true, 25},
         Case{"bf16_d256_B64_paged48_shuffled", bf16, 256, 64, 4, 2, {{77, 800}}, Layout::dense, 0, 48, true, 26},
+        // Pages of whole key tiles (a multiple of B) at B = 128: the default kernel loads each tile as
+        // one box, parts first, from its page (tile_shape.h, whole_tile_pages); unaligned chunks and
+        // the last page partly past the sequence included.
+        Case{"bf16_d128_B128_paged128_shuffled_vllm_layout", bf16, 128, 128, 8, 2, {{1, 700}, {300, 1100}, {129, 129}},
+             Layout::random, 0.3, 128, true, 28, true},
+        Case{"fp16_d256_B128_paged256_shuffled_gqa4", f16, 256, 128, 8, 2, {{500, 1234}, {1, 65}}, Layout::crisp_plan,
+             0, 256, true, 29},
         // SmolLM2's shape (a group of 3) as llama.cpp holds it: a chunk over a prefix, K/V rows
         // token-major with the KV heads interleaved (one page covering the whole cache).
         Case{"fp16_d64_B128_chunk_gqa3_nhd_one_page", f16, 64, 128, 9, 3, {{1000, 1000}, {512, 1512}}, Layout::dense, 0,

@@ -25,6 +25,12 @@ namespace hopper {
 
 namespace {
 
+// NOTE: producer warps that issue paged K/V's page boxes in the default B = 128 kernel (TMA takes a
+// warp's boxes one lane at a time; mainloop_producer.cuh): 2 = K on one warp, V on another; 4 = two
+// each. 2 and 4 measured alike at pages of 16 and 32, both faster than 1 (bench/RESULTS.md, session
+// 21), so 2, the simpler. The ping-pong and GQA-packed kernels, off by default, keep one loader warp.
+constexpr int kPagedLoaderWarps = 2;
+
 // The settings of `options` with `automatic` replaced by the kernel's defaults.
 bool persistent_schedule(const CudaOptions& options) {
   return (options.schedule == Schedule::automatic ? kDefaultSchedule : options.schedule) == Schedule::persistent;
@@ -108,10 +114,10 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
 
 // Sets the kernel's shared-memory size and returns how many of its CTAs fit on one SM (the
 // persistent launch's CTAs per SM: as many as fit, at least one).
-template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked>
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked, int kLoaderWarps>
 int prepare_kernel() {
   using Shape = TileShape<kDim, kBlock>;
-  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong, kPacked>;
+  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong, kPacked, kLoaderWarps>;
   CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
   int resident = 0;
   CRISP_CUDA_CHECK(
@@ -119,22 +125,22 @@ int prepare_kernel() {
   return resident < 1 ? 1 : resident;
 }
 
-template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked>
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked, int kLoaderWarps>
 void launch_kernel(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
                    const attention::Params& params, int64_t grid, cudaStream_t stream) {
   using Shape = TileShape<kDim, kBlock>;
-  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong, kPacked>;
+  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong, kPacked, kLoaderWarps>;
   kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kSmemBytes, stream>>>(map_q, map_k, map_v, params);
   CRISP_CUDA_CHECK_LAUNCH("hopper_attention_kernel");
 }
 
 // Launches one instantiation: persistent CTAs (as many as fit on the SMs) taking items from a
 // work counter, or one CTA per item.
-template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked = false>
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked = false, int kLoaderWarps = 1>
 void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
                       const attention::Params& params, int64_t num_ctas, bool persistent_allowed,
                       cudaStream_t stream) {
-  const int ctas_per_sm = prepare_kernel<T, kDim, kBlock, kPingPong, kPacked>();
+  const int ctas_per_sm = prepare_kernel<T, kDim, kBlock, kPingPong, kPacked, kLoaderWarps>();
   attention::Params run = params;
   run.work_counter = nullptr;
   int64_t grid = num_ctas;
@@ -152,7 +158,7 @@ void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const 
     counter = std::make_unique<StreamBuffer>(sizeof(int32_t), stream, /*zero_fill=*/true);
     run.work_counter = reinterpret_cast<int32_t*>(counter->data());
   }
-  launch_kernel<T, kDim, kBlock, kPingPong, kPacked>(map_q, map_k, map_v, run, grid, stream);
+  launch_kernel<T, kDim, kBlock, kPingPong, kPacked, kLoaderWarps>(map_q, map_k, map_v, run, grid, stream);
 }
 
 template <typename T, int kDim, int kBlock>
@@ -169,11 +175,14 @@ void launch(const attention::Params& params, int64_t q_tokens, int64_t k_tokens,
   const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, q_tokens,
                                             params.q_stride_head, params.q_stride_token,
                                             packed ? static_cast<int>(kBlock / group) : kBlock);
-  // A K/V tile is one box with contiguous K/V (parts first), B / box rows boxes with paged K/V, each
-  // inside one page (paged_box_rows; groups first): tile_shape.h, TileLayout.
+  // A K/V tile is one box with contiguous K/V and with pages of whole tiles (parts first), B / box
+  // rows boxes with smaller pages, each inside one page (paged_box_rows; groups first): tile_shape.h,
+  // TileLayout.
   const bool paged = params.block_table != nullptr;
-  const auto kv_map = paged ? make_paged_tile_map : make_tile_map;
-  const int key_box = paged ? paged_box_rows(params.page_size, kBlock) : kBlock;
+  const bool loader_warps = kBlock == 128 && paged && !packed && !ping_pong(options);  // the launch below
+  const bool boxed = paged && !(loader_warps && whole_tile_pages(params.page_size, kBlock));
+  const auto kv_map = boxed ? make_paged_tile_map : make_tile_map;
+  const int key_box = boxed ? paged_box_rows(params.page_size, kBlock) : kBlock;
   const CUtensorMap map_k = kv_map("k", params.k, dtype, kDim, num_kv_heads, k_tokens, params.k_stride_head,
                                    params.k_stride_token, key_box);
   const CUtensorMap map_v = kv_map("v", params.v, dtype, kDim, num_kv_heads, k_tokens, params.v_stride_head,
@@ -192,6 +201,11 @@ void launch(const attention::Params& params, int64_t q_tokens, int64_t k_tokens,
     }
     if (ping_pong(options)) {
       launch_scheduled<T, kDim, kBlock, true>(map_q, map_k, map_v, params, num_ctas, persistent, stream);
+      return;
+    }
+    if (loader_warps) {  // the default kernel with its page boxes spread over several producer warps
+      launch_scheduled<T, kDim, kBlock, false, false, kPagedLoaderWarps>(map_q, map_k, map_v, params, num_ctas,
+                                                                         persistent, stream);
       return;
     }
   }

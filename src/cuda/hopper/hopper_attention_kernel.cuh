@@ -70,7 +70,9 @@ namespace hopper {
 // kPacked (GQA packing, src/cuda/hopper/gqa_pack.h): an item's 128 rows are 128 / g queries of each
 // of the g query heads of one kv head, its key blocks the group's union row; map_q then has boxes
 // of 128 / g tokens.
-template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked = false>
+// kLoaderWarps (paged K/V only; mainloop_producer.cuh): producer warps that issue the K and V page
+// boxes; 1 is the one warp of every other launch.
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked = false, int kLoaderWarps = 1>
 __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<kDim, kBlock>::kCtasPerSm)
     hopper_attention_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                             const __grid_constant__ CUtensorMap map_v, const attention::Params p) {
@@ -79,7 +81,7 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
   static_assert(!kPacked || kBlock == 128, "GQA packing at block size 128");
   extern __shared__ unsigned char smem_raw[];
   const SharedStorage<kDim, kBlock> storage(smem_raw);
-  if (threadIdx.x == 0) storage.init_barriers();
+  if (threadIdx.x == 0) storage.template init_barriers<kLoaderWarps - 1>();
   __syncthreads();
 
   // B = 128: warpgroup 0 produces, warpgroups 1 and 2 consume; B = 64: warpgroup 0 consumes and
@@ -90,10 +92,17 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
     // ================================================================ producer
     if constexpr (Shape::kSplitRegisters)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Shape::kProducerRegisters));
-    using Producer = ProducerMainloop<kDim, kBlock, kPacked>;
+    using Producer = ProducerMainloop<kDim, kBlock, kPacked, kLoaderWarps>;
     if (!Producer::loading_thread(p, thread - producer_thread0)) return;
-    TileScheduler scheduler(p);
     Producer producer(storage);
+    if constexpr (kLoaderWarps > 1) {
+      const int loader_warp = (thread - producer_thread0) / 32;
+      if (loader_warp > 0) {
+        producer.stream_tiles(map_k, map_v, p, loader_warp);
+        return;
+      }
+    }
+    TileScheduler scheduler(p);
     while (true) {
       producer.wait_query_free();
       WorkItem it{};
@@ -113,7 +122,9 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
   const int group = lane / 4;      // accumulator row within an 8-row half
   const int quad_lane = lane % 4;  // accumulator column pair
   using Mainloop = ConsumerMainloop<T, kDim, kBlock, kPingPong>;
-  Mainloop mainloop(storage, consumer, lane, /*kv_groups_first=*/p.block_table != nullptr);
+  Mainloop mainloop(storage, consumer, lane,
+                    /*kv_groups_first=*/p.block_table != nullptr &&
+                        !(kLoaderWarps > 1 && whole_tile_pages(p.page_size, kBlock)));
   float o_acc[Mainloop::kOutRegs];
   OnlineSoftmax<kBlock> softmax;
   mainloop.first_turn();

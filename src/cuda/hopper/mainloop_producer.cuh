@@ -8,6 +8,11 @@
 // Paged K/V: the producer's whole warp takes part (ProducerMainloop::loading_thread): lane i looks
 // up the page of the tile's box i, one tile ahead of the loads, and issues that box's TMA loads;
 // lane 0 (the leader) alone does every mbarrier operation, so each tile's bytes are counted once.
+// kLoaderWarps > 1 (paged K/V at B = 128, the default kernel; kPagedLoaderWarps in
+// hopper_attention.cu): TMA takes a warp's boxes one lane at a time, so the boxes of a tile are
+// spread over several warps of the producer warpgroup: half of them load K, half V, and of a
+// tensor's warps warp w issues the boxes i with i % (warps per tensor) = w. Warp 0 takes the items
+// and the query blocks and hands each item to the other loader warps through a two-entry ring.
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; nothing is linked from the driver library)
 
@@ -26,7 +31,7 @@ namespace hopper {
 
 #if defined(CRISP_HOPPER_DEVICE_CODE)
 
-template <int kDim, int kBlock, bool kPacked>
+template <int kDim, int kBlock, bool kPacked, int kLoaderWarps = 1>
 class ProducerMainloop {
  public:
   using Shape = TileShape<kDim, kBlock>;
@@ -36,9 +41,16 @@ class ProducerMainloop {
   __device__ __forceinline__ explicit ProducerMainloop(const SharedStorage<kDim, kBlock>& storage)
       : storage_(storage) {}
 
+  // Loader warps per tensor (kLoaderWarps > 1: half K, half V; 1: the one warp loads both).
+  static constexpr int kTensorWarps = kLoaderWarps > 1 ? kLoaderWarps / 2 : 1;
+  static_assert(kLoaderWarps == 1 || ((kLoaderWarps == 2 || kLoaderWarps == 4) && Shape::kProducerThreads >= 32 * kLoaderWarps),
+                "1 loader warp, or 2 or 4 of a producer warpgroup");
+
   // Whether producer thread `producer_thread` (0 = the role's first) takes part in the loads: the
-  // leader, and with paged K/V the rest of its warp (lanes look up page ids). The others return.
+  // leader, and with paged K/V the rest of its warp (lanes look up page ids); with kLoaderWarps > 1
+  // (a kernel launched for paged K/V only) every thread of the loader warps. The others return.
   static __device__ __forceinline__ bool loading_thread(const attention::Params& p, int producer_thread) {
+    if constexpr (kLoaderWarps > 1) return producer_thread < 32 * kLoaderWarps;
     return producer_thread == 0 || (producer_thread < 32 && p.block_table != nullptr);
   }
 
@@ -62,14 +74,48 @@ class ProducerMainloop {
     return __shfl_sync(kWarp, code, 0);
   }
 
-  // Hands item `code` to the consumers. -1 (no more) completes the query barrier's phase without
-  // data, so the consumers read -1 and stop; returns whether there is an item to load.
-  __device__ __forceinline__ bool publish(int32_t code) const {
+  // Hands item `code` to the consumers (and, with kLoaderWarps > 1, to the other loader warps
+  // through the item ring). -1 (no more) completes the query barrier's phase without data, so the
+  // consumers read -1 and stop; returns whether there is an item to load.
+  __device__ __forceinline__ bool publish(int32_t code) {
     if (leader()) {
       storage_.publish_item(code);
       if (code < 0) mbar_arrive(storage_.bar_q());
+      if constexpr (kLoaderWarps > 1) {
+        // Entry e holds items e, e + 2, ...: item k waits until every other loader warp has read
+        // item k - 2.
+        const uint32_t k = items_published_++, e = k & 1;
+        if (k >= 2) mbar_wait(storage_.bar_item_ring_empty(e), ((k >> 1) - 1) & 1);
+        storage_.publish_ring_item(e, code);
+        mbar_arrive(storage_.bar_item_ring_full(e));
+      }
     }
     return code >= 0;
+  }
+
+  // The loop of loader warp `warp` > 0 (kLoaderWarps > 1): each item from the ring, in the order
+  // warp 0 took them, and its share of the item's K or V boxes; returns after the -1.
+  __device__ __forceinline__ void stream_tiles(const CUtensorMap& map_k, const CUtensorMap& map_v,
+                                               const attention::Params& p, int warp) {
+    static_assert(kLoaderWarps > 1, "warp 0 alone takes the items");
+    const bool loads_key = warp < kTensorWarps;
+    const int box_way = warp % kTensorWarps;
+    for (uint32_t k = 0;; ++k) {
+      const uint32_t e = k & 1;
+      mbar_wait(storage_.bar_item_ring_full(e), (k >> 1) & 1);
+      const int32_t code = storage_.read_ring_item(e);
+      __syncwarp(kWarp);  // every lane has read the entry before it is released
+      if (leader()) mbar_arrive(storage_.bar_item_ring_empty(e));
+      if (code < 0) return;
+      const WorkItem it = decode_item(p, code);
+      const layout::SequenceBases bases = p.plan.seqs[it.s];
+      int32_t num_tiles;
+      const int32_t* row_cols = row_columns<kPacked>(p, it, bases, num_tiles);
+      load_paged_item(loads_key ? &map_k : nullptr, loads_key ? nullptr : &map_v, box_way, p,
+                      it.s * static_cast<int32_t>(p.table_stride), static_cast<int32_t>(bases.n), row_cols, num_tiles,
+                      it.h / p.q_per_kv);
+      tiles_done_ += num_tiles;
+    }
   }
 
   // Issues the loads of one item: its query block, then the K and V tiles of its listed key blocks.
@@ -95,8 +141,10 @@ class ProducerMainloop {
                        });
       }
     } else {
-      load_paged_item(map_k, map_v, p, it.s * static_cast<int32_t>(p.table_stride), static_cast<int32_t>(bases.n),
-                      row_cols, num_tiles, kv_head);
+      // With kLoaderWarps > 1, warp 0 loads its share of K's boxes only.
+      load_paged_item(&map_k, kLoaderWarps > 1 ? nullptr : &map_v, /*box_way=*/0, p,
+                      it.s * static_cast<int32_t>(p.table_stride), static_cast<int32_t>(bases.n), row_cols, num_tiles,
+                      kv_head);
     }
     tiles_done_ += num_tiles;
     ++items_done_;
@@ -163,7 +211,9 @@ class ProducerMainloop {
   // tile's boxes, so the reads' latency is off the load path. The key blocks come from the CSR row
   // 32 at a time (lane l holds column 32 c + l). Registers are few (40 a thread at B = 128): a
   // lane keeps its next page id, not its pool row, and recomputes the tile's key block.
-  __device__ __forceinline__ void load_paged_item(const CUtensorMap& map_k, const CUtensorMap& map_v,
+  // `map_k` / `map_v`: the tensors this warp loads (nullptr: another warp's); `box_way`: its boxes
+  // are those i with i % kTensorWarps = box_way.
+  __device__ __forceinline__ void load_paged_item(const CUtensorMap* map_k, const CUtensorMap* map_v, int box_way,
                                                   const attention::Params& p, int32_t table_row, int32_t n,
                                                   const int32_t* row_cols, int32_t num_tiles, int32_t kv_head) const {
     const int lane = static_cast<int>(threadIdx.x % 32);
@@ -178,11 +228,15 @@ class ProducerMainloop {
         if (following % 32 == 0) cols = following + lane < num_tiles ? row_cols[following + lane] : 0;
         page_id = look_up_page(p, table_row, n, __shfl_sync(kWarp, cols, following % 32) * kBlock, box_row);
       }
-      load_key_value(map_k, map_v, tiles_done_ + j,
-                     [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
-                         uint32_t reuse_parity) {
-                       load_paged_tile(map, p, dst, bar_full, bar_empty, reuse, reuse_parity, token, kv_head);
-                     });
+      const uint32_t t = tiles_done_ + j;
+      const int stage = t % kStages;
+      const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
+      if (map_k != nullptr)
+        load_paged_tile(*map_k, p, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage),
+                        t >= kStages, reuse_parity, token, kv_head, box_way);
+      if (map_v != nullptr)
+        load_paged_tile(*map_v, p, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage),
+                        t >= kStages, reuse_parity, token, kv_head, box_way);
     }
   }
 
@@ -209,29 +263,37 @@ class ProducerMainloop {
     return static_cast<int32_t>(page_row) + position % p.page_size;
   }
 
-  // Paged K/V: one tile as boxes, box i at the pool row `token` of lane i (load_key_value's tile
-  // loader). The leader counts the tile's bytes once; then each lane with a box issues that box's
-  // load itself, without a shuffle and a leader-only branch per box. TMA takes its operands in
-  // uniform registers, so the compiler still issues the lanes' boxes one after another; dropping
-  // the per-box shuffle took pages of 16 from 1.49x to about 1.25x contiguous (bench/RESULTS.md,
-  // session 16). A box is one load of all its parts, groups first (tile_shape.h, TileLayout): box
-  // i starts at row i x box rows. Every lane runs it.
+  // Paged K/V: one tile of one tensor as boxes, box i at the pool row `token` of lane i, this
+  // warp's boxes only (i % kTensorWarps = box_way). The leader of the tensor's first warp counts
+  // the tile's bytes once (the other warps' boxes may complete before it: a barrier's transaction
+  // count may go below zero within a phase, and the phase cannot complete before that arrival);
+  // then each lane with a box issues that box's load itself, without a shuffle and a leader-only
+  // branch per box. TMA takes its operands in uniform registers, so the compiler still issues a
+  // warp's boxes one after another; dropping the per-box shuffle took pages of 16 from 1.49x to
+  // about 1.25x contiguous (bench/RESULTS.md, session 16). A box is one load of all its parts,
+  // groups first (tile_shape.h, TileLayout): box i starts at row i x box rows. Every lane runs it.
   __device__ __forceinline__ void load_paged_tile(const CUtensorMap& map, const attention::Params& p, uint32_t dst,
                                                   uint32_t bar_full, uint32_t bar_empty, bool reuse,
-                                                  uint32_t reuse_parity, int32_t token, int32_t kv_head) const {
+                                                  uint32_t reuse_parity, int32_t token, int32_t kv_head,
+                                                  int box_way) const {
     if (reuse) mbar_wait(bar_empty, reuse_parity);
-    if (leader()) mbar_expect_tx(bar_full, Shape::kTileBytes);
+    if (leader() && box_way == 0) mbar_expect_tx(bar_full, Shape::kTileBytes);
     __syncwarp(kWarp);  // the bytes are expected before any box can complete (not required, clearer)
-    const int box_row = static_cast<int>(threadIdx.x % 32) * paged_box_rows(p.page_size, kBlock);
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int box_row = lane * paged_box_rows(p.page_size, kBlock);
     // box_row x 128 x parts is tile_row_bytes of the groups-first layout at a box's first row (a
     // multiple of 8), written out: the call form compiles to different producer code, not measured.
-    if (box_row < kBlock) tma_load_5d(dst + box_row * 128 * kHalves, &map, token, kv_head, bar_full);
+    if (box_row < kBlock && lane % kTensorWarps == box_way) {
+      if (kLoaderWarps > 1 && whole_tile_pages(p.page_size, kBlock))
+        tma_load_4d(dst, &map, token, kv_head, bar_full);  // lane 0: the whole tile, parts first
+      else tma_load_5d(dst + box_row * 128 * kHalves, &map, token, kv_head, bar_full);
+    }
   }
 
   // A copy, not a reference: the compiler then keeps the addresses in registers from the start, and
   // the loops compile as they did when they were written inside the kernel.
   const SharedStorage<kDim, kBlock> storage_;
-  uint32_t tiles_done_ = 0, items_done_ = 0;
+  uint32_t tiles_done_ = 0, items_done_ = 0, items_published_ = 0;  // items_published_: kLoaderWarps > 1
 };
 
 #endif  // CRISP_HOPPER_DEVICE_CODE

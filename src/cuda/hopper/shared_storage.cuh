@@ -34,6 +34,14 @@ struct SharedStorage {
 
   __device__ __forceinline__ void publish_item(int32_t code) const { atomicExch(item_slot, code); }
   __device__ __forceinline__ int32_t read_item() const { return atomicAdd(item_slot, 0); }
+  // The loader warps' item ring (paged K/V with several loader warps, mainloop_producer.cuh): entry
+  // e of 2, written by loader warp 0 before its arrival on bar_item_ring_full(e), read by the other
+  // loader warps after their wait (atomics, as the item slot).
+  __device__ __forceinline__ int32_t* ring_item(int e) const {
+    return item_slot + (Shape::kItemRingOffset - Shape::kItemSlotOffset) / 4 + e;
+  }
+  __device__ __forceinline__ void publish_ring_item(int e, int32_t code) const { atomicExch(ring_item(e), code); }
+  __device__ __forceinline__ int32_t read_ring_item(int e) const { return atomicAdd(ring_item(e), 0); }
 
   __device__ __forceinline__ uint32_t q() const { return base + Shape::kQOffset; }
   __device__ __forceinline__ uint32_t k(int stage) const { return base + Shape::kKOffset + stage * Shape::kTileBytes; }
@@ -46,10 +54,25 @@ struct SharedStorage {
   __device__ __forceinline__ uint32_t bar_k_empty(int stage) const { return bar_q() + 8u * (1 + 2 * kStages + stage); }
   __device__ __forceinline__ uint32_t bar_v_empty(int stage) const { return bar_q() + 8u * (1 + 3 * kStages + stage); }
   __device__ __forceinline__ uint32_t bar_q_empty() const { return bar_q() + 8u * (1 + 4 * kStages); }
+  // The item ring's barriers: entry e written (full) and read by every reader (empty).
+  __device__ __forceinline__ uint32_t bar_item_ring_full(int e) const {
+    return base + Shape::kItemRingBarrierOffset + 8u * e;
+  }
+  __device__ __forceinline__ uint32_t bar_item_ring_empty(int e) const {
+    return base + Shape::kItemRingBarrierOffset + 8u * (2 + e);
+  }
 
   // One thread initialises the barriers; the caller synchronises the CTA before any use.
+  // kRingReaders: the loader warps that read the item ring (0: no ring).
+  template <int kRingReaders = 0>
   __device__ __forceinline__ void init_barriers() const {
     mbar_init(bar_q(), 1);
+    if constexpr (kRingReaders > 0) {
+      for (int e = 0; e < 2; ++e) {
+        mbar_init(bar_item_ring_full(e), 1);
+        mbar_init(bar_item_ring_empty(e), kRingReaders);  // each reader warp's leader arrives
+      }
+    }
     // NOTE: one arrival per consumer warp (each warp releases a buffer after its own wgmma wait).
     mbar_init(bar_q_empty(), Shape::kConsumers * 4);
 #pragma unroll

@@ -50,15 +50,17 @@ struct TileShape {
   static constexpr int kHalfBytes = kBlock * kHalfCols * 2;       // one TMA box
   static constexpr int kTileBytes = kDim / kHalfCols * kHalfBytes;  // 32 KB at d = 128, B = 128
   // NOTE: ring stages of K and V: three where they fit beside the query tile in this CTA's share of
-  // the SM, else two (d = 128, B = 64: 3 stages would need 115,832 bytes per CTA against the
-  // 115,712 each of two CTAs may take, 120 bytes over: the 1024-byte alignment slack). Three let
+  // the SM, else two (d = 128, B = 64: 3 stages would need 115,872 bytes per CTA against the
+  // 115,712 each of two CTAs may take, 160 bytes over: the 1024-byte alignment slack). Three let
   // the producer run two tiles ahead, which matters when gathered sparse blocks come from HBM; at
   // B = 128 on the H200 two and three measured within run-to-run noise (bench/RESULTS.md).
   static constexpr int bytes_for(int stages) {
     // query tile, K and V rings, barriers (q full, K/V full and empty per stage, q empty), the
-    // item slot, and 1024 bytes to align the base (the 128-byte swizzle pattern repeats every
-    // 8 rows of 128 bytes; TMA and wgmma both derive it from the shared-memory address).
-    return kTileBytes * (1 + 2 * stages) + 8 * (2 + 4 * stages) + 8 + 1024;
+    // item slot, the loader warps' item ring (full and empty barriers per entry, the two entries;
+    // after everything else, so the other kernels' offsets do not move), and 1024 bytes
+    // to align the base (the 128-byte swizzle pattern repeats every 8 rows of 128 bytes; TMA and
+    // wgmma both derive it from the shared-memory address).
+    return kTileBytes * (1 + 2 * stages) + 8 * (2 + 4 * stages) + 8 + 8 * 4 + 8 + 1024;
   }
   static constexpr int kBudget = kSmemPerSm / kCtasPerSm - kSmemReservedPerCta;
   static constexpr int kStages = bytes_for(3) <= kBudget ? 3 : bytes_for(2) <= kBudget ? 2 : 1;
@@ -71,10 +73,12 @@ struct TileShape {
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
   static constexpr int kNumBarriers = 2 + 4 * kStages;
-  // After the barriers: the work item the producer hands to the consumers (int32; the host launches
-  // fewer than 2^31 items).
+  // After the barriers: the work item the producer hands to the consumers, then the loader warps'
+  // item ring: its 4 mbarriers and two entries (int32 each; the host launches fewer than 2^31 items).
   static constexpr int kItemSlotOffset = kBarrierOffset + 8 * kNumBarriers;
-  static constexpr int kSmemBytes = kItemSlotOffset + 8 + 1024;
+  static constexpr int kItemRingBarrierOffset = kItemSlotOffset + 8;
+  static constexpr int kItemRingOffset = kItemRingBarrierOffset + 8 * 4;
+  static constexpr int kSmemBytes = kItemRingOffset + 8 + 1024;
   static_assert(kSmemBytes == bytes_for(kStages), "shared-memory layout");
   static_assert(kSmemBytes <= kBudget && kSmemBytes <= 227 * 1024, "shared memory of one CTA on Hopper");
   // NOTE: register split (B = 128): the launch gives every thread 65536 / 384 = 168 registers
@@ -124,6 +128,11 @@ __host__ __device__ constexpr int paged_box_rows(int page_size, int block) {
 static_assert(paged_box_rows(16, 128) == 16 && paged_box_rows(64, 64) == 64 && paged_box_rows(256, 128) == 128 &&
                   paged_box_rows(48, 128) == 16 && paged_box_rows(80, 64) == 16 && paged_box_rows(96, 64) == 32,
               "a box divides both the page and the tile");
+// Paged K/V whose pages hold whole key tiles (the page size a multiple of B: tiles start at multiples
+// of B, so none crosses a page) load each tile as contiguous K/V do, one 4-D box parts first from
+// its page's pool row (make_tile_map over the pool); smaller pages use the groups-first boxes.
+__host__ __device__ constexpr bool whole_tile_pages(int page_size, int block) { return page_size % block == 0; }
+
 // A K/V tile's shared-memory layout, as the consumers' wgmma descriptors read it: 8-row groups of
 // 128-byte rows in the 128-byte swizzle (one 1024-byte atom per group and 64-dim part), `group`
 // bytes from one group of a part to the next (the stride offset along the keys), `part` bytes from
