@@ -15,7 +15,10 @@ routes PE:
            if the earlier chunks' P rows were carried along (state across calls).
 
 and prints each rule's density (kept entries of the PE map) and the share of P's mass it covers
-(mean over rows); --json writes the same. Estimates
+(mean over rows); --json writes the same. --check-plan also checks the `whole` walk against the
+planner's own: each PE head's blocks in plan.json must be the walk's entries plus what §4 adds to
+them (the anchors and the min_budget verticals and slashes, a slash reaching distance c and, with
+slash_cover exact, c + 1), else exit 1. Estimates
 only (P is the block-mean proxy, not the attention); the accuracy a rule gives is measured on the
 bench's recall and the real models, not here.
 
@@ -23,7 +26,7 @@ bench's recall and the real models, not here.
     crisp plan --q w/q.npy --k w/k.npy --json w/plan.json
     scripts/chunk_pe_rules.py --dir w --chunk 16384
 
-Exit status 0; 2 on a bad argument.
+Exit status 0; 1 when --check-plan finds a difference; 2 on a bad argument.
 """
 
 from __future__ import annotations
@@ -56,11 +59,37 @@ def block_causal_softmax(q_means: np.ndarray, k_means: np.ndarray, scale: float)
     return rows
 
 
+def plan_differences(head: dict, whole: np.ndarray, N: int, slash_cover: str) -> list[str]:
+    """How the planner's blocks of PE head `head` (plan.json) differ from the `whole` walk's entries
+    (flags over rows 0..N-1, row r's entries c = 0..r) plus §4's additions; empty when they agree."""
+    rows, cols = np.tril_indices(N)  # row-major, the order of the flags
+    walk_set = set(zip(rows[whole].tolist(), cols[whole].tolist()))
+    row_ptr, col = head["row_ptr"], head["col"]
+    planner = {(r, c) for r in range(N) for c in col[row_ptr[r]:row_ptr[r + 1]]}
+    verticals = set(head["vertical"]) | {0}
+    slashes = set(head["slash"]) | {0}
+    reach = (0, 1) if slash_cover == "exact" else (0,)
+
+    def added(r: int, c: int) -> bool:
+        return c in verticals or any(r - c - x in slashes for x in reach)
+
+    missing = sorted(walk_set - planner)
+    unexplained = sorted(e for e in planner - walk_set if not added(*e))
+    out = []
+    if missing:
+        out.append(f"{len(missing)} walk entries the planner lacks, first {missing[:5]}")
+    if unexplained:
+        out.append(f"{len(unexplained)} planner blocks neither walked nor added by section 4, first {unexplained[:5]}")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", required=True, help="folder with q.npy, k.npy (crisp gen) and plan.json (crisp plan)")
     ap.add_argument("--chunk", type=int, required=True, help="queries per chunk (a multiple of the block size)")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--check-plan", action="store_true",
+                    help="check the whole-prompt walk against plan.json's PE heads (exit 1 on a difference)")
     args = ap.parse_args(argv)
     folder = Path(args.dir)
     plan = json.loads((folder / "plan.json").read_text())
@@ -79,6 +108,7 @@ def main(argv=None) -> int:
     print(f"n {n}, B {B}, N {N}, chunks of {rows_per_chunk} rows, gamma_pe {gamma}")
     print("head  rule    density  mass covered (mean over rows)")
     figures = {"n": n, "block_size": B, "chunk_rows": rows_per_chunk, "pe_gamma": gamma, "heads": []}
+    checked = mismatched = 0
     for h, head in enumerate(plan["heads"]):
         if head["route"] != "pe":
             continue
@@ -94,12 +124,21 @@ def main(argv=None) -> int:
             kept["chunk"][seg] = walk(flat[seg], gamma * (last - first))
             kept["prefix"][seg] = walk(flat[: start[last]], gamma * last)[seg]
         entry = {"head": h}
+        if args.check_plan:
+            problems = plan_differences(head, kept["whole"], N, plan["config"].get("slash_cover", "exact"))
+            for problem in problems:
+                print(f"head {h}: the planner's PE blocks differ from the whole walk: {problem}", file=sys.stderr)
+            mismatched += bool(problems)
+            checked += 1
         for name, keep in kept.items():
             entry[name] = {"density": float(keep.mean()), "mass_covered": float(flat[keep].sum() / N)}
             print(f"{h:4d}  {name:6s}  {keep.mean():7.4f}  {flat[keep].sum() / N:7.4f}")
         figures["heads"].append(entry)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
+    if args.check_plan:
+        print(f"check against the planner: {checked - mismatched} of {checked} PE heads agree")
+        return 1 if mismatched else 0
     return 0
 
 

@@ -2,7 +2,10 @@
 # scripts/chunk_pe_rules.py on a small structured prompt (4096 tokens, 8 query heads on 2 KV heads,
 # seed 3: one head routes PE): with one chunk the three rules are the prompt's walk; with chunks of
 # 1024 the chunk rule covers at least gamma_pe of the mass, as the prompt's walk does, and every
-# figure is a share. Refuses a chunk that is no multiple of the block size. Skips (77) without numpy.
+# figure is a share. --check-plan: the script's whole-prompt walk is the CPU planner's (crisp plan's
+# PE blocks, the section 4 additions aside) on this prompt and a 16k one, and a plan with one walked
+# block removed is reported (exit 1). Refuses a chunk that is no multiple of the block size. Skips
+# (77) without numpy.
 set -euo pipefail
 crisp=$1
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -25,6 +28,37 @@ for h in four["heads"]:
     assert h["whole"]["mass_covered"] >= gamma - 1e-9 and h["chunk"]["mass_covered"] >= gamma - 1e-9, h
     assert h["chunk"]["density"] >= h["whole"]["density"], h  # the gap issue 16 measures
 PY
+python3 "$script" --dir "$tmp/w" --chunk 1024 --check-plan > "$tmp/check" ||
+  { echo "FAIL: the whole walk differs from the planner's: $(cat "$tmp/check")"; exit 1; }
+grep -q "1 of 1 PE heads agree" "$tmp/check" || { echo "FAIL: $(cat "$tmp/check")"; exit 1; }
+"$crisp" gen --seq 16384 --heads-q 8 --heads-kv 2 --seed 11 --out-dir "$tmp/w16" > /dev/null
+"$crisp" plan --q "$tmp/w16/q.npy" --k "$tmp/w16/k.npy" --json "$tmp/w16/plan.json" > /dev/null
+python3 "$script" --dir "$tmp/w16" --chunk 4096 --check-plan > "$tmp/check16" ||
+  { echo "FAIL: the whole walk differs from the planner's at 16k: $(cat "$tmp/check16")"; exit 1; }
+# The check can fail: drop from the plan a block of the PE head that section 4 does not add (so
+# one the walk kept, the check above having passed).
+python3 - "$tmp/w/plan.json" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+head = next(h for h in plan["heads"] if h["route"] == "pe")
+verticals, slashes = set(head["vertical"]) | {0}, set(head["slash"]) | {0}
+row_ptr, col = head["row_ptr"], head["col"]
+for r in range(len(row_ptr) - 1):
+    i = next((i for i in range(row_ptr[r], row_ptr[r + 1]) if col[i] not in verticals
+              and r - col[i] not in slashes and r - col[i] - 1 not in slashes), None)
+    if i is not None:
+        del col[i]
+        for j in range(r + 1, len(row_ptr)):
+            row_ptr[j] -= 1
+        break
+else:
+    sys.exit("no walked block to drop")
+json.dump(plan, open(sys.argv[1], "w"))
+PY
+if python3 "$script" --dir "$tmp/w" --chunk 1024 --check-plan > /dev/null 2> "$tmp/err"; then
+  echo "FAIL: a plan without one of its blocks passed --check-plan"; exit 1
+fi
+grep -q "differ from the whole walk" "$tmp/err" || { echo "FAIL: no difference named: $(cat "$tmp/err")"; exit 1; }
 if python3 "$script" --dir "$tmp/w" --chunk 1000 > /dev/null 2> "$tmp/err"; then
   echo "FAIL: --chunk 1000 (not a multiple of 128) was accepted"; exit 1
 fi
