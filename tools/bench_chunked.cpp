@@ -56,6 +56,13 @@ std::vector<uint16_t> to_pages(const std::vector<uint16_t>& x, int64_t Hkv, int6
   return pool;
 }
 
+// A device copy of `x` (a failed copy names `what`).
+std::unique_ptr<DeviceBuffer> to_device(const std::vector<uint16_t>& x, const char* what) {
+  auto buffer = std::make_unique<DeviceBuffer>(x.size() * 2);
+  check(cudaMemcpy(buffer->ptr, x.data(), x.size() * 2, cudaMemcpyHostToDevice), what);
+  return buffer;
+}
+
 struct Chunk {
   int64_t q_begin, n_q, n_k;
 };
@@ -122,12 +129,9 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
     };
     // Contiguous K/V as the runs read them: [Hkv, n, d], or with --kv-token-major a copy [n, Hkv, d].
     std::unique_ptr<DeviceBuffer> k_token_major, v_token_major;
-    if (a.kv_token_major) {
-      const std::vector<uint16_t> kt = to_pages(kh, Hkv, n, d, n, {0}, 1), vt = to_pages(vh, Hkv, n, d, n, {0}, 1);
-      k_token_major = std::make_unique<DeviceBuffer>(kt.size() * 2);
-      v_token_major = std::make_unique<DeviceBuffer>(vt.size() * 2);
-      check(cudaMemcpy(k_token_major->ptr, kt.data(), kt.size() * 2, cudaMemcpyHostToDevice), "copy k token-major");
-      check(cudaMemcpy(v_token_major->ptr, vt.data(), vt.size() * 2, cudaMemcpyHostToDevice), "copy v token-major");
+    if (a.kv_token_major) {  // one page of n tokens: the pool's order
+      k_token_major = to_device(to_pages(kh, Hkv, n, d, n, {0}, 1), "copy k token-major");
+      v_token_major = to_device(to_pages(vh, Hkv, n, d, n, {0}, 1), "copy v token-major");
     }
     const auto contiguous_kv = [&](void* head_major, const std::unique_ptr<DeviceBuffer>& token_major, int64_t count) {
       if (!token_major) return rows3(head_major, Hkv, 0, count);
@@ -170,12 +174,9 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
         std::mt19937 rng(static_cast<unsigned>(a.seed + 7));
         std::shuffle(order.begin(), order.end(), rng);
         order.resize(static_cast<std::size_t>(used));
-        const std::vector<uint16_t> kp = to_pages(kh, Hkv, n, d, P, order, pages), vp = to_pages(vh, Hkv, n, d, P, order, pages);
-        kpool = std::make_unique<DeviceBuffer>(kp.size() * 2);
-        vpool = std::make_unique<DeviceBuffer>(vp.size() * 2);
+        kpool = to_device(to_pages(kh, Hkv, n, d, P, order, pages), "copy k pages");
+        vpool = to_device(to_pages(vh, Hkv, n, d, P, order, pages), "copy v pages");
         table_d = std::make_unique<DeviceBuffer>(order.size() * 4);
-        check(cudaMemcpy(kpool->ptr, kp.data(), kp.size() * 2, cudaMemcpyHostToDevice), "copy k pages");
-        check(cudaMemcpy(vpool->ptr, vp.data(), vp.size() * 2, cudaMemcpyHostToDevice), "copy v pages");
         check(cudaMemcpy(table_d->ptr, order.data(), order.size() * 4, cudaMemcpyHostToDevice), "copy table");
         pool_tokens = pages * P;
       }

@@ -180,7 +180,7 @@ void launch(const attention::Params& params, int64_t q_tokens, int64_t k_tokens,
   // TileLayout.
   const bool paged = params.block_table != nullptr;
   const bool loader_warps = kBlock == 128 && paged && !packed && !ping_pong(options);  // the launch below
-  const bool boxed = paged && !(loader_warps && whole_tile_pages(params.page_size, kBlock));
+  const bool boxed = kv_page_boxes(paged, loader_warps, params.page_size, kBlock);
   const auto kv_map = boxed ? make_paged_tile_map : make_tile_map;
   const int key_box = boxed ? paged_box_rows(params.page_size, kBlock) : kBlock;
   const CUtensorMap map_k = kv_map("k", params.k, dtype, kDim, num_kv_heads, k_tokens, params.k_stride_head,

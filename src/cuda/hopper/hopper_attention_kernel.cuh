@@ -123,8 +123,7 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
   const int quad_lane = lane % 4;  // accumulator column pair
   using Mainloop = ConsumerMainloop<T, kDim, kBlock, kPingPong>;
   Mainloop mainloop(storage, consumer, lane,
-                    /*kv_groups_first=*/p.block_table != nullptr &&
-                        !(kLoaderWarps > 1 && whole_tile_pages(p.page_size, kBlock)));
+                    /*kv_groups_first=*/kv_page_boxes(p.block_table != nullptr, kLoaderWarps > 1, p.page_size, kBlock));
   float o_acc[Mainloop::kOutRegs];
   OnlineSoftmax<kBlock> softmax;
   mainloop.first_turn();

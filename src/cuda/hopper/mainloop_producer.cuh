@@ -134,7 +134,7 @@ class ProducerMainloop {
       const int32_t kv_token0 = static_cast<int32_t>(bases.kv_offset);
       for (int j = 0; j < num_tiles; ++j) {
         const int32_t key = kv_token0 + row_cols[j] * kBlock;
-        load_key_value(map_k, map_v, tiles_done_ + j,
+        load_key_value(&map_k, &map_v, tiles_done_ + j,
                        [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
                            uint32_t reuse_parity) {
                          load_ring_tile(map, dst, bar_full, bar_empty, reuse, reuse_parity, key, kv_head);
@@ -185,13 +185,16 @@ class ProducerMainloop {
   // `reuse` (the first kStages tiles find the ring empty), once the consumers released the slot's
   // previous tile on `bar_empty`, the phase of parity `reuse_parity`.
   template <typename LoadTile>
-  __device__ __forceinline__ void load_key_value(const CUtensorMap& map_k, const CUtensorMap& map_v, uint32_t t,
+  // A null map is a tensor another loader warp loads (kLoaderWarps > 1).
+  __device__ __forceinline__ void load_key_value(const CUtensorMap* map_k, const CUtensorMap* map_v, uint32_t t,
                                                  LoadTile&& load_tile) const {
     const int stage = t % kStages;
     const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
     const bool reuse = t >= kStages;
-    load_tile(map_k, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse, reuse_parity);
-    load_tile(map_v, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse, reuse_parity);
+    if (map_k != nullptr)
+      load_tile(*map_k, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage), reuse, reuse_parity);
+    if (map_v != nullptr)
+      load_tile(*map_v, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage), reuse, reuse_parity);
   }
 
   // Contiguous K/V: one tile at token `key`, one load of all its parts, parts first (load_key_value's
@@ -228,15 +231,11 @@ class ProducerMainloop {
         if (following % 32 == 0) cols = following + lane < num_tiles ? row_cols[following + lane] : 0;
         page_id = look_up_page(p, table_row, n, __shfl_sync(kWarp, cols, following % 32) * kBlock, box_row);
       }
-      const uint32_t t = tiles_done_ + j;
-      const int stage = t % kStages;
-      const uint32_t reuse_parity = ((t / kStages) - 1) & 1;
-      if (map_k != nullptr)
-        load_paged_tile(*map_k, p, storage_.k(stage), storage_.bar_k_full(stage), storage_.bar_k_empty(stage),
-                        t >= kStages, reuse_parity, token, kv_head, box_way);
-      if (map_v != nullptr)
-        load_paged_tile(*map_v, p, storage_.v(stage), storage_.bar_v_full(stage), storage_.bar_v_empty(stage),
-                        t >= kStages, reuse_parity, token, kv_head, box_way);
+      load_key_value(map_k, map_v, tiles_done_ + j,
+                     [&](const CUtensorMap& map, uint32_t dst, uint32_t bar_full, uint32_t bar_empty, bool reuse,
+                         uint32_t reuse_parity) {
+                       load_paged_tile(map, p, dst, bar_full, bar_empty, reuse, reuse_parity, token, kv_head, box_way);
+                     });
     }
   }
 
@@ -284,7 +283,7 @@ class ProducerMainloop {
     // box_row x 128 x parts is tile_row_bytes of the groups-first layout at a box's first row (a
     // multiple of 8), written out: the call form compiles to different producer code, not measured.
     if (box_row < kBlock && lane % kTensorWarps == box_way) {
-      if (kLoaderWarps > 1 && whole_tile_pages(p.page_size, kBlock))
+      if (!kv_page_boxes(/*paged=*/true, kLoaderWarps > 1, p.page_size, kBlock))
         tma_load_4d(dst, &map, token, kv_head, bar_full);  // lane 0: the whole tile, parts first
       else tma_load_5d(dst + box_row * 128 * kHalves, &map, token, kv_head, bar_full);
     }

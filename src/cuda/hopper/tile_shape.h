@@ -132,6 +132,12 @@ static_assert(paged_box_rows(16, 128) == 16 && paged_box_rows(64, 64) == 64 && p
 // of B, so none crosses a page) load each tile as contiguous K/V do, one 4-D box parts first from
 // its page's pool row (make_tile_map over the pool); smaller pages use the groups-first boxes.
 __host__ __device__ constexpr bool whole_tile_pages(int page_size, int block) { return page_size % block == 0; }
+// Whether a launch's K/V tiles come as groups-first page boxes (make_paged_tile_map) rather than one
+// parts-first box each (make_tile_map): paged K/V, unless the kernel has loader warps and the pages
+// hold whole tiles. The host's map and the kernel's loads and descriptors all follow it.
+__host__ __device__ constexpr bool kv_page_boxes(bool paged, bool loader_warps, int page_size, int block) {
+  return paged && !(loader_warps && whole_tile_pages(page_size, block));
+}
 
 // A K/V tile's shared-memory layout, as the consumers' wgmma descriptors read it: 8-row groups of
 // 128-byte rows in the 128-byte swizzle (one 1024-byte atom per group and 64-dim part), `group`
