@@ -257,6 +257,71 @@ TEST(RulesDirect, ShortSequences) {
   EXPECT_EQ(crisp::rules::causal_blocks(8), 36);
 }
 
+// Short prompts at finer blocks: below fine_blocks_below keys a call runs at B = 64 with the held
+// floors doubled (the same tokens); at or above it, and at B = 64, nothing changes.
+TEST(RulesDirect, FineBlocksBelowResolvesTheBlockSizeAndTheHolds) {
+  crisp::Config c = crisp::Config::from_preset("crisp");
+  ASSERT_EQ(c.block_size, 128);
+  c.set("fine_blocks_below=4096");
+  c.set("uniform_floor_slash_blocks=20");
+  const crisp::Config fine = c.for_keys(4095);
+  EXPECT_EQ(fine.block_size, 64);
+  EXPECT_EQ(fine.uniform_floor_blocks, 2 * c.uniform_floor_blocks);
+  EXPECT_EQ(fine.uniform_floor_slash_blocks, 40);
+  EXPECT_EQ(fine.fine_blocks_below, 0);  // resolved once: resolving again changes nothing
+  EXPECT_EQ(fine.for_keys(100).block_size, 64);
+  EXPECT_EQ(fine.for_keys(100).uniform_floor_blocks, fine.uniform_floor_blocks);
+  const crisp::Config coarse = c.for_keys(4096);
+  EXPECT_EQ(coarse.block_size, 128);
+  EXPECT_EQ(coarse.uniform_floor_blocks, c.uniform_floor_blocks);
+  EXPECT_EQ(coarse.uniform_floor_slash_blocks, 20);
+  // -1 (follow the vertical side) and 0 (off) keep their meaning.
+  c.set("uniform_floor_slash_blocks=-1");
+  EXPECT_EQ(c.for_keys(10).uniform_floor_slash_blocks, -1);
+  c.set("uniform_floor_slash_blocks=0");
+  EXPECT_EQ(c.for_keys(10).uniform_floor_slash_blocks, 0);
+  // Already at 64: no finer block size to go to.
+  c.set("block_size=64");
+  EXPECT_EQ(c.for_keys(10).block_size, 64);
+  EXPECT_EQ(c.for_keys(10).uniform_floor_blocks, c.uniform_floor_blocks);
+  // Off (0, the default of every preset but what the evaluation picks).
+  EXPECT_EQ(crisp::Config::from_preset("flexprefill").for_keys(10).block_size, 128);
+  EXPECT_THROW(c.set("fine_blocks_below=-1"), crisp::Error);
+}
+
+// Through crisp::plan: a prompt below the threshold is planned exactly as the same prompt with
+// block_size 64 and the doubled hold set by hand; one at the threshold as the plain preset; in a
+// varlen batch the longest sequence decides for all.
+TEST(RulesDirect, FineBlocksBelowPlansAsTheExplicitFineConfig) {
+  const std::vector<int64_t> lens = {700, 1900};
+  crisp::WorkloadSpec spec = crisp_test::workload_spec(4, 2, 32, lens, 7);
+  crisp::Workload w = crisp::make_workload(spec);
+  crisp::Options opt;
+  opt.precision = crisp::Precision::f64;
+  const auto plan_with = [&](const crisp::Config& cfg) { return crisp::plan(w.q_view(), w.k_view(), cfg, w.cu_seqlens, opt); };
+  crisp::Config rule = crisp::Config::from_preset("crisp");
+  rule.set("fine_blocks_below=2000");
+  crisp::Config by_hand = crisp::Config::from_preset("crisp");
+  by_hand.set("block_size=64");
+  by_hand.set("uniform_floor_blocks=" + std::to_string(2 * by_hand.uniform_floor_blocks));
+  const crisp::Plan fine = plan_with(rule), expected = plan_with(by_hand);
+  ASSERT_EQ(fine.block_size, 64);
+  EXPECT_EQ(fine.config.block_size, 64);
+  EXPECT_EQ(fine.config.fine_blocks_below, 0);
+  ASSERT_EQ(fine.sequences.size(), expected.sequences.size());
+  for (size_t s = 0; s < fine.sequences.size(); ++s)
+    for (size_t h = 0; h < fine.sequences[s].heads.size(); ++h) {
+      EXPECT_EQ(fine.sequences[s].heads[h].row_ptr, expected.sequences[s].heads[h].row_ptr);
+      EXPECT_EQ(fine.sequences[s].heads[h].col, expected.sequences[s].heads[h].col);
+    }
+  rule.set("fine_blocks_below=1900");  // the longest sequence has 1900 keys: not below
+  const crisp::Plan coarse = plan_with(rule), preset = plan_with(crisp::Config::from_preset("crisp"));
+  ASSERT_EQ(coarse.block_size, 128);
+  for (size_t s = 0; s < coarse.sequences.size(); ++s)
+    for (size_t h = 0; h < coarse.sequences[s].heads.size(); ++h)
+      EXPECT_EQ(coarse.sequences[s].heads[h].col, preset.sequences[s].heads[h].col);
+}
+
 // ---------------------------------------------------------------- crafted inputs through the API
 //
 // d = 2, softmax_scale = 1, B = 64, Hq = Hkv = 1. Every query is q = (1, 0). A "live" key is

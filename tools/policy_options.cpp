@@ -17,7 +17,7 @@ void add_policy_options(CLI::App& sub, PolicyOptions& options) {
                  "routing, tau_proxy, rho, tau, w_sink, w_local, vs_budget, alpha, vs_floor, "
                  "uniform_alpha, uniform_floor_blocks, uniform_floor_slash_blocks, proxy_last_rows, gamma, vertical_tokens, slash_tokens, pe_rule, pe_gamma, pe_alpha, "
                  "slash_cover, min_budget, max_budget, "
-                 "dense_below, softmax_scale, block_size")
+                 "dense_below, softmax_scale, block_size, fine_blocks_below")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
   sub.add_option("--block", options.block_size, "Block size B: 64 or 128 (default: the preset's, 128)")

@@ -117,6 +117,14 @@ struct Config {
   int block_size = 128;        // B: 64 or 128
   double softmax_scale = 0.0;  // s; 0 means 1/sqrt(d)
 
+  // Short prompts at finer blocks (docs/algorithm.md, "Short prompts: finer blocks"): a call whose
+  // longest sequence has fewer than fine_blocks_below keys is planned and computed with blocks of
+  // 64 tokens when block_size is 128, its held floors (uniform_floor_blocks, and
+  // uniform_floor_slash_blocks when > 0) doubled so that they hold the same tokens. At N = 16 blocks
+  // every kept block is a sixteenth of a row; at 64 tokens the same rules choose at half that.
+  // 0 = off. for_keys() applies it; every planner and DevicePlan does so with the Config it is given.
+  int64_t fine_blocks_below = 0;
+
   // The presets of §8: "crisp", "flexprefill", "minference", "dense". Throws crisp::Error
   // naming "preset" for any other name.
   static Config from_preset(const std::string& name);
@@ -124,7 +132,8 @@ struct Config {
   // Sets one parameter by its spec name (tau_proxy, rho, alpha, vs_floor, uniform_alpha, uniform_floor_blocks,
   // uniform_floor_slash_blocks, uniform_floor_last_rows, proxy_last_rows, gamma,
   // pe_rule, pe_gamma, pe_alpha, tau, w_sink, w_local, min_budget, max_budget, routing, vs_budget,
-  // slash_cover, vertical_tokens, slash_tokens, block_size, softmax_scale, dense_below). Throws crisp::Error naming the key for
+  // slash_cover, vertical_tokens, slash_tokens, block_size, softmax_scale, dense_below, fine_blocks_below). Throws
+  // crisp::Error naming the key for
   // an unknown key or a value that does not parse or is out of range.
   void set(const std::string& key, const std::string& value);
 
@@ -133,6 +142,12 @@ struct Config {
 
   // Throws crisp::Error naming the first parameter out of its range.
   void validate() const;
+
+  // The Config a call runs with when its longest sequence has `longest_keys` keys: this one, or,
+  // below fine_blocks_below, the same with block_size 64 and the held floors doubled. The result
+  // has fine_blocks_below 0, so it resolves to itself and a plan's recorded config is what ran.
+  // Callers that size buffers themselves (DevicePlan::bytes_required) use its block_size.
+  Config for_keys(int64_t longest_keys) const;
 
   // Every parameter as (name, value) strings, in a stable order (for JSON and printing).
   std::vector<std::pair<std::string, std::string>> to_key_values() const;

@@ -100,6 +100,15 @@ struct Batch {
   bool whole_prompts() const {
     return block_table.empty() && (cu_seqlens_k.empty() || cu_seqlens_k == cu_seqlens_q);
   }
+
+  // The key count of the longest sequence (cu_seqlens_k, or cu_seqlens_q for whole prompts); 0 for
+  // an empty list. Config::for_keys reads it (the short-prompt block size).
+  int64_t longest_keys() const {
+    const SeqLens& cu = cu_seqlens_k.empty() ? cu_seqlens_q : cu_seqlens_k;
+    int64_t longest = 0;
+    for (size_t s = 0; s + 1 < cu.size(); ++s) longest = cu[s + 1] - cu[s] > longest ? cu[s + 1] - cu[s] : longest;
+    return longest;
+  }
 };
 
 }  // namespace crisp

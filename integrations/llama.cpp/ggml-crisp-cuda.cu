@@ -505,7 +505,8 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
       static_cast<const char *>(q->data), q->nb[1], q->nb[2], d, heads, n, q_scratch.get());
   CUDA_CHECK(cudaGetLastError());
   sync_check(ctx, dst, "after Q's conversion into the pool");
-  const PlanKey key{ctx.device, heads, kv_heads, d, n_q, n_k, config.block_size};
+  const int block_size = config.for_keys(n_k).block_size;  // the DevicePlan's (short prompts: 64)
+  const PlanKey key{ctx.device, heads, kv_heads, d, n_q, n_k, block_size};
   std::unique_lock<std::mutex> plans_lock(g_plans_mutex[ctx.device]);  // until the slot's use is recorded
   PlanSlot & slot = plan_for(key, config, stream);
   crisp::cuda::DevicePlan & plan = *slot.plan;  // valid while the lock is held
@@ -533,7 +534,7 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
                                                                          static_cast<float *>(dst->data));
   CUDA_CHECK(cudaGetLastError());
   sync_check(ctx, dst, "after O's conversion into dst");
-  count_blocks(0, heads * causal_blocks_of_op(n_past, n_q, config.block_size));
+  count_blocks(0, heads * causal_blocks_of_op(n_past, n_q, block_size));
 }
 
 static void decline(const std::string & reason) {

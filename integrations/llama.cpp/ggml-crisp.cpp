@@ -147,7 +147,7 @@ bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth) {
       GGML_ABORT("crisp: sparse prefill failed on head %lld: %s", static_cast<long long>(h), e.what());
     }
   }
-  count_blocks(kept_blocks, heads_computed * causal_blocks_of_op(n_past, n_q, config.block_size));
+  count_blocks(kept_blocks, heads_computed * causal_blocks_of_op(n_past, n_q, config.for_keys(n_k).block_size));
   if (ith == 0) {
     count_handled();
     log_once("sparse prefill '" + setting->policy + "' computes the attention of prompt ubatches");

@@ -609,12 +609,14 @@ atexit.register(_device_plans.clear)
 
 
 def _device_plan(q, hq: int, hkv: int, d: int, cu: List[int], config: "_C.Config", stream: int) -> "_C.DevicePlan":
-    key = (q.device.index, stream, hq, hkv, d, tuple(cu), config.block_size)
+    # The block size the DevicePlan resolves to (Config.for_keys: short prompts plan at 64).
+    block_size = config.for_keys(max(b - a for a, b in zip(cu, cu[1:]))).block_size
+    key = (q.device.index, stream, hq, hkv, d, tuple(cu), block_size)
     entry = _device_plans.get(key)
     if entry is not None:
         _device_plans.move_to_end(key)
         return entry[0]
-    nbytes = _C.DevicePlan.bytes_required(hq, cu, config.block_size)
+    nbytes = _C.DevicePlan.bytes_required(hq, cu, block_size)
     alignment = 256  # DevicePlan's workspace alignment (crisp/cuda.h)
     workspace = torch.empty(nbytes + alignment, dtype=torch.uint8, device=q.device)
     offset = (-workspace.data_ptr()) % alignment

@@ -218,6 +218,8 @@ NB_MODULE(_C, m) {
       .def("items", &crisp::Config::to_key_values)
       .def_prop_ro("preset", [](const crisp::Config& c) { return c.preset; })
       .def_prop_ro("block_size", [](const crisp::Config& c) { return c.block_size; })
+      .def("for_keys", &crisp::Config::for_keys, nb::arg("longest_keys"),
+           "The Config a call whose longest sequence has this many keys runs with (short prompts: blocks of 64).")
       .def_static("preset_names", &crisp::Config::preset_names)
       .def_static("parameter_names", &crisp::Config::parameter_names);
 

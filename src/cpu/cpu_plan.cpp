@@ -489,8 +489,9 @@ Plan plan_all(const TensorView& q, const TensorView& k, const Config& config, co
 
 namespace detail {
 
-Plan cpu_plan(const TensorView& q, const TensorView& k, const Config& config, const Batch& normalized_batch,
+Plan cpu_plan(const TensorView& q, const TensorView& k, const Config& given, const Batch& normalized_batch,
               const Options& options) {
+  const Config config = given.for_keys(normalized_batch.longest_keys());  // the short-prompt block size
   if (options.precision == Precision::f64) return cpu::plan_all<double>(q, k, config, normalized_batch, options);
   return cpu::plan_all<float>(q, k, config, normalized_batch, options);
 }

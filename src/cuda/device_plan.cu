@@ -202,14 +202,15 @@ void check_shape(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) {
 }
 
 std::unique_ptr<DevicePlan::Impl> make_impl(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                                            const Batch& batch, const Config& config) {
+                                            const Batch& batch, const Config& given) {
   check_shape(num_q_heads, num_kv_heads, head_dim);
   auto impl = std::make_unique<DevicePlan::Impl>();
   impl->num_q_heads = num_q_heads;
   impl->num_kv_heads = num_kv_heads;
   impl->head_dim = head_dim;
-  impl->block_size = config.block_size;
   impl->batch = cuda_detail::normalized_shape(batch);
+  const Config config = given.for_keys(impl->batch.longest_keys());  // the short-prompt block size
+  impl->block_size = config.block_size;
   impl->config = config;
   impl->softmax_scale = cuda_detail::resolve_scale(config, head_dim);
   impl->bases = cuda_detail::sequence_bases(impl->batch, config.block_size);

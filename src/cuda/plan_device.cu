@@ -996,8 +996,9 @@ bool tensor_core_proxy(const TensorView& q, const TensorView& k, int64_t d, cons
 }  // namespace
 
 // The whole device planning of q/k into `plan`, using `pw` as workspace.
-void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& block_table, const Config& config,
+void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& block_table, const Config& given,
                     cuda::DevicePlan& plan, PlanWorkspace& pw, cudaStream_t stream) {
+  const Config config = given.for_keys(plan.batch().longest_keys());  // as the DevicePlan was sized
   using Clock = std::chrono::steady_clock;
   const bool host_timing = crisp::detail::plan_timing_requested() == crisp::detail::PlanTiming::host;
   const Clock::time_point t_start = host_timing ? Clock::now() : Clock::time_point{};

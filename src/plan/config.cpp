@@ -3,6 +3,7 @@
 // Every parameter is described once in the table of kParameters below: its name, how it is read
 // from and written to a string, and the range check shared by set() and validate(). Adding a
 // parameter means adding one row.
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdint>
@@ -239,6 +240,7 @@ const std::vector<Parameter>& parameters() {
                 [](const Config& c) { return shape_rules::valid_block_size(c.block_size); },
                 shape_rules::kBlockSizeExpected},
       CRISP_DOUBLE_PARAM(softmax_scale, x >= 0.0, "a finite number >= 0 (0 = 1/sqrt(d))"),
+      CRISP_INT_PARAM(fine_blocks_below, x >= 0 && x <= kMaxWindowTokens, "an integer in [0, 2^40] (tokens; 0 = off)"),
   };
   return table;
 }
@@ -361,6 +363,19 @@ void Config::validate() const {
   if (uniform_floor_last_rows && proxy_last_rows <= 0)
     throw Error("uniform_floor_last_rows", "is true with proxy_last_rows 0",
                 "proxy_last_rows > 0 (the rows whose score the held floor applies to)");
+}
+
+Config Config::for_keys(int64_t longest_keys) const {
+  Config resolved = *this;
+  resolved.fine_blocks_below = 0;
+  // Only B = 128 has a finer block size to go to; the doubled holds keep their tokens.
+  if (longest_keys < fine_blocks_below && block_size == 128) {
+    resolved.block_size = 64;
+    resolved.uniform_floor_blocks = std::min<int64_t>(2 * uniform_floor_blocks, int64_t{1} << 30);
+    if (uniform_floor_slash_blocks > 0)
+      resolved.uniform_floor_slash_blocks = std::min<int64_t>(2 * uniform_floor_slash_blocks, int64_t{1} << 30);
+  }
+  return resolved;
 }
 
 std::vector<std::pair<std::string, std::string>> Config::to_key_values() const {

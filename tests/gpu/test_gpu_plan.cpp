@@ -235,6 +235,12 @@ std::vector<PlanCase> plan_cases() {
                    2, 128, 128, 31});
   cases.push_back({"uniform_floor_blocks_b64_bf16", "crisp", {"routing=none", "uniform_floor_blocks=64"}, {3333}, 8, 2,
                    128, 64, 32, true});
+  // Short prompts at finer blocks: the longest sequence below fine_blocks_below plans the batch
+  // at B = 64 with the holds doubled (the DevicePlan is sized for it), at or above it at 128.
+  cases.push_back({"fine_blocks_below_varlen_bf16", "crisp", {"fine_blocks_below=4096"}, {1500, 2900, 77, 4000}, 8, 2,
+                   128, 128, 46, true});
+  cases.push_back({"fine_blocks_below_not_below_varlen", "crisp", {"fine_blocks_below=4096"}, {1500, 4096, 77}, 8, 2,
+                   128, 128, 47});
   cases.push_back({"uniform_floor_slash_blocks_varlen", "crisp",
                    {"routing=none", "uniform_floor_blocks=32", "uniform_floor_slash_blocks=0", "proxy_last_rows=16"},
                    {1500, 2900, 77, 4096}, 8, 2, 128, 128, 41});

@@ -93,6 +93,14 @@ def test_params_reach_the_config():
     assert p.sequences[0].num_blocks == 32
 
 
+def test_fine_blocks_below_plans_short_prompts_at_64():
+    q, k, v, _ = workload_varlen(4, 2, 64, [2000], seed=4)
+    p = crisp.plan(q, k, policy="crisp", fine_blocks_below=4096)
+    assert p.block_size == 64 and p.sequences[0].num_blocks == 32
+    assert p.config["uniform_floor_blocks"] == "64" and p.config["fine_blocks_below"] == "0"
+    assert crisp.plan(q, k, policy="crisp", fine_blocks_below=2000).block_size == 128
+
+
 @pytest.mark.parametrize("call,exc,words", [
     (lambda q, k, v: crisp.prefill(q[0], k, v), ValueError, ["k, v: ranks"]),
     (lambda q, k, v: crisp.prefill(q, k[:, :, :10], v), ValueError, ["k: shape", "seq>=64"]),
