@@ -32,6 +32,10 @@
 #   PIPE_PHASE=diag: Gemma 3's 16k / 32k test split beside the GPU tests, then the planner's
 #      kernel profile (128k x 32 heads; Gemma 3's shape), the crossover, the hook's timing and
 #      `crisp bench` 128k / 512k.
+#   PIPE_PHASE=fine: short prompts at finer blocks (Config fine_blocks_below, session 22): the
+#      TUNING split of its candidates (NIAH 2k/4k/8k and the pass-key probe, both models) beside
+#      the GPU tests and the hook's checks, the pick (issue 14's bar on every run), the TEST split of
+#      a pick that met it, then `crisp bench` of the pick at short lengths. No 8B-shaped GGUF.
 #   PIPE_PHASE=bench: steps 1-2's build and checks, then the kernels'
 #      crossover on small calls, step 3's benchmarks with the preset, and Gemma 3's 16k / 32k
 #      test split with the preset.
@@ -77,7 +81,8 @@ GGUF_8B=/tmp/crisp-llama3.1-8b-q4_0.gguf
 BIN=${PIPE_BIN:-.deps/llama.cpp-build-cuda/bin}
 if [ "${PIPE_RESUME:-0}" != 1 ]; then
 # 1: the build, the crisp GPU tests and the 8B-shaped GGUF side by side.
-( nice -n 5 timeout 900 python3 scripts/make_llama_gguf.py --shape llama3.1-8b --out "$GGUF_8B" > "$PIPE/gguf_8b.log" 2>&1
+[ "${PIPE_PHASE:-tune}" = fine ] || ( nice -n 5 timeout 900 python3 scripts/make_llama_gguf.py --shape llama3.1-8b \
+    --out "$GGUF_8B" > "$PIPE/gguf_8b.log" 2>&1
   log "8B-shaped GGUF rc=$?" ) &
 if [ -n "${PIPE_BIN:-}" ]; then
   log "llama.cpp binaries from $PIPE_BIN"
@@ -149,7 +154,13 @@ while [ ! -f "$GEMMA" ] || [ ! -f "$SMOL" ]; do
   sleep 5
 done
 log "models present"
-if [ "${PIPE_RESUME:-0}" != 1 ]; then
+if [ "${PIPE_RESUME:-0}" != 1 ] && [ "${PIPE_PHASE:-tune}" = fine ]; then
+  # Beside the evaluations: the hook's own test and both models' checks (the hook's block size
+  # now follows Config::for_keys).
+  ( step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda
+    step llama_smollm2 240 tests/llama_cpp/test_llama_cpp.sh --cuda "$BIN" "$SMOL"
+    step llama_gemma 240 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA" ) &
+elif [ "${PIPE_RESUME:-0}" != 1 ]; then
 step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda
 # docs/llama_cpp.md item 6: the variants that narrowed the session-10 fault (not reproduced in
 # session 11) when PIPE_ITEM6=1.
@@ -233,6 +244,52 @@ if [ "$PHASE" = tune ]; then
   log "pick written"
   crossover_benches
   log "pipeline done (tune)"
+  exit 0
+fi
+if [ "$PHASE" = fine ]; then
+  # Session 22: short prompts at finer blocks (docs/algorithm.md, "Short prompts: finer blocks").
+  # Candidates fixed before the run: blocks of 64 below 4096 keys (the preset's hold in tokens,
+  # 32 x 128) with the hold doubled (the same 4096 tokens) or at 24 x 2 = 48 blocks (3072 tokens;
+  # the session-21 CPU screen's sparsest point that kept Gemma 3's answers), and below 3072 keys.
+  # The pick (scripts/pick_frontier_point.py --all: issue 14's bar on every NIAH run and probe)
+  # reads the TEST split only when a candidate met it everywhere.
+  FINE=${PIPE_FINE_CANDIDATES:-"crisp:fine_blocks_below=4096,crisp:fine_blocks_below=4096;uniform_floor_blocks=24,crisp:fine_blocks_below=3072"}
+  # One process per (model, length), all side by side (the small models leave the GPU mostly idle).
+  for n in 2048 4096; do
+    niah_run "fine_tune_smollm2_$n" 480 "$SMOL" $n tuning "crisp,$FINE,flexprefill"
+    niah_run "fine_tune_gemma_$n" 480 "$GEMMA" $n tuning "crisp,$FINE,flexprefill"
+  done
+  probe_run probe_tuning_smollm2 "$SMOL" tuning "crisp,$FINE,flexprefill"
+  probe_run probe_tuning_gemma "$GEMMA" tuning "crisp,$FINE,flexprefill"
+  wait "${eval_pids[@]}"
+  eval_pids=()
+  log "the tuning split done"
+  PICK=$(python3 scripts/pick_frontier_point.py "$PIPE"/fine_tune_*.json --probe "$PIPE"/probe_tuning_smollm2.json \
+    --probe "$PIPE"/probe_tuning_gemma.json --all 2> "$PIPE/pick.txt")
+  log "pick: ${PICK:-error, see pick.txt}"
+  if [ -n "$PICK" ] && [ "$PICK" != none ] && [ "$PICK" != crisp ]; then
+    # The verdict at 8k too: the rule plans the first ubatches of an 8k prompt (n_k < 4096) as well.
+    for n in 2048 4096 8192; do
+      niah_run "fine_test_smollm2_$n" 600 "$SMOL" $n test "crisp,$PICK,flexprefill"
+      niah_run "fine_test_gemma_$n" 600 "$GEMMA" $n test "crisp,$PICK,flexprefill"
+    done
+    probe_run probe_test_smollm2 "$SMOL" test "crisp,$PICK,flexprefill"
+    probe_run probe_test_gemma "$GEMMA" test "crisp,$PICK,flexprefill"
+    wait "${eval_pids[@]}"
+    log "the pick's test split done"
+  fi
+  wait  # the GPU tests and the hook's checks
+  log "GPU tests and checks done"
+  # The rule's speed where it applies: Gemma 3's global layers and 32 heads, 2k and 3k tokens.
+  BENCH_FINE=${PICK:-crisp:fine_blocks_below=4096}
+  [ "$BENCH_FINE" = none ] || [ "$BENCH_FINE" = crisp ] && BENCH_FINE=crisp:fine_blocks_below=4096
+  for shape in gemma3 h32; do
+    args=$GEMMA_SHAPE; [ $shape = h32 ] && args="--heads 32 --kv-heads 8 --dim 128"
+    step "bench_fine_$shape" 120 env OUT="$PIPE/bench_fine_$shape" CRISP_GPU_DEADLINE_S=120 CRISP_GPU_BENCH_SEQ=2048,3072 \
+      CRISP_GPU_BENCH_PRESETS="dense,crisp,${BENCH_FINE//;/:},flexprefill" CRISP_GPU_BENCH_KERNELS=auto \
+      CRISP_GPU_BENCH_REPS=20 CRISP_GPU_BENCH_ARGS="$args" scripts/gpu.sh bench
+  done
+  log "pipeline done (fine)"
   exit 0
 fi
 if [ "$PHASE" = check ]; then
