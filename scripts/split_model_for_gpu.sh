@@ -38,11 +38,14 @@ if [ "${1:-}" = "--join" ]; then
       [ -f "$piece" ] || die "$piece is missing: carry every .modelcarry folder first" 1
       pieces+=("$piece")
     done
-    cat "${pieces[@]}" >"$DIR/$NAME"
-    if ! (cd "$DIR" && sha256sum -c --quiet "$NAME.sha256"); then
-      rm -f "$DIR/$NAME"
+    # Joined under another name and renamed once checked: a process waiting for the model file
+    # (scripts/gpu_pipeline.sh) never sees it half written.
+    cat "${pieces[@]}" >"$DIR/$NAME.joining"
+    if [ "$(sha256sum "$DIR/$NAME.joining" | cut -d' ' -f1)" != "$(cut -d' ' -f1 "$DIR/$NAME.sha256")" ]; then
+      rm -f "$DIR/$NAME.joining"
       die "sha256 mismatch: $DIR/$NAME is not the model file (a piece is stale)" 1
     fi
+    mv "$DIR/$NAME.joining" "$DIR/$NAME"
     rm -f "${pieces[@]}" "$manifest"
     echo "model: $DIR/$NAME ($(stat -c %s "$DIR/$NAME") bytes, sha256 ok)"
     joined=$((joined + 1))
