@@ -214,8 +214,10 @@ void run_bench(const BenchArgs& a) {
     const auto report = [&](const std::string& layout_name, const std::string& kernel, double plan_ms, double attn_ms,
                             const crisp::Plan& planned, bool with_recall) {
       // What the kernel computed: the plan, or with GQA packing the union of each group's layouts.
+      // The plan's block size: a Config may resolve another than --block (fine_blocks_below).
+      const int B = planned.block_size;
       const bool packed = kernel_options(kernel).gqa_packing == crisp::GqaPacking::pack &&
-                          crisp::cuda::gqa_packing_applies(a.block, H / Hkv);
+                          crisp::cuda::gqa_packing_applies(B, H / Hkv);
       const crisp::Plan computed = packed ? crisp::gqa_union(planned) : crisp::Plan{};
       const crisp::Plan& plan = packed ? computed : planned;
       const std::string layout = kernels.size() > 1 ? layout_name + "/" + kernel : layout_name;
@@ -223,7 +225,7 @@ void run_bench(const BenchArgs& a) {
       const double dense_attn_ms = have_dense ? dense_ms_by_kernel.at(kernel) : 0.0;
       const int32_t N = plan.sequences[0].num_blocks;
       const double pairs = computed_block_pairs(plan);
-      const double tflops = 4.0 * a.block * a.block * a.dim * pairs / (attn_ms * 1e-3) / 1e12;
+      const double tflops = 4.0 * B * B * a.dim * pairs / (attn_ms * 1e-3) / 1e12;
       nlohmann::json r;
       r["n"] = n;
       r["q_heads"] = H;
@@ -231,6 +233,7 @@ void run_bench(const BenchArgs& a) {
       r["layout"] = layout_name;
       r["kernel"] = kernel;
       r["num_blocks"] = N;
+      r["plan_block_size"] = B;
       r["plan_ms"] = plan_ms;
       r["attention_ms"] = attn_ms;
       r["density"] = plan.density();

@@ -122,7 +122,8 @@ struct Config {
   // 64 tokens when block_size is 128, its held floors (uniform_floor_blocks, and
   // uniform_floor_slash_blocks when > 0) doubled so that they hold the same tokens. At N = 16 blocks
   // every kept block is a sixteenth of a row; at 64 tokens the same rules choose at half that.
-  // 0 = off. for_keys() applies it; every planner and DevicePlan does so with the Config it is given.
+  // 0 = off (every preset: rejected on the tuning split, docs/evaluation.md). for_keys() applies it;
+  // every planner and DevicePlan does so with the Config it is given.
   int64_t fine_blocks_below = 0;
 
   // The presets of §8: "crisp", "flexprefill", "minference", "dense". Throws crisp::Error
