@@ -584,7 +584,11 @@ std::vector<HeadMetrics> compare(const TensorView& out_sparse, const TensorView&
 namespace cuda {
 // Here rather than in src/cuda: a pure shape rule that CPU-only builds answer too.
 bool head_dim_supported(int64_t head_dim) { return shape_rules::cuda_head_dim_supported(head_dim); }
-bool automatic_prefers_hopper(int64_t query_rows) { return shape_rules::automatic_prefers_hopper(query_rows); }
+bool automatic_prefers_hopper(int64_t num_q_heads, const Batch& batch, int64_t head_dim) {
+  const double pairs = shape_rules::causal_key_pairs(batch.cu_seqlens_q, batch.cu_seqlens_k);
+  return shape_rules::automatic_prefers_hopper(static_cast<double>(std::max<int64_t>(0, num_q_heads)) * pairs *
+                                               static_cast<double>(std::max<int64_t>(0, head_dim)));
+}
 }  // namespace cuda
 
 }  // namespace crisp

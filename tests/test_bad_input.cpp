@@ -91,13 +91,29 @@ TEST(BadInput, CudaHeadDimQuery) {
   for (const int64_t d : {-128, 0, 32, 96, 192, 255, 257, 512}) EXPECT_FALSE(crisp::cuda::head_dim_supported(d)) << d;
 }
 
-// Kernel::automatic's size rule, answered without a device too: small calls take the portable kernel.
+// Kernel::automatic's size rule, answered without a device too: calls of less causal work than
+// 2^35 (query heads x keys seen x head dim) take the portable kernel.
 TEST(BadInput, AutomaticKernelSizeRule) {
-  EXPECT_FALSE(crisp::cuda::automatic_prefers_hopper(0));
-  EXPECT_FALSE(crisp::cuda::automatic_prefers_hopper(8192 * 9));  // SmolLM2 at 8k in llama.cpp
-  EXPECT_FALSE(crisp::cuda::automatic_prefers_hopper((int64_t{1} << 17) - 1));
-  EXPECT_TRUE(crisp::cuda::automatic_prefers_hopper(int64_t{1} << 17));
-  EXPECT_TRUE(crisp::cuda::automatic_prefers_hopper(int64_t{131072} * 32));  // 128k x 32 heads
+  using crisp::cuda::automatic_prefers_hopper;
+  EXPECT_FALSE(automatic_prefers_hopper(0, crisp::Batch{0, 8192}, 256));
+  EXPECT_FALSE(automatic_prefers_hopper(9, crisp::Batch{0, 8192}, 64));   // SmolLM2 at 8k: 2^34.2
+  EXPECT_TRUE(automatic_prefers_hopper(9, crisp::Batch{0, 16384}, 64));   // SmolLM2 at 16k
+  EXPECT_FALSE(automatic_prefers_hopper(4, crisp::Batch{0, 2048}, 256));  // Gemma 3's global layers at 2k
+  EXPECT_TRUE(automatic_prefers_hopper(4, crisp::Batch{0, 8192}, 256));   // ... at 8k: 2^35 and a little
+  EXPECT_FALSE(automatic_prefers_hopper(32, crisp::Batch{0, 2048}, 128));
+  EXPECT_TRUE(automatic_prefers_hopper(32, crisp::Batch{0, 4096}, 128));
+  EXPECT_TRUE(automatic_prefers_hopper(32, crisp::Batch{0, 131072}, 128));
+  // A chunk counts the keys its queries see: llama.cpp's 512-query ubatch over 8k keys is small.
+  EXPECT_FALSE(automatic_prefers_hopper(4, crisp::Batch({0, 512}, {0, 8192}), 256));
+  // The threshold itself: one query over 2^35 keys (it sees them all) is at it, one key fewer below.
+  EXPECT_TRUE(automatic_prefers_hopper(1, crisp::Batch({0, 1}, {0, int64_t{1} << 35}), 1));
+  EXPECT_FALSE(automatic_prefers_hopper(1, crisp::Batch({0, 1}, {0, (int64_t{1} << 35) - 1}), 1));
+  // Varlen: the sequences' work adds up (two 4k prompts of 32 heads at d 64: 2^34 each).
+  EXPECT_FALSE(automatic_prefers_hopper(32, crisp::Batch{0, 4096}, 64));
+  EXPECT_TRUE(automatic_prefers_hopper(32, crisp::Batch{0, 4096, 8192}, 64));
+  // Never throws: offsets that do not increase count as empty sequences.
+  EXPECT_FALSE(automatic_prefers_hopper(32, crisp::Batch{0, 2048, 100}, 128));
+  EXPECT_FALSE(automatic_prefers_hopper(-3, crisp::Batch{}, -1));
 }
 
 TEST(BadInput, ZeroTokens) {

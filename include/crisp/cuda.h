@@ -41,10 +41,13 @@ bool hopper_kernel_available();
 // touching a device. Never throws.
 bool head_dim_supported(int64_t head_dim);
 
-// Whether Kernel::automatic takes the Hopper kernel for a call of this many query rows (query
-// tokens x query heads) where it can run: small calls take the portable kernel, whose fixed cost
-// per call is lower (crisp/options.h). A shape rule answered in every build; never throws.
-bool automatic_prefers_hopper(int64_t query_rows);
+// Whether Kernel::automatic takes the Hopper kernel, where it can run, for a call of this shape:
+// num_q_heads x the keys the batch's queries see (bottom-right causal, summed over sequences) x
+// head_dim of at least 2^35; smaller calls take the portable kernel, whose fixed cost per call is
+// lower (crisp/options.h). A plan that computes only some query blocks (a row subset) counts their
+// share. A shape rule answered in every build; never throws (offsets that are not increasing
+// count as empty sequences).
+bool automatic_prefers_hopper(int64_t num_q_heads, const Batch& batch, int64_t head_dim);
 
 // Whether GqaPacking::pack packs a whole-plan launch of this block size and GQA group size
 // (Hq / Hkv); elsewhere the heads run separately and the launch

@@ -16,9 +16,10 @@ enum class Backend { automatic, cpu, cuda };
 // Which CUDA attention kernel runs a call.
 //   automatic: the Hopper kernel where it can run (an sm_90 device, a build with sm_90a code,
 //              bf16/f16, head dim 64, 128 or 256, block size 64 or 128) and the call is large
-//              enough for it to pay off (crisp::cuda::automatic_prefers_hopper: query tokens x
-//              query heads >= 2^17; a call that sets schedule, ping_pong or gqa_packing takes
-//              the Hopper kernel at any size), otherwise the portable one.
+//              enough for it to pay off (crisp::cuda::automatic_prefers_hopper: query heads x
+//              the keys the queries see x head dim >= 2^35; a call that sets schedule,
+//              ping_pong or gqa_packing takes the Hopper kernel at any size), otherwise the
+//              portable one.
 //              The environment variable CRISP_KERNEL (auto | portable | hopper), when set, takes
 //              the place of `automatic`: the one override of these options, read in one place
 //              (src/options.cpp), for runs whose code cannot be changed;

@@ -2,8 +2,10 @@
 // which block sizes exist, which head dims the CUDA kernels are compiled for, and the softmax
 // scale a Config resolves to. Each rule is written here once; errors quote the *_expected text.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace crisp {
 namespace shape_rules {
@@ -19,16 +21,37 @@ constexpr bool cuda_head_dim_supported(int64_t head_dim) {
 constexpr const char* kCudaHeadDimExpected = "64, 128 or 256 on the CUDA backend";
 
 // Kernel::automatic's choice between the CUDA kernels where both can run: the Hopper kernel from
-// this many query rows (query tokens x query heads) of one call, the portable kernel below.
-// NOTE: on the H200 the Hopper kernel's fixed cost per call (tensor maps, the persistent work
-// counter's allocation, a wave of mostly idle CTAs) outweighs its faster tiles on small calls:
-// at 8k tokens x 9 heads (73,728 rows, SmolLM2 in llama.cpp) the portable kernel took 39-74 us
-// against 84-104 us at densities 0.06-0.2 (equal at 0.375), and Gemma 3's global layers at 8k
-// x 4 heads (d 256) took 1.0 ms a call on it against 3.1 ms on Hopper (bench/RESULTS.md,
-// "Session 11"). 2^17 is above both measured shapes and below the 32-head shapes the Hopper
-// kernel was tuned on (8k x 32 = 2^18); the crossover between them is not measured yet.
-constexpr int64_t kHopperMinQueryRows = int64_t{1} << 17;
-constexpr bool automatic_prefers_hopper(int64_t query_rows) { return query_rows >= kHopperMinQueryRows; }
+// this much causal work in one call — query heads x the keys each launched query row sees (summed
+// over the rows) x head dim — the portable kernel below.
+// NOTE: on the H200 the Hopper kernel costs about 0.09-0.15 ms a call however little it computes
+// (tensor maps, the persistent work counter, a wave of mostly idle CTAs), so the portable kernel
+// wins on small calls; but the portable kernel is slow per FLOP at d = 256. Session 12's crossover
+// (bench/RESULTS.md, "Portable or Hopper kernel on small calls": d 64 / 128 / 256, 2k-32k tokens,
+// dense, crisp and random layouts) puts every dense and crisp point on its faster kernel or a tie
+// at 2^35; the rule it replaces (2^17 query rows, session 11) gave Gemma 3's global layers (4
+// heads, d 256) at 8k and 16k to the portable kernel at 1.6-1.8x the Hopper kernel's time.
+constexpr double kHopperMinCausalWork = 34359738368.0;  // 2^35
+constexpr bool automatic_prefers_hopper(double causal_work) { return causal_work >= kHopperMinCausalWork; }
+
+// The keys a sequence's queries see in all: its n_q queries are the last of its n_k positions
+// (bottom-right causal), so query j of n_q sees n_k - n_q + j + 1 keys. In double: the products
+// of a long batch pass int64 long before they lose precision that matters to a threshold.
+constexpr double causal_key_pairs(int64_t n_q, int64_t n_k) {
+  return static_cast<double>(n_q) * static_cast<double>(n_k - n_q) +
+         static_cast<double>(n_q) * static_cast<double>(n_q + 1) / 2.0;
+}
+
+// The same over a batch's offsets (cu_k empty: whole prompts). Never throws: offsets that do not
+// increase count as empty sequences, keys fewer than queries as many keys as queries.
+inline double causal_key_pairs(const std::vector<int64_t>& cu_q, const std::vector<int64_t>& cu_k) {
+  const std::vector<int64_t>& keys = cu_k.empty() ? cu_q : cu_k;
+  double pairs = 0.0;
+  for (size_t s = 0; s + 1 < cu_q.size() && s + 1 < keys.size(); ++s) {
+    const int64_t n_q = std::max<int64_t>(0, cu_q[s + 1] - cu_q[s]);
+    pairs += causal_key_pairs(n_q, std::max<int64_t>(n_q, keys[s + 1] - keys[s]));
+  }
+  return pairs;
+}
 
 // Spec §6: the softmax scale s: the configured one, or 1/sqrt(d) when it is 0.
 inline double resolve_softmax_scale(double configured, int64_t head_dim) {

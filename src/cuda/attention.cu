@@ -178,15 +178,18 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   // The sm_90a kernel (TMA + wgmma) when the device, the shape and the kernel options allow it
   // (src/cuda/hopper/hopper_attention.h; chunks and paged K/V included); otherwise the portable
   // kernel below.
-  // Kernel::automatic's size rule counts the query rows this launch computes (a row-subset call:
-  // its listed blocks), and leaves calls that set a Hopper-only option (schedule, ping-pong, GQA
-  // packing, which changes what is computed) to the Hopper kernel as before.
-  const int64_t launched_rows = items != nullptr ? std::min(tokens, num_items * block) * Hq : tokens * Hq;
+  // Kernel::automatic's size rule counts the causal work of the rows this launch computes (a
+  // row-subset call: its listed blocks' share), and leaves calls that set a Hopper-only option
+  // (schedule, ping-pong, GQA packing, which changes what is computed) to the Hopper kernel.
+  const int64_t launched_rows = items != nullptr ? std::min(tokens, num_items * block) : tokens;
+  const double launched_share = tokens > 0 ? static_cast<double>(launched_rows) / static_cast<double>(tokens) : 0.0;
+  const double causal_work = launched_share * static_cast<double>(Hq) * static_cast<double>(d) *
+                             shape_rules::causal_key_pairs(plan.batch().cu_seqlens_q, plan.batch().cu_seqlens_k);
   const bool hopper_settings = kernel_options.schedule != Schedule::automatic ||
                                kernel_options.ping_pong != PingPong::automatic ||
                                kernel_options.gqa_packing != GqaPacking::automatic;
   const bool small_call = kernel_options.kernel == Kernel::automatic && !hopper_settings &&
-                          !shape_rules::automatic_prefers_hopper(launched_rows);
+                          !shape_rules::automatic_prefers_hopper(causal_work);
   if (!small_call && cuda_detail::hopper::launch_if_selected(params, q.dtype, d, block, tokens, k.shape[1], Hkv,
                                                              num_ctas, kernel_options, stream))
     return;

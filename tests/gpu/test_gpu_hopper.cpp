@@ -140,7 +140,7 @@ TEST_P(GpuHopper, MatchesFloat64ReferenceAndWritesEveryElement) {
 // The Hopper and the portable kernel on the same inputs: both accumulate in fp32 and round O once
 // to the dtype, so they differ by about one rounding of the output (relative Frobenius difference
 // per (sequence, head) <= 5e-3, half the reference tolerance) and LSE by fp32 summation order
-// (<= 1e-4). Auto dispatch on sm_90 runs the Hopper kernel on calls of at least 2^17 query rows
+// (<= 1e-4). Auto dispatch on sm_90 runs the Hopper kernel on calls of at least 2^35 of causal work
 // (crisp::cuda::automatic_prefers_hopper), the portable one below: bit-identical to that kernel.
 TEST_P(GpuHopper, AgreesWithPortableKernelAndAutoDispatchPicksIt) {
   SKIP_WITHOUT_HOPPER();
@@ -156,7 +156,7 @@ TEST_P(GpuHopper, AgreesWithPortableKernelAndAutoDispatchPicksIt) {
   if (HasFatalFailure()) return;
   run_device(p, crisp::Kernel::automatic, auto_out, auto_lse);
   if (HasFatalFailure()) return;
-  const bool auto_hopper = crisp::cuda::automatic_prefers_hopper(Hq * T);
+  const bool auto_hopper = crisp::cuda::automatic_prefers_hopper(Hq, p.cu_seqlens, d);
   EXPECT_EQ(auto_out, auto_hopper ? hopper_out : portable_out) << (auto_hopper ? "hopper" : "portable");
   EXPECT_EQ(auto_lse, auto_hopper ? hopper_lse : portable_lse);
 
@@ -335,9 +335,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16_d64_varlen_crisp", bf16, 64, 4, 2, {1500, 77, 2200}, Layout::crisp_plan, 0, 114},
         Case{"fp16_d64_varlen_random10", f16, 64, 4, 1, {300, 1200, 65, 901}, Layout::random, 0.1, 115},
         // More work items (16 heads x 47 blocks) than the H200 has SMs: the persistent CTAs take
-        // most rows from the work counter.
+        // most rows from the work counter. 2^35.1 of causal work: automatic runs it on Hopper.
         Case{"bf16_d128_crisp_many_items", bf16, 128, 16, 4, {6000}, Layout::crisp_plan, 0, 116},
-        // 16 heads x 8192 tokens = 2^17 query rows: the smallest call automatic runs on Hopper.
+        // 16 heads x 8192 tokens at d 128: 2^36 of causal work, automatic runs it on Hopper.
         Case{"bf16_d128_random10_auto_hopper", bf16, 128, 16, 4, {8192}, Layout::random, 0.1, 133},
         Case{"fp16_d128_varlen_random20_many_items", f16, 128, 16, 2, {2500, 130, 3900}, Layout::random, 0.2, 117},
         // 16 query heads on one kv head: packed, 8 queries of each head per tile.
