@@ -254,28 +254,25 @@ if [ "$PHASE" = fine ]; then
   # The pick (scripts/pick_frontier_point.py --all: issue 14's bar on every NIAH run and probe)
   # reads the TEST split only when a candidate met it everywhere.
   FINE=${PIPE_FINE_CANDIDATES:-"crisp:fine_blocks_below=4096,crisp:fine_blocks_below=4096;uniform_floor_blocks=24,crisp:fine_blocks_below=3072"}
-  # One process per (model, length), all side by side (the small models leave the GPU mostly idle).
-  for n in 2048 4096; do
-    niah_run "fine_tune_smollm2_$n" 480 "$SMOL" $n tuning "crisp,$FINE,flexprefill"
-    niah_run "fine_tune_gemma_$n" 480 "$GEMMA" $n tuning "crisp,$FINE,flexprefill"
-  done
-  probe_run probe_tuning_smollm2 "$SMOL" tuning "crisp,$FINE,flexprefill"
-  probe_run probe_tuning_gemma "$GEMMA" tuning "crisp,$FINE,flexprefill"
-  wait "${eval_pids[@]}"
-  eval_pids=()
+  split_by_length() {  # split_by_length PREFIX SPLIT LENGTHS POLICIES TIMEOUT_S: NIAH and the probe, both models
+    local n
+    for n in ${3//,/ }; do  # one process per (model, length), side by side: the small models leave the GPU mostly idle
+      niah_run "$1_smollm2_$n" "$5" "$SMOL" "$n" "$2" "$4"
+      niah_run "$1_gemma_$n" "$5" "$GEMMA" "$n" "$2" "$4"
+    done
+    probe_run "probe_$2_smollm2" "$SMOL" "$2" "$4"
+    probe_run "probe_$2_gemma" "$GEMMA" "$2" "$4"
+    wait "${eval_pids[@]}"
+    eval_pids=()
+  }
+  split_by_length fine_tune tuning 2048,4096 "crisp,$FINE,flexprefill" 480
   log "the tuning split done"
   PICK=$(python3 scripts/pick_frontier_point.py "$PIPE"/fine_tune_*.json --probe "$PIPE"/probe_tuning_smollm2.json \
     --probe "$PIPE"/probe_tuning_gemma.json --all 2> "$PIPE/pick.txt")
   log "pick: ${PICK:-error, see pick.txt}"
   if [ -n "$PICK" ] && [ "$PICK" != none ] && [ "$PICK" != crisp ]; then
     # The verdict at 8k too: the rule plans the first ubatches of an 8k prompt (n_k < 4096) as well.
-    for n in 2048 4096 8192; do
-      niah_run "fine_test_smollm2_$n" 600 "$SMOL" $n test "crisp,$PICK,flexprefill"
-      niah_run "fine_test_gemma_$n" 600 "$GEMMA" $n test "crisp,$PICK,flexprefill"
-    done
-    probe_run probe_test_smollm2 "$SMOL" test "crisp,$PICK,flexprefill"
-    probe_run probe_test_gemma "$GEMMA" test "crisp,$PICK,flexprefill"
-    wait "${eval_pids[@]}"
+    split_by_length fine_test test 2048,4096,8192 "crisp,$PICK,flexprefill" 600
     log "the pick's test split done"
   fi
   wait  # the GPU tests and the hook's checks
