@@ -133,9 +133,9 @@ struct Config {
   // Sets one parameter by its spec name (tau_proxy, rho, alpha, vs_floor, uniform_alpha, uniform_floor_blocks,
   // uniform_floor_slash_blocks, uniform_floor_last_rows, proxy_last_rows, gamma,
   // pe_rule, pe_gamma, pe_alpha, tau, w_sink, w_local, min_budget, max_budget, routing, vs_budget,
-  // slash_cover, vertical_tokens, slash_tokens, block_size, softmax_scale, dense_below, fine_blocks_below). Throws
-  // crisp::Error naming the key for
-  // an unknown key or a value that does not parse or is out of range.
+  // slash_cover, vertical_tokens, slash_tokens, block_size, softmax_scale, dense_below,
+  // fine_blocks_below). Throws crisp::Error naming the key for an unknown key or a value that does
+  // not parse or is out of range.
   void set(const std::string& key, const std::string& value);
 
   // Parses "key=value" (the CLI's --set).

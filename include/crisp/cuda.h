@@ -44,9 +44,9 @@ bool head_dim_supported(int64_t head_dim);
 // Whether Kernel::automatic takes the Hopper kernel, where it can run, for a call of this shape:
 // num_q_heads x the keys the batch's queries see (bottom-right causal, summed over sequences) x
 // head_dim of at least 2^35; smaller calls take the portable kernel, whose fixed cost per call is
-// lower (crisp/options.h). A plan that computes only some query blocks (a row subset) counts their
-// share. A shape rule answered in every build; never throws (offsets that are not increasing
-// count as empty sequences).
+// lower (crisp/options.h); a launch over some of a plan's query blocks counts their share. A shape
+// rule answered in every build; never throws (offsets that do not increase count as empty
+// sequences).
 bool automatic_prefers_hopper(int64_t num_q_heads, const Batch& batch, int64_t head_dim);
 
 // Whether GqaPacking::pack packs a whole-plan launch of this block size and GQA group size

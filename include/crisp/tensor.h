@@ -106,7 +106,10 @@ struct Batch {
   int64_t longest_keys() const {
     const SeqLens& cu = cu_seqlens_k.empty() ? cu_seqlens_q : cu_seqlens_k;
     int64_t longest = 0;
-    for (size_t s = 0; s + 1 < cu.size(); ++s) longest = cu[s + 1] - cu[s] > longest ? cu[s + 1] - cu[s] : longest;
+    for (size_t s = 0; s + 1 < cu.size(); ++s) {
+      const int64_t keys = cu[s + 1] - cu[s];
+      if (keys > longest) longest = keys;
+    }
     return longest;
   }
 };
