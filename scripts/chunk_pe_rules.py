@@ -14,6 +14,12 @@ routes PE:
            make (target gamma_pe * rows so far, over every earlier row too): what a chunk could do
            if the earlier chunks' P rows were carried along (state across calls).
 
+and two rules that no chunking changes (each row decided from rows up to it only), candidates for a
+whole-prompt rule a chunked prefill reproduces exactly:
+
+  rowprefix  row r keeps its entries of the walk over rows 0..r (target gamma_pe * (r + 1));
+  perrow     row r's own walk to gamma_pe of its mass.
+
 and prints each rule's density (kept entries of the PE map) and the share of P's mass it covers
 (mean over rows); --json writes the same. --check-plan also checks the `whole` walk against the
 planner's own: each PE head's blocks in plan.json must be the walk's entries plus what §4 adds to
@@ -106,7 +112,7 @@ def main(argv=None) -> int:
     rows_per_chunk = args.chunk // B
     group = heads_q // k.shape[0]
     print(f"n {n}, B {B}, N {N}, chunks of {rows_per_chunk} rows, gamma_pe {gamma}")
-    print("head  rule    density  mass covered (mean over rows)")
+    print("head  rule       density  mass covered (mean over rows)")
     figures = {"n": n, "block_size": B, "chunk_rows": rows_per_chunk, "pe_gamma": gamma, "heads": []}
     checked = mismatched = 0
     for h, head in enumerate(plan["heads"]):
@@ -117,12 +123,17 @@ def main(argv=None) -> int:
         rows = block_causal_softmax(q_means, k_means, float(plan["softmax_scale"]))
         flat = np.concatenate(rows)
         start = np.concatenate([[0], np.cumsum([r + 1 for r in range(N)])])
-        kept = {"whole": walk(flat, gamma * N), "chunk": np.zeros(len(flat), bool), "prefix": np.zeros(len(flat), bool)}
+        kept = {name: np.zeros(len(flat), bool) for name in ("chunk", "prefix", "rowprefix", "perrow")}
+        kept = {"whole": walk(flat, gamma * N), **kept}
         for first in range(0, N, rows_per_chunk):
             last = min(N, first + rows_per_chunk)
             seg = slice(start[first], start[last])
             kept["chunk"][seg] = walk(flat[seg], gamma * (last - first))
             kept["prefix"][seg] = walk(flat[: start[last]], gamma * last)[seg]
+        for r in range(N):
+            row = slice(start[r], start[r + 1])
+            kept["rowprefix"][row] = walk(flat[: start[r + 1]], gamma * (r + 1))[row]
+            kept["perrow"][row] = walk(flat[row], gamma)
         entry = {"head": h}
         if args.check_plan:
             problems = plan_differences(head, kept["whole"], N, plan["config"].get("slash_cover", "exact"))
@@ -132,7 +143,7 @@ def main(argv=None) -> int:
             checked += 1
         for name, keep in kept.items():
             entry[name] = {"density": float(keep.mean()), "mass_covered": float(flat[keep].sum() / N)}
-            print(f"{h:4d}  {name:6s}  {keep.mean():7.4f}  {flat[keep].sum() / N:7.4f}")
+            print(f"{h:4d}  {name:9s}  {keep.mean():7.4f}  {flat[keep].sum() / N:7.4f}")
         figures["heads"].append(entry)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/chunk_pe_rules.py on a small structured prompt (4096 tokens, 8 query heads on 2 KV heads,
-# seed 3: one head routes PE): with one chunk the three rules are the prompt's walk; with chunks of
-# 1024 the chunk rule covers at least gamma_pe of the mass, as the prompt's walk does, and every
-# figure is a share. --check-plan: the script's whole-prompt walk is the CPU planner's (crisp plan's
+# seed 3: one head routes PE): with one chunk the three chunk rules are the prompt's walk; with chunks
+# of 1024 the chunk rule covers at least gamma_pe of the mass, as the prompt's walk does, the
+# row-by-row rules give what they give with one chunk (per row at least gamma_pe), and every figure
+# is a share. --check-plan: the script's whole-prompt walk is the CPU planner's (crisp plan's
 # PE blocks, the section 4 additions aside) on this prompt and a 16k one, and a plan with one walked
 # block removed is reported (exit 1). Refuses a chunk that is no multiple of the block size. Skips
 # (77) without numpy.
@@ -27,6 +28,12 @@ for h in four["heads"]:
         assert 0 < h[rule]["density"] <= 1 and 0 < h[rule]["mass_covered"] <= 1 + 1e-9, h
     assert h["whole"]["mass_covered"] >= gamma - 1e-9 and h["chunk"]["mass_covered"] >= gamma - 1e-9, h
     assert h["chunk"]["density"] >= h["whole"]["density"], h  # the gap issue 16 measures
+    # The row-by-row rules do not see the chunks: the same with one chunk and with four.
+    other = next(o for o in one["heads"] if o["head"] == h["head"])
+    for rule in ("rowprefix", "perrow"):
+        assert h[rule] == other[rule], (rule, h[rule], other[rule])
+        assert 0 < h[rule]["density"] <= 1 and 0 < h[rule]["mass_covered"] <= 1 + 1e-9, h
+    assert h["perrow"]["mass_covered"] >= gamma - 1e-9, h
 PY
 python3 "$script" --dir "$tmp/w" --chunk 1024 --check-plan > "$tmp/check" ||
   { echo "FAIL: the whole walk differs from the planner's: $(cat "$tmp/check")"; exit 1; }
