@@ -23,13 +23,11 @@ constexpr const char* kCudaHeadDimExpected = "64, 128 or 256 on the CUDA backend
 // Kernel::automatic's choice between the CUDA kernels where both can run: the Hopper kernel from
 // this much causal work in one call — query heads x the keys each launched query row sees (summed
 // over the rows) x head dim — the portable kernel below.
-// NOTE: on the H200 the Hopper kernel costs about 0.09-0.15 ms a call however little it computes
-// (tensor maps, the persistent work counter, a wave of mostly idle CTAs), so the portable kernel
-// wins on small calls; but the portable kernel is slow per FLOP at d = 256. Session 12's crossover
-// (bench/RESULTS.md, "Portable or Hopper kernel on small calls": d 64 / 128 / 256, 2k-32k tokens,
-// dense, crisp and random layouts) puts every dense and crisp point on its faster kernel or a tie
-// at 2^35; the rule it replaces (2^17 query rows, session 11) gave Gemma 3's global layers (4
-// heads, d 256) at 8k and 16k to the portable kernel at 1.6-1.8x the Hopper kernel's time.
+// NOTE: tuning constant. The Hopper kernel has a fixed cost per call (tensor maps, the persistent
+// work counter, a wave of mostly idle CTAs) that the portable kernel does not, but the portable
+// kernel is slow per FLOP at d = 256, so the choice is by work, not by rows: at 2^35 every dense
+// and crisp point of the measured crossover (d 64 / 128 / 256, 2k-32k tokens) runs on its faster
+// kernel or a tie (bench/RESULTS.md, "Portable or Hopper kernel on small calls" and "Session 22").
 constexpr double kHopperMinCausalWork = 34359738368.0;  // 2^35
 constexpr bool automatic_prefers_hopper(double causal_work) { return causal_work >= kHopperMinCausalWork; }
 
