@@ -119,6 +119,13 @@ endforeach()
 crisp_cli_test(plan.sets
   ARGS "plan|${QK_A}|--set|routing=jsd|--set|vs_budget=noise_floor|--set|alpha=2|--block|64|--precision|f64|--threads|1|--json|${CLI_DIR}/plan_sets.json"
   RC 0 FILES "${CLI_DIR}/plan_sets.json" JSON "${CLI_DIR}/plan_sets.json" HEADS 8 REQUIRES cli_gen_a)
+# Short prompts at finer blocks: 640 keys below the threshold plan at B = 64; a negative one is refused.
+crisp_cli_test(plan.fine_blocks_below
+  ARGS "plan|${QK_A}|--set|fine_blocks_below=1000|--threads|1|--json|${CLI_DIR}/plan_fine.json"
+  RC 0 STDOUT "n_q = 640 of n_k = 640, B = 64:" JSON "${CLI_DIR}/plan_fine.json" HEADS 8 REQUIRES cli_gen_a)
+crisp_cli_test(plan.fine_blocks_below_negative
+  ARGS "plan|${QK_A}|--set|fine_blocks_below=-5|--json|${CLI_DIR}/plan_fine_bad.json"
+  RC 2 STDERR "${ERR}fine_blocks_below: value -5 is out of range; expected an integer in" REQUIRES cli_gen_a)
 # A chunk: 384 queries (gen_b) as the last positions of gen_a's 640 keys; and the reverse, refused.
 crisp_cli_test(attend.chunk
   ARGS "attend|--q|${GEN_B}/q.npy|--k|${GEN_A}/k.npy|--v|${GEN_A}/v.npy|--out|${CLI_DIR}/o_chunk.npy|--lse|${CLI_DIR}/lse_chunk.npy"
