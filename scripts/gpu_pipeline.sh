@@ -36,6 +36,9 @@
 #      TUNING split of its candidates (NIAH 2k/4k/8k and the pass-key probe, both models) beside
 #      the GPU tests and the hook's checks, the pick (issue 14's bar on every run), the TEST split of
 #      a pick that met it, then `crisp bench` of the pick at short lengths. No 8B-shaped GGUF.
+#   PIPE_PHASE=mask: the plan at 128k, then the 8B-shaped model with the patch's fast causal KQ mask
+#      (A/B against llama.cpp's loop at 128k, fa and crisp alternated at 32k / 128k), then both small
+#      models' CUDA checks and llama-bench of fa and crisp (session 23).
 #   PIPE_PHASE=bench: steps 1-2's build and checks, then the kernels'
 #      crossover on small calls, step 3's benchmarks with the preset, and Gemma 3's 16k / 32k
 #      test split with the preset.
@@ -105,6 +108,14 @@ hook_timing() {  # hook_timing NAME MODEL POLICY [ENV...]
     -ub 8192 -ngl 99 -r 1 --sparse-prefill "$policy"
 }
 
+bench_8b() {  # bench_8b STEP TIMEOUT_S N fa|crisp [ENV...]: one llama-bench run, ubatches of 2048
+  local name=$1 limit=$2 n=$3 policy=()
+  [ "$4" = fa ] || policy=(--sparse-prefill crisp)
+  shift 4
+  step "$name" "$limit" env "$@" "$BIN/llama-bench" -m "$GGUF_8B" -p "$n" -n 0 -fa 1 -b "$n" -ub 2048 -ngl 99 \
+    -r 1 --no-warmup "${policy[@]}"
+}
+
 # PIPE_PHASE=hostdiag (no small models needed): whether the 8B-shaped model's prefill through crisp
 # is ever slower than llama.cpp's flash attention end to end (docs/llama_cpp.md, "Known problems
 # on CUDA", item 7). After the GPU tests and paged K/V's bench: fa and crisp alternated three
@@ -115,13 +126,6 @@ if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
   step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda  # the hook, beside the GPU tests
   wait  # the GPU tests and the 8B-shaped GGUF
   log "GPU tests and the GGUF done"
-  bench_8b() {  # bench_8b STEP TIMEOUT_S N fa|crisp [ENV...]: one llama-bench run, ubatches of 2048
-    local name=$1 limit=$2 n=$3 policy=()
-    [ "$4" = fa ] || policy=(--sparse-prefill crisp)
-    shift 4
-    step "$name" "$limit" env "$@" "$BIN/llama-bench" -m "$GGUF_8B" -p "$n" -n 0 -fa 1 -b "$n" -ub 2048 -ngl 99 \
-      -r 1 --no-warmup "${policy[@]}"
-  }
   # Paged K/V against contiguous (issue 16), alone on the GPU: the ratio of each page size to
   # contiguous within one run is the figure (bench/RESULTS.md, session 12: pages of 16 1.49x).
   step crisp_cli_build 300 cmake --build build-gpu --target crisp_cli -j"$(nproc)"
@@ -143,6 +147,39 @@ if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
     --lengths 32768,65536,131072 --policies fa,crisp --reps 1 --rounds 3 --max-ubatch 2048 --full-warmup-max 1 \
     --no-attn-time --json "$PIPE/llama8b_rounds.json" --md "$PIPE/llama8b_rounds.md"
   log "pipeline done (hostdiag)"
+  exit 0
+fi
+
+# PIPE_PHASE=mask (session 23; CRISP_GPU_BIN: crisp's prebuilt binaries, PIPE_BIN: llama.cpp's):
+# the 8B-shaped model's prefill once llama.cpp fills its causal KQ mask by the patch's fast path
+# (docs/llama_cpp.md, "Known problems on CUDA", item 7): first the plan at 128k x 32 heads (issue 14)
+# while the GGUF is written, then at 128k each policy once with llama.cpp's own cell-by-cell loop
+# (LLAMA_KQ_MASK_LOOP=1) for the A/B on this machine, then fa and crisp alternated three times at
+# 32k and 128k; then, with the small models carried, both models' CUDA checks (the fast mask
+# verified cell by cell) and llama-bench of fa and crisp at 8k-32k (attention nodes timed).
+if [ "${PIPE_PHASE:-tune}" = mask ]; then
+  step plan_128k 120 "${CRISP_GPU_BIN:?PIPE_PHASE=mask needs CRISP_GPU_BIN}/crisp" bench --seq 131072 --presets crisp \
+    --kernels hopper --densities 0.1 --reps 30 --warmup 2 --json "$PIPE/plan_128k.json"
+  step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda
+  wait  # the 8B-shaped GGUF
+  log "the GGUF done"
+  bench_8b llama8b_128k_fa_loop 150 131072 fa LLAMA_KQ_MASK_LOOP=1
+  bench_8b llama8b_128k_crisp_loop 150 131072 crisp LLAMA_KQ_MASK_LOOP=1
+  step llama8b_rounds 600 python3 scripts/llama_bench.py --bin "$BIN" --model "llama3.1-8b-shape=$GGUF_8B" \
+    --lengths 32768,131072 --policies fa,crisp --reps 1 --rounds 3 --max-ubatch 2048 --full-warmup-max 1 \
+    --no-attn-time --json "$PIPE/llama8b_rounds.json" --md "$PIPE/llama8b_rounds.md"
+  SMOL=$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf
+  GEMMA=$MODELS/gemma-3-270m-q4_k_m.gguf
+  while [ ! -f "$GEMMA" ] || [ ! -f "$SMOL" ]; do
+    [ $(( DEADLINE - ($(date +%s) - START) )) -lt 60 ] && { log "models never arrived"; exit 1; }
+    sleep 5
+  done
+  step llama_smollm2 240 tests/llama_cpp/test_llama_cpp.sh --cuda "$BIN" "$SMOL"
+  step llama_gemma 240 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
+  step llama_bench_small 360 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=360 CRISP_GPU_LLAMA_BIN="$BIN" \
+    CRISP_GPU_LLAMA_PARTS=small CRISP_GPU_LLAMA_MODELS="smollm2=$SMOL,gemma3=$GEMMA" CRISP_GPU_LLAMA_LENGTHS=8192,16384,32768 \
+    CRISP_GPU_LLAMA_REPS=2 CRISP_GPU_LLAMA_POLICIES=fa,crisp scripts/gpu.sh llama
+  log "pipeline done (mask)"
   exit 0
 fi
 

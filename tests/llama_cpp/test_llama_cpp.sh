@@ -6,7 +6,7 @@
 #   1. --sparse-prefill dense gives the same, right answer as llama.cpp's own flash attention
 #      (see same_as_flash_attention for why not the whole continuation), and crisp computed
 #      the prompt's attention (its log line, no fallback), with the prompt in one ubatch and in
-#      ubatches of 256 (chunks over the cache);
+#      ubatches of 256 (chunks over the cache); the patch's fast KQ mask checked cell by cell;
 #   2. --sparse-prefill crisp runs and crisp computed the prompt's attention;
 #   3. a bad policy, key or value stops llama-cli with an error naming it.
 # Usage: tests/llama_cpp/test_llama_cpp.sh [--cuda] [BIN_DIR [MODEL]]
@@ -112,6 +112,13 @@ if grep -q "crisp: sparse prefill falls back" "$work/dense_ub256.err"; then
   fail "dense -ub 256: fell back: $(grep "falls back" "$work/dense_ub256.err")"
 fi
 same_as_flash_attention fa_ub256 dense_ub256 "dense -ub 256"
+
+# 1c. the patch's fast fill of the causal KQ mask (llama-kv-cache-unified.cpp) checked cell by cell
+#     against llama.cpp's own rules on every ubatch (prompt chunks over the cache, decode steps
+#     with their padding rows): LLAMA_KQ_MASK_VERIFY aborts at the first cell that differs
+LLAMA_KQ_MASK_VERIFY=1 run_cli fa_mask_verify -fa -ub 256 \
+  || fail "llama-cli -fa -ub 256 with LLAMA_KQ_MASK_VERIFY=1 exited $?: $(grep -m1 -i "KQ_MASK\|error" "$work/fa_mask_verify.err")"
+cmp -s "$work/fa_ub256.out" "$work/fa_mask_verify.out" || fail "LLAMA_KQ_MASK_VERIFY=1 changed llama-cli's output"
 
 # 2. the crisp policy runs through crisp
 run_cli crisp --sparse-prefill crisp || fail "llama-cli --sparse-prefill crisp exited $?: $(tail -n 3 "$work/crisp.err")"

@@ -5,7 +5,7 @@
 #   1. --sparse-prefill dense gives the same greedy continuation as llama.cpp's own flash
 #      attention on a needle-in-a-haystack prompt of about 2.5k tokens; crisp computed the global
 #      layers' attention and left the sliding-window layers (their window no longer covers the
-#      prompt) to llama.cpp — both log lines present;
+#      prompt) to llama.cpp — both log lines present; the patch's fast KQ mask checked cell by cell;
 #   2. --sparse-prefill crisp runs through crisp; its continuation is printed (not checked: a
 #      sparse policy may change the answer of a 270M base model).
 # Usage: tests/llama_cpp/test_llama_cpp_gemma.sh [--cuda] [BIN_DIR [MODEL]]
@@ -68,6 +68,13 @@ if ! cmp -s "$work/fa.out" "$work/dense.out"; then
   diff "$work/fa.out" "$work/dense.out" | tail -n 4
 fi
 grep "crisp:" "$work/dense.err" | sed 's/^/  hook (dense): /'
+
+# 1b. the patch's fast causal KQ mask (the global layers' cache; the sliding-window cache keeps
+#     llama.cpp's loop) checked cell by cell on every ubatch, in ubatches of 1024 over the cache
+run_cli fa_ub1024 -fa -ub 1024 || fail "llama-cli -fa -ub 1024 exited $?: $(tail -n 3 "$work/fa_ub1024.err")"
+LLAMA_KQ_MASK_VERIFY=1 run_cli fa_mask_verify -fa -ub 1024 \
+  || fail "llama-cli -fa -ub 1024 with LLAMA_KQ_MASK_VERIFY=1 exited $?: $(grep -m1 -i "KQ_MASK\|error" "$work/fa_mask_verify.err")"
+cmp -s "$work/fa_ub1024.out" "$work/fa_mask_verify.out" || fail "LLAMA_KQ_MASK_VERIFY=1 changed llama-cli's output"
 
 # 2. the crisp policy runs
 run_cli crisp --sparse-prefill crisp || fail "llama-cli --sparse-prefill crisp exited $?: $(tail -n 3 "$work/crisp.err")"
