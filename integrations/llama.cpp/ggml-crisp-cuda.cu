@@ -226,16 +226,40 @@ __global__ void mask_row0_kernel(const uint16_t * __restrict__ row0, int64_t n_k
   if (threadIdx.x == 0) *result = static_cast<int>(n_past_of_row0(static_cast<int64_t>(first_nonzero), n_q, n_kv));
 }
 
-// Every cell of the first n_q rows against ggml_crisp::mask_cell_ok; any mismatch writes -1.
-constexpr int kMaskThreads = 256;  // NOTE: a plain element-wise kernel's block size
+// Every cell of the first n_q rows against ggml_crisp::mask_cell_ok; any mismatch writes -1, and a
+// block that starts after that returns at once (a mask the hook declines, a sliding window's, is
+// usually told from its first rows). A memory-bound scan: a thread reads 8 cells (16 bytes) a load
+// when the rows are 16-byte aligned (kVector), else one cell a load.
+// NOTE: 256 threads x 4 loads x 8 cells: 8192 cells of a row per block, 16 KB read per block (one
+// cell per thread and load, session 22's kernel, read a 16k x 16k mask at about 0.4 TB/s).
+constexpr int kMaskThreads = 256;
+constexpr int kMaskCellsPerLoad = 8;
+constexpr int kMaskLoadsPerThread = 4;
+constexpr int64_t kMaskCellsPerBlock = int64_t(kMaskThreads) * kMaskLoadsPerThread * kMaskCellsPerLoad;
+template <bool kVector>
 __global__ void mask_cells_kernel(const char * __restrict__ mask, size_t row_bytes, int64_t n_kv, int64_t n_q,
                                   int * result) {
-  const int n_past = *result;
+  const int n_past = *static_cast<volatile int *>(result);  // -1: row 0 or an earlier block ruled it out
   if (n_past < 0) return;
   for (int64_t i = blockIdx.y; i < n_q; i += gridDim.y) {
     const uint16_t * row = reinterpret_cast<const uint16_t *>(mask + i * row_bytes);
-    for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n_kv; j += int64_t(gridDim.x) * blockDim.x)
-      if (!mask_cell_ok(row[j], i, j, n_past)) *result = -1;
+    bool ok = true;
+#pragma unroll
+    for (int load = 0; load < kMaskLoadsPerThread; ++load) {
+      const int64_t j0 = blockIdx.x * kMaskCellsPerBlock + (int64_t(load) * kMaskThreads + threadIdx.x) * kMaskCellsPerLoad;
+      if (kVector && j0 + kMaskCellsPerLoad <= n_kv) {
+        const uint4 packed = *reinterpret_cast<const uint4 *>(row + j0);
+        const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+        for (int c = 0; c < kMaskCellsPerLoad; ++c) {
+          const uint16_t bits = static_cast<uint16_t>(words[c / 2] >> (16 * (c % 2)));
+          ok &= mask_cell_ok(bits, i, j0 + c, n_past);
+        }
+      } else {
+        for (int c = 0; c < kMaskCellsPerLoad && j0 + c < n_kv; ++c) ok &= mask_cell_ok(row[j0 + c], i, j0 + c, n_past);
+      }
+    }
+    if (!ok) *result = -1;
   }
 }
 
@@ -253,10 +277,13 @@ static int64_t check_mask_on_device(ggml_backend_cuda_context & ctx, const ggml_
   ggml_cuda_pool_alloc<int> verdict(ctx.pool(), 1);
   mask_row0_kernel<<<1, kRow0Threads, 0, stream>>>(static_cast<const uint16_t *>(mask->data), n_kv, n_q, verdict.get());
   // NOTE: at most 65535 rows per launch (gridDim.y's limit), the kernel strides over the rest.
-  const dim3 grid(static_cast<unsigned>((n_kv + kMaskThreads - 1) / kMaskThreads),
+  const dim3 grid(static_cast<unsigned>((n_kv + kMaskCellsPerBlock - 1) / kMaskCellsPerBlock),
                   static_cast<unsigned>(std::min<int64_t>(n_q, 65535)));
-  mask_cells_kernel<<<grid, kMaskThreads, 0, stream>>>(static_cast<const char *>(mask->data), mask->nb[1], n_kv, n_q,
-                                                      verdict.get());
+  const char * cells = static_cast<const char *>(mask->data);
+  if (reinterpret_cast<uintptr_t>(cells) % 16 == 0 && mask->nb[1] % 16 == 0)
+    mask_cells_kernel<true><<<grid, kMaskThreads, 0, stream>>>(cells, mask->nb[1], n_kv, n_q, verdict.get());
+  else
+    mask_cells_kernel<false><<<grid, kMaskThreads, 0, stream>>>(cells, mask->nb[1], n_kv, n_q, verdict.get());
   CUDA_CHECK(cudaGetLastError());
   sync_check(ctx, dst, "after the mask verdict kernels");
   int * host = pinned_verdict();

@@ -76,6 +76,10 @@ struct Case {
   // A residual-style ADD of two multi-row matrices in the same graph: ggml-cuda then computes the
   // graph eagerly instead of capturing it into a CUDA graph (docs/llama_cpp.md, item 6).
   bool eager_add = false;
+  // The cache view's cells are a multiple of this (llama.cpp pads to 256); 1 with a cell count that
+  // is not a multiple of 8 gives mask rows that are not 16-byte aligned (the CUDA hook's mask check
+  // then reads one cell a load instead of eight).
+  int64_t kv_pad = 256;
 };
 
 bool visible(const Case & c, int64_t i, int64_t j) {
@@ -128,7 +132,7 @@ struct Op {
 Op build_op(ggml_context * ctx, const Case & c) {
   const int64_t n_tokens = c.n_past + c.n_q;
   Op op;
-  op.n_kv = (n_tokens + 255) / 256 * 256;  // llama.cpp pads the cache view to 256 cells
+  op.n_kv = (n_tokens + c.kv_pad - 1) / c.kv_pad * c.kv_pad;  // llama.cpp pads the cache view to 256 cells
   const int64_t n_q_pad = (c.n_q + GGML_KQ_MASK_PAD - 1) / GGML_KQ_MASK_PAD * GGML_KQ_MASK_PAD;
   op.q_rows = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.dim, c.heads, c.n_q);
   op.k_cache = ggml_new_tensor_3d(ctx, c.cache, c.dim, c.kv_heads, op.n_kv);
@@ -549,6 +553,18 @@ int main(int argc, char ** argv) {
   Case window_chunk = window;
   window_chunk.n_past = 200;
   falls_back("sliding window, later ubatch", window_chunk);
+  // A cache view of 301 cells, unpadded: mask rows of 602 bytes (the CUDA mask check's one-cell
+  // loads). llama.cpp's CUDA kernel asserts a padded view, so only crisp runs it there, and the
+  // declined case (a hole: llama.cpp's kernel computes it) runs on the CPU only.
+  Case unpadded;
+  unpadded.n_q = 301;
+  unpadded.kv_pad = 1;
+  dense_matches_reference("unpadded cache view (mask rows not 16-byte aligned)", unpadded, false);
+  if (!g_backend.cuda) {
+    Case unpadded_hole = unpadded;
+    unpadded_hole.mask = MaskKind::hole;
+    falls_back("unpadded cache view with a hole in the mask", unpadded_hole);
+  }
   Case decode;
   decode.n_q = 1;
   decode.n_past = 40;
