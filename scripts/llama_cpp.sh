@@ -102,7 +102,8 @@ if [ "$update_patch" -eq 1 ]; then
   new_patch="$(mktemp)"
   for f in $(echo "$files" | tr ' ' '\n' | sort -u); do
     [ -f "$src/$f" ] || die "LLAMA_CPP_PATCH_FILES: no file $f in $src"
-    diff -u --label "a/$f" --label "b/$f" "$pristine/$f" "$src/$f" >> "$new_patch" || true
+    # -N: a file the patch adds (absent from the sdist) is diffed against an empty one.
+    diff -uN --label "a/$f" --label "b/$f" "$pristine/$f" "$src/$f" >> "$new_patch" || true
   done
   mv "$new_patch" "$patch_file"
   echo "sdist $SDIST_SHA256 patch $(sha256sum "$patch_file" | cut -d' ' -f1)" > "$src/.crisp-stamp"

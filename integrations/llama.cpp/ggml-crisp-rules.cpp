@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 
+#include "ggml-flash-attn-window.h"  // the window llama.cpp marks on a sliding-window layer's op
 #include "ggml-impl.h"
 #include "plan/rules.h"
 
@@ -136,6 +137,13 @@ std::string shape_decline_reason(const ggml_tensor * dst, const BackendLimits & 
   if (mask->type != GGML_TYPE_F16) return "a KQ mask that is not F16";
   if (mask->ne[2] != 1 || mask->ne[3] != 1) return "a KQ mask per head or per stream";
   if (mask->nb[0] != sizeof(uint16_t) || mask->nb[1] % sizeof(uint16_t) != 0) return "a KQ mask with non-contiguous rows";
+  // A sliding-window layer (llama.cpp's build_attn_mha marks the op with its window) over more cells
+  // than its window may have a mask that cuts the prefix, which crisp's causal plans do not: told
+  // from the op, before any cell of the mask is read (on CUDA that read is a kernel and a
+  // synchronisation). Conservative: the cells are padded, so a window that just covers the prompt
+  // can still fall back. When every cell fits in the window the mask rule below decides.
+  const int32_t window = ggml_flash_attn_ext_get_window(dst);
+  if (window > 0 && mask->ne[0] > window) return "a sliding-window layer whose window is narrower than the KV cells";
   // crisp reads up to as many K/V rows as the mask has cells (ggml_flash_attn_ext does not check).
   if (k->ne[1] < mask->ne[0] || v->ne[1] < mask->ne[0]) return "K/V views with fewer cells than the KQ mask";
   if (q->ne[3] != 1 || k->ne[3] != 1 || v->ne[3] != 1) return "several KV streams in one ubatch";

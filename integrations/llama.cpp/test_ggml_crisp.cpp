@@ -33,6 +33,7 @@
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
+#include "ggml-flash-attn-window.h"
 #include "ggml-cpu.h"
 #include "ggml-crisp-rules.h"
 #include "ggml.h"
@@ -80,6 +81,9 @@ struct Case {
   // is not a multiple of 8 gives mask rows that are not 16-byte aligned (the CUDA hook's mask check
   // then reads one cell a load instead of eight).
   int64_t kv_pad = 256;
+  // The window llama.cpp's build_attn_mha marks on a sliding-window layer's op
+  // (ggml_flash_attn_ext_set_window); 0: unmarked, as a global layer's.
+  int32_t marked_window = 0;
 };
 
 bool visible(const Case & c, int64_t i, int64_t j) {
@@ -144,6 +148,7 @@ Op build_op(ggml_context * ctx, const Case & c) {
   op.scale = 1.0f / std::sqrt(float(c.dim));
   op.out = ggml_flash_attn_ext(ctx, q, k, v, op.mask, op.scale, c.max_bias, c.softcap);
   ggml_flash_attn_ext_set_prec(op.out, GGML_PREC_F32);
+  ggml_flash_attn_ext_set_window(op.out, c.marked_window);
   return op;
 }
 
@@ -553,6 +558,19 @@ int main(int argc, char ** argv) {
   Case window_chunk = window;
   window_chunk.n_past = 200;
   falls_back("sliding window, later ubatch", window_chunk);
+  // The same layers as llama.cpp builds them: the op carries the window (build_attn_mha's mark).
+  // A window narrower than the cells declines the op from its shape, before the mask is read, so
+  // even a plain causal mask under such a mark is left to llama.cpp's kernel.
+  Case marked = window;
+  marked.marked_window = 128;
+  falls_back("sliding window marked on the op", marked, true, true);
+  Case marked_causal_mask = gemma;
+  marked_causal_mask.marked_window = 128;
+  falls_back("window marked on the op narrower than the cells, plain causal mask", marked_causal_mask, true, true);
+  // A marked window that covers every cell (512 of 512): the mask rule decides, and crisp computes it.
+  Case marked_wide = wide_window;
+  marked_wide.marked_window = 512;
+  dense_matches_reference("sliding window marked on the op, covering every cell", marked_wide);
   // A cache view of 301 cells, unpadded: mask rows of 602 bytes (the CUDA mask check's one-cell
   // loads). llama.cpp's CUDA kernel asserts a padded view, so only crisp runs it there, and the
   // declined case (a hole: llama.cpp's kernel computes it) runs on the CPU only.

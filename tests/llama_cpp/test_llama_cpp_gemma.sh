@@ -5,7 +5,8 @@
 #   1. --sparse-prefill dense gives the same greedy continuation as llama.cpp's own flash
 #      attention on a needle-in-a-haystack prompt of about 2.5k tokens; crisp computed the global
 #      layers' attention and left the sliding-window layers (their window no longer covers the
-#      prompt) to llama.cpp — both log lines present; the patch's fast KQ mask checked cell by cell;
+#      prompt) to llama.cpp, told by the window the patch marks on their op — both log lines
+#      present; the patch's fast KQ masks (causal, and windowed) checked cell by cell;
 #   2. --sparse-prefill crisp runs through crisp; its continuation is printed (not checked: a
 #      sparse policy may change the answer of a 270M base model).
 # Usage: tests/llama_cpp/test_llama_cpp_gemma.sh [--cuda] [BIN_DIR [MODEL]]
@@ -60,8 +61,10 @@ continuation() { tail -c 60 "$work/$1.out" | tr '\n' ' '; }
 run_cli fa -fa || fail "llama-cli -fa exited $?: $(tail -n 3 "$work/fa.err")"
 run_cli dense --sparse-prefill dense || fail "llama-cli --sparse-prefill dense exited $?: $(tail -n 3 "$work/dense.err")"
 grep -q "crisp: sparse prefill 'dense' computes.*$computes_suffix" "$work/dense.err" || fail "dense: crisp computed no layer's attention"
-grep -q "crisp: sparse prefill falls back.*sliding window" "$work/dense.err" ||
-  fail "dense: the sliding-window layers did not fall back"
+# The sliding-window layers are declined from the window llama.cpp marks on their op (the patch's
+# build_attn_mha), not from their mask.
+grep -q "crisp: sparse prefill falls back.*sliding-window layer whose window is narrower" "$work/dense.err" ||
+  fail "dense: the sliding-window layers did not fall back on their op's window mark"
 [ -s "$work/fa.out" ] || fail "llama-cli -fa printed nothing"
 if ! cmp -s "$work/fa.out" "$work/dense.out"; then
   fail "dense output differs from llama.cpp's flash attention"
@@ -69,8 +72,8 @@ if ! cmp -s "$work/fa.out" "$work/dense.out"; then
 fi
 grep "crisp:" "$work/dense.err" | sed 's/^/  hook (dense): /'
 
-# 1b. the patch's fast causal KQ mask (the global layers' cache; the sliding-window cache keeps
-#     llama.cpp's loop) checked cell by cell on every ubatch, in ubatches of 1024 over the cache
+# 1b. the patch's fast KQ mask (the global layers' causal one and the sliding-window layers'
+#     windowed one) checked cell by cell on every ubatch, in ubatches of 1024 over the cache
 run_cli fa_ub1024 -fa -ub 1024 || fail "llama-cli -fa -ub 1024 exited $?: $(tail -n 3 "$work/fa_ub1024.err")"
 LLAMA_KQ_MASK_VERIFY=1 run_cli fa_mask_verify -fa -ub 1024 \
   || fail "llama-cli -fa -ub 1024 with LLAMA_KQ_MASK_VERIFY=1 exited $?: $(grep -m1 -i "KQ_MASK\|error" "$work/fa_mask_verify.err")"
