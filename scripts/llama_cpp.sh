@@ -101,7 +101,11 @@ if [ "$update_patch" -eq 1 ]; then
   files="$(sed -n 's|^+++ b/||p' "$patch_file") ${LLAMA_CPP_PATCH_FILES:-}"
   new_patch="$(mktemp)"
   for f in $(echo "$files" | tr ' ' '\n' | sort -u); do
-    [ -f "$src/$f" ] || die "LLAMA_CPP_PATCH_FILES: no file $f in $src"
+    if [ ! -f "$src/$f" ]; then
+      # a file the patch added and that is gone from the tree: dropped from the patch
+      [ ! -f "$pristine/$f" ] && grep -q "^+++ b/$f\$" "$patch_file" && { say "dropping $f (removed)"; continue; }
+      die "LLAMA_CPP_PATCH_FILES: no file $f in $src"
+    fi
     # -N: a file the patch adds (absent from the sdist) is diffed against an empty one.
     diff -uN --label "a/$f" --label "b/$f" "$pristine/$f" "$src/$f" >> "$new_patch" || true
   done

@@ -593,13 +593,18 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
   }
   time_stage(ctx, "", /*first=*/true);
   sync_check(ctx, dst, "on entry to crisp's hook (a kernel of an earlier op, llama.cpp's: crisp's own ops end checked)");
-  const int64_t n_past = causal_prefix_on_device(ctx, dst);
+  // A mask llama.cpp noted as causal is not read (no kernels, no synchronisation); others are.
+  bool read_mask = false;
+  const int64_t n_past = causal_prefix_of_op(dst, [&] {
+    read_mask = true;
+    return causal_prefix_on_device(ctx, dst);
+  });
   if (n_past < 0) {
     time_stage(ctx, "the mask verdict's copy and synchronisation (op declined)");
     decline(kMaskDeclineReason);
     return false;
   }
-  time_stage(ctx, "the mask verdict's copy and synchronisation (op taken)");
+  time_stage(ctx, read_mask ? "the mask verdict's copy and synchronisation (op taken)" : "the mask's causal note (op taken)");
 
   float scale = 1.0f;
   std::memcpy(&scale, dst->op_params, sizeof(float));

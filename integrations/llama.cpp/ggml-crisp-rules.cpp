@@ -4,12 +4,13 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <set>
 
-#include "ggml-flash-attn-window.h"  // the window llama.cpp marks on a sliding-window layer's op
+#include "ggml-sparse-prefill.h"  // the marks llama.cpp leaves: a layer's window, a mask's causal note
 #include "ggml-impl.h"
 #include "plan/rules.h"
 
@@ -159,6 +160,30 @@ std::string shape_decline_reason(const ggml_tensor * dst, const BackendLimits & 
       !whole_element_rows(v, limits.row_alignment))
     return "Q/K/V strides that are not whole (aligned) elements";
   return "";
+}
+
+int64_t noted_n_past(const ggml_tensor * dst) {
+  static const bool notes_off = [] {
+    const char * value = std::getenv("CRISP_HOOK_MASK_NOTE");
+    return value != nullptr && std::strcmp(value, "0") == 0;
+  }();
+  const ggml_tensor * mask = dst->src[3];
+  int64_t n_past = -1;
+  if (notes_off || mask == nullptr || !ggml_kq_mask_get_causal_note(mask, &n_past)) return -1;
+  return n_past >= 0 && n_past + dst->src[0]->ne[1] <= mask->ne[0] ? n_past : -1;
+}
+
+bool mask_note_check_requested() {
+  static const bool requested = [] {
+    const char * value = std::getenv("CRISP_HOOK_MASK_NOTE");
+    return value != nullptr && std::strcmp(value, "check") == 0;
+  }();
+  return requested;
+}
+
+void abort_on_wrong_note(const ggml_tensor * dst, int64_t noted, int64_t checked) {
+  GGML_ABORT("crisp: CRISP_HOOK_MASK_NOTE=check: op %s: the KQ mask's causal note says n_past %lld, its cells say %lld "
+             "(-1: not plain causal)", dst->name, (long long) noted, (long long) checked);
 }
 
 bool takes_unless_mask_declines(const ggml_tensor * dst, const BackendLimits & limits) {

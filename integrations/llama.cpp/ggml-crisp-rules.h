@@ -106,4 +106,30 @@ GGML_CRISP_HD bool mask_cell_ok(uint16_t bits, int64_t i, int64_t j, int64_t n_p
   return j <= n_past + i ? is_zero_f16(bits) : is_minus_inf_f16(bits);
 }
 
+// ---------------------------------------------------------------- the mask's causal note
+// The patched llama.cpp knows, when it fills a KQ mask, whether the mask is plain causal over a
+// contiguous prefix and after how many cells (llama_kv_cache_unified::causal_note_of_mask), and
+// leaves that note on the node the op reads the mask from (ggml_kq_mask_set_causal_note). A noted
+// op needs no reading of the mask: on CUDA no kernels and no synchronisation, which used to stall
+// the host in the middle of each ubatch's launches (docs/llama_cpp.md). An op without a note (a
+// llama.cpp path that leaves none, another program's graph) is checked cell by cell as before.
+// noted_n_past: the note's n_past, or -1 when there is none, it does not fit the op (n_past + n_q
+// cells within the mask's), or CRISP_HOOK_MASK_NOTE=0 turns notes off (the A/B of the check).
+int64_t noted_n_past(const ggml_tensor * dst);
+// CRISP_HOOK_MASK_NOTE=check: a noted op's mask is read as well, and a note that disagrees with the
+// cells aborts (tests/llama_cpp runs it).
+bool mask_note_check_requested();
+[[noreturn]] void abort_on_wrong_note(const ggml_tensor * dst, int64_t noted, int64_t checked);
+
+// The op's n_past (-1: the mask rules the op out), from its note, or from check_mask() (the
+// backend's reading of every cell) when there is no note or the check is requested.
+template <typename CheckMask>
+int64_t causal_prefix_of_op(const ggml_tensor * dst, CheckMask && check_mask) {
+  const int64_t noted = noted_n_past(dst);
+  if (noted >= 0 && !mask_note_check_requested()) return noted;
+  const int64_t checked = check_mask();
+  if (noted >= 0 && checked != noted) abort_on_wrong_note(dst, noted, checked);
+  return checked;
+}
+
 }  // namespace ggml_crisp

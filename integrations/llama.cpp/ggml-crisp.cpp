@@ -71,7 +71,7 @@ std::string decline_reason(const ggml_tensor * dst, int64_t * n_past) {
   limits.head_dim_supported = cpu_head_dim_supported;
   const std::string reason = shape_decline_reason(dst, limits);
   if (!reason.empty()) return reason;
-  *n_past = causal_prefix(dst->src[3], dst->src[0]->ne[1]);
+  *n_past = causal_prefix_of_op(dst, [&] { return causal_prefix(dst->src[3], dst->src[0]->ne[1]); });
   if (*n_past < 0) return kMaskDeclineReason;
   return "";
 }

@@ -33,7 +33,7 @@
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
-#include "ggml-flash-attn-window.h"
+#include "ggml-sparse-prefill.h"
 #include "ggml-cpu.h"
 #include "ggml-crisp-rules.h"
 #include "ggml.h"
@@ -84,6 +84,9 @@ struct Case {
   // The window llama.cpp's build_attn_mha marks on a sliding-window layer's op
   // (ggml_flash_attn_ext_set_window); 0: unmarked, as a global layer's.
   int32_t marked_window = 0;
+  // The causal note llama.cpp's set_input leaves on the mask node (ggml_kq_mask_set_causal_note):
+  // its n_past, or -1 for none.
+  int64_t note_n_past = -1;
 };
 
 bool visible(const Case & c, int64_t i, int64_t j) {
@@ -149,6 +152,7 @@ Op build_op(ggml_context * ctx, const Case & c) {
   op.out = ggml_flash_attn_ext(ctx, q, k, v, op.mask, op.scale, c.max_bias, c.softcap);
   ggml_flash_attn_ext_set_prec(op.out, GGML_PREC_F32);
   ggml_flash_attn_ext_set_window(op.out, c.marked_window);
+  if (c.note_n_past >= 0) ggml_kq_mask_set_causal_note(op.mask, c.note_n_past);
   return op;
 }
 
@@ -571,6 +575,28 @@ int main(int argc, char ** argv) {
   Case marked_wide = wide_window;
   marked_wide.marked_window = 512;
   dense_matches_reference("sliding window marked on the op, covering every cell", marked_wide);
+  // The causal note of the patched llama.cpp: a noted mask is not read. With a true note crisp's
+  // result is the reference's; a note that does not fit the op (n_past + n_q past the cells) is
+  // ignored and the mask read; and a note is taken at its word, so a hole in a noted mask is not
+  // seen (llama.cpp notes only masks it filled causal; CRISP_HOOK_MASK_NOTE=check reads them too
+  // and aborts on a disagreement, which tests/llama_cpp runs on real prompts).
+  Case noted;
+  noted.note_n_past = 0;
+  dense_matches_reference("causal mask with its causal note", noted);
+  Case noted_chunk = noted;
+  noted_chunk.n_past = 200;
+  noted_chunk.note_n_past = 200;
+  dense_matches_reference("causal mask with its causal note, later ubatch", noted_chunk);
+  Case note_past_cells = noted;
+  note_past_cells.note_n_past = 400;  // 400 + 300 queries > 512 cells
+  dense_matches_reference("a causal note that does not fit the op (ignored, mask read)", note_past_cells);
+  if (std::getenv("CRISP_HOOK_MASK_NOTE") == nullptr) {
+    Case noted_hole = noted;
+    noted_hole.mask = MaskKind::hole;
+    set_policy("dense");
+    const Run r = run(noted_hole, 1);
+    check(r.delta.handled == 1 && r.finite, "a causal note is taken at its word: crisp computed the op without reading the mask");
+  }
   // A cache view of 301 cells, unpadded: mask rows of 602 bytes (the CUDA mask check's one-cell
   // loads). llama.cpp's CUDA kernel asserts a padded view, so only crisp runs it there, and the
   // declined case (a hole: llama.cpp's kernel computes it) runs on the CPU only.

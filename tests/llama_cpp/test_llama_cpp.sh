@@ -120,6 +120,14 @@ LLAMA_KQ_MASK_VERIFY=1 run_cli fa_mask_verify -fa -ub 256 \
   || fail "llama-cli -fa -ub 256 with LLAMA_KQ_MASK_VERIFY=1 exited $?: $(grep -m1 -i "KQ_MASK\|error" "$work/fa_mask_verify.err")"
 cmp -s "$work/fa_ub256.out" "$work/fa_mask_verify.out" || fail "LLAMA_KQ_MASK_VERIFY=1 changed llama-cli's output"
 
+# 1d. the causal note the patch leaves on each filled mask (ggml-sparse-prefill.h): the hook reads
+#     the mask as well and aborts where the note disagrees with its cells (CRISP_HOOK_MASK_NOTE=
+#     check), and llama.cpp checks the note against the rows it filled (LLAMA_KQ_MASK_VERIFY), on
+#     prompt chunks over the cache
+CRISP_HOOK_MASK_NOTE=check LLAMA_KQ_MASK_VERIFY=1 run_cli dense_note_check --sparse-prefill dense -ub 256 \
+  || fail "--sparse-prefill dense -ub 256 with CRISP_HOOK_MASK_NOTE=check exited $?: $(grep -m1 -i "note\|error" "$work/dense_note_check.err")"
+grep -q "crisp: sparse prefill 'dense' computes" "$work/dense_note_check.err" || fail "CRISP_HOOK_MASK_NOTE=check: crisp computed no op"
+
 # 2. the crisp policy runs through crisp
 run_cli crisp --sparse-prefill crisp || fail "llama-cli --sparse-prefill crisp exited $?: $(tail -n 3 "$work/crisp.err")"
 grep -q "crisp: sparse prefill 'crisp' computes the attention of prompt ubatches$computes_suffix" "$work/crisp.err" || fail "crisp: crisp did not compute the prompt's attention"

@@ -78,6 +78,11 @@ run_cli fa_ub1024 -fa -ub 1024 || fail "llama-cli -fa -ub 1024 exited $?: $(tail
 LLAMA_KQ_MASK_VERIFY=1 run_cli fa_mask_verify -fa -ub 1024 \
   || fail "llama-cli -fa -ub 1024 with LLAMA_KQ_MASK_VERIFY=1 exited $?: $(grep -m1 -i "KQ_MASK\|error" "$work/fa_mask_verify.err")"
 cmp -s "$work/fa_ub1024.out" "$work/fa_mask_verify.out" || fail "LLAMA_KQ_MASK_VERIFY=1 changed llama-cli's output"
+# 1c. the causal notes on the global layers' masks checked against their cells by the hook and by
+#     llama.cpp (see test_llama_cpp.sh, 1d), in ubatches of 1024 over the cache
+CRISP_HOOK_MASK_NOTE=check LLAMA_KQ_MASK_VERIFY=1 run_cli dense_note_check --sparse-prefill dense -ub 1024 \
+  || fail "--sparse-prefill dense -ub 1024 with CRISP_HOOK_MASK_NOTE=check exited $?: $(grep -m1 -i "note\|error" "$work/dense_note_check.err")"
+grep -q "crisp: sparse prefill 'dense' computes" "$work/dense_note_check.err" || fail "CRISP_HOOK_MASK_NOTE=check: crisp computed no op"
 
 # 2. the crisp policy runs
 run_cli crisp --sparse-prefill crisp || fail "llama-cli --sparse-prefill crisp exited $?: $(tail -n 3 "$work/crisp.err")"
