@@ -80,8 +80,9 @@ static bool sync_check_requested() {
 // waited there); for where the host's time goes in a run that keeps its asynchrony.
 // CRISP_HOOK_TIMING=gpu (the first device and stream the hook runs on only): the same stages on
 // the GPU's clock, without synchronisations: a CUDA event
-// recorded on the stream at each mark, the time between consecutive events read back at the next
-// mask verdict's synchronisation (so the last compute's ops are left out). A stage's time is what
+// recorded on the stream at each mark, the time between consecutive events read back once they
+// have completed (polled at each mark, without waiting, and at a mask verdict's synchronisation;
+// a noted mask has none), so the marks of the last ops before exit are left out. A stage's time is what
 // the GPU spent between the two points of the stream, its idle time waiting for the host
 // included; the time from one op's last mark to the next op's entry (llama.cpp's other nodes of
 // the layer, and whatever idles between) is its own stage.
@@ -144,6 +145,28 @@ struct StageTimes {
 };
 StageTimes g_stage_times;
 
+// gpu mode, with g_stage_times.mutex held: the pending events that have completed, in the order
+// recorded (up to the first that has not, which cudaEventQuery tells without waiting); the time
+// between consecutive events goes to the later one's stage.
+static void consume_completed_marks() {
+  StageTimes & t = g_stage_times;
+  size_t done = 0;
+  for (; done < t.pending.size(); ++done) {
+    auto & [stage, event] = t.pending[done];
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaErrorNotReady) break;
+    CUDA_CHECK(status);
+    if (t.last_event != nullptr) {
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, t.last_event, event));
+      t.add(stage, ms * 1e-3);
+      t.spare_events.push_back(t.last_event);
+    }
+    t.last_event = event;
+  }
+  t.pending.erase(t.pending.begin(), t.pending.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
 // Starts (first = true) or closes a timed stage: the time since the previous mark goes to `stage`.
 // One mark per host thread would be needed for several devices driven at once; the hook's ops of one
 // device are serial, which is what the timing is for.
@@ -156,8 +179,9 @@ static void time_stage(ggml_backend_cuda_context & ctx, const char * stage, bool
       g_stage_times.device = ctx.device;
       g_stage_times.stream = ctx.stream();
     }
-    // Events belong to one device, and only that stream's synchronisation completes them.
+    // Events belong to one device, and are timed on one stream.
     if (ctx.device != g_stage_times.device || ctx.stream() != g_stage_times.stream) return;
+    consume_completed_marks();
     cudaEvent_t event = nullptr;
     if (!g_stage_times.spare_events.empty()) {
       event = g_stage_times.spare_events.back();
@@ -177,21 +201,12 @@ static void time_stage(ggml_backend_cuda_context & ctx, const char * stage, bool
 }
 
 // gpu mode, right after a synchronisation of the stream: every event recorded so far has
-// completed; the times between consecutive ones go to their stages.
+// completed, and goes to its stage.
 static void read_gpu_marks(int device, cudaStream_t stream) {
   if (timing_mode() != HookTiming::gpu) return;
   std::lock_guard<std::mutex> lock(g_stage_times.mutex);
   if (device != g_stage_times.device || stream != g_stage_times.stream) return;
-  for (auto & [stage, event] : g_stage_times.pending) {
-    if (g_stage_times.last_event != nullptr) {
-      float ms = 0.0f;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, g_stage_times.last_event, event));
-      g_stage_times.add(stage, ms * 1e-3);
-      g_stage_times.spare_events.push_back(g_stage_times.last_event);
-    }
-    g_stage_times.last_event = event;
-  }
-  g_stage_times.pending.clear();
+  consume_completed_marks();
 }
 
 static void sync_check(ggml_backend_cuda_context & ctx, const ggml_tensor * dst, const char * stage) {
