@@ -66,6 +66,13 @@ START=$(date +%s)
 DEADLINE=${PIPE_DEADLINE_S:-1500}
 log() { echo "$(date +%T) [+$(( $(date +%s) - START ))s] $*" >> "$PIPE/pipeline.log"; }
 left() { local l=$(( DEADLINE - ($(date +%s) - START) )); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"; }
+# Waits for both models (they arrive in later device calls); exits when the deadline comes first.
+wait_for_models() {
+  while [ ! -f "$GEMMA" ] || [ ! -f "$SMOL" ]; do
+    [ $(( DEADLINE - ($(date +%s) - START) )) -lt 60 ] && { log "models never arrived"; exit 1; }
+    sleep 5
+  done
+}
 step() {  # step NAME TIMEOUT_S COMMAND... : runs it with its output in $PIPE/NAME.log
   local name=$1 limit=$2
   shift 2
@@ -170,10 +177,7 @@ if [ "${PIPE_PHASE:-tune}" = mask ]; then
     --no-attn-time --json "$PIPE/llama8b_rounds.json" --md "$PIPE/llama8b_rounds.md"
   SMOL=$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf
   GEMMA=$MODELS/gemma-3-270m-q4_k_m.gguf
-  while [ ! -f "$GEMMA" ] || [ ! -f "$SMOL" ]; do
-    [ $(( DEADLINE - ($(date +%s) - START) )) -lt 60 ] && { log "models never arrived"; exit 1; }
-    sleep 5
-  done
+  wait_for_models
   step llama_smollm2 240 tests/llama_cpp/test_llama_cpp.sh --cuda "$BIN" "$SMOL"
   step llama_gemma 240 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
   step llama_bench_small 360 env OUT="$PIPE/llama_bench" CRISP_GPU_DEADLINE_S=360 CRISP_GPU_LLAMA_BIN="$BIN" \
@@ -186,10 +190,7 @@ fi
 # 2: the models.
 SMOL=$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf
 GEMMA=$MODELS/gemma-3-270m-q4_k_m.gguf
-while [ ! -f "$GEMMA" ] || [ ! -f "$SMOL" ]; do
-  [ $(( DEADLINE - ($(date +%s) - START) )) -lt 60 ] && { log "models never arrived"; exit 1; }
-  sleep 5
-done
+wait_for_models
 log "models present"
 if [ "${PIPE_RESUME:-0}" != 1 ] && [ "${PIPE_PHASE:-tune}" = fine ]; then
   # Beside the evaluations: the hook's own test and both models' checks (the hook's block size

@@ -88,6 +88,7 @@ same_as_flash_attention() {  # same_as_flash_attention FA_RUN DENSE_RUN LABEL
 }
 
 # Greedy; one prompt ubatch unless the caller passes -ub (a later -ub replaces the earlier one).
+. "$(dirname "$0")/kq_mask_checks.sh"  # check_kq_masks
 run_cli() {  # run_cli NAME ARGS... -> $work/NAME.out (stdout), $work/NAME.err (stderr), returns rc
   local name="$1"; shift
   "$cli" -m "$model" -no-cnv -p "$prompt" -n 16 --temp 0 --seed 1 -c 2048 -b 2048 -ub 2048 -t 2 \
@@ -113,20 +114,10 @@ if grep -q "crisp: sparse prefill falls back" "$work/dense_ub256.err"; then
 fi
 same_as_flash_attention fa_ub256 dense_ub256 "dense -ub 256"
 
-# 1c. the patch's fast fill of the causal KQ mask (llama-kv-cache-unified.cpp) checked cell by cell
-#     against llama.cpp's own rules on every ubatch (prompt chunks over the cache, decode steps
-#     with their padding rows): LLAMA_KQ_MASK_VERIFY aborts at the first cell that differs
-LLAMA_KQ_MASK_VERIFY=1 run_cli fa_mask_verify -fa -ub 256 \
-  || fail "llama-cli -fa -ub 256 with LLAMA_KQ_MASK_VERIFY=1 exited $?: $(grep -m1 -i "KQ_MASK\|error" "$work/fa_mask_verify.err")"
-cmp -s "$work/fa_ub256.out" "$work/fa_mask_verify.out" || fail "LLAMA_KQ_MASK_VERIFY=1 changed llama-cli's output"
-
-# 1d. the causal note the patch leaves on each filled mask (ggml-sparse-prefill.h): the hook reads
-#     the mask as well and aborts where the note disagrees with its cells (CRISP_HOOK_MASK_NOTE=
-#     check), and llama.cpp checks the note against the rows it filled (LLAMA_KQ_MASK_VERIFY), on
-#     prompt chunks over the cache
-CRISP_HOOK_MASK_NOTE=check LLAMA_KQ_MASK_VERIFY=1 run_cli dense_note_check --sparse-prefill dense -ub 256 \
-  || fail "--sparse-prefill dense -ub 256 with CRISP_HOOK_MASK_NOTE=check exited $?: $(grep -m1 -i "note\|error" "$work/dense_note_check.err")"
-grep -q "crisp: sparse prefill 'dense' computes" "$work/dense_note_check.err" || fail "CRISP_HOOK_MASK_NOTE=check: crisp computed no op"
+# 1c. the patch's KQ mask (its fast fill checked cell by cell, its causal notes checked against the
+#     cells by the hook and by llama.cpp) on every ubatch of 256: prompt chunks over the cache and
+#     decode steps with their padding rows (tests/llama_cpp/kq_mask_checks.sh)
+check_kq_masks 256 fa_ub256
 
 # 2. the crisp policy runs through crisp
 run_cli crisp --sparse-prefill crisp || fail "llama-cli --sparse-prefill crisp exited $?: $(tail -n 3 "$work/crisp.err")"

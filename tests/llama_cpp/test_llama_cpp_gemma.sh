@@ -50,6 +50,7 @@ done
 prompt+="The special magic number is"
 
 # Greedy; the whole prompt in one ubatch.
+. "$(dirname "$0")/kq_mask_checks.sh"  # check_kq_masks
 run_cli() {  # run_cli NAME ARGS... -> $work/NAME.out (stdout), $work/NAME.err (stderr), returns rc
   local name="$1"; shift
   "$cli" -m "$model" -no-cnv -p "$prompt" -n 8 --temp 0 --seed 1 -c 4096 -b 4096 -ub 4096 -t 2 \
@@ -72,17 +73,10 @@ if ! cmp -s "$work/fa.out" "$work/dense.out"; then
 fi
 grep "crisp:" "$work/dense.err" | sed 's/^/  hook (dense): /'
 
-# 1b. the patch's fast KQ mask (the global layers' causal one and the sliding-window layers'
-#     windowed one) checked cell by cell on every ubatch, in ubatches of 1024 over the cache
+# 1b. the patch's KQ masks (the global layers' causal one and the sliding-window layers' windowed
+#     one, and the causal notes) checked in ubatches of 1024 over the cache (kq_mask_checks.sh)
 run_cli fa_ub1024 -fa -ub 1024 || fail "llama-cli -fa -ub 1024 exited $?: $(tail -n 3 "$work/fa_ub1024.err")"
-LLAMA_KQ_MASK_VERIFY=1 run_cli fa_mask_verify -fa -ub 1024 \
-  || fail "llama-cli -fa -ub 1024 with LLAMA_KQ_MASK_VERIFY=1 exited $?: $(grep -m1 -i "KQ_MASK\|error" "$work/fa_mask_verify.err")"
-cmp -s "$work/fa_ub1024.out" "$work/fa_mask_verify.out" || fail "LLAMA_KQ_MASK_VERIFY=1 changed llama-cli's output"
-# 1c. the causal notes on the global layers' masks checked against their cells by the hook and by
-#     llama.cpp (see test_llama_cpp.sh, 1d), in ubatches of 1024 over the cache
-CRISP_HOOK_MASK_NOTE=check LLAMA_KQ_MASK_VERIFY=1 run_cli dense_note_check --sparse-prefill dense -ub 1024 \
-  || fail "--sparse-prefill dense -ub 1024 with CRISP_HOOK_MASK_NOTE=check exited $?: $(grep -m1 -i "note\|error" "$work/dense_note_check.err")"
-grep -q "crisp: sparse prefill 'dense' computes" "$work/dense_note_check.err" || fail "CRISP_HOOK_MASK_NOTE=check: crisp computed no op"
+check_kq_masks 1024 fa_ub1024
 
 # 2. the crisp policy runs
 run_cli crisp --sparse-prefill crisp || fail "llama-cli --sparse-prefill crisp exited $?: $(tail -n 3 "$work/crisp.err")"
