@@ -39,6 +39,11 @@
 #   PIPE_PHASE=mask: the plan at 128k, then the 8B-shaped model with the patch's fast causal KQ mask
 #      (A/B against llama.cpp's loop at 128k, fa and crisp alternated at 32k / 128k), then both small
 #      models' CUDA checks and llama-bench of fa and crisp (session 23).
+#   PIPE_PHASE=llama: llama.cpp against crisp as session 24 ran it (PIPE_BIN, PIPE_GPU_TESTS=0 for
+#      a llama.cpp-only change): test-ggml-crisp, both models' CUDA checks (mask verification and
+#      the causal notes checked), the hook's GPU stages on Gemma 3 at 32k, fa and crisp alternated
+#      five times on both models at 8k-32k, Gemma 3 at 32k with and without the causal note, every
+#      policy once with the attention nodes timed, then the 8B-shaped model's rounds at 32k / 128k.
 #   PIPE_PHASE=bench: steps 1-2's build and checks, then the kernels'
 #      crossover on small calls, step 3's benchmarks with the preset, and Gemma 3's 16k / 32k
 #      test split with the preset.
@@ -154,6 +159,39 @@ if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
     --lengths 32768,65536,131072 --policies fa,crisp --reps 1 --rounds 3 --max-ubatch 2048 --full-warmup-max 1 \
     --no-attn-time --json "$PIPE/llama8b_rounds.json" --md "$PIPE/llama8b_rounds.md"
   log "pipeline done (hostdiag)"
+  exit 0
+fi
+
+# PIPE_PHASE=llama (session 24): see the list at the top. The 8B-shaped GGUF is written beside the
+# small models' steps and used last.
+if [ "${PIPE_PHASE:-tune}" = llama ]; then
+  step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda
+  SMOL=$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf
+  GEMMA=$MODELS/gemma-3-270m-q4_k_m.gguf
+  wait_for_models
+  step llama_smollm2 240 tests/llama_cpp/test_llama_cpp.sh --cuda "$BIN" "$SMOL"
+  step llama_gemma 240 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
+  step hook_gpu_gemma_32k 120 env CRISP_HOOK_TIMING=gpu "$BIN/llama-bench" -m "$GEMMA" -p 32768 -n 0 -fa 1 \
+    -b 32768 -ub 8192 -ngl 99 -r 3 --sparse-prefill crisp
+  step llama_small_rounds 420 python3 scripts/llama_bench.py --bin "$BIN" --model "gemma3=$GEMMA" \
+    --model "smollm2=$SMOL" --lengths 8192,16384,32768 --policies fa,crisp --reps 3 --rounds 5 --no-attn-time \
+    --json "$PIPE/llama_small_rounds.json" --md "$PIPE/llama_small_rounds.md"
+  for round in 1 2 3; do  # the causal note's A/B (docs/llama_cpp.md, "The KQ mask")
+    for variant in fa crisp crisp_no_note; do
+      args=(); [ "$variant" = fa ] || args=(--sparse-prefill crisp)
+      note=1; [ "$variant" = crisp_no_note ] && note=0
+      step "note_ab_${variant}_$round" 60 env CRISP_HOOK_MASK_NOTE=$note "$BIN/llama-bench" -m "$GEMMA" -p 32768 \
+        -n 0 -fa 1 -b 32768 -ub 8192 -ngl 99 -r 3 "${args[@]}"
+    done
+  done
+  step llama_small_all 420 python3 scripts/llama_bench.py --bin "$BIN" --model "gemma3=$GEMMA" \
+    --model "smollm2=$SMOL" --lengths 8192,16384,32768 --reps 2 \
+    --json "$PIPE/llama_small_all.json" --md "$PIPE/llama_small_all.md"
+  wait  # the 8B-shaped GGUF
+  step llama8b_rounds 600 python3 scripts/llama_bench.py --bin "$BIN" --model "llama3.1-8b-shape=$GGUF_8B" \
+    --lengths 32768,131072 --policies fa,crisp --reps 1 --rounds 3 --max-ubatch 2048 --full-warmup-max 1 \
+    --no-attn-time --json "$PIPE/llama8b_rounds.json" --md "$PIPE/llama8b_rounds.md"
+  log "pipeline done (llama)"
   exit 0
 fi
 
