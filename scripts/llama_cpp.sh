@@ -106,8 +106,12 @@ if [ "$update_patch" -eq 1 ]; then
       [ ! -f "$pristine/$f" ] && grep -q "^+++ b/$f\$" "$patch_file" && { say "dropping $f (removed)"; continue; }
       die "LLAMA_CPP_PATCH_FILES: no file $f in $src"
     fi
-    # -N: a file the patch adds (absent from the sdist) is diffed against an empty one.
-    diff -uN --label "a/$f" --label "b/$f" "$pristine/$f" "$src/$f" >> "$new_patch" || true
+    # A file the patch adds (absent from the sdist) is diffed against /dev/null, as git writes it.
+    if [ -f "$pristine/$f" ]; then
+      diff -u --label "a/$f" --label "b/$f" "$pristine/$f" "$src/$f" >> "$new_patch" || true
+    else
+      diff -u --label /dev/null --label "b/$f" /dev/null "$src/$f" >> "$new_patch" || true
+    fi
   done
   mv "$new_patch" "$patch_file"
   echo "sdist $SDIST_SHA256 patch $(sha256sum "$patch_file" | cut -d' ' -f1)" > "$src/.crisp-stamp"

@@ -88,7 +88,7 @@ same_as_flash_attention() {  # same_as_flash_attention FA_RUN DENSE_RUN LABEL
 }
 
 # Greedy; one prompt ubatch unless the caller passes -ub (a later -ub replaces the earlier one).
-. "$(dirname "$0")/kq_mask_checks.sh"  # check_kq_masks
+. "$(dirname "${BASH_SOURCE[0]}")/kq_mask_checks.sh"  # check_kq_masks
 run_cli() {  # run_cli NAME ARGS... -> $work/NAME.out (stdout), $work/NAME.err (stderr), returns rc
   local name="$1"; shift
   "$cli" -m "$model" -no-cnv -p "$prompt" -n 16 --temp 0 --seed 1 -c 2048 -b 2048 -ub 2048 -t 2 \

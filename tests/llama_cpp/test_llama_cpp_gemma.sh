@@ -50,7 +50,7 @@ done
 prompt+="The special magic number is"
 
 # Greedy; the whole prompt in one ubatch.
-. "$(dirname "$0")/kq_mask_checks.sh"  # check_kq_masks
+. "$(dirname "${BASH_SOURCE[0]}")/kq_mask_checks.sh"  # check_kq_masks
 run_cli() {  # run_cli NAME ARGS... -> $work/NAME.out (stdout), $work/NAME.err (stderr), returns rc
   local name="$1"; shift
   "$cli" -m "$model" -no-cnv -p "$prompt" -n 8 --temp 0 --seed 1 -c 4096 -b 4096 -ub 4096 -t 2 \
@@ -77,6 +77,10 @@ grep "crisp:" "$work/dense.err" | sed 's/^/  hook (dense): /'
 #     one, and the causal notes) checked in ubatches of 1024 over the cache (kq_mask_checks.sh)
 run_cli fa_ub1024 -fa -ub 1024 || fail "llama-cli -fa -ub 1024 exited $?: $(tail -n 3 "$work/fa_ub1024.err")"
 check_kq_masks 1024 fa_ub1024
+#     and in ubatches of 256, whose first two fit the 512-token window: their sliding-window masks are
+#     plain causal, noted, and the hook takes those layers and checks their notes too
+run_cli fa_ub256 -fa -ub 256 || fail "llama-cli -fa -ub 256 exited $?: $(tail -n 3 "$work/fa_ub256.err")"
+check_kq_masks 256 fa_ub256
 
 # 2. the crisp policy runs
 run_cli crisp --sparse-prefill crisp || fail "llama-cli --sparse-prefill crisp exited $?: $(tail -n 3 "$work/crisp.err")"
