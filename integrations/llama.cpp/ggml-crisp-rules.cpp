@@ -162,24 +162,27 @@ std::string shape_decline_reason(const ggml_tensor * dst, const BackendLimits & 
   return "";
 }
 
-int64_t noted_n_past(const ggml_tensor * dst) {
-  static const bool notes_off = [] {
+// CRISP_HOOK_MASK_NOTE, read once: "0" ignores notes, "check" reads noted masks too, else notes are used.
+enum class MaskNoteMode { use, ignore, check };
+static MaskNoteMode mask_note_mode() {
+  static const MaskNoteMode mode = [] {
     const char * value = std::getenv("CRISP_HOOK_MASK_NOTE");
-    return value != nullptr && std::strcmp(value, "0") == 0;
+    if (value != nullptr && std::strcmp(value, "0") == 0) return MaskNoteMode::ignore;
+    if (value != nullptr && std::strcmp(value, "check") == 0) return MaskNoteMode::check;
+    return MaskNoteMode::use;
   }();
+  return mode;
+}
+
+int64_t noted_n_past(const ggml_tensor * dst) {
   const ggml_tensor * mask = dst->src[3];
   int64_t n_past = -1;
-  if (notes_off || mask == nullptr || !ggml_kq_mask_get_causal_note(mask, &n_past)) return -1;
+  if (mask_note_mode() == MaskNoteMode::ignore || mask == nullptr || !ggml_kq_mask_get_causal_note(mask, &n_past))
+    return -1;
   return n_past >= 0 && n_past + dst->src[0]->ne[1] <= mask->ne[0] ? n_past : -1;
 }
 
-bool mask_note_check_requested() {
-  static const bool requested = [] {
-    const char * value = std::getenv("CRISP_HOOK_MASK_NOTE");
-    return value != nullptr && std::strcmp(value, "check") == 0;
-  }();
-  return requested;
-}
+bool mask_note_check_requested() { return mask_note_mode() == MaskNoteMode::check; }
 
 void abort_on_wrong_note(const ggml_tensor * dst, int64_t noted, int64_t checked) {
   GGML_ABORT("crisp: CRISP_HOOK_MASK_NOTE=check: op %s: the KQ mask's causal note says n_past %lld, its cells say %lld "
