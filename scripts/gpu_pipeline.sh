@@ -44,6 +44,10 @@
 #      the causal notes checked), the hook's GPU stages on Gemma 3 at 32k, fa and crisp alternated
 #      five times on both models at 8k-32k, Gemma 3 at 32k with and without the causal note, every
 #      policy once with the attention nodes timed, then the 8B-shaped model's rounds at 32k / 128k.
+#   PIPE_PHASE=window: Gemma 3's sliding-window layers through crisp's window (session 25): the
+#      GPU tests (PIPE_BIN, CRISP_GPU_BIN), test-ggml-crisp on CUDA with and without the note check,
+#      Gemma 3's CUDA llama.cpp test, its hook's GPU stages at 32k, fa and crisp alternated five
+#      times at 8k-32k, every policy once with the attention nodes timed. Gemma 3 only.
 #   PIPE_PHASE=bench: steps 1-2's build and checks, then the kernels'
 #      crossover on small calls, step 3's benchmarks with the preset, and Gemma 3's 16k / 32k
 #      test split with the preset.
@@ -96,7 +100,7 @@ GGUF_8B=/tmp/crisp-llama3.1-8b-q4_0.gguf
 BIN=${PIPE_BIN:-.deps/llama.cpp-build-cuda/bin}
 if [ "${PIPE_RESUME:-0}" != 1 ]; then
 # 1: the build, the crisp GPU tests and the 8B-shaped GGUF side by side.
-[ "${PIPE_PHASE:-tune}" = fine ] || ( nice -n 5 timeout 900 python3 scripts/make_llama_gguf.py --shape llama3.1-8b \
+[ "${PIPE_PHASE:-tune}" = fine ] || [ "${PIPE_PHASE:-tune}" = window ] || ( nice -n 5 timeout 900 python3 scripts/make_llama_gguf.py --shape llama3.1-8b \
     --out "$GGUF_8B" > "$PIPE/gguf_8b.log" 2>&1
   log "8B-shaped GGUF rc=$?" ) &
 if [ -n "${PIPE_BIN:-}" ]; then
@@ -159,6 +163,31 @@ if [ "${PIPE_PHASE:-tune}" = hostdiag ]; then
     --lengths 32768,65536,131072 --policies fa,crisp --reps 1 --rounds 3 --max-ubatch 2048 --full-warmup-max 1 \
     --no-attn-time --json "$PIPE/llama8b_rounds.json" --md "$PIPE/llama8b_rounds.md"
   log "pipeline done (hostdiag)"
+  exit 0
+fi
+
+# PIPE_PHASE=window (session 25): Gemma 3's sliding-window layers through crisp's window (docs/
+# algorithm.md §12, docs/llama_cpp.md "The KQ mask"). Needs only Gemma 3 in /tmp/modelstore. The
+# hook's tests on CUDA (its notes checked too), then, once the GPU tests are done, Gemma 3's CUDA
+# llama.cpp test, the hook's GPU stages at 32k, fa and crisp alternated five times at 8k-32k, and
+# every policy once with the attention nodes timed.
+if [ "${PIPE_PHASE:-tune}" = window ]; then
+  step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda
+  step test_ggml_crisp_cuda_note_check 120 env CRISP_HOOK_MASK_NOTE=check "$BIN/test-ggml-crisp" cuda
+  GEMMA=$MODELS/gemma-3-270m-q4_k_m.gguf
+  SMOL=$GEMMA  # wait_for_models waits for both names
+  wait_for_models
+  wait  # the GPU tests: nothing else on the GPU while llama.cpp is timed
+  log "GPU tests done"
+  step llama_gemma 300 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
+  step hook_gpu_gemma_32k 120 env CRISP_HOOK_TIMING=gpu "$BIN/llama-bench" -m "$GEMMA" -p 32768 -n 0 -fa 1 \
+    -b 32768 -ub 8192 -ngl 99 -r 3 --sparse-prefill crisp
+  step gemma_rounds 480 python3 scripts/llama_bench.py --bin "$BIN" --model "gemma3=$GEMMA" \
+    --lengths 8192,16384,32768 --policies fa,crisp --reps 3 --rounds 5 --no-attn-time \
+    --json "$PIPE/gemma_rounds.json" --md "$PIPE/gemma_rounds.md"
+  step gemma_all 300 python3 scripts/llama_bench.py --bin "$BIN" --model "gemma3=$GEMMA" \
+    --lengths 8192,16384,32768 --reps 2 --json "$PIPE/gemma_all.json" --md "$PIPE/gemma_all.md"
+  log "pipeline done (window)"
   exit 0
 fi
 

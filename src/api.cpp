@@ -521,7 +521,7 @@ Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, con
   result.head_dim = head_dim;
   result.softmax_scale = shape_rules::resolve_softmax_scale(softmax_scale, head_dim);
   for (SequencePlan& sp : shapes) {
-    sp.heads.assign(static_cast<size_t>(num_q_heads), detail::make_dense_head(sp.num_blocks, sp.first_row));
+    sp.heads.assign(static_cast<size_t>(num_q_heads), detail::make_dense_head(sp, block_size, 0));
     result.sequences.push_back(std::move(sp));
   }
   return result;

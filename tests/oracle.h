@@ -653,8 +653,10 @@ using Layouts = std::vector<std::vector<std::pair<std::vector<int32_t>, std::vec
 // cu_k[s+1]) of k and v. Its query i sits at position p = n_k - n_q + i and attends the keys
 // j <= p whose block is listed for p's block in layouts[s][h] (CSR row_ptr, col over the blocks
 // of positions); with layouts == nullptr, every key j <= p (dense bottom-right causal attention).
+// §12: with window > 0 the query at p attends only keys j with p - j < window (0: no window).
 inline Attention attend_chunks(const Tensor& q, const Tensor& k, const Tensor& v, const crisp::SeqLens& cu_q,
-                               const crisp::SeqLens& cu_k, int B, double scale, const Layouts* layouts) {
+                               const crisp::SeqLens& cu_k, int B, double scale, const Layouts* layouts,
+                               int64_t window = 0) {
   Attention res{Tensor(q.heads, q.tokens, v.dim), std::vector<double>(static_cast<size_t>(q.heads * q.tokens), 0.0)};
   const int64_t group = q.heads / k.heads;
   for (size_t s = 0; s + 1 < cu_q.size(); ++s) {
@@ -674,15 +676,16 @@ inline Attention attend_chunks(const Tensor& q, const Tensor& k, const Tensor& v
         }
         double mx = -std::numeric_limits<double>::infinity();
         std::vector<double> logit(static_cast<size_t>(p + 1), 0.0);
+        auto sees = [&](int64_t j) { return allowed[static_cast<size_t>(j / B)] && (window == 0 || p - j < window); };
         for (int64_t j = 0; j <= p; ++j) {
-          if (!allowed[static_cast<size_t>(j / B)]) continue;
+          if (!sees(j)) continue;
           logit[static_cast<size_t>(j)] = scale * dot(q.row(h, q0 + i), k.row(kvh, k0 + j), q.dim);
           mx = std::max(mx, logit[static_cast<size_t>(j)]);
         }
         double z = 0.0;
         double* o = res.out.row(h, q0 + i);
         for (int64_t j = 0; j <= p; ++j) {
-          if (!allowed[static_cast<size_t>(j / B)]) continue;
+          if (!sees(j)) continue;
           const double w = std::exp(logit[static_cast<size_t>(j)] - mx);
           z += w;
           const double* vr = v.row(kvh, k0 + j);
@@ -701,6 +704,15 @@ inline Attention attend_chunks(const Tensor& q, const Tensor& k, const Tensor& v
 inline Attention attend(const Tensor& q, const Tensor& k, const Tensor& v, const crisp::SeqLens& cu, int B, double scale,
                         const Layouts& layouts) {
   return attend_chunks(q, k, v, cu, cu, B, scale, &layouts);
+}
+
+// §12, by brute force over positions: does row r of a sequence of n_k keys whose queries are its
+// last n_q positions hold some query that sees some key of block c through a window of w tokens?
+inline bool window_band_has(int64_t n_k, int64_t n_q, int B, int64_t w, int64_t r, int64_t c) {
+  for (int64_t p = std::max(r * B, n_k - n_q); p < std::min((r + 1) * B, n_k); ++p)
+    for (int64_t j = c * B; j < std::min((c + 1) * B, n_k); ++j)
+      if (j <= p && (w == 0 || p - j < w)) return true;
+  return false;
 }
 
 // All causal blocks of a sequence of n tokens.

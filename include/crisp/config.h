@@ -114,6 +114,13 @@ struct Config {
   // measured crossover says otherwise (bench/RESULTS.md).
   int64_t dense_below = 0;
 
+  // §12 sliding window: query position p attends to the keys (p - window, p] only (its window most
+  // recent positions, itself included; llama.cpp's n_swa, flash-attn's window_size = (window - 1, 0)).
+  // 0 = no window. Every policy's plan drops the key blocks wholly outside the window and the kernels
+  // mask the partly visible ones; selection is not window-aware, so a model's local layers use it
+  // with the dense preset (what the llama.cpp integration does; docs/algorithm.md §12).
+  int64_t window = 0;
+
   int block_size = 128;        // B: 64 or 128
   double softmax_scale = 0.0;  // s; 0 means 1/sqrt(d)
 
@@ -134,7 +141,7 @@ struct Config {
   // uniform_floor_slash_blocks, uniform_floor_last_rows, proxy_last_rows, gamma,
   // pe_rule, pe_gamma, pe_alpha, tau, w_sink, w_local, min_budget, max_budget, routing, vs_budget,
   // slash_cover, vertical_tokens, slash_tokens, block_size, softmax_scale, dense_below,
-  // fine_blocks_below). Throws crisp::Error naming the key for an unknown key or a value that does
+  // fine_blocks_below, window). Throws crisp::Error naming the key for an unknown key or a value that does
   // not parse or is out of range.
   void set(const std::string& key, const std::string& value);
 

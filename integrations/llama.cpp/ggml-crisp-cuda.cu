@@ -241,10 +241,10 @@ __global__ void mask_row0_kernel(const uint16_t * __restrict__ row0, int64_t n_k
   if (threadIdx.x == 0) *result = static_cast<int>(n_past_of_row0(static_cast<int64_t>(first_nonzero), n_q, n_kv));
 }
 
-// Every cell of the first n_q rows against ggml_crisp::mask_cell_ok; any mismatch writes -1, and a
-// block that starts after that returns at once (a mask the hook declines, a sliding window's, is
-// usually told from its first rows). A memory-bound scan: a thread reads 8 cells (16 bytes) a load
-// when the rows are 16-byte aligned (kVector), else one cell a load.
+// Every cell of the first n_q rows against ggml_crisp::mask_cell_ok under `note` with the n_past in
+// *result; any mismatch writes -1, and a block that starts after that returns at once (a mask the
+// hook declines is usually told from its first rows). A memory-bound scan: a thread reads 8 cells
+// (16 bytes) a load when the rows are 16-byte aligned (kVector), else one cell a load.
 // NOTE: 256 threads x 4 loads x 8 cells: 8192 cells of a row per block, 16 KB read per block (one
 // cell per thread and load, session 22's kernel, read a 16k x 16k mask at about 0.4 TB/s).
 constexpr int kMaskThreads = 256;
@@ -253,9 +253,10 @@ constexpr int kMaskLoadsPerThread = 4;
 constexpr int64_t kMaskCellsPerBlock = int64_t(kMaskThreads) * kMaskLoadsPerThread * kMaskCellsPerLoad;
 template <bool kVector>
 __global__ void mask_cells_kernel(const char * __restrict__ mask, size_t row_bytes, int64_t n_kv, int64_t n_q,
-                                  int * result) {
+                                  ggml_kq_mask_note note, int * result) {
   const int n_past = *static_cast<volatile int *>(result);  // -1: row 0 or an earlier block ruled it out
   if (n_past < 0) return;
+  note.n_past = n_past;
   for (int64_t i = blockIdx.y; i < n_q; i += gridDim.y) {
     const uint16_t * row = reinterpret_cast<const uint16_t *>(mask + i * row_bytes);
     bool ok = true;
@@ -268,15 +269,17 @@ __global__ void mask_cells_kernel(const char * __restrict__ mask, size_t row_byt
 #pragma unroll
         for (int c = 0; c < kMaskCellsPerLoad; ++c) {
           const uint16_t bits = static_cast<uint16_t>(words[c / 2] >> (16 * (c % 2)));
-          ok &= mask_cell_ok(bits, i, j0 + c, n_past);
+          ok &= mask_cell_ok(bits, note, i, j0 + c);
         }
       } else {
-        for (int c = 0; c < kMaskCellsPerLoad && j0 + c < n_kv; ++c) ok &= mask_cell_ok(row[j0 + c], i, j0 + c, n_past);
+        for (int c = 0; c < kMaskCellsPerLoad && j0 + c < n_kv; ++c) ok &= mask_cell_ok(row[j0 + c], note, i, j0 + c);
       }
     }
     if (!ok) *result = -1;
   }
 }
+
+__global__ void store_int_kernel(int * word, int value) { *word = value; }
 
 // Pinned host word the verdict is copied into (per host thread: ggml may drive devices from
 // several threads).
@@ -286,19 +289,25 @@ static int * pinned_verdict() {
   return word;
 }
 
-// The mask check itself: two kernels on the op's stream, then the op's one synchronisation.
+// The mask check itself: two kernels on the op's stream, then the op's one synchronisation. With
+// `noted` null: n_past read off row 0, then every cell against the plain causal rule (n_past or
+// -1). With a note: every cell against it (its n_past, or -1).
 static int64_t check_mask_on_device(ggml_backend_cuda_context & ctx, const ggml_tensor * dst, const ggml_tensor * mask,
-                                    int64_t n_q, int64_t n_kv, cudaStream_t stream) {
+                                    int64_t n_q, int64_t n_kv, cudaStream_t stream, const ggml_kq_mask_note * noted) {
   ggml_cuda_pool_alloc<int> verdict(ctx.pool(), 1);
-  mask_row0_kernel<<<1, kRow0Threads, 0, stream>>>(static_cast<const uint16_t *>(mask->data), n_kv, n_q, verdict.get());
+  if (noted == nullptr)
+    mask_row0_kernel<<<1, kRow0Threads, 0, stream>>>(static_cast<const uint16_t *>(mask->data), n_kv, n_q, verdict.get());
+  else
+    store_int_kernel<<<1, 1, 0, stream>>>(verdict.get(), static_cast<int>(noted->n_past));
+  const ggml_kq_mask_note note = noted != nullptr ? *noted : plain_causal_note(0);
   // NOTE: at most 65535 rows per launch (gridDim.y's limit), the kernel strides over the rest.
   const dim3 grid(static_cast<unsigned>((n_kv + kMaskCellsPerBlock - 1) / kMaskCellsPerBlock),
                   static_cast<unsigned>(std::min<int64_t>(n_q, 65535)));
   const char * cells = static_cast<const char *>(mask->data);
   if (reinterpret_cast<uintptr_t>(cells) % 16 == 0 && mask->nb[1] % 16 == 0)
-    mask_cells_kernel<true><<<grid, kMaskThreads, 0, stream>>>(cells, mask->nb[1], n_kv, n_q, verdict.get());
+    mask_cells_kernel<true><<<grid, kMaskThreads, 0, stream>>>(cells, mask->nb[1], n_kv, n_q, note, verdict.get());
   else
-    mask_cells_kernel<false><<<grid, kMaskThreads, 0, stream>>>(cells, mask->nb[1], n_kv, n_q, verdict.get());
+    mask_cells_kernel<false><<<grid, kMaskThreads, 0, stream>>>(cells, mask->nb[1], n_kv, n_q, note, verdict.get());
   CUDA_CHECK(cudaGetLastError());
   sync_check(ctx, dst, "after the mask verdict kernels");
   int * host = pinned_verdict();
@@ -355,7 +364,7 @@ static int64_t causal_prefix_on_device(ggml_backend_cuda_context & ctx, const gg
     for (const Verdict & v : g_verdicts)
       if (same(v)) return v.n_past;
   }
-  key.n_past = check_mask_on_device(ctx, dst, mask, n_q, n_kv, stream);
+  key.n_past = check_mask_on_device(ctx, dst, mask, n_q, n_kv, stream, nullptr);
   if (verdict_cache_enabled()) {
     std::lock_guard<std::mutex> lock(g_verdicts_mutex);
     g_verdicts.erase(std::remove_if(g_verdicts.begin(), g_verdicts.end(),
@@ -427,13 +436,16 @@ constexpr size_t kCachedPlans = 4;
 // prefix) then usually fits without another cudaFree / cudaMalloc.
 constexpr double kSlotGrowth = 1.25;
 
+// A sliding-window layer's plan (the dense preset with its window) and a global layer's (the
+// policy's) of one ubatch have the same shape: the window tells them apart.
 struct PlanKey {
   int device;
   int64_t q_heads, kv_heads, head_dim, n_q, n_k;
   int block_size;
+  int64_t window;
   bool operator==(const PlanKey & o) const {
-    return std::tie(device, q_heads, kv_heads, head_dim, n_q, n_k, block_size) ==
-           std::tie(o.device, o.q_heads, o.kv_heads, o.head_dim, o.n_q, o.n_k, o.block_size);
+    return std::tie(device, q_heads, kv_heads, head_dim, n_q, n_k, block_size, window) ==
+           std::tie(o.device, o.q_heads, o.kv_heads, o.head_dim, o.n_q, o.n_k, o.block_size, o.window);
   }
 };
 
@@ -507,15 +519,39 @@ static BackendLimits cuda_limits() {
   return limits;
 }
 
+// A ring's block table (ggml_crisp::ring_block_table_entry), on the op's stream.
+__global__ void ring_table_kernel(int32_t * table, int64_t pages, int64_t page, int64_t ring_cells, int64_t ring_shift,
+                                  int64_t n_kv) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pages; i += int64_t(gridDim.x) * blockDim.x)
+    table[i] = ring_block_table_entry(i, page, ring_cells, ring_shift, n_kv);
+}
+
 template <typename T>
-static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::DType dtype, int64_t n_past,
+static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::DType dtype, const KeyLayout & layout,
              const crisp::Config & config) {
   const ggml_tensor * q = dst->src[0];
   const ggml_tensor * k = dst->src[1];
   const ggml_tensor * v = dst->src[2];
   cudaStream_t stream = ctx.stream();
+  const int64_t n_past = layout.n_past;
   const int64_t d = q->ne[0], n_q = q->ne[1], heads = q->ne[2], kv_heads = k->ne[2], n_k = n_past + n_q;
   const int64_t n = d * heads * n_q;
+  // A sliding-window layer reads its keys from the ring (the op's n_kv cells) as pages.
+  const bool windowed = layout.window > 0;
+  const int64_t n_kv = dst->src[3]->ne[0];
+  const int64_t key_rows = windowed ? n_kv : n_k;
+  const int64_t pages = windowed ? ring_table_pages(n_k, layout.ring_page) : 0;
+  ggml_cuda_pool_alloc<int32_t> table(ctx.pool(), std::max<int64_t>(pages, 1));
+  crisp::BlockTable block_table;
+  if (windowed) {
+    ring_table_kernel<<<element_blocks(pages), kElementThreads, 0, stream>>>(table.get(), pages, layout.ring_page,
+                                                                           layout.ring_cells, layout.ring_shift, n_kv);
+    CUDA_CHECK(cudaGetLastError());
+    block_table.data = table.get();
+    block_table.device = crisp::Device::cuda;
+    block_table.max_pages_per_sequence = pages;
+    block_table.page_size = layout.ring_page;
+  }
 
   // Q and O in dst's token-major layout [n_q, Hq, d], crisp views {d, Hq*d, 1}; LSE [Hq, n_q].
   ggml_cuda_pool_alloc<T> q_scratch(ctx.pool(), n), out_scratch(ctx.pool(), n);
@@ -535,7 +571,7 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
     view.data = t->data;
     view.dtype = dtype;
     view.device = crisp::Device::cuda;
-    view.shape = {kv_heads, n_k, d};
+    view.shape = {kv_heads, key_rows, d};
     view.stride = {static_cast<int64_t>(t->nb[2]) / es, static_cast<int64_t>(t->nb[1]) / es, 1};
     return view;
   };
@@ -548,7 +584,7 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
   CUDA_CHECK(cudaGetLastError());
   sync_check(ctx, dst, "after Q's conversion into the pool");
   const int block_size = config.for_keys(n_k).block_size;  // the DevicePlan's (short prompts: 64)
-  const PlanKey key{ctx.device, heads, kv_heads, d, n_q, n_k, block_size};
+  const PlanKey key{ctx.device, heads, kv_heads, d, n_q, n_k, block_size, config.window};
   std::unique_lock<std::mutex> plans_lock(g_plans_mutex[ctx.device]);  // until the slot's use is recorded
   PlanSlot & slot = plan_for(key, config, stream);
   crisp::cuda::DevicePlan & plan = *slot.plan;  // valid while the lock is held
@@ -564,19 +600,22 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
       }
     }
   } record_use{slot, stream};
-  crisp::cuda::plan_async(qv, kv, config, plan, stream);
+  crisp::cuda::plan_async(qv, kv, config, plan, stream, block_table);
   sync_check(ctx, dst, "after crisp::cuda::plan_async");
-  crisp::cuda::attend_async(qv, kv, vv, plan, out, lse_view, stream);
+  crisp::cuda::attend_async(qv, kv, vv, plan, out, lse_view, stream, {}, block_table);
   sync_check(ctx, dst, "after crisp::cuda::attend_async");
-  // Past attend_async nothing throws: dst is written only from here on.
-  const auto * view = static_cast<const crisp::cuda_detail::DevicePlanView *>(plan.raw_view());
-  add_kept_blocks_kernel<<<1, 32, 0, stream>>>(view->nnz, static_cast<int>(heads), kept_counter(ctx.device));
-  sync_check(ctx, dst, "after the kept-blocks count");
+  // Past attend_async nothing throws: dst is written only from here on. The statistics' density
+  // is that of the sparse plans: a window's band is left out of it.
+  if (!windowed) {
+    const auto * view = static_cast<const crisp::cuda_detail::DevicePlanView *>(plan.raw_view());
+    add_kept_blocks_kernel<<<1, 32, 0, stream>>>(view->nnz, static_cast<int>(heads), kept_counter(ctx.device));
+    sync_check(ctx, dst, "after the kept-blocks count");
+  }
   out_to_f32_kernel<T><<<element_blocks(n), kElementThreads, 0, stream>>>(out_scratch.get(), n,
                                                                          static_cast<float *>(dst->data));
   CUDA_CHECK(cudaGetLastError());
   sync_check(ctx, dst, "after O's conversion into dst");
-  count_blocks(0, heads * causal_blocks_of_op(n_past, n_q, block_size));
+  if (!windowed) count_blocks(0, heads * causal_blocks_of_op(n_past, n_q, block_size));
 }
 
 static void decline(const std::string & reason) {
@@ -608,28 +647,40 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
   }
   time_stage(ctx, "", /*first=*/true);
   sync_check(ctx, dst, "on entry to crisp's hook (a kernel of an earlier op, llama.cpp's: crisp's own ops end checked)");
-  // A mask llama.cpp noted as causal is not read (no kernels, no synchronisation); others are.
+  // A mask llama.cpp noted is not read (no kernels, no synchronisation); others are.
   bool read_mask = false;
-  const int64_t n_past = causal_prefix_of_op(dst, [&] {
-    read_mask = true;
-    return causal_prefix_on_device(ctx, dst);
-  });
-  if (n_past < 0) {
+  const ggml_tensor * mask = dst->src[3];
+  const int64_t n_q = dst->src[0]->ne[1];
+  const KeyLayout layout = key_layout_of_op(
+      dst,
+      [&] {
+        read_mask = true;
+        return causal_prefix_on_device(ctx, dst);
+      },
+      [&](const ggml_kq_mask_note & note) {
+        read_mask = true;
+        return check_mask_on_device(ctx, dst, mask, n_q, mask->ne[0], ctx.stream(), &note) >= 0;
+      });
+  if (layout.n_past < 0) {
     time_stage(ctx, "the mask verdict's copy and synchronisation (op declined)");
     decline(kMaskDeclineReason);
     return false;
   }
-  time_stage(ctx, read_mask ? "the mask verdict's copy and synchronisation (op taken)" : "the mask's causal note (op taken)");
+  time_stage(ctx, read_mask ? "the mask verdict's copy and synchronisation (op taken)" : "the mask's note (op taken)");
 
   float scale = 1.0f;
   std::memcpy(&scale, dst->op_params, sizeof(float));
-  crisp::Config config = setting->config;
+  // A sliding-window layer keeps its window: every key in it, through crisp's window (the dense
+  // preset; sparse selection applies to the global layers).
+  crisp::Config config = layout.window > 0 ? crisp::Config::from_preset("dense") : setting->config;
+  config.block_size = setting->config.block_size;
+  config.window = layout.window;
   config.softmax_scale = scale;
   try {
     if (dst->src[1]->type == GGML_TYPE_F16) {
-      compute<__half>(ctx, dst, crisp::DType::f16, n_past, config);
+      compute<__half>(ctx, dst, crisp::DType::f16, layout, config);
     } else {
-      compute<__nv_bfloat16>(ctx, dst, crisp::DType::bf16, n_past, config);
+      compute<__nv_bfloat16>(ctx, dst, crisp::DType::bf16, layout, config);
     }
   } catch (const crisp::Error & e) {
     // crisp refused the shape before writing dst (compute writes dst last): llama.cpp's kernel

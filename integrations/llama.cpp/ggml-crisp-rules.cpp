@@ -10,7 +10,6 @@
 #include <mutex>
 #include <set>
 
-#include "ggml-sparse-prefill.h"  // the marks llama.cpp leaves: a layer's window, a mask's causal note
 #include "ggml-impl.h"
 #include "plan/rules.h"
 
@@ -24,7 +23,8 @@ std::atomic<int64_t> g_handled{0}, g_declined{0}, g_kept_blocks{0}, g_causal_blo
 }  // namespace
 
 const char * const kMaskDeclineReason =
-    "a KQ mask that is not plain causal over a contiguous prefix (non-causal, sliding window, several sequences)";
+    "a KQ mask that is neither plain causal over a contiguous prefix nor noted by llama.cpp (non-causal, several "
+    "sequences, a sliding window without its note)";
 
 bool set_sparse_prefill(const char * policy, const char * const * settings, int n_settings, char * error,
                         size_t error_size) {
@@ -138,13 +138,6 @@ std::string shape_decline_reason(const ggml_tensor * dst, const BackendLimits & 
   if (mask->type != GGML_TYPE_F16) return "a KQ mask that is not F16";
   if (mask->ne[2] != 1 || mask->ne[3] != 1) return "a KQ mask per head or per stream";
   if (mask->nb[0] != sizeof(uint16_t) || mask->nb[1] % sizeof(uint16_t) != 0) return "a KQ mask with non-contiguous rows";
-  // A sliding-window layer (llama.cpp's build_attn_mha marks the op with its window) over more cells
-  // than its window may have a mask that cuts the prefix, which crisp's causal plans do not: told
-  // from the op, before any cell of the mask is read (on CUDA that read is a kernel and a
-  // synchronisation). Conservative: the cells are padded, so a window that just covers the prompt
-  // can still fall back. When every cell fits in the window the mask rule below decides.
-  const int32_t window = ggml_flash_attn_ext_get_window(dst);
-  if (window > 0 && mask->ne[0] > window) return "a sliding-window layer whose window is narrower than the KV cells";
   // crisp reads up to as many K/V rows as the mask has cells (ggml_flash_attn_ext does not check).
   if (k->ne[1] < mask->ne[0] || v->ne[1] < mask->ne[0]) return "K/V views with fewer cells than the KQ mask";
   if (q->ne[3] != 1 || k->ne[3] != 1 || v->ne[3] != 1) return "several KV streams in one ubatch";
@@ -174,19 +167,43 @@ static MaskNoteMode mask_note_mode() {
   return mode;
 }
 
-int64_t noted_n_past(const ggml_tensor * dst) {
+int64_t ring_page_size(int64_t ring_cells, int64_t ring_shift, int64_t n_kv) {
+  for (int64_t page = kMaxRingPage; page >= 16; page /= 2)
+    if (ring_cells % page == 0 && ring_shift % page == 0 && n_kv % page == 0) return page;
+  return 0;
+}
+
+KeyLayout noted_layout(const ggml_tensor * dst) {
   const ggml_tensor * mask = dst->src[3];
-  int64_t n_past = -1;
-  if (mask_note_mode() == MaskNoteMode::ignore || mask == nullptr || !ggml_kq_mask_get_causal_note(mask, &n_past))
-    return -1;
-  return n_past >= 0 && n_past + dst->src[0]->ne[1] <= mask->ne[0] ? n_past : -1;
+  ggml_kq_mask_note note{};
+  KeyLayout none;
+  if (mask_note_mode() == MaskNoteMode::ignore || mask == nullptr || !ggml_kq_mask_get_note(mask, &note)) return none;
+  const int64_t n_q = dst->src[0]->ne[1], n_kv = mask->ne[0];
+  if (note.n_past < 0) return none;
+  KeyLayout layout;
+  layout.n_past = note.n_past;
+  if (note.n_window == 0) {  // plain causal over a contiguous prefix: its rows within the mask's cells
+    if (note.ring_cells != 0 || note.n_past + n_q > n_kv) return none;
+    return layout;
+  }
+  // A window: the op's own (its mark), a ring of whole pages, the op's cells whole pages of it.
+  if (note.n_window != ggml_flash_attn_ext_get_window(dst) || note.ring_cells <= 0 || n_kv > note.ring_cells)
+    return none;
+  layout.window = note.n_window;
+  layout.ring_cells = note.ring_cells;
+  layout.ring_shift = note.ring_shift;
+  layout.ring_page = ring_page_size(note.ring_cells, note.ring_shift, n_kv);
+  return layout.ring_page > 0 ? layout : none;
 }
 
 bool mask_note_check_requested() { return mask_note_mode() == MaskNoteMode::check; }
 
-void abort_on_wrong_note(const ggml_tensor * dst, int64_t noted, int64_t checked) {
-  GGML_ABORT("crisp: CRISP_HOOK_MASK_NOTE=check: op %s: the KQ mask's causal note says n_past %lld, its cells say %lld "
-             "(-1: not plain causal)", dst->name, (long long) noted, (long long) checked);
+void abort_on_wrong_note(const ggml_tensor * dst, const KeyLayout & noted, int64_t checked) {
+  GGML_ABORT("crisp: CRISP_HOOK_MASK_NOTE=check: op %s: the KQ mask's note (n_past %lld, window %lld, ring of %lld "
+             "cells shifted %lld) disagrees with its cells (plain causal n_past read off them: %lld; -1: not plain "
+             "causal, or a windowed note's cells checked)",
+             dst->name, (long long) noted.n_past, (long long) noted.window, (long long) noted.ring_cells,
+             (long long) noted.ring_shift, (long long) checked);
 }
 
 bool takes_unless_mask_declines(const ggml_tensor * dst, const BackendLimits & limits) {

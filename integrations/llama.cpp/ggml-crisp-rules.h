@@ -11,6 +11,7 @@
 #include <string>
 
 #include "crisp/config.h"
+#include "ggml-sparse-prefill.h"  // the marks llama.cpp leaves: a layer's window, a mask's note
 #include "ggml.h"
 
 #if defined(__CUDACC__)
@@ -86,14 +87,29 @@ bool takes_unless_mask_declines(const ggml_tensor * dst, const BackendLimits & l
 // The message logged when the mask's values rule the op out (the same on both backends).
 extern const char * const kMaskDeclineReason;
 
+// ---------------------------------------------------------------- where the op's keys are
+// What a hook knows of an op's keys and mask. n_past: the ubatch's queries are the positions
+// n_past .. n_past + n_q - 1 (-1: crisp does not take the op). window 0: row i sees the cells
+// [0, n_past + i], position p's K/V row is cell p (plain causal over a contiguous prefix). window
+// > 0 (a sliding-window layer): row i sees positions [n_past + i - window + 1, n_past + i], in cell
+// (p + ring_shift) % ring_cells — llama.cpp's sliding-window cache used as a ring — which crisp
+// reads as pages of ring_page cells through a block table (ring_block_table_entry).
+struct KeyLayout {
+  int64_t n_past = -1;
+  int64_t window = 0;
+  int64_t ring_cells = 0;
+  int64_t ring_shift = 0;
+  int64_t ring_page = 0;  // cells per page of the ring (a multiple of 16 dividing its size and shift)
+};
+
 // ---------------------------------------------------------------- the mask rule
 // llama.cpp's KQ mask (F16 [n_kv, >= n_q]) for one sequence after n_past cached tokens in an
 // unfragmented cache is bottom-right causal over a contiguous prefix: row i is 0 on cells
 // [0, n_past + i] and -inf on the rest. n_past is read off row 0 (its leading zero cells, minus
 // one); then every cell of the first n_q rows must obey mask_cell_ok. Anything else (non-causal,
 // a sliding window beyond its reach, several sequences, holes in the cache, ALiBi biases) falls
-// back. Detect, don't guess: every cell is read (on the host by the CPU hook, by a kernel on the
-// device by the CUDA hook).
+// back unless llama.cpp noted it (below). Detect, don't guess: every cell is read (on the host by
+// the CPU hook, by a kernel on the device by the CUDA hook).
 GGML_CRISP_HD bool is_zero_f16(uint16_t bits) { return (bits & 0x7fff) == 0; }
 GGML_CRISP_HD bool is_minus_inf_f16(uint16_t bits) { return bits == 0xfc00; }
 // n_past from row 0's count of leading zero cells; -1 when that cannot be a causal mask of n_q
@@ -102,34 +118,72 @@ GGML_CRISP_HD int64_t n_past_of_row0(int64_t leading_zero_cells, int64_t n_q, in
   const int64_t n_past = leading_zero_cells - 1;
   return n_past < 0 || n_past + n_q > n_kv ? -1 : n_past;
 }
-GGML_CRISP_HD bool mask_cell_ok(uint16_t bits, int64_t i, int64_t j, int64_t n_past) {
-  return j <= n_past + i ? is_zero_f16(bits) : is_minus_inf_f16(bits);
+// Cell (i, j) against a note of the mask (ggml_kq_mask_note_sees: 0 where the row sees the cell,
+// -inf elsewhere); the plain causal rule is the note {n_past, 0, 0, 0}.
+GGML_CRISP_HD bool mask_cell_ok(uint16_t bits, const ggml_kq_mask_note & note, int64_t i, int64_t j) {
+  return ggml_kq_mask_note_sees(&note, i, j) ? is_zero_f16(bits) : is_minus_inf_f16(bits);
 }
+GGML_CRISP_HD ggml_kq_mask_note plain_causal_note(int64_t n_past) { return ggml_kq_mask_note{n_past, 0, 0, 0}; }
 
-// ---------------------------------------------------------------- the mask's causal note
-// The patched llama.cpp knows, when it fills a KQ mask, whether the mask is plain causal over a
-// contiguous prefix and after how many cells (llama_kv_cache_unified::causal_note_of_mask), and
-// leaves that note on the node the op reads the mask from (ggml_kq_mask_set_causal_note). A noted
-// op needs no reading of the mask: on CUDA no kernels and no synchronisation, which used to stall
-// the host in the middle of each ubatch's launches (docs/llama_cpp.md). An op without a note (a
-// llama.cpp path that leaves none, another program's graph) is checked cell by cell as before.
-// noted_n_past: the note's n_past, or -1 when there is none, it does not fit the op (n_past + n_q
-// cells within the mask's), or CRISP_HOOK_MASK_NOTE=0 turns notes off (the A/B of the check).
-int64_t noted_n_past(const ggml_tensor * dst);
+// ---------------------------------------------------------------- the ring's pages
+// NOTE: pages of at most 256 cells: llama.cpp pads its caches to 256 cells, so a ring's size is a
+// multiple of it; crisp's paged K/V take any multiple of 16.
+constexpr int64_t kMaxRingPage = 256;
+// The largest page (a power of two from 256 down to 16) dividing the ring's size, its shift and the
+// op's cells (the pool crisp reads is the op's K/V view), or 0 when there is none.
+int64_t ring_page_size(int64_t ring_cells, int64_t ring_shift, int64_t n_kv);
+// Entry i of the block table of a ring: the page of the cells of positions [i page, (i + 1) page),
+// or page 0 where those cells lie past the op's n_kv (positions no query of the ubatch sees: crisp
+// reads no key block wholly outside the window, and masks the edge).
+GGML_CRISP_HD int32_t ring_block_table_entry(int64_t i, int64_t page, int64_t ring_cells, int64_t ring_shift,
+                                             int64_t n_kv) {
+  const int64_t cell = (i * page + ring_shift) % ring_cells;
+  return cell + page <= n_kv ? static_cast<int32_t>(cell / page) : 0;
+}
+// Pages of the block table of an op with n_k keys.
+inline int64_t ring_table_pages(int64_t n_k, int64_t page) { return (n_k + page - 1) / page; }
+
+// ---------------------------------------------------------------- the mask's note
+// The patched llama.cpp knows, when it fills a KQ mask, where the cells of the positions each row
+// sees are (llama_kv_cache_unified::note_of_mask), and leaves that note on the node the op reads
+// the mask from (ggml_kq_mask_set_note). A noted op needs no reading of the mask: on CUDA no kernels
+// and no synchronisation, which used to stall the host in the middle of each ubatch's launches
+// (docs/llama_cpp.md). An op without a note (a llama.cpp path that leaves none, another program's
+// graph) is checked cell by cell as before, for the plain causal rule only.
+// noted_layout: the note's KeyLayout (n_past -1 when there is none, it does not fit the op — its
+// rows past the mask's cells, a window other than the op's, a ring whose pages crisp cannot read —
+// or CRISP_HOOK_MASK_NOTE=0 turns notes off, the A/B of the check).
+KeyLayout noted_layout(const ggml_tensor * dst);
 // CRISP_HOOK_MASK_NOTE=check: a noted op's mask is read as well, and a note that disagrees with the
 // cells aborts (tests/llama_cpp runs it).
 bool mask_note_check_requested();
-[[noreturn]] void abort_on_wrong_note(const ggml_tensor * dst, int64_t noted, int64_t checked);
+[[noreturn]] void abort_on_wrong_note(const ggml_tensor * dst, const KeyLayout & noted, int64_t checked);
 
-// The op's n_past (-1: the mask rules the op out), from its note, or from check_mask() (the
-// backend's reading of every cell) when there is no note or the check is requested.
-template <typename CheckMask>
-int64_t causal_prefix_of_op(const ggml_tensor * dst, CheckMask && check_mask) {
-  const int64_t noted = noted_n_past(dst);
-  if (noted >= 0 && !mask_note_check_requested()) return noted;
-  const int64_t checked = check_mask();
-  if (noted >= 0 && checked != noted) abort_on_wrong_note(dst, noted, checked);
-  return checked;
+// The op's KeyLayout (n_past -1: crisp does not take it): from its note, or, without one, from
+// check_plain() (the backend's reading of every cell against the plain causal rule: n_past or -1);
+// with the check requested, a noted op's cells are read too (check_note(note) true when every cell
+// agrees; a ring's note is checked this way). A sliding-window op without a note whose window is
+// narrower than its cells is declined without reading the mask.
+template <typename CheckPlain, typename CheckNote>
+KeyLayout key_layout_of_op(const ggml_tensor * dst, CheckPlain && check_plain, CheckNote && check_note) {
+  const KeyLayout noted = noted_layout(dst);
+  if (noted.n_past >= 0) {
+    if (!mask_note_check_requested()) return noted;
+    const ggml_kq_mask_note note{noted.n_past, static_cast<int32_t>(noted.window),
+                                 static_cast<int32_t>(noted.ring_cells), static_cast<int32_t>(noted.ring_shift)};
+    if (noted.window > 0) {
+      if (!check_note(note)) abort_on_wrong_note(dst, noted, -1);
+      return noted;
+    }
+    const int64_t checked = check_plain();
+    if (checked != noted.n_past) abort_on_wrong_note(dst, noted, checked);
+    return noted;
+  }
+  KeyLayout plain;
+  const int32_t window = ggml_flash_attn_ext_get_window(dst);
+  if (window > 0 && dst->src[3]->ne[0] > window) return plain;  // a cut window, un-noted: not read
+  plain.n_past = check_plain();
+  return plain;
 }
 
 }  // namespace ggml_crisp

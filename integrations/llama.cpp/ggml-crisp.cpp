@@ -47,32 +47,41 @@ crisp::TensorView view_of(const ggml_tensor * t, int64_t first_head, int64_t hea
 
 bool cpu_head_dim_supported(int64_t head_dim) { return head_dim >= 1 && head_dim <= 256; }
 
+// Whether every cell of the first n_q rows of the F16 mask agrees with the note (mask_cell_ok).
+bool mask_matches_note(const ggml_tensor * mask, int64_t n_q, const ggml_kq_mask_note & note) {
+  const int64_t n_kv = mask->ne[0];
+  for (int64_t i = 0; i < n_q; ++i) {
+    const uint16_t * row = reinterpret_cast<const uint16_t *>(static_cast<const char *>(mask->data) + i * mask->nb[1]);
+    for (int64_t j = 0; j < n_kv; ++j)
+      if (!mask_cell_ok(row[j], note, i, j)) return false;
+  }
+  return true;
+}
+
 // n_past when the first n_q rows of the F16 mask are bottom-right causal over a contiguous prefix
-// (ggml_crisp::mask_cell_ok, every cell read), -1 otherwise.
+// (every cell read), -1 otherwise.
 int64_t causal_prefix(const ggml_tensor * mask, int64_t n_q) {
   const int64_t n_kv = mask->ne[0];
   const uint16_t * row0 = static_cast<const uint16_t *>(mask->data);
   int64_t leading_zeros = 0;
   while (leading_zeros < n_kv && is_zero_f16(row0[leading_zeros])) ++leading_zeros;
   const int64_t n_past = n_past_of_row0(leading_zeros, n_q, n_kv);
-  if (n_past < 0) return -1;
-  for (int64_t i = 0; i < n_q; ++i) {
-    const uint16_t * row = reinterpret_cast<const uint16_t *>(static_cast<const char *>(mask->data) + i * mask->nb[1]);
-    for (int64_t j = 0; j < n_kv; ++j)
-      if (!mask_cell_ok(row[j], i, j, n_past)) return -1;
-  }
-  return n_past;
+  return n_past >= 0 && mask_matches_note(mask, n_q, plain_causal_note(n_past)) ? n_past : -1;
 }
 
-// Why crisp cannot compute this op, or "" when it can. Depends only on the op's tensors.
-std::string decline_reason(const ggml_tensor * dst, int64_t * n_past) {
+// Why crisp cannot compute this op, or "" when it can (and *layout where its keys are).
+std::string decline_reason(const ggml_tensor * dst, KeyLayout * layout) {
   BackendLimits limits;
   limits.f32_kv = true;
   limits.head_dim_supported = cpu_head_dim_supported;
   const std::string reason = shape_decline_reason(dst, limits);
   if (!reason.empty()) return reason;
-  *n_past = causal_prefix_of_op(dst, [&] { return causal_prefix(dst->src[3], dst->src[0]->ne[1]); });
-  if (*n_past < 0) return kMaskDeclineReason;
+  const ggml_tensor * mask = dst->src[3];
+  const int64_t n_q = dst->src[0]->ne[1];
+  *layout = key_layout_of_op(
+      dst, [&] { return causal_prefix(mask, n_q); },
+      [&](const ggml_kq_mask_note & note) { return mask_matches_note(mask, n_q, note); });
+  if (layout->n_past < 0) return kMaskDeclineReason;
   return "";
 }
 
@@ -96,8 +105,8 @@ bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth) {
   const std::shared_ptr<const SparsePrefill> setting = current_setting();
   if (!setting) return false;
 
-  int64_t n_past = -1;
-  const std::string reason = decline_reason(dst, &n_past);
+  KeyLayout layout;
+  const std::string reason = decline_reason(dst, &layout);
   if (!reason.empty()) {
     if (ith == 0) {
       count_declined();
@@ -108,11 +117,16 @@ bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth) {
 
   const ggml_tensor * k = dst->src[1];
   const ggml_tensor * v = dst->src[2];
-  const int64_t n_q = q->ne[1], n_k = n_past + n_q;
+  const int64_t n_past = layout.n_past, n_q = q->ne[1], n_k = n_past + n_q;
   const int64_t heads = q->ne[2], group = q->ne[2] / k->ne[2], dim = q->ne[0];
   float scale = 1.0f;
   std::memcpy(&scale, dst->op_params, sizeof(float));
-  crisp::Config config = setting->config;
+  // A sliding-window layer keeps its window: every key in it, through crisp's window (the dense
+  // preset; sparse selection applies to the global layers), its keys read from the ring as pages.
+  const bool windowed = layout.window > 0;
+  crisp::Config config = windowed ? crisp::Config::from_preset("dense") : setting->config;
+  config.block_size = setting->config.block_size;
+  config.window = layout.window;
   config.softmax_scale = scale;
 
   // ggml's threads split the query heads: each runs crisp on its heads, one head per call, with
@@ -120,15 +134,28 @@ bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth) {
   // Plans are per (sequence, query head), so the split changes nothing in what is computed.
   crisp::Options options;
   options.num_threads = 1;
-  // The ubatch's queries are the last n_q of the n_k = n_past + n_q cells (bottom-right causal):
-  // a chunk of a chunked prefill, or the whole prompt when n_past == 0.
-  const crisp::Batch batch({0, n_q}, {0, n_k});
+  // The ubatch's queries are the last n_q of the n_k = n_past + n_q positions (bottom-right
+  // causal): a chunk of a chunked prefill, or the whole prompt when n_past == 0. A ring's keys are
+  // the op's n_kv cells read as pages.
+  const int64_t n_kv = dst->src[3]->ne[0];
+  std::vector<int32_t> table;
+  crisp::BlockTable block_table;
+  if (windowed) {
+    table.resize(static_cast<size_t>(ring_table_pages(n_k, layout.ring_page)));
+    for (size_t i = 0; i < table.size(); ++i)
+      table[i] = ring_block_table_entry(static_cast<int64_t>(i), layout.ring_page, layout.ring_cells, layout.ring_shift, n_kv);
+    block_table.data = table.data();
+    block_table.max_pages_per_sequence = static_cast<int64_t>(table.size());
+    block_table.page_size = layout.ring_page;
+  }
+  const crisp::Batch batch({0, n_q}, {0, n_k}, block_table);
+  const int64_t key_rows = windowed ? n_kv : n_k;
   std::vector<float> lse(n_q);
   int64_t kept_blocks = 0, heads_computed = 0;
   for (int64_t h = heads * ith / nth; h < heads * (ith + 1) / nth; ++h) {
     const crisp::TensorView qv = view_of(q, h, 1, n_q);
-    const crisp::TensorView kv = view_of(k, h / group, 1, n_k);
-    const crisp::TensorView vv = view_of(v, h / group, 1, n_k);
+    const crisp::TensorView kv = view_of(k, h / group, 1, key_rows);
+    const crisp::TensorView vv = view_of(v, h / group, 1, key_rows);
     // dst is [DV, heads, n_q] (ggml's permuted result): head h of token t at (t * heads + h) rows.
     crisp::TensorView out;
     out.data = static_cast<char *>(dst->data) + h * dst->nb[1];
@@ -147,7 +174,8 @@ bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth) {
       GGML_ABORT("crisp: sparse prefill failed on head %lld: %s", static_cast<long long>(h), e.what());
     }
   }
-  count_blocks(kept_blocks, heads_computed * causal_blocks_of_op(n_past, n_q, config.for_keys(n_k).block_size));
+  // The statistics' density is that of the sparse plans: a window's band is left out of it.
+  if (!windowed) count_blocks(kept_blocks, heads_computed * causal_blocks_of_op(n_past, n_q, config.for_keys(n_k).block_size));
   if (ith == 0) {
     count_handled();
     log_once("sparse prefill '" + setting->policy + "' computes the attention of prompt ubatches");

@@ -6,10 +6,13 @@
 //   - dense through crisp matches an f64 reference of the same inputs (on CUDA: Q rounded to the
 //     cache's type, as the hook hands it to crisp), for a whole prompt and for a later ubatch
 //     (n_past > 0), at SmolLM2's shapes and Gemma 3's (head dim 256, 4 query heads on 1 KV head),
-//     for a BF16 cache, and for a sliding-window mask whose window still covers every cell; on the
-//     CPU at least as closely as llama.cpp's own kernel does;
+//     for a BF16 cache, for a sliding-window mask whose window still covers every cell, and for a
+//     sliding window over a cache used as a ring with the patch's note (Gemma 3's local layers in
+//     llama.cpp: the prompt, a later ubatch wrapped around the ring, a shifted ring); on the CPU at
+//     least as closely as llama.cpp's own kernel does;
 //   - every op the hook must not take (decode, ALiBi, softcap, non-causal mask, a hole in the
-//     cache, several sequences, a sliding window shorter than the prefix) runs llama.cpp's kernel:
+//     cache, several sequences, a sliding window shorter than the prefix without a note, a ring
+//     whose shift fits no page) runs llama.cpp's kernel:
 //     bit-identical to the run with sparse prefill off, and counted as declined (decode is not
 //     counted: it is never a candidate);
 //   - the output is poisoned with NaN before every run and must come back finite (fully written);
@@ -59,7 +62,9 @@ struct Backend {
 Backend g_backend;
 
 // Which cells row i of the mask sees.
-enum class MaskKind { causal, non_causal, hole, two_sequences, sliding_window };
+// ring_window: a sliding window over a cache used as a ring, as llama.cpp's sliding-window cache
+// is (position p in cell (p + ring_shift) % ring_cells; the op's cells are the whole ring).
+enum class MaskKind { causal, non_causal, hole, two_sequences, sliding_window, ring_window };
 
 struct Case {
   int64_t n_q = 300;      // queries in the ubatch (not a multiple of crisp's block size)
@@ -84,10 +89,17 @@ struct Case {
   // The window llama.cpp's build_attn_mha marks on a sliding-window layer's op
   // (ggml_flash_attn_ext_set_window); 0: unmarked, as a global layer's.
   int32_t marked_window = 0;
-  // The causal note llama.cpp's set_input leaves on the mask node (ggml_kq_mask_set_causal_note):
-  // its n_past, or -1 for none.
-  int64_t note_n_past = -1;
+  // ring_window: the ring's cells and shift.
+  int64_t ring_cells = 0, ring_shift = 0;
+  // The note llama.cpp's set_input leaves on the mask node (ggml_kq_mask_set_note); n_past -1: none.
+  ggml_kq_mask_note note{-1, 0, 0, 0};
 };
+
+// The note that describes a ring_window case's mask.
+ggml_kq_mask_note ring_note(const Case & c) {
+  return ggml_kq_mask_note{c.n_past, static_cast<int32_t>(c.window), static_cast<int32_t>(c.ring_cells),
+                           static_cast<int32_t>(c.ring_shift)};
+}
 
 bool visible(const Case & c, int64_t i, int64_t j) {
   const int64_t last = c.n_past + i;
@@ -100,6 +112,10 @@ bool visible(const Case & c, int64_t i, int64_t j) {
       return (j < half) == (last < half) && j <= last;
     }
     case MaskKind::sliding_window: return j <= last && last - j < c.window;
+    case MaskKind::ring_window: {
+      const ggml_kq_mask_note note = ring_note(c);
+      return ggml_kq_mask_note_sees(&note, i, j);
+    }
   }
   return false;
 }
@@ -139,7 +155,8 @@ struct Op {
 Op build_op(ggml_context * ctx, const Case & c) {
   const int64_t n_tokens = c.n_past + c.n_q;
   Op op;
-  op.n_kv = (n_tokens + c.kv_pad - 1) / c.kv_pad * c.kv_pad;  // llama.cpp pads the cache view to 256 cells
+  op.n_kv = c.mask == MaskKind::ring_window ? c.ring_cells  // the whole ring
+                                            : (n_tokens + c.kv_pad - 1) / c.kv_pad * c.kv_pad;  // llama.cpp pads the cache view to 256 cells
   const int64_t n_q_pad = (c.n_q + GGML_KQ_MASK_PAD - 1) / GGML_KQ_MASK_PAD * GGML_KQ_MASK_PAD;
   op.q_rows = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.dim, c.heads, c.n_q);
   op.k_cache = ggml_new_tensor_3d(ctx, c.cache, c.dim, c.kv_heads, op.n_kv);
@@ -152,7 +169,7 @@ Op build_op(ggml_context * ctx, const Case & c) {
   op.out = ggml_flash_attn_ext(ctx, q, k, v, op.mask, op.scale, c.max_bias, c.softcap);
   ggml_flash_attn_ext_set_prec(op.out, GGML_PREC_F32);
   ggml_flash_attn_ext_set_window(op.out, c.marked_window);
-  if (c.note_n_past >= 0) ggml_kq_mask_set_causal_note(op.mask, c.note_n_past);
+  if (c.note.n_past >= 0) ggml_kq_mask_set_note(op.mask, &c.note);
   return op;
 }
 
@@ -191,7 +208,8 @@ Run run(const Case & c, uint32_t seed) {
   std::vector<ggml_fp16_t> md(n_kv * n_q_pad);
   for (int64_t i = 0; i < n_q_pad; ++i)
     for (int64_t j = 0; j < n_kv; ++j)
-      md[i * n_kv + j] = ggml_fp32_to_fp16(i < c.n_q && j < n_tokens && visible(c, i, j) ? 0.0f : -INFINITY);
+      md[i * n_kv + j] = ggml_fp32_to_fp16(i < c.n_q && (j < n_tokens || c.mask == MaskKind::ring_window) &&
+                                                   visible(c, i, j) ? 0.0f : -INFINITY);
   ggml_backend_tensor_set(q_rows, qd.data(), 0, ggml_nbytes(q_rows));
   ggml_backend_tensor_set(k_cache, kd.data(), 0, ggml_nbytes(k_cache));
   ggml_backend_tensor_set(v_cache, vd.data(), 0, ggml_nbytes(v_cache));
@@ -223,29 +241,35 @@ Run run(const Case & c, uint32_t seed) {
   for (float x : r.out) r.finite = r.finite && std::isfinite(x);
   for (float x : r.second_out) r.finite = r.finite && std::isfinite(x);
 
-  // f64 reference of plain causal attention on the inputs crisp reads: the cache's values, and Q
-  // as the hook hands it over (F32 on the CPU; rounded to the cache's type on CUDA).
+  // f64 reference of the attention the mask describes (the cells each row sees) on the inputs crisp
+  // reads: the cache's values, and Q as the hook hands it over (F32 on the CPU; rounded to the
+  // cache's type on CUDA). For the masks crisp computes: causal, a window that covers every cell,
+  // and a window over a ring.
   const bool window_covers_all = c.mask == MaskKind::sliding_window && c.window >= n_tokens;
-  if ((c.mask == MaskKind::causal || window_covers_all) && c.max_bias == 0.0f && c.softcap == 0.0f) {
+  if ((c.mask == MaskKind::causal || window_covers_all || c.mask == MaskKind::ring_window) && c.max_bias == 0.0f &&
+      c.softcap == 0.0f) {
     if (g_backend.cuda)
       for (float & x : qd) x = cache_value(c.cache, {to_cache(c.cache, x)}, 0);
     r.reference.assign(r.out.size(), 0.0);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t kh = h / (heads / kv_heads);
       for (int64_t i = 0; i < c.n_q; ++i) {
-        std::vector<double> s(c.n_past + i + 1);
+        std::vector<int64_t> cells;
+        for (int64_t j = 0; j < n_kv; ++j)
+          if ((j < n_tokens || c.mask == MaskKind::ring_window) && visible(c, i, j)) cells.push_back(j);
+        std::vector<double> s(cells.size());
         double m = -INFINITY, sum = 0.0;
-        for (int64_t j = 0; j <= c.n_past + i; ++j) {
+        for (size_t e = 0; e < cells.size(); ++e) {
           double dot = 0.0;
           for (int64_t x = 0; x < dim; ++x)
-            dot += double(qd[(i * heads + h) * dim + x]) * cache_value(c.cache, kd, (j * kv_heads + kh) * dim + x);
-          s[j] = dot * scale;
-          m = std::max(m, s[j]);
+            dot += double(qd[(i * heads + h) * dim + x]) * cache_value(c.cache, kd, (cells[e] * kv_heads + kh) * dim + x);
+          s[e] = dot * scale;
+          m = std::max(m, s[e]);
         }
         for (double & e : s) sum += (e = std::exp(e - m));
         for (int64_t x = 0; x < dim; ++x) {
           double acc = 0.0;
-          for (int64_t j = 0; j <= c.n_past + i; ++j) acc += s[j] * cache_value(c.cache, vd, (j * kv_heads + kh) * dim + x);
+          for (size_t e = 0; e < cells.size(); ++e) acc += s[e] * cache_value(c.cache, vd, (cells[e] * kv_heads + kh) * dim + x);
           r.reference[(i * heads + h) * dim + x] = acc / sum;
         }
       }
@@ -309,9 +333,11 @@ void dense_matches_reference(const std::string & name, const Case & c, bool comp
   }
   check(crisp.delta.handled == 1 && crisp.delta.declined == 0, name + ": crisp computed the op");
   check(crisp.finite, name + ": every output element written");
-  check(crisp.delta.kept == causal_blocks(c) && crisp.delta.causal == causal_blocks(c),
+  // A sliding-window op's band is left out of the statistics (their density is the sparse plans').
+  const int64_t counted = c.mask == MaskKind::ring_window ? 0 : causal_blocks(c);
+  check(crisp.delta.kept == counted && crisp.delta.causal == counted,
         name + ": stats: dense kept every causal block (" + std::to_string(crisp.delta.kept) + " of " +
-            std::to_string(crisp.delta.causal) + ", expected " + std::to_string(causal_blocks(c)) + ")");
+            std::to_string(crisp.delta.causal) + ", expected " + std::to_string(counted) + ")");
   const double crisp_error = max_error(crisp.out, crisp.reference);
   if (compare_llama) {
     const double llama_error = max_error(llama.out, llama.reference);
@@ -581,14 +607,14 @@ int main(int argc, char ** argv) {
   // seen (llama.cpp notes only masks it filled causal; CRISP_HOOK_MASK_NOTE=check reads them too
   // and aborts on a disagreement, which tests/llama_cpp runs on real prompts).
   Case noted;
-  noted.note_n_past = 0;
+  noted.note.n_past = 0;
   dense_matches_reference("causal mask with its causal note", noted);
   Case noted_chunk = noted;
   noted_chunk.n_past = 200;
-  noted_chunk.note_n_past = 200;
+  noted_chunk.note.n_past = 200;
   dense_matches_reference("causal mask with its causal note, later ubatch", noted_chunk);
   Case note_past_cells = noted;
-  note_past_cells.note_n_past = 400;  // 400 + 300 queries > 512 cells
+  note_past_cells.note.n_past = 400;  // 400 + 300 queries > 512 cells
   dense_matches_reference("a causal note that does not fit the op (ignored, mask read)", note_past_cells);
   if (std::getenv("CRISP_HOOK_MASK_NOTE") == nullptr) {
     Case noted_hole = noted;
@@ -597,6 +623,33 @@ int main(int argc, char ** argv) {
     const Run r = run(noted_hole, 1);
     check(r.delta.handled == 1 && r.finite, "a causal note is taken at its word: crisp computed the op without reading the mask");
   }
+  // Gemma 3's sliding-window layers as the patched llama.cpp leaves them: the op marked with its
+  // window, the cache a ring (position p in cell (p + shift) % cells), the mask noted with both. crisp
+  // computes the window (the dense preset's band, the ring read as pages): the prompt, a later
+  // ubatch whose window wraps around the ring, a shifted ring; and a ring whose shift is no multiple
+  // of 16 (no page size fits) is left to llama.cpp, unread.
+  Case ring = gemma;
+  ring.mask = MaskKind::ring_window;
+  ring.window = 128;
+  ring.marked_window = 128;
+  ring.ring_cells = 512;  // >= window + n_q, as llama.cpp sizes its sliding-window cache
+  ring.note = ring_note(ring);
+  dense_matches_reference("sliding window over a ring, noted: prompt", ring);
+  Case ring_later = ring;
+  ring_later.n_past = 700;  // positions 572 .. 999 wrap around the 512 cells
+  ring_later.note = ring_note(ring_later);
+  dense_matches_reference("sliding window over a ring, noted: later ubatch, wrapped", ring_later);
+  Case ring_shifted = ring_later;
+  ring_shifted.ring_shift = 256;
+  ring_shifted.note = ring_note(ring_shifted);
+  dense_matches_reference("sliding window over a ring, noted: shifted ring", ring_shifted);
+  Case ring_odd = ring_later;
+  ring_odd.ring_shift = 8;
+  ring_odd.note = ring_note(ring_odd);
+  falls_back("sliding window over a ring shifted by 8 cells (no page size fits)", ring_odd);
+  Case ring_unnoted = ring_later;
+  ring_unnoted.note = ggml_kq_mask_note{-1, 0, 0, 0};
+  falls_back("sliding window over a ring without its note", ring_unnoted);
   // A cache view of 301 cells, unpadded: mask rows of 602 bytes (the CUDA mask check's one-cell
   // loads). llama.cpp's CUDA kernel asserts a padded view, so only crisp runs it there, and the
   // declined case (a hole: llama.cpp's kernel computes it) runs on the CPU only.

@@ -3,7 +3,8 @@
 // One work item per (sequence, query head, query block r): the block's queries are scored
 // against each listed key block in ascending order with an online softmax (running max m, running
 // sum l, rescaled accumulator), exactly as a FlashAttention kernel, so O and LSE match the dense
-// softmax restricted to the listed blocks. The causal mask matters only on the diagonal block.
+// softmax restricted to the listed blocks. The causal mask matters only on the diagonal block, a
+// sliding window's (§12) only on the row's first two listed blocks.
 // Q, K, V are packed once into contiguous buffers of the compute type (any input dtype and
 // strides); K block-transposed so Q·K^T is a run of broadcast-multiply-adds.
 #include <algorithm>
@@ -57,6 +58,7 @@ CRISP_CPU_INLINE void attend_block_impl(const AttendInputs<T>& in, int64_t s, in
   const int64_t g = h / in.group;
   const T scale = static_cast<T>(in.plan.softmax_scale);
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  const int64_t window = in.plan.config.window;
 
   scratch.q_tile.assign(static_cast<size_t>(rows_pad * dpad), T(0));
   std::copy(in.q.row(h, q_row0), in.q.row(h, q_row0) + rows * dpad, scratch.q_tile.data());
@@ -74,16 +76,24 @@ CRISP_CPU_INLINE void attend_block_impl(const AttendInputs<T>& in, int64_t s, in
     qk_tile(scratch.q_tile.data(), rows_pad, in.keys.tile(g, in.index.first_block[s] + c), dpad, B, scores, B);
     for (int i = 0; i < rows; ++i) {
       T* row = scores + static_cast<int64_t>(i) * B;
-      // Keys j < limit are visible: the whole block, or j <= skipped + i on the diagonal block.
+      // Keys first <= j < limit are visible: the whole block, or j <= skipped + i on the diagonal
+      // block, and from the window's first key on (§12; 0 without a window).
       const int limit = c == r ? skipped + i + 1 : cols;
+      const int64_t window_first = rules::window_first_key(row_begin + i, window) - col_begin;
+      const int first = static_cast<int>(std::min<int64_t>(std::max<int64_t>(window_first, 0), limit));
+      for (int j = 0; j < first; ++j) row[j] = T(0);
+      if (first == limit) {  // nothing of this block in the row's window: no update
+        for (int j = limit; j < B; ++j) row[j] = T(0);
+        continue;
+      }
       T block_max = kNegInf;
 #pragma omp simd reduction(max : block_max)
-      for (int j = 0; j < limit; ++j) block_max = std::max(block_max, row[j] * scale);
+      for (int j = first; j < limit; ++j) block_max = std::max(block_max, row[j] * scale);
       const T new_max = std::max(scratch.row_max[i], block_max);
       const T correction = fast_exp(scratch.row_max[i] - new_max);  // exp(-inf) = 0 on the first block
       T block_sum = 0;
 #pragma omp simd reduction(+ : block_sum)
-      for (int j = 0; j < limit; ++j) {
+      for (int j = first; j < limit; ++j) {
         const T p = fast_exp(row[j] * scale - new_max);
         row[j] = p;
         block_sum += p;

@@ -24,18 +24,20 @@
 namespace crisp {
 namespace detail {
 
-HeadPlan make_dense_head(int32_t num_blocks, int32_t first_row) {
+HeadPlan make_dense_head(const SequencePlan& shape, int32_t block_size, int64_t window) {
+  const int32_t num_blocks = shape.num_blocks, first_row = shape.first_row;
   HeadPlan head;
   head.route = Route::dense;
   head.c_struct = std::numeric_limits<double>::quiet_NaN();
   head.jsd = std::numeric_limits<double>::quiet_NaN();
   head.row_ptr.assign(static_cast<size_t>(num_blocks) + 1, 0);
-  head.col.reserve(static_cast<size_t>(rules::causal_blocks_of_rows(first_row, num_blocks)));
+  if (window == 0) head.col.reserve(static_cast<size_t>(rules::causal_blocks_of_rows(first_row, num_blocks)));
   for (int32_t r = first_row; r < num_blocks; ++r) {
-    for (int32_t c = 0; c <= r; ++c) head.col.push_back(c);
+    for (int32_t c = rules::window_first_block(r, block_size, shape.n_k, shape.n_q, window); c <= r; ++c)
+      head.col.push_back(c);
     head.row_ptr[r + 1] = static_cast<int32_t>(head.col.size());
   }
-  head.density = 1.0;
+  head.density = num_blocks > 0 ? rules::density_of_rows(static_cast<int64_t>(head.col.size()), first_row, num_blocks) : 1.0;
   return head;
 }
 
@@ -394,14 +396,16 @@ std::vector<char> pe_entries(const PlanInputs<T>& in, int64_t s, int64_t h, cons
 }
 
 // The layout's CSR of one head from its side flags and PE entries (empty for VS heads).
-void layout_rows(const PlanParams& params, int32_t route, int32_t N, int32_t first_row, const std::vector<char>& vertical,
+void layout_rows(const PlanParams& params, int32_t route, const SequencePlan& shape, const std::vector<char>& vertical,
                  const std::vector<char>& slash, const std::vector<char>& pe, HeadPlan& head) {
+  const int32_t N = shape.num_blocks, first_row = shape.first_row;
   const std::vector<char> no_pe(N, 0);
   head.row_ptr.assign(static_cast<size_t>(N) + 1, 0);
   for (int32_t r = first_row; r < N; ++r) {
     const char* pe_row = pe.empty() ? no_pe.data() : pe.data() + rules::causal_blocks(r);
-    for (int32_t kb = 0; kb <= r; ++kb)
-      if (select::layout_keeps(params, route, r, kb, vertical, slash, pe_row)) head.col.push_back(kb);
+    const int32_t first_kb = select::first_listed_block(params, r, shape.n_k, shape.n_q);
+    for (int32_t kb = first_kb; kb <= r; ++kb)
+      if (select::layout_keeps(params, route, r, kb, first_kb, vertical, slash, pe_row)) head.col.push_back(kb);
     head.row_ptr[r + 1] = static_cast<int32_t>(head.col.size());
   }
   head.density = rules::density_of_rows(static_cast<int64_t>(head.col.size()), first_row, N);
@@ -413,8 +417,7 @@ HeadPlan plan_head(const PlanInputs<T>& in, int64_t s, int64_t h) {
   const int B = params.block_size;
   const SequencePlan& shape = in.shapes[s];
   const int64_t n = shape.n_k;
-  const int32_t N = shape.num_blocks;
-  if (!select::estimates(params, n)) return detail::make_dense_head(N, shape.first_row);
+  if (!select::estimates(params, n)) return detail::make_dense_head(shape, B, params.window);
   const auto key_row = [&](int64_t t) { return in.key_rows(s, t); };
 
   HeadPlan head;
@@ -441,7 +444,7 @@ HeadPlan plan_head(const PlanInputs<T>& in, int64_t s, int64_t h) {
     if (key_means.empty()) key_means = block_means<T>(in.k, h / in.group, 0, n, B, in.keys.dpad, key_row);
     pe = pe_entries(in, s, h, key_means);
   }
-  layout_rows(params, route, N, shape.first_row, vertical.flags(), slash.flags(), pe, head);
+  layout_rows(params, route, shape, vertical.flags(), slash.flags(), pe, head);
   return head;
 }
 

@@ -152,6 +152,7 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   params.q_per_kv = static_cast<int32_t>(Hq / Hkv);
   params.scale = static_cast<float>(plan.softmax_scale());
   params.scale_log2 = static_cast<float>(plan.softmax_scale() * 1.4426950408889634);  // log2(e)
+  params.window = static_cast<int32_t>(plan.config().window);  // Config::validate bounds it by 2^31 - 1
   params.plan = view;
   params.block_table = paged ? block_table.data : nullptr;
   params.table_stride = paged ? block_table.max_pages_per_sequence : 0;

@@ -412,8 +412,10 @@ __global__ void __launch_bounds__(threads_per_cta<kDim, kBlock>(), min_ctas_per_
     cp_async_commit();
 
     const int key0 = key0_queue[0];
-    // A warp whose rows all precede the tile (upper part of the diagonal block) skips it.
-    const bool warp_active = key0 <= warp_row0 + kRowsPerWarp - 1;
+    // A warp whose rows all precede the tile (upper part of the diagonal block), or whose rows' windows
+    // all begin after it (§12), skips it.
+    const bool warp_active = key0 <= warp_row0 + kRowsPerWarp - 1 &&
+                             !rules::outside_window(key0 + kKeyTile - 1, warp_row0, p.window);
     uint32_t p_frag[R][kKeySteps][4];  // P in bf16/fp16, already in the A-fragment layout of PV
     if (warp_active) {
       // ---- S = Q K^T: each K fragment feeds both row tiles
@@ -441,8 +443,10 @@ __global__ void __launch_bounds__(threads_per_cta<kDim, kBlock>(), min_ctas_per_
           }
         }
       }
-      // ---- masks: causal (diagonal block) and the end of the sequence (partial last block)
-      const bool needs_mask = key0 + kKeyTile - 1 > warp_row0 || key0 + kKeyTile > n;
+      // ---- masks: causal (diagonal block), the end of the sequence (partial last block) and the
+      // window's edge (§12: the row's first listed blocks)
+      const bool needs_mask = key0 + kKeyTile - 1 > warp_row0 || key0 + kKeyTile > n ||
+                              rules::tile_needs_window_mask(key0, warp_row0 + kRowsPerWarp - 1, p.window);
       if (needs_mask) {
 #pragma unroll
         for (int i = 0; i < R; ++i)
@@ -452,7 +456,7 @@ __global__ void __launch_bounds__(threads_per_cta<kDim, kBlock>(), min_ctas_per_
             for (int e = 0; e < 4; ++e) {
               const int key = key0 + j * 8 + quad_lane * 2 + (e & 1);
               const int query = warp_row0 + i * 16 + group + (e >= 2 ? 8 : 0);
-              if (key > query || key >= n) s_acc[i][j][e] = -INFINITY;
+              if (!rules::key_visible(key, query, p.window) || key >= n) s_acc[i][j][e] = -INFINITY;
             }
       }
       // ---- online softmax (base 2); each row is spread over the 4 threads of a quad

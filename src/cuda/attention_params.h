@@ -27,6 +27,7 @@ struct Params {
   int32_t q_per_kv;        // Hq / Hkv
   float scale_log2;        // softmax scale * log2(e)
   float scale;             // softmax scale
+  int32_t window;          // §12 sliding window in tokens (0 = none): query p sees keys (p - window, p]
   DevicePlanView plan;
   // Keys (spec §11): key position j of sequence s is row kv_rows::key_row(seqs[s].kv_offset,
   // table row s or null, page_size, j) of k/v (src/common/kv_rows.h). block_table null: contiguous

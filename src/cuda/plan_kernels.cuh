@@ -684,6 +684,7 @@ __global__ void __launch_bounds__(kLayoutWarps * 32) layout_kernel(SlotParams P)
     const int8_t* sflags = P.view.slash_flags + fo;
     const PeRowRule pe =
         pe_row_rule(P, slot, route, layout::col_offset(sb, h, H) + static_cast<int64_t>(r) * (r + 1) / 2);
+    const int32_t first_kb = select::first_listed_block(P.plan, r, sb.n, sb.n_q);
     int count = 0;
     for (int kb0 = 0; kb0 <= last_kb; kb0 += kLayoutStep) {
       const int base = kb0 + kLayoutLaneBlocks * lane;
@@ -705,7 +706,8 @@ __global__ void __launch_bounds__(kLayoutWarps * 32) layout_kernel(SlotParams P)
 #pragma unroll
         for (int i = 0; i < kLayoutLaneBlocks; ++i) {
           const int kb = base + i;
-          if (kb <= last_kb && select::layout_keeps(P.plan, route, r, kb, lane_v, lane_s, lane_pe)) bits |= 1u << i;
+          if (kb <= last_kb && select::layout_keeps(P.plan, route, r, kb, first_kb, lane_v, lane_s, lane_pe))
+            bits |= 1u << i;
         }
       }
       row_bits[(kb0 / kLayoutStep) * 32] = static_cast<uint8_t>(bits);

@@ -229,6 +229,7 @@ const std::vector<Parameter>& parameters() {
       CRISP_INT_PARAM(min_budget, x >= 0, "an integer >= 0 (tokens)"),
       CRISP_INT_PARAM(max_budget, x >= 0, "an integer >= 0 (tokens; 0 = no maximum)"),
       CRISP_INT_PARAM(dense_below, x >= 0, "an integer >= 0 (tokens; 0 = off)"),
+      CRISP_INT_PARAM(window, x >= 0 && x <= INT32_MAX, "an integer in [0, 2^31 - 1] (tokens; 0 = no window)"),
       Parameter{"block_size", "an integer",
                 [](Config& c, const std::string& s) {
                   int64_t v = 0;

@@ -42,7 +42,7 @@ namespace {
 
 [[noreturn]] void fail(size_t s, size_t h, const std::string& what) {
   throw Error("plan", "sequence " + std::to_string(s) + ", head " + std::to_string(h) + ": " + what,
-              "a well-formed plan (CSR rows ascending, unique, within [0, r], containing 0 and r)");
+              "a well-formed plan (CSR rows ascending, unique, within [0, r] and the window, containing 0 and r)");
 }
 
 // Block indices of a VS/PE side set: ascending, unique, in [0, N), anchor 0 present.
@@ -111,19 +111,25 @@ void Plan::check_well_formed() const {
           continue;
         }
         if (end == begin) fail(s, h, row + "empty row");
+        // §12: with a window no block before the row's first visible one (the kernels mask only the
+        // window's edge, the first two listed blocks); the sink anchor only where the window reaches it.
+        const int32_t first_kb = rules::window_first_block(r, block_size, seq.n_k, seq.n_q, config.window);
         for (int32_t i = begin; i < end; ++i) {
           const int32_t c = col[static_cast<size_t>(i)];
           if (c < 0 || c > r) fail(s, h, row + "column " + std::to_string(c) + " outside [0, r]");
+          if (c < first_kb)
+            fail(s, h, row + "column " + std::to_string(c) + " lies wholly outside the window of " +
+                           std::to_string(config.window) + " tokens (first visible block " + std::to_string(first_kb) + ")");
           if (i > begin && c <= col[static_cast<size_t>(i) - 1])
             fail(s, h, row + "columns not ascending and unique at column " + std::to_string(c));
         }
-        if (col[static_cast<size_t>(begin)] != 0) fail(s, h, row + "lacks the sink anchor block 0");
+        if (first_kb == 0 && col[static_cast<size_t>(begin)] != 0) fail(s, h, row + "lacks the sink anchor block 0");
         if (col[static_cast<size_t>(end) - 1] != r) fail(s, h, row + "lacks its diagonal block r");
 
         // Every block the head's own sets imply must be present (a dense head: every block).
         std::fill(in_row.begin(), in_row.begin() + r + 1, 0);
         for (int32_t i = begin; i < end; ++i) in_row[static_cast<size_t>(col[static_cast<size_t>(i)])] = 1;
-        for (int32_t kb = 0; kb <= r; ++kb) {
+        for (int32_t kb = first_kb; kb <= r; ++kb) {
           if (in_row[static_cast<size_t>(kb)]) continue;
           if (head.route == Route::dense)
             fail(s, h, row + "dense head lacks causal block " + std::to_string(kb));

@@ -33,6 +33,8 @@ struct PlanParams {
   SlashCover cover;
   // Budget clamps and §7
   int64_t min_budget, max_budget, dense_below;
+  // §12 sliding window (0 = none)
+  int64_t window;
 };
 static_assert(std::is_trivially_copyable<PlanParams>::value, "PlanParams is passed to kernels by value");
 
@@ -64,6 +66,7 @@ inline PlanParams plan_params(const Config& c) {
   p.min_budget = c.min_budget;
   p.max_budget = c.max_budget;
   p.dense_below = c.dense_below;
+  p.window = c.window;
   return p;
 }
 

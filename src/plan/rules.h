@@ -75,6 +75,34 @@ CRISP_HD double density_of_rows(int64_t nnz, int32_t first_row, int32_t N) {
   return static_cast<double>(nnz) / static_cast<double>(causal_blocks_of_rows(first_row, N));
 }
 
+// ---------------------------------------------------------------- §12 sliding window
+// With a window W > 0 query position p sees the keys (p - W, p]: its W most recent positions, itself
+// included (llama.cpp's is_masked_swa: masked iff p - j >= W; flash-attn's window_size (W - 1, 0)).
+// W = 0: no window, every earlier key. Every backend's plan and kernel tests these, never its own.
+// Templates over the position type: the kernels compare 32-bit positions (64-bit ones cost the
+// portable kernel registers it does not have), the planners 64-bit ones.
+template <typename Pos>
+CRISP_HD bool outside_window(Pos key, Pos query, Pos window) { return window > 0 && query - key >= window; }
+template <typename Pos>
+CRISP_HD bool key_visible(Pos key, Pos query, Pos window) {
+  return key <= query && !outside_window(key, query, window);
+}
+// The first key position query p sees.
+template <typename Pos>
+CRISP_HD Pos window_first_key(Pos query, Pos window) {
+  return window > 0 && query - window + 1 > 0 ? query - window + 1 : Pos(0);
+}
+// The first key block row r lists: that of its first query's first key. Blocks before it hold no
+// key any query of the row sees; the block itself and the next one may be partly visible.
+CRISP_HD int32_t window_first_block(int32_t r, int32_t block, int64_t n_k, int64_t n_q, int64_t window) {
+  return static_cast<int32_t>(window_first_key(row_query_begin(r, block, n_k, n_q), window) / block);
+}
+// Does a tile of keys from key0 need the window's mask for a query as late as last_query?
+template <typename Pos>
+CRISP_HD bool tile_needs_window_mask(Pos key0, Pos last_query, Pos window) {
+  return outside_window(key0, last_query, window);
+}
+
 // ---------------------------------------------------------------- §7 short sequences
 // Dense when there is nothing to select (N <= 2), when FlexPrefill's rule applies
 // (n <= min_budget), or below the speed-driven dense_below.

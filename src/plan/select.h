@@ -194,12 +194,18 @@ CRISP_HD void select_side(const PlanParams& p, int32_t route, int64_t n, bool ve
 }
 
 // ---------------------------------------------------------------- §5 layout
-// Is key block kb (<= r) in row r of a head of route `route`? Dense heads hold every block.
+// Is key block kb (<= r) in row r of a head of route `route`? Dense heads hold every block. With a
+// window (§12) no row holds a block before its first_kb (rules::window_first_block; 0 without one):
+// the selection is made as without a window, and what lies wholly outside it is dropped.
 template <typename Flags, typename PeRow>
-CRISP_HD bool layout_keeps(const PlanParams& p, int32_t route, int32_t r, int32_t kb, const Flags& vertical_flags,
-                           const Flags& slash_flags, const PeRow& pe_row) {
-  return route == rules::kRouteDense ||
-         rules::layout_has_block(r, kb, vertical_flags, slash_flags, pe_row, rules::code_of(p.cover));
+CRISP_HD bool layout_keeps(const PlanParams& p, int32_t route, int32_t r, int32_t kb, int32_t first_kb,
+                           const Flags& vertical_flags, const Flags& slash_flags, const PeRow& pe_row) {
+  return kb >= first_kb && (route == rules::kRouteDense || rules::layout_has_block(r, kb, vertical_flags, slash_flags,
+                                                                                    pe_row, rules::code_of(p.cover)));
+}
+// The first key block row r of a sequence of n_k keys and n_q queries may list.
+CRISP_HD int32_t first_listed_block(const PlanParams& p, int32_t r, int64_t n_k, int64_t n_q) {
+  return rules::window_first_block(r, p.block_size, n_k, n_q, p.window);
 }
 
 }  // namespace select

@@ -6,7 +6,10 @@
 //    (16 / 64 / 128 tokens), on the portable and the Hopper kernel (options.cuda.kernel), f16 and
 //    bf16, d 64 and 128, against the CPU backend in float64 on the same (CPU-made) plan and the same
 //    rounded inputs, with every output element written;
-//  - planning: the CUDA plan of the same batch (contiguous or paged) equals the CPU plan.
+//  - planning: the CUDA plan of the same batch (contiguous or paged) equals the CPU plan;
+//  - a sliding window (§12): the same, with windows narrower than the prompts (the dense preset's
+//    band and a crisp plan clipped to the window; d 256 as Gemma 3's local layers), on the portable
+//    kernel; the Hopper kernel asked for a window is refused by name.
 // Every test skips itself when no CUDA device is present.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -137,6 +140,7 @@ struct AttendCase {
   int64_t page_size;  // 0: contiguous K/V
   crisp::Kernel kernel;
   uint64_t seed;
+  int64_t window = 0;  // §12; 0 = none
 };
 std::ostream& operator<<(std::ostream& os, const AttendCase& c) { return os << c.name; }
 
@@ -153,8 +157,13 @@ TEST_P(GpuApiChunkedAttention, MatchesCpuFloat64OnTheSamePlan) {
 
   crisp::Config cfg = crisp::Config::from_preset("crisp");
   cfg.block_size = c.block;
+  cfg.window = c.window;
   const crisp::Plan sparse = crisp::plan(x.q_view(), x.k_view(), cfg, x.batch());
-  const crisp::Plan dense = crisp::dense_plan(x.hq, x.hkv, x.d, x.batch(), c.block);
+  crisp::Config dense_cfg = crisp::Config::from_preset("dense");
+  dense_cfg.block_size = c.block;
+  dense_cfg.window = c.window;
+  const crisp::Plan dense = c.window > 0 ? crisp::plan(x.q_view(), x.k_view(), dense_cfg, x.batch())
+                                         : crisp::dense_plan(x.hq, x.hkv, x.d, x.batch(), c.block);
   for (const crisp::Plan* plan : {&sparse, &dense}) {
     SCOPED_TRACE(plan == &sparse ? "crisp plan" : "dense plan");
     // Reference: the CPU backend in float64 on the rounded inputs (contiguous K/V), same plan.
@@ -200,8 +209,42 @@ INSTANTIATE_TEST_SUITE_P(
         AttendCase{"hopper_f16_d64_B128_page64", f16, 64, 128, 64, hopper, 9},
         AttendCase{"hopper_f16_d128_B64_page128", f16, 128, 64, 128, hopper, 10},
         AttendCase{"hopper_bf16_d64_B64_contiguous", bf16, 64, 64, 0, hopper, 11},
-        AttendCase{"hopper_bf16_d128_B128_page128", bf16, 128, 128, 128, hopper, 12}),
+        AttendCase{"hopper_bf16_d128_B128_page128", bf16, 128, 128, 128, hopper, 12},
+        // §12 sliding windows: narrower than a block, unaligned, a block and a half, wider than
+        // some prompts; d 256 (Gemma 3's local layers: window 512, B 64).
+        AttendCase{"portable_bf16_d128_B128_window100", bf16, 128, 128, 0, portable, 13, 100},
+        AttendCase{"portable_f16_d256_B64_page16_window512", f16, 256, 64, 16, portable, 14, 512},
+        AttendCase{"portable_bf16_d64_B64_window1", bf16, 64, 64, 0, portable, 15, 1},
+        AttendCase{"portable_f16_d256_B128_page256_window512", f16, 256, 128, 256, portable, 17, 512},
+        AttendCase{"portable_bf16_d256_B128_window512", bf16, 256, 128, 0, portable, 18, 512},
+        AttendCase{"portable_f16_d128_B64_page64_window1200", f16, 128, 64, 64, portable, 20, 1200},
+        // Kernel::automatic with a window: the portable kernel (the Hopper kernel has no window).
+        AttendCase{"automatic_bf16_d128_B128_window100", bf16, 128, 128, 0, crisp::Kernel::automatic, 16, 100},
+        AttendCase{"automatic_bf16_d64_B64_window1", bf16, 64, 64, 0, crisp::Kernel::automatic, 19, 1}),
     [](const ::testing::TestParamInfo<AttendCase>& info) { return info.param.name; });
+
+// The Hopper kernel has no sliding window: asked for one explicitly it refuses, naming the option.
+TEST(GpuApiChunkedAttention, HopperKernelRefusesAWindow) {
+  SKIP_WITHOUT_GPU();
+  if (!hopper_device()) GTEST_SKIP() << "the Hopper kernel needs an sm_90 device";
+  RoundedChunks in(31, 128, 128, bf16, 0);
+  crisp_test::Chunks& x = in.chunks;
+  DeviceChunks dev(in);
+  ASSERT_TRUE(dev.upload());
+  crisp::Config cfg = crisp::Config::from_preset("dense");
+  cfg.window = 100;
+  const crisp::Plan plan = crisp::plan(x.q_view(), x.k_view(), cfg, x.batch());
+  crisp::Options options;
+  options.cuda.kernel = hopper;
+  try {
+    crisp::attend(dev.q_view(), dev.kv_view(dev.k.ptr), dev.kv_view(dev.v.ptr), plan, dev.out_view(), dev.lse_view(),
+                  options);
+    ADD_FAILURE() << "the Hopper kernel accepted a window";
+  } catch (const crisp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("options.cuda.kernel"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("window"), std::string::npos) << e.what();
+  }
+}
 
 // ------------------------------------------------------------------ planning
 
@@ -213,6 +256,7 @@ struct PlanCase {
   int block;
   int64_t page_size;
   uint64_t seed;
+  int64_t window = 0;  // §12; 0 = none
 };
 std::ostream& operator<<(std::ostream& os, const PlanCase& c) { return os << c.name; }
 
@@ -229,6 +273,7 @@ TEST_P(GpuApiChunkedPlan, MatchesCpuPlan) {
   ASSERT_TRUE(dev.upload());
   crisp::Config cfg = crisp::Config::from_preset(c.preset);
   cfg.block_size = c.block;
+  cfg.window = c.window;
   const crisp::Plan gpu = crisp::plan(dev.q_view(), dev.kv_view(dev.k.ptr), cfg, x.batch(dev.block_table()));
   ASSERT_NO_THROW(gpu.check_well_formed());
   for (crisp::Precision precision : {crisp::Precision::f32, crisp::Precision::f64}) {
@@ -268,7 +313,10 @@ INSTANTIATE_TEST_SUITE_P(
         PlanCase{"crisp_f16_d64_B64_page64", "crisp", f16, 64, 64, 64, 23},
         PlanCase{"crisp_bf16_d64_B64_page128", "crisp", bf16, 64, 64, 128, 24},
         PlanCase{"flexprefill_bf16_d128_B128_page16", "flexprefill", bf16, 128, 128, 16, 25},
-        PlanCase{"minference_f16_d128_B64_page64", "minference", f16, 128, 64, 64, 26}),
+        PlanCase{"minference_f16_d128_B64_page64", "minference", f16, 128, 64, 64, 26},
+        PlanCase{"crisp_bf16_d128_B128_window300", "crisp", bf16, 128, 128, 0, 27, 300},
+        PlanCase{"dense_f16_d256_B64_page16_window512", "dense", f16, 256, 64, 16, 28, 512},
+        PlanCase{"flexprefill_bf16_d64_B64_window1", "flexprefill", bf16, 64, 64, 0, 29, 1}),
     [](const ::testing::TestParamInfo<PlanCase>& info) { return info.param.name; });
 
 }  // namespace

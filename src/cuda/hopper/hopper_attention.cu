@@ -305,7 +305,9 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
                         int64_t q_tokens, int64_t k_tokens, int64_t num_kv_heads, int64_t num_ctas,
                         const CudaOptions& options, cudaStream_t stream) {
   if (options.kernel == Kernel::portable) return false;
-  const bool shape_ok = shape_supported(dtype, head_dim, block_size) && paged_pool_supported(params);
+  // A sliding window (§12) runs on the portable kernel: masking the window's edge in the consumer
+  // cost the d = 256 kernels' registers (up to 224 bytes of spills; docs/hopper.md).
+  const bool shape_ok = shape_supported(dtype, head_dim, block_size) && paged_pool_supported(params) && params.window == 0;
   const bool device_ok = kernel_available();
   if (!shape_ok || !device_ok) {
     if (options.kernel == Kernel::automatic) return false;
@@ -320,9 +322,10 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
                                  std::to_string(params.block_table != nullptr
                                                     ? params.plan.num_sequences * params.table_stride
                                                     : 0) +
-                                 " entries",
+                                 " entries and a sliding window of " + std::to_string(params.window) + " tokens",
                 "bf16/f16, head dim 64, 128 or 256, block size 64 or 128, a paged K/V pool below 2^31 rows and block "
-                "table below 2^31 entries, on an sm_90 device (or kernel auto, also in CRISP_KERNEL)");
+                "table below 2^31 entries, no sliding window (config.window 0), on an sm_90 device (or kernel auto, "
+                "also in CRISP_KERNEL)");
   }
   if (num_ctas == 0) return true;
   if (dtype == DType::bf16)
