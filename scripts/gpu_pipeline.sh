@@ -48,6 +48,8 @@
 #      GPU tests (PIPE_BIN, CRISP_GPU_BIN), test-ggml-crisp on CUDA with and without the note check,
 #      Gemma 3's CUDA llama.cpp test, its hook's GPU stages at 32k, fa and crisp alternated five
 #      times at 8k-32k, every policy once with the attention nodes timed. Gemma 3 only.
+#   PIPE_PHASE=density: the 8B-shaped model's attention nodes at 64k for fa, dense, crisp and top-k at
+#      three budgets (attention time against density where the fixed cost per op is small).
 #   PIPE_PHASE=bench: steps 1-2's build and checks, then the kernels'
 #      crossover on small calls, step 3's benchmarks with the preset, and Gemma 3's 16k / 32k
 #      test split with the preset.
@@ -188,6 +190,29 @@ if [ "${PIPE_PHASE:-tune}" = window ]; then
   step gemma_all 300 python3 scripts/llama_bench.py --bin "$BIN" --model "gemma3=$GEMMA" \
     --lengths 8192,16384,32768 --reps 2 --json "$PIPE/gemma_all.json" --md "$PIPE/gemma_all.md"
   log "pipeline done (window)"
+  exit 0
+fi
+
+# PIPE_PHASE=density (session 25): whether crisp's attention time inside llama.cpp falls as 1/density
+# where the fixed cost per op is small: the 8B-shaped model at 64k (32 heads, ubatches of 2048),
+# every attention node timed (llama-attn-time) for fa, dense, crisp and MInference-style top-k at
+# three budgets (densities from about 0.1 to 0.8 on random weights, whose other policies keep
+# nearly every block). Run with PIPE_GPU_TESTS=0 (nothing to test) and no models to carry.
+if [ "${PIPE_PHASE:-tune}" = density ]; then
+  wait  # the 8B-shaped GGUF
+  log "8B-shaped GGUF there"
+  for spec in fa dense crisp minference minference:vertical_tokens=4000,slash_tokens=24000 \
+      minference:vertical_tokens=250,slash_tokens=1000; do
+    policy=${spec%%:*} name=${spec//[:=,]/_} flags=()
+    [ "$policy" = fa ] || flags=(--sparse-prefill "$policy")
+    if [ "$spec" != "$policy" ]; then
+      IFS=, read -ra settings <<< "${spec#*:}"
+      for setting in "${settings[@]}"; do flags+=(--sparse-prefill-set "$setting"); done
+    fi
+    step "attn_8b_64k_$name" 150 "$BIN/llama-attn-time" -m "$GGUF_8B" --tokens 65536 --reps 1 -fa -ngl 99 \
+      -b 65536 -ub 2048 --warmup-tokens 512 "${flags[@]}" --json "$PIPE/attn_8b_64k_$name.json"
+  done
+  log "pipeline done (density)"
   exit 0
 fi
 
