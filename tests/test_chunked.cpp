@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "chunk_reference.h"
 #include "chunk_util.h"
 #include "crisp/crisp.h"
 #include "oracle.h"
@@ -26,6 +27,12 @@
 namespace {
 
 using crisp_test::ChunkSeq;
+using crisp_test::expect_outputs_match;
+using crisp_test::name_of;
+using crisp_test::options_of;
+using crisp_test::output_tolerance;
+using crisp_test::Reference;
+using crisp_test::run_attend;
 using crisp_test::Chunks;
 using crisp_test::Outputs;
 using crisp_test::seed_trace;
@@ -40,72 +47,6 @@ constexpr int64_t kAlignedPrompt = 1280;
 // n_q of the single-sequence cases: a decode step, fewer than a block, one block, an unaligned
 // chunk (its first row starts mid-block at both block sizes), the whole prompt.
 std::vector<int64_t> query_counts(int block) { return {1, 50, block, 200, kPrompt}; }
-
-crisp::Options options_of(crisp::Precision precision) {
-  crisp::Options o;
-  o.precision = precision;
-  // NOTE: one thread: ctest runs the test processes in parallel on a small machine.
-  o.num_threads = 1;
-  return o;
-}
-
-const char* name_of(crisp::Precision p) { return p == crisp::Precision::f64 ? "f64" : "f32"; }
-
-// ---------------------------------------------------------------- the oracle's view of a Chunks
-struct Reference {
-  oracle::Tensor q, k, v;
-  crisp::SeqLens cu_q, cu_k;
-  explicit Reference(const Chunks& c)
-      : q(oracle::Tensor::from_floats(c.q, c.hq, c.q_tokens(), c.d)),
-        k(oracle::Tensor::from_floats(c.k, c.hkv, c.kv_tokens(), c.d)),
-        v(oracle::Tensor::from_floats(c.v, c.hkv, c.kv_tokens(), c.d)),
-        cu_q(c.cu_q),
-        cu_k(c.cu_k) {}
-  // Dense bottom-right causal attention.
-  oracle::Attention dense(int block, double scale) const {
-    return oracle::attend_chunks(q, k, v, cu_q, cu_k, block, scale, nullptr);
-  }
-  // Attention restricted to the plan's layout.
-  oracle::Attention on_plan(const crisp::Plan& plan) const {
-    oracle::Layouts layouts;
-    for (const crisp::SequencePlan& sp : plan.sequences) {
-      layouts.emplace_back();
-      for (const crisp::HeadPlan& hp : sp.heads) layouts.back().emplace_back(hp.row_ptr, hp.col);
-    }
-    return oracle::attend_chunks(q, k, v, cu_q, cu_k, plan.block_size, plan.softmax_scale, &layouts);
-  }
-};
-
-// NOTE: output tolerances, |got - want| <= tol * max(1, |want|). float64: both sides compute the
-// same sums in exact arithmetic, in different orders (an online softmax against a two-pass one):
-// rounding of ~1e-16 per term over ~1e3 terms. float32: logits rounded to float (relative ~1e-7 on
-// logits up to ~20, i.e. absolute ~2e-6 on exponents) and float partial sums: 1e-5.
-double output_tolerance(crisp::Precision p) { return p == crisp::Precision::f64 ? 1e-11 : 1e-5; }
-
-// Every element written (none NaN) and within tolerance of the reference.
-void expect_outputs_match(const Outputs& got, const oracle::Attention& want, double tol, const std::string& context) {
-  int64_t unwritten = 0, wrong = 0;
-  std::string first;
-  auto check = [&](double g, double w, const std::string& where) {
-    if (std::isnan(g)) {
-      ++unwritten;
-      if (first.empty()) first = where + " is NaN (unwritten)";
-    } else if (!(std::fabs(g - w) <= tol * std::max(1.0, std::fabs(w)))) {
-      ++wrong;
-      if (first.empty()) first = where + ": " + std::to_string(g) + " vs reference " + std::to_string(w);
-    }
-  };
-  for (size_t i = 0; i < got.out_size(); ++i) check(got.out_at(i), want.out.data[i], "out[" + std::to_string(i) + "]");
-  for (size_t i = 0; i < got.lse_size(); ++i) check(got.lse_at(i), want.lse[i], "lse[" + std::to_string(i) + "]");
-  EXPECT_EQ(unwritten, 0) << context << "\n  " << first;
-  EXPECT_EQ(wrong, 0) << context << " (tolerance " << tol << ")\n  " << first;
-}
-
-Outputs run_attend(Chunks& c, const crisp::Plan& plan, crisp::Precision precision) {
-  Outputs o(precision == crisp::Precision::f64 ? crisp::DType::f64 : crisp::DType::f32, c.hq, c.q_tokens(), c.d);
-  crisp::attend(c.q_view(), c.k_view(), c.v_view(), plan, o.out(), o.lse(), options_of(precision));
-  return o;
-}
 
 // ---------------------------------------------------------------- plans against the oracle
 // Tallies of one comparison, so a test can assert that it compared both routes.

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "chunk_reference.h"
 #include "chunk_util.h"
 #include "crisp/crisp.h"
 #include "oracle.h"
@@ -26,11 +27,7 @@
 
 namespace {
 
-using crisp_test::ChunkSeq;
-using crisp_test::Chunks;
-using crisp_test::Outputs;
-using crisp_test::seed_trace;
-using crisp_test::test_seed;
+using namespace crisp_test;  // Chunks, Outputs, Reference and the checks of chunk_reference.h
 
 // NOTE: the prompts of tests/test_chunked.cpp (1300: a partial last block at both block sizes, above
 // flexprefill's min_budget so every preset plans sparse), cut as a whole prompt, an unaligned chunk, a
@@ -42,64 +39,6 @@ std::vector<ChunkSeq> window_sequences(int block) {
 // NOTE: windows: one token (each query sees itself), under a block, one block, unaligned across
 // blocks, most of a prompt, and wider than every prompt (the window then changes nothing).
 const std::vector<int64_t> kWindows = {1, 37, 64, 300, 1299, 5000};
-
-crisp::Options options_of(crisp::Precision precision) {
-  crisp::Options o;
-  o.precision = precision;
-  o.num_threads = 1;  // NOTE: ctest runs the test processes in parallel on a small machine.
-  return o;
-}
-// NOTE: as tests/test_chunked.cpp: float64 sums in other orders (~1e-16 per term over ~1e3 terms);
-// float32 logits and partial sums.
-double output_tolerance(crisp::Precision p) { return p == crisp::Precision::f64 ? 1e-11 : 1e-5; }
-
-struct Reference {
-  oracle::Tensor q, k, v;
-  crisp::SeqLens cu_q, cu_k;
-  explicit Reference(const Chunks& c)
-      : q(oracle::Tensor::from_floats(c.q, c.hq, c.q_tokens(), c.d)),
-        k(oracle::Tensor::from_floats(c.k, c.hkv, c.kv_tokens(), c.d)),
-        v(oracle::Tensor::from_floats(c.v, c.hkv, c.kv_tokens(), c.d)),
-        cu_q(c.cu_q),
-        cu_k(c.cu_k) {}
-  // Attention restricted to the plan's layout and to the window.
-  oracle::Attention on_plan(const crisp::Plan& plan, int64_t window) const {
-    oracle::Layouts layouts;
-    for (const crisp::SequencePlan& sp : plan.sequences) {
-      layouts.emplace_back();
-      for (const crisp::HeadPlan& hp : sp.heads) layouts.back().emplace_back(hp.row_ptr, hp.col);
-    }
-    return oracle::attend_chunks(q, k, v, cu_q, cu_k, plan.block_size, plan.softmax_scale, &layouts, window);
-  }
-  // Dense windowed attention (every key the window shows).
-  oracle::Attention dense(int block, double scale, int64_t window) const {
-    return oracle::attend_chunks(q, k, v, cu_q, cu_k, block, scale, nullptr, window);
-  }
-};
-
-void expect_outputs_match(const Outputs& got, const oracle::Attention& want, double tol, const std::string& context) {
-  int64_t unwritten = 0, wrong = 0;
-  std::string first;
-  auto check = [&](double g, double w, const std::string& where) {
-    if (std::isnan(g)) {
-      ++unwritten;
-      if (first.empty()) first = where + " is NaN (unwritten)";
-    } else if (!(std::fabs(g - w) <= tol * std::max(1.0, std::fabs(w)))) {
-      ++wrong;
-      if (first.empty()) first = where + ": " + std::to_string(g) + " vs reference " + std::to_string(w);
-    }
-  };
-  for (size_t i = 0; i < got.out_size(); ++i) check(got.out_at(i), want.out.data[i], "out[" + std::to_string(i) + "]");
-  for (size_t i = 0; i < got.lse_size(); ++i) check(got.lse_at(i), want.lse[i], "lse[" + std::to_string(i) + "]");
-  EXPECT_EQ(unwritten, 0) << context << "\n  " << first;
-  EXPECT_EQ(wrong, 0) << context << " (tolerance " << tol << ")\n  " << first;
-}
-
-Outputs run_attend(Chunks& c, const crisp::Plan& plan, crisp::Precision precision) {
-  Outputs o(precision == crisp::Precision::f64 ? crisp::DType::f64 : crisp::DType::f32, c.hq, c.q_tokens(), c.d);
-  crisp::attend(c.q_view(), c.k_view(), c.v_view(), plan, o.out(), o.lse(), options_of(precision));
-  return o;
-}
 
 crisp::Config config_of(const char* preset, int block, int64_t window) {
   crisp::Config cfg = crisp::Config::from_preset(preset);
@@ -184,7 +123,7 @@ TEST(SlidingWindow, SparsePlanIsTheUnwindowedPlanClippedToTheWindow) {
           }
         }
         for (crisp::Precision precision : {crisp::Precision::f64, crisp::Precision::f32})
-          expect_outputs_match(run_attend(c, plan, precision), ref.on_plan(plan, window), output_tolerance(precision),
+          expect_outputs_match(run_attend(c, plan, precision), ref.on_plan(plan), output_tolerance(precision),
                                context);
         if (::testing::Test::HasFailure()) return;
       }
