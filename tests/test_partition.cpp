@@ -192,6 +192,35 @@ TEST(Partition, PlanRestrictedToARanksRowsKeepsThoseRowsExactly) {
     }
 }
 
+// With a sliding window (§12) a rank's plan stays well formed: the rows it does not own hold the
+// least row of the head's sets within the window (no block wholly before the row's first query's
+// window), the rows it owns are the plan's.
+TEST(Partition, PlanRestrictedToARanksRowsKeepsTheWindow) {
+  const uint64_t seed = crisp_test::test_seed(1);
+  SCOPED_TRACE(crisp_test::seed_trace(seed));
+  crisp::Workload w = small_workload(64 * 37 + 11, seed);
+  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  cfg.block_size = 64;
+  cfg.window = 300;
+  const crisp::Plan plan = crisp::plan(w.q_view(), w.k_view(), cfg, {}, serial_options());
+  const int32_t N = plan.sequences[0].num_blocks;
+  for (const CpPartition partition : kPartitions)
+    for (const int world : {2, 3})
+      for (int rank = 0; rank < world; ++rank) {
+        const crisp::Plan mine = crisp::cp_rows_of_rank(plan, partition, rank, world);
+        EXPECT_NO_THROW(mine.check_well_formed());
+        for (std::size_t h = 0; h < plan.sequences[0].heads.size(); ++h) {
+          const crisp::HeadPlan& part = mine.sequences[0].heads[h];
+          for (int32_t r = 0; r < N; ++r) {
+            const int64_t first_key = std::max<int64_t>(0, int64_t{64} * r - (cfg.window - 1));
+            ASSERT_LT(part.row_ptr[r], part.row_ptr[r + 1]) << "head " << h << " row " << r;
+            EXPECT_GE(part.col[part.row_ptr[r]], first_key / 64) << "head " << h << " row " << r;
+            EXPECT_EQ(part.col[part.row_ptr[r + 1] - 1], r) << "head " << h << " row " << r;
+          }
+        }
+      }
+}
+
 // ---------------------------------------------------------------- the sharded flow, simulated
 // The test double of NCCL's all-gather: `world` threads each contribute `bytes` and receive every
 // rank's contribution in rank order, after all have arrived (a reusable barrier).

@@ -89,8 +89,9 @@ struct Case {
   // The window llama.cpp's build_attn_mha marks on a sliding-window layer's op
   // (ggml_flash_attn_ext_set_window); 0: unmarked, as a global layer's.
   int32_t marked_window = 0;
-  // ring_window: the ring's cells and shift.
-  int64_t ring_cells = 0, ring_shift = 0;
+  // ring_window: the ring's cells and shift, and how many of its cells the op reads (0: all; fewer,
+  // as in llama.cpp's first ubatches, whose n_kv is the cells used so far).
+  int64_t ring_cells = 0, ring_shift = 0, ring_view_cells = 0;
   // The note llama.cpp's set_input leaves on the mask node (ggml_kq_mask_set_note); n_past -1: none.
   ggml_kq_mask_note note{-1, 0, 0, 0};
 };
@@ -155,7 +156,7 @@ struct Op {
 Op build_op(ggml_context * ctx, const Case & c) {
   const int64_t n_tokens = c.n_past + c.n_q;
   Op op;
-  op.n_kv = c.mask == MaskKind::ring_window ? c.ring_cells  // the whole ring
+  op.n_kv = c.mask == MaskKind::ring_window ? (c.ring_view_cells > 0 ? c.ring_view_cells : c.ring_cells)
                                             : (n_tokens + c.kv_pad - 1) / c.kv_pad * c.kv_pad;  // llama.cpp pads the cache view to 256 cells
   const int64_t n_q_pad = (c.n_q + GGML_KQ_MASK_PAD - 1) / GGML_KQ_MASK_PAD * GGML_KQ_MASK_PAD;
   op.q_rows = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.dim, c.heads, c.n_q);
@@ -640,9 +641,22 @@ int main(int argc, char ** argv) {
   ring_later.note = ring_note(ring_later);
   dense_matches_reference("sliding window over a ring, noted: later ubatch, wrapped", ring_later);
   Case ring_shifted = ring_later;
-  ring_shifted.ring_shift = 256;
+  ring_shifted.ring_shift = 128;  // not half the ring: a shift taken with the wrong sign fails
   ring_shifted.note = ring_note(ring_shifted);
   dense_matches_reference("sliding window over a ring, noted: shifted ring", ring_shifted);
+  // The op reads only the first 512 cells of a 1024-cell ring (the window's positions 573 .. 999
+  // shifted by 512 lie in cells 61 .. 487): the block table's pages of older positions fall past
+  // the op's cells and point at page 0, which crisp never reads whole.
+  Case ring_partial = ring_later;
+  ring_partial.ring_cells = 1024;
+  ring_partial.ring_shift = 512;
+  ring_partial.ring_view_cells = 512;
+  ring_partial.note = ring_note(ring_partial);
+  dense_matches_reference("sliding window over a ring, noted: the op reads half the ring", ring_partial);
+  // A note whose window is not the op's mark is not used (and the op, unread, is declined).
+  Case ring_other_window = ring_later;
+  ring_other_window.note.n_window = 256;
+  falls_back("sliding window over a ring, a note of another window", ring_other_window);
   Case ring_odd = ring_later;
   ring_odd.ring_shift = 8;
   ring_odd.note = ring_note(ring_odd);

@@ -47,6 +47,12 @@ LayerFidelity evaluate_layer(const TensorView& q, const TensorView& k, const Ten
   result.num_q_heads = q.heads();
   const int64_t hq = q.heads(), hkv = k.heads(), n = q.tokens(), d = q.dim();
 
+  // Fidelity is measured against full causal attention: a policy with a sliding window (§12)
+  // computes other attention, and is refused rather than scored against it.
+  for (const PolicySpec& policy : policies)
+    if (policy.config.window != 0)
+      throw Error("policy", "sets window = " + std::to_string(policy.config.window),
+                  "no sliding window in eval fidelity (it compares with full causal attention)");
   // The baseline: dense attention, run once (not at all when no policy is evaluated: the
   // routing comparison alone needs only the plans).
   RunBuffers dense(policies.empty() ? 0 : hq, n, d);

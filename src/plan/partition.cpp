@@ -140,8 +140,9 @@ Plan cp_rows_of_rank(const Plan& plan, CpPartition partition, int rank, int worl
     for (int32_t r = 0; r < N; ++r) {
       if (partition::block_owner(code_of(partition), world, r, N) == rank) {
         col.insert(col.end(), head.col.begin() + head.row_ptr[r], head.col.begin() + head.row_ptr[r + 1]);
-      } else {
-        for (int32_t kb = 0; kb <= r; ++kb)
+      } else {  // the least row the head's sets imply, within the window (§12)
+        const int32_t first_kb = rules::window_first_block(r, plan.block_size, seq.n_k, seq.n_q, plan.config.window);
+        for (int32_t kb = first_kb; kb <= r; ++kb)
           if (head.route == Route::dense || rules::layout_has_block(r, kb, vflag, sflag, no_pe, cover))
             col.push_back(kb);
       }
