@@ -187,12 +187,11 @@ def _check_causal(causal) -> None:
 # parameter" (or a type error on a tensor): each is either accepted (with the value it must have)
 # or refused with the reason. The value each keyword must have to be accepted:
 _INERT_KEYWORDS = {
-    "dropout_p": (0, 0.0), "window_size": ((-1, -1), [-1, -1]), "softcap": (0, 0.0), "alibi_slopes": (None,),
+    "dropout_p": (0, 0.0), "softcap": (0, 0.0), "alibi_slopes": (None,),
     "return_attn_probs": (False,), "return_softmax": (False,), "attn_mask": (None,),
 }
 _REFUSED_BECAUSE = {
     "dropout_p": "dropout is not supported (crisp is an inference kernel)",
-    "window_size": "sliding-window attention is not supported",
     "softcap": "logit soft-capping is not supported",
     "alibi_slopes": "ALiBi position bias is not supported",
     "return_attn_probs": "attention probabilities are not returned (crisp.prefill returns (out, lse))",
@@ -201,8 +200,28 @@ _REFUSED_BECAUSE = {
 }
 
 
+def _window_of(window_size) -> int:
+    """flash-attn's ``window_size=(left, right)`` as crisp's ``window`` (spec §12): a causal query at
+    p sees the keys p - left .. p, i.e. ``window = left + 1``; left -1 is no window (0). right must
+    be -1 or 0 (causal attention sees no key after the query)."""
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or
+            any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) for x in window_size)):
+        raise TypeError(f"window_size: got {window_size!r}; expected (left, right) ints, as flash-attn's")
+    left, right = (int(x) for x in window_size)
+    if right not in (-1, 0) or left < -1:
+        raise ValueError(f"window_size: {window_size!r}: crisp's sliding window is causal; expected (left, 0) or "
+                         "(left, -1) with left >= 0, or (-1, -1) for none")
+    return 0 if left == -1 else left + 1
+
+
 def _take_foreign_keywords(params: Dict[str, Any], causal):
     """Removes flash-attn / SDPA keywords from ``params``; returns causal."""
+    if "window_size" in params:  # flash-attn's spelling of a sliding window
+        window = _window_of(params.pop("window_size"))
+        if params.get("window") is not None:
+            raise ValueError("window, window_size: both given; expected one of them")
+        if window > 0:
+            params["window"] = window
     for name in list(params):
         if name not in _INERT_KEYWORDS:
             continue
@@ -695,7 +714,8 @@ def prefill(q, k, v, policy: str = "crisp", cu_seqlens=None, *, layout: Optional
     ``causal``: True (False is refused: crisp computes causal attention only).
     ``policy``: a preset (``"crisp"``, ``"flexprefill"``, ``"minference"``, ``"dense"``);
     ``params``: any Config parameter by its spec name (``alpha=1.5``, ``tau_proxy=0.3``,
-    ``block_size=64``, ``softmax_scale=0.125``, ...; None keeps the preset's value).
+    ``block_size=64``, ``softmax_scale=0.125``, ``window=512`` for a sliding window — the query at
+    position p sees the keys (p - 512, p] only, spec §12 —, ...; None keeps the preset's value).
 
     Queries over a KV prefix (a chunk of a chunked prefill, flash-attn's bottom-right causal
     alignment): the ``n_q`` queries of a sequence are the LAST ``n_q`` of its ``n_k`` key positions.
@@ -710,9 +730,10 @@ def prefill(q, k, v, policy: str = "crisp", cu_seqlens=None, *, layout: Optional
     ``cache_seqlens[b]`` keys of row b.
 
     flash-attn's and SDPA's keywords are understood: ``max_seqlen_q`` / ``max_seqlen_k``
-    (ignored), ``is_causal``, ``scale``, and the features crisp lacks (``dropout_p``,
-    ``window_size``, ``softcap``, ``alibi_slopes``, ``attn_mask``, ``return_attn_probs``) at their
-    neutral values, refused with the reason otherwise.
+    (ignored), ``is_causal``, ``scale``, ``window_size=(left, 0)`` (crisp's ``window = left + 1``;
+    ``(-1, -1)``: none), and the features crisp lacks (``dropout_p``, ``softcap``,
+    ``alibi_slopes``, ``attn_mask``, ``return_attn_probs``) at their neutral values, refused with
+    the reason otherwise.
     Torch tensors run through the custom op ``torch.ops.crisp.prefill`` (CUDA tensors on
     ``torch.cuda.current_stream()``; works under ``torch.compile(fullgraph=True)``); numpy arrays
     run on the CPU backend. The offsets and ``cache_seqlens`` are read on the host: CUDA tensors

@@ -18,11 +18,12 @@ def cuda_ready() -> bool:
     return torch.cuda.is_available() and crisp.cuda_available()
 
 
-def reference_attention(q, k, v, cu_seqlens=None, scale=None, cu_seqlens_k=None):
+def reference_attention(q, k, v, cu_seqlens=None, scale=None, cu_seqlens_k=None, window=0):
     """float64 causal attention in numpy. q [Tq, Hq, d], k/v [Tk, Hkv, d] (varlen layout);
     returns out [Tq, Hq, d], lse [Hq, Tq]. Sequence s has the queries cu_seqlens[s] ..
     cu_seqlens[s+1] and the keys cu_seqlens_k[s] .. cu_seqlens_k[s+1] (default: the same rows);
-    its n_q queries are the last n_q of its n_k positions (bottom-right causal, flash-attn's)."""
+    its n_q queries are the last n_q of its n_k positions (bottom-right causal, flash-attn's).
+    window > 0: the query at position p sees the keys p - window < j <= p only."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     Tq, Hq, d = q.shape
     Hkv = k.shape[1]
@@ -36,7 +37,10 @@ def reference_attention(q, k, v, cu_seqlens=None, scale=None, cu_seqlens_k=None)
         a, b = cu[s], cu[s + 1]
         ka, kb = cu_k[s], cu_k[s + 1]
         n_q, n_k = b - a, kb - ka
-        visible = np.arange(n_k)[None, :] <= (n_k - n_q) + np.arange(n_q)[:, None]
+        position = (n_k - n_q) + np.arange(n_q)[:, None]
+        visible = np.arange(n_k)[None, :] <= position
+        if window > 0:
+            visible &= position - np.arange(n_k)[None, :] < window
         for h in range(Hq):
             logits = scale * q[a:b, h] @ k[ka:kb, h // group].T
             logits = np.where(visible, logits, -np.inf)

@@ -85,7 +85,9 @@ def test_gqa_shapes_fit_one_layout_only():
     (dict(causal="yes"), TypeError, ["causal"]),
     (dict(is_causal=False), ValueError, ["causal"]),
     (dict(dropout_p=0.1), ValueError, ["dropout_p", "dropout"]),
-    (dict(window_size=(128, 0)), ValueError, ["window_size", "sliding"]),
+    (dict(window_size=(128, 4)), ValueError, ["window_size", "causal"]),
+    (dict(window_size=128), TypeError, ["window_size", "(left, right)"]),
+    (dict(window_size=(127, 0), window=128), ValueError, ["window, window_size"]),
     (dict(softcap=30.0), ValueError, ["softcap"]),
     (dict(return_attn_probs=True), ValueError, ["return_attn_probs"]),
     (dict(alibi_slopes=np.ones(4)), ValueError, ["alibi_slopes"]),
@@ -114,6 +116,22 @@ def test_flash_attn_and_sdpa_keywords_at_neutral_values_are_accepted():
                              return_attn_probs=False)
     np.testing.assert_array_equal(out, plain)
     np.testing.assert_array_equal(lse, plain_lse)
+
+
+def test_flash_attn_window_size_is_crisps_window():
+    # flash-attn's window_size=(left, 0): a query sees itself and `left` keys before it, crisp's
+    # window = left + 1 (spec §12); (-1, -1) and (-1, 0) are no window.
+    q, k, v = bshd(1, 4, 2, 300, 16)
+    flat = [x[0] for x in (q, k, v)]
+    cu = np.array([0, 120, 300], dtype=np.int32)
+    windowed, windowed_lse = crisp.prefill(*flat, policy="dense", cu_seqlens=cu, window=50)
+    fa, fa_lse = crisp.prefill(*flat, policy="dense", cu_seqlens=cu, window_size=(49, 0))
+    np.testing.assert_array_equal(fa, windowed)
+    np.testing.assert_array_equal(fa_lse, windowed_lse)
+    plain, _ = crisp.prefill(*flat, policy="dense", cu_seqlens=cu)
+    for none in ((-1, -1), (-1, 0)):
+        np.testing.assert_array_equal(crisp.prefill(*flat, policy="dense", cu_seqlens=cu, window_size=none)[0], plain)
+    assert np.abs(windowed - plain).max() > 1e-3  # the window changed the attention
 
 
 def test_plan_records_layout_independent_shapes_and_attend_takes_a_layout():

@@ -34,6 +34,25 @@ def test_dense_varlen_matches_reference_and_softmax_scale():
     np.testing.assert_allclose(lse, ref_lse, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("policy", ["dense", "crisp"])
+def test_sliding_window_matches_windowed_reference(policy):
+    # A window narrower than the sequences (spec §12): the dense preset's band is windowed causal
+    # attention; a sparse policy computes it on the blocks of its plan, which keeps every block of
+    # these short sequences (below min_budget), so both equal the reference.
+    q, k, v, _ = workload_varlen(4, 2, 64, [700], seed=5)
+    cu = [0, 300, 700]
+    out, lse = crisp.prefill(q, k, v, policy=policy, cu_seqlens=cu, window=130)
+    ref_out, ref_lse = reference_attention(q, k, v, cu_seqlens=cu, window=130)
+    np.testing.assert_allclose(out, ref_out, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(lse, ref_lse, atol=2e-5, rtol=2e-5)
+    full_out, _ = reference_attention(q, k, v, cu_seqlens=cu)
+    assert np.abs(ref_out - full_out).max() > 1e-3  # the window changed the attention
+    p = crisp.plan(q, k, policy="dense", cu_seqlens=cu, window=130)
+    # The band, not every causal block, where the window is narrower than a block's reach: the
+    # 400-token sequence (its last row starts at 384, window from 255: block 1 on).
+    assert p.density < 1.0 and (p.sequences[1].density < 1.0).all()
+
+
 def test_noncontiguous_batched_input_equals_contiguous():
     q, k, v = random_batched(3, 2, 2, 130, 16)
     # A [B, S, H, d] buffer seen as [B, H, S, d] (zero-copy path) vs the contiguous [B, H, S, d].
