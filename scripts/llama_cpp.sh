@@ -107,11 +107,9 @@ if [ "$update_patch" -eq 1 ]; then
       die "LLAMA_CPP_PATCH_FILES: no file $f in $src"
     fi
     # A file the patch adds (absent from the sdist) is diffed against /dev/null, as git writes it.
-    if [ -f "$pristine/$f" ]; then
-      diff -u --label "a/$f" --label "b/$f" "$pristine/$f" "$src/$f" >> "$new_patch" || true
-    else
-      diff -u --label /dev/null --label "b/$f" /dev/null "$src/$f" >> "$new_patch" || true
-    fi
+    old="$pristine/$f" old_label="a/$f"
+    [ -f "$old" ] || old=/dev/null old_label=/dev/null
+    diff -u --label "$old_label" --label "b/$f" "$old" "$src/$f" >> "$new_patch" || true
   done
   mv "$new_patch" "$patch_file"
   echo "sdist $SDIST_SHA256 patch $(sha256sum "$patch_file" | cut -d' ' -f1)" > "$src/.crisp-stamp"
