@@ -520,10 +520,9 @@ static BackendLimits cuda_limits() {
 }
 
 // A ring's block table (ggml_crisp::ring_block_table_entry), on the op's stream.
-__global__ void ring_table_kernel(int32_t * table, int64_t pages, int64_t page, int64_t ring_cells, int64_t ring_shift,
-                                  int64_t n_kv) {
+__global__ void ring_table_kernel(int32_t * table, int64_t pages, int64_t page, ggml_kq_mask_note ring, int64_t n_kv) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pages; i += int64_t(gridDim.x) * blockDim.x)
-    table[i] = ring_block_table_entry(i, page, ring_cells, ring_shift, n_kv);
+    table[i] = ring_block_table_entry(i, page, ring, n_kv);
 }
 
 template <typename T>
@@ -533,11 +532,11 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
   const ggml_tensor * k = dst->src[1];
   const ggml_tensor * v = dst->src[2];
   cudaStream_t stream = ctx.stream();
-  const int64_t n_past = layout.n_past;
+  const int64_t n_past = layout.note.n_past;
   const int64_t d = q->ne[0], n_q = q->ne[1], heads = q->ne[2], kv_heads = k->ne[2], n_k = n_past + n_q;
   const int64_t n = d * heads * n_q;
   // A sliding-window layer reads its keys from the ring (the op's n_kv cells) as pages.
-  const bool windowed = layout.window > 0;
+  const bool windowed = layout.windowed();
   const int64_t n_kv = dst->src[3]->ne[0];
   const int64_t key_rows = windowed ? n_kv : n_k;
   const int64_t pages = windowed ? ring_table_pages(n_k, layout.ring_page) : 0;
@@ -545,7 +544,7 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
   crisp::BlockTable block_table;
   if (windowed) {
     ring_table_kernel<<<element_blocks(pages), kElementThreads, 0, stream>>>(table.get(), pages, layout.ring_page,
-                                                                           layout.ring_cells, layout.ring_shift, n_kv);
+                                                                           layout.note, n_kv);
     CUDA_CHECK(cudaGetLastError());
     block_table.data = table.get();
     block_table.device = crisp::Device::cuda;
@@ -661,21 +660,14 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
         read_mask = true;
         return check_mask_on_device(ctx, dst, mask, n_q, mask->ne[0], ctx.stream(), &note) >= 0;
       });
-  if (layout.n_past < 0) {
+  if (!layout.taken()) {
     time_stage(ctx, "the mask verdict's copy and synchronisation (op declined)");
     decline(kMaskDeclineReason);
     return false;
   }
   time_stage(ctx, read_mask ? "the mask verdict's copy and synchronisation (op taken)" : "the mask's note (op taken)");
 
-  float scale = 1.0f;
-  std::memcpy(&scale, dst->op_params, sizeof(float));
-  // A sliding-window layer keeps its window: every key in it, through crisp's window (the dense
-  // preset; sparse selection applies to the global layers).
-  crisp::Config config = layout.window > 0 ? crisp::Config::from_preset("dense") : setting->config;
-  config.block_size = setting->config.block_size;
-  config.window = layout.window;
-  config.softmax_scale = scale;
+  const crisp::Config config = config_of_op(dst, *setting, layout);
   try {
     if (dst->src[1]->type == GGML_TYPE_F16) {
       compute<__half>(ctx, dst, crisp::DType::f16, layout, config);

@@ -181,29 +181,33 @@ KeyLayout noted_layout(const ggml_tensor * dst) {
   const int64_t n_q = dst->src[0]->ne[1], n_kv = mask->ne[0];
   if (note.n_past < 0) return none;
   KeyLayout layout;
-  layout.n_past = note.n_past;
+  layout.note = note;
   if (note.n_window == 0) {  // plain causal over a contiguous prefix: its rows within the mask's cells
-    if (note.ring_cells != 0 || note.n_past + n_q > n_kv) return none;
-    return layout;
+    return note.ring_cells != 0 || note.n_past + n_q > n_kv ? none : layout;
   }
   // A window: the op's own (its mark), a ring of whole pages, the op's cells whole pages of it.
   if (note.n_window != ggml_flash_attn_ext_get_window(dst) || note.ring_cells <= 0 || n_kv > note.ring_cells)
     return none;
-  layout.window = note.n_window;
-  layout.ring_cells = note.ring_cells;
-  layout.ring_shift = note.ring_shift;
   layout.ring_page = ring_page_size(note.ring_cells, note.ring_shift, n_kv);
   return layout.ring_page > 0 ? layout : none;
 }
 
 bool mask_note_check_requested() { return mask_note_mode() == MaskNoteMode::check; }
 
-void abort_on_wrong_note(const ggml_tensor * dst, const KeyLayout & noted, int64_t checked) {
-  GGML_ABORT("crisp: CRISP_HOOK_MASK_NOTE=check: op %s: the KQ mask's note (n_past %lld, window %lld, ring of %lld "
-             "cells shifted %lld) disagrees with its cells (plain causal n_past read off them: %lld; -1: not plain "
-             "causal, or a windowed note's cells checked)",
-             dst->name, (long long) noted.n_past, (long long) noted.window, (long long) noted.ring_cells,
-             (long long) noted.ring_shift, (long long) checked);
+void abort_on_wrong_note(const ggml_tensor * dst, const ggml_kq_mask_note & note) {
+  GGML_ABORT("crisp: CRISP_HOOK_MASK_NOTE=check: op %s: the KQ mask's note (n_past %lld, window %d, ring of %d "
+             "cells shifted %d) disagrees with its cells",
+             dst->name, (long long) note.n_past, note.n_window, note.ring_cells, note.ring_shift);
+}
+
+crisp::Config config_of_op(const ggml_tensor * dst, const SparsePrefill & setting, const KeyLayout & layout) {
+  crisp::Config config = layout.windowed() ? crisp::Config::from_preset("dense") : setting.config;
+  config.block_size = setting.config.block_size;
+  config.window = layout.note.n_window;
+  float scale = 1.0f;
+  std::memcpy(&scale, dst->op_params, sizeof(float));
+  config.softmax_scale = scale;
+  return config;
 }
 
 bool takes_unless_mask_declines(const ggml_tensor * dst, const BackendLimits & limits) {

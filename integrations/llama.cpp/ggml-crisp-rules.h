@@ -88,18 +88,19 @@ bool takes_unless_mask_declines(const ggml_tensor * dst, const BackendLimits & l
 extern const char * const kMaskDeclineReason;
 
 // ---------------------------------------------------------------- where the op's keys are
-// What a hook knows of an op's keys and mask. n_past: the ubatch's queries are the positions
-// n_past .. n_past + n_q - 1 (-1: crisp does not take the op). window 0: row i sees the cells
-// [0, n_past + i], position p's K/V row is cell p (plain causal over a contiguous prefix). window
-// > 0 (a sliding-window layer): row i sees positions [n_past + i - window + 1, n_past + i], in cell
-// (p + ring_shift) % ring_cells — llama.cpp's sliding-window cache used as a ring — which crisp
-// reads as pages of ring_page cells through a block table (ring_block_table_entry).
+// What a hook knows of an op's keys and mask: the mask's note (ggml_kq_mask_note; the plain causal
+// rule is plain_causal_note below) and, for a ring, the page crisp reads it in. note.n_past: the
+// ubatch's queries are the positions n_past .. n_past + n_q - 1 (-1: crisp does not take the op).
+// note.n_window 0: row i sees the cells [0, n_past + i], position p's K/V row is cell p (plain
+// causal over a contiguous prefix). n_window > 0 (a sliding-window layer): row i sees positions
+// [n_past + i - n_window + 1, n_past + i], in cell (p + ring_shift) % ring_cells — llama.cpp's
+// sliding-window cache used as a ring — which crisp reads as pages of ring_page cells through a
+// block table (ring_block_table_entry).
 struct KeyLayout {
-  int64_t n_past = -1;
-  int64_t window = 0;
-  int64_t ring_cells = 0;
-  int64_t ring_shift = 0;
+  ggml_kq_mask_note note{-1, 0, 0, 0};
   int64_t ring_page = 0;  // cells per page of the ring (a multiple of 16 dividing its size and shift)
+  bool taken() const { return note.n_past >= 0; }
+  bool windowed() const { return note.n_window > 0; }
 };
 
 // ---------------------------------------------------------------- the mask rule
@@ -135,9 +136,8 @@ int64_t ring_page_size(int64_t ring_cells, int64_t ring_shift, int64_t n_kv);
 // Entry i of the block table of a ring: the page of the cells of positions [i page, (i + 1) page),
 // or page 0 where those cells lie past the op's n_kv (positions no query of the ubatch sees: crisp
 // reads no key block wholly outside the window, and masks the edge).
-GGML_CRISP_HD int32_t ring_block_table_entry(int64_t i, int64_t page, int64_t ring_cells, int64_t ring_shift,
-                                             int64_t n_kv) {
-  const int64_t cell = (i * page + ring_shift) % ring_cells;
+GGML_CRISP_HD int32_t ring_block_table_entry(int64_t i, int64_t page, const ggml_kq_mask_note & ring, int64_t n_kv) {
+  const int64_t cell = (i * page + ring.ring_shift) % ring.ring_cells;
   return cell + page <= n_kv ? static_cast<int32_t>(cell / page) : 0;
 }
 // Pages of the block table of an op with n_k keys.
@@ -150,40 +150,38 @@ inline int64_t ring_table_pages(int64_t n_k, int64_t page) { return (n_k + page 
 // and no synchronisation, which used to stall the host in the middle of each ubatch's launches
 // (docs/llama_cpp.md). An op without a note (a llama.cpp path that leaves none, another program's
 // graph) is checked cell by cell as before, for the plain causal rule only.
-// noted_layout: the note's KeyLayout (n_past -1 when there is none, it does not fit the op — its
+// noted_layout: the note's KeyLayout (not taken when there is none, it does not fit the op — its
 // rows past the mask's cells, a window other than the op's, a ring whose pages crisp cannot read —
 // or CRISP_HOOK_MASK_NOTE=0 turns notes off, the A/B of the check).
 KeyLayout noted_layout(const ggml_tensor * dst);
 // CRISP_HOOK_MASK_NOTE=check: a noted op's mask is read as well, and a note that disagrees with the
 // cells aborts (tests/llama_cpp runs it).
 bool mask_note_check_requested();
-[[noreturn]] void abort_on_wrong_note(const ggml_tensor * dst, const KeyLayout & noted, int64_t checked);
+[[noreturn]] void abort_on_wrong_note(const ggml_tensor * dst, const ggml_kq_mask_note & note);
 
-// The op's KeyLayout (n_past -1: crisp does not take it): from its note, or, without one, from
-// check_plain() (the backend's reading of every cell against the plain causal rule: n_past or -1);
-// with the check requested, a noted op's cells are read too (check_note(note) true when every cell
-// agrees; a ring's note is checked this way). A sliding-window op without a note whose window is
-// narrower than its cells is declined without reading the mask.
+// The op's KeyLayout (not taken: crisp does not take it): from its note, or, without one, from
+// check_plain() (the backend's reading of every cell against the plain causal rule: n_past or -1).
+// With the check requested, a noted op's cells are read too: check_note(note) is true when every
+// cell agrees with the note (plain or ring alike). A sliding-window op without a note whose window
+// is narrower than its cells is declined without reading the mask.
 template <typename CheckPlain, typename CheckNote>
 KeyLayout key_layout_of_op(const ggml_tensor * dst, CheckPlain && check_plain, CheckNote && check_note) {
   const KeyLayout noted = noted_layout(dst);
-  if (noted.n_past >= 0) {
-    if (!mask_note_check_requested()) return noted;
-    const ggml_kq_mask_note note{noted.n_past, static_cast<int32_t>(noted.window),
-                                 static_cast<int32_t>(noted.ring_cells), static_cast<int32_t>(noted.ring_shift)};
-    if (noted.window > 0) {
-      if (!check_note(note)) abort_on_wrong_note(dst, noted, -1);
-      return noted;
-    }
-    const int64_t checked = check_plain();
-    if (checked != noted.n_past) abort_on_wrong_note(dst, noted, checked);
+  if (noted.taken()) {
+    if (mask_note_check_requested() && !check_note(noted.note)) abort_on_wrong_note(dst, noted.note);
     return noted;
   }
   KeyLayout plain;
   const int32_t window = ggml_flash_attn_ext_get_window(dst);
   if (window > 0 && dst->src[3]->ne[0] > window) return plain;  // a cut window, un-noted: not read
-  plain.n_past = check_plain();
+  plain.note = plain_causal_note(check_plain());
   return plain;
 }
+
+// ---------------------------------------------------------------- what crisp computes
+// The Config an op runs with: a global layer's is the setting's; a sliding-window layer keeps its
+// whole window (the dense preset with the layer's window: sparse selection applies to the global
+// layers). Either way the setting's block size and the op's softmax scale.
+crisp::Config config_of_op(const ggml_tensor * dst, const SparsePrefill & setting, const KeyLayout & layout);
 
 }  // namespace ggml_crisp

@@ -81,7 +81,7 @@ std::string decline_reason(const ggml_tensor * dst, KeyLayout * layout) {
   *layout = key_layout_of_op(
       dst, [&] { return causal_prefix(mask, n_q); },
       [&](const ggml_kq_mask_note & note) { return mask_matches_note(mask, n_q, note); });
-  if (layout->n_past < 0) return kMaskDeclineReason;
+  if (!layout->taken()) return kMaskDeclineReason;
   return "";
 }
 
@@ -117,17 +117,10 @@ bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth) {
 
   const ggml_tensor * k = dst->src[1];
   const ggml_tensor * v = dst->src[2];
-  const int64_t n_past = layout.n_past, n_q = q->ne[1], n_k = n_past + n_q;
+  const int64_t n_past = layout.note.n_past, n_q = q->ne[1], n_k = n_past + n_q;
   const int64_t heads = q->ne[2], group = q->ne[2] / k->ne[2], dim = q->ne[0];
-  float scale = 1.0f;
-  std::memcpy(&scale, dst->op_params, sizeof(float));
-  // A sliding-window layer keeps its window: every key in it, through crisp's window (the dense
-  // preset; sparse selection applies to the global layers), its keys read from the ring as pages.
-  const bool windowed = layout.window > 0;
-  crisp::Config config = windowed ? crisp::Config::from_preset("dense") : setting->config;
-  config.block_size = setting->config.block_size;
-  config.window = layout.window;
-  config.softmax_scale = scale;
+  const bool windowed = layout.windowed();
+  const crisp::Config config = config_of_op(dst, *setting, layout);
 
   // ggml's threads split the query heads: each runs crisp on its heads, one head per call, with
   // one crisp thread (nested OpenMP would oversubscribe the cores ggml's threads already hold).
@@ -143,7 +136,7 @@ bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth) {
   if (windowed) {
     table.resize(static_cast<size_t>(ring_table_pages(n_k, layout.ring_page)));
     for (size_t i = 0; i < table.size(); ++i)
-      table[i] = ring_block_table_entry(static_cast<int64_t>(i), layout.ring_page, layout.ring_cells, layout.ring_shift, n_kv);
+      table[i] = ring_block_table_entry(static_cast<int64_t>(i), layout.ring_page, layout.note, n_kv);
     block_table.data = table.data();
     block_table.max_pages_per_sequence = static_cast<int64_t>(table.size());
     block_table.page_size = layout.ring_page;

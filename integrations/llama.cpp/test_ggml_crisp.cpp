@@ -20,11 +20,15 @@
 //     the count from the shape), the sparse policies keep at most that; reset zeroes them;
 //   - the sparse policies run; bad settings are refused with a message;
 //   - the rule that keeps ggml-cuda from capturing a graph the CUDA hook would take an op of
-//     (ggml_crisp::takes_unless_mask_declines: prompt ops yes, decode steps and declined shapes no).
+//     (ggml_crisp::takes_unless_mask_declines: prompt ops yes, decode steps and declined shapes no);
+//   - CRISP_HOOK_MASK_NOTE=check (CPU only: a child process of this program, `--wrong-note plain|ring`)
+//     aborts on a note that disagrees with its mask's cells, a plain causal note and a ring's alike,
+//     and passes a true one.
 // The setter and the statistics are found through the backend's registry, as llama.cpp's tools
 // find them. Built by scripts/llama_cpp.sh against the patched ggml; run by
 // tests/llama_cpp/test_llama_cpp.sh (CPU) and tests/llama_cpp/test_llama_cpp_cuda.sh (CUDA).
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +37,9 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -520,6 +527,61 @@ void bad_settings_refused() {
 
 // The backend named by argv[1] (cpu, the default, or cuda) and its registry's entry points.
 // Returns false when the backend is absent (no CUDA device).
+// The note cases of the check mode: a note that tells the truth, or one that does not (a plain causal
+// note on a mask with a hole; a ring's note with the ring shifted by one page more than the cells are).
+Case note_case(const std::string & which, bool lies) {
+  Case c;
+  c.note.n_past = 0;
+  if (lies && which == "plain") c.mask = MaskKind::hole;
+  if (which == "ring") {
+    c.dim = 256, c.heads = 4, c.kv_heads = 1;  // Gemma 3's shape
+    c.mask = MaskKind::ring_window;
+    c.window = c.marked_window = 128;
+    c.ring_cells = 512;
+    c.n_past = 700;
+    c.note = ring_note(c);
+    if (lies) c.note.ring_shift = 128;  // the cells hold the unshifted ring
+  }
+  return c;
+}
+
+// Child process (`--wrong-note plain|ring [--true]`, CRISP_HOOK_MASK_NOTE=check): runs the note case
+// through crisp's dense policy; the hook aborts where the note lies, else the child exits 0.
+int run_note_case_child(const std::string & which, bool lies) {
+  set_policy("dense");
+  const Run r = run(note_case(which, lies), 1);
+  return r.delta.handled == 1 ? 0 : 3;
+}
+
+// Runs this program as a child with CRISP_HOOK_MASK_NOTE=check on one note case; its exit status.
+int note_check_child_status(const char * self, const std::string & which, bool lies) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("CRISP_HOOK_MASK_NOTE", "check", 1);
+    setenv("GGML_NO_BACKTRACE", "1", 1);  // ggml's abort would attach a debugger for its backtrace
+    // The abort's message is expected: the child's output goes nowhere.
+    if (std::freopen("/dev/null", "w", stdout) == nullptr || std::freopen("/dev/null", "w", stderr) == nullptr) _exit(4);
+    const char * args[] = {self, "cpu", "--wrong-note", which.c_str(), lies ? nullptr : "--true", nullptr};
+    execv("/proc/self/exe", const_cast<char * const *>(args));
+    _exit(5);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+void note_check_mode(const char * self) {
+  for (const std::string which : {"plain", "ring"}) {
+    const int wrong = note_check_child_status(self, which, true);
+    check(WIFSIGNALED(wrong) && WTERMSIG(wrong) == SIGABRT,
+          "CRISP_HOOK_MASK_NOTE=check aborts on a " + which + " note that disagrees with the mask's cells");
+    const int right = note_check_child_status(self, which, false);
+    check(WIFEXITED(right) && WEXITSTATUS(right) == 0,
+          "CRISP_HOOK_MASK_NOTE=check passes a true " + which + " note (crisp computes the op)");
+  }
+}
+
 bool open_backend(const std::string & name) {
   ggml_backend_dev_t dev = ggml_backend_dev_by_type(name == "cuda" ? GGML_BACKEND_DEVICE_TYPE_GPU : GGML_BACKEND_DEVICE_TYPE_CPU);
   if (!dev) return false;
@@ -540,7 +602,10 @@ bool open_backend(const std::string & name) {
 
 int main(int argc, char ** argv) {
   const std::string backend = argc > 1 ? argv[1] : "cpu";
-  if (argc > 2 || (backend != "cpu" && backend != "cuda")) {
+  const bool note_child = argc > 3 && std::string(argv[2]) == "--wrong-note" &&
+                          (std::string(argv[3]) == "plain" || std::string(argv[3]) == "ring") &&
+                          (argc == 4 || (argc == 5 && std::string(argv[4]) == "--true"));
+  if ((argc > 2 && !note_child) || (backend != "cpu" && backend != "cuda")) {
     std::fprintf(stderr, "usage: test-ggml-crisp [cpu|cuda]\n");
     return 2;
   }
@@ -548,6 +613,7 @@ int main(int argc, char ** argv) {
     std::printf("skip: no %s device\n", backend.c_str());
     return 77;
   }
+  if (note_child) return run_note_case_child(argv[3], argc == 4);
   std::printf("backend: %s (%s)\n", backend.c_str(), ggml_backend_name(g_backend.backend));
   if (!g_backend.set || !g_backend.get_stats || !g_backend.reset_stats) {
     check(false, "the backend registry has ggml_backend_set/get/reset sparse prefill entry points");
@@ -707,6 +773,7 @@ int main(int argc, char ** argv) {
   dense_matches_reference("BF16 cache, chunk", bf16_chunk, !g_backend.cuda);
   sparse_policies_run();
   bad_settings_refused();
+  if (!g_backend.cuda) note_check_mode(argv[0]);  // a forked child must not inherit a CUDA context
   stats_reset();
   set_policy("off");
   ggml_backend_free(g_backend.backend);
