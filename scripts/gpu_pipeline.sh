@@ -170,9 +170,10 @@ fi
 
 # PIPE_PHASE=window (session 25): Gemma 3's sliding-window layers through crisp's window (docs/
 # algorithm.md §12, docs/llama_cpp.md "The KQ mask"). Needs only Gemma 3 in /tmp/modelstore. The
-# hook's tests on CUDA (its notes checked too), then, once the GPU tests are done, Gemma 3's CUDA
-# llama.cpp test, the hook's GPU stages at 32k, fa and crisp alternated five times at 8k-32k, and
-# every policy once with the attention nodes timed.
+# hook's tests on CUDA (its notes checked too), then, once the GPU tests are done, the window's
+# kernels alone (portable against Hopper), Gemma 3's CUDA llama.cpp test, the hook's GPU stages at
+# 32k, fa and crisp alternated five times at 8k-32k, and every policy once with the attention nodes
+# timed.
 if [ "${PIPE_PHASE:-tune}" = window ]; then
   step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda
   step test_ggml_crisp_cuda_note_check 120 env CRISP_HOOK_MASK_NOTE=check "$BIN/test-ggml-crisp" cuda
@@ -181,6 +182,14 @@ if [ "${PIPE_PHASE:-tune}" = window ]; then
   wait_for_models
   wait  # the GPU tests: nothing else on the GPU while llama.cpp is timed
   log "GPU tests done"
+  # The window's kernels alone (session 26): the dense preset's band on the portable and the Hopper
+  # kernel, at Gemma 3's local-layer shape and at an 8B shape with a 4096-token window.
+  step window_kernels_gemma 120 "${CRISP_GPU_BIN:-build}/crisp" bench --seq 8192,32768 --heads 4 --kv-heads 1 \
+    --dim 256 --block 128 --presets dense:window=512 --kernels portable,hopper --reps 20 --warmup 3 \
+    --json "$PIPE/window_kernels_gemma.json"
+  step window_kernels_8b 180 "${CRISP_GPU_BIN:-build}/crisp" bench --seq 32768,131072 --heads 32 --kv-heads 8 \
+    --dim 128 --block 128 --presets dense:window=4096 --kernels portable,hopper --reps 10 --warmup 2 \
+    --json "$PIPE/window_kernels_8b.json"
   step llama_gemma 300 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
   step hook_gpu_gemma_32k 120 env CRISP_HOOK_TIMING=gpu "$BIN/llama-bench" -m "$GEMMA" -p 32768 -n 0 -fa 1 \
     -b 32768 -ub 8192 -ngl 99 -r 3 --sparse-prefill crisp

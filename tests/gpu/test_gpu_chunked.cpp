@@ -8,8 +8,8 @@
 //    rounded inputs, with every output element written;
 //  - planning: the CUDA plan of the same batch (contiguous or paged) equals the CPU plan;
 //  - a sliding window (§12): the same, with windows narrower than the prompts (the dense preset's
-//    band and a crisp plan clipped to the window; d 256 as Gemma 3's local layers), on the portable
-//    kernel; the Hopper kernel asked for a window is refused by name.
+//    band and a crisp plan clipped to the window; d 256 as Gemma 3's local layers), on both
+//    kernels (the Hopper kernel's window launches: contiguous and paged, every head dim and block).
 // Every test skips itself when no CUDA device is present.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -218,33 +218,18 @@ INSTANTIATE_TEST_SUITE_P(
         AttendCase{"portable_f16_d256_B128_page256_window512", f16, 256, 128, 256, portable, 17, 512},
         AttendCase{"portable_bf16_d256_B128_window512", bf16, 256, 128, 0, portable, 18, 512},
         AttendCase{"portable_f16_d128_B64_page64_window1200", f16, 128, 64, 64, portable, 20, 1200},
-        // Kernel::automatic with a window: the portable kernel (the Hopper kernel has no window).
+        AttendCase{"hopper_bf16_d128_B128_window100", bf16, 128, 128, 0, hopper, 21, 100},
+        AttendCase{"hopper_f16_d256_B64_page16_window512", f16, 256, 64, 16, hopper, 22, 512},
+        AttendCase{"hopper_bf16_d64_B64_window1", bf16, 64, 64, 0, hopper, 23, 1},
+        AttendCase{"hopper_f16_d256_B128_page256_window512", f16, 256, 128, 256, hopper, 24, 512},
+        AttendCase{"hopper_bf16_d256_B128_window512", bf16, 256, 128, 0, hopper, 25, 512},
+        AttendCase{"hopper_f16_d128_B64_page64_window1200", f16, 128, 64, 64, hopper, 26, 1200},
+        AttendCase{"hopper_bf16_d128_B128_page16_window300", bf16, 128, 128, 16, hopper, 27, 300},
+        AttendCase{"hopper_f16_d64_B128_window130", f16, 64, 128, 0, hopper, 28, 130},
+        // Kernel::automatic with a window: the Hopper kernel on an sm_90 device, else the portable one.
         AttendCase{"automatic_bf16_d128_B128_window100", bf16, 128, 128, 0, crisp::Kernel::automatic, 16, 100},
         AttendCase{"automatic_bf16_d64_B64_window1", bf16, 64, 64, 0, crisp::Kernel::automatic, 19, 1}),
     [](const ::testing::TestParamInfo<AttendCase>& info) { return info.param.name; });
-
-// The Hopper kernel has no sliding window: asked for one explicitly it refuses, naming the option.
-TEST(GpuApiChunkedAttention, HopperKernelRefusesAWindow) {
-  SKIP_WITHOUT_GPU();
-  if (!hopper_device()) GTEST_SKIP() << "the Hopper kernel needs an sm_90 device";
-  RoundedChunks in(31, 128, 128, bf16, 0);
-  crisp_test::Chunks& x = in.chunks;
-  DeviceChunks dev(in);
-  ASSERT_TRUE(dev.upload());
-  crisp::Config cfg = crisp::Config::from_preset("dense");
-  cfg.window = 100;
-  const crisp::Plan plan = crisp::plan(x.q_view(), x.k_view(), cfg, x.batch());
-  crisp::Options options;
-  options.cuda.kernel = hopper;
-  try {
-    crisp::attend(dev.q_view(), dev.kv_view(dev.k.ptr), dev.kv_view(dev.v.ptr), plan, dev.out_view(), dev.lse_view(),
-                  options);
-    ADD_FAILURE() << "the Hopper kernel accepted a window";
-  } catch (const crisp::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("options.cuda.kernel"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("window"), std::string::npos) << e.what();
-  }
-}
 
 // ------------------------------------------------------------------ planning
 

@@ -114,10 +114,10 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
 
 // Sets the kernel's shared-memory size and returns how many of its CTAs fit on one SM (the
 // persistent launch's CTAs per SM: as many as fit, at least one).
-template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked, int kLoaderWarps>
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked, int kLoaderWarps, bool kWindow>
 int prepare_kernel() {
   using Shape = TileShape<kDim, kBlock>;
-  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong, kPacked, kLoaderWarps>;
+  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong, kPacked, kLoaderWarps, kWindow>;
   CRISP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
   int resident = 0;
   CRISP_CUDA_CHECK(
@@ -125,22 +125,23 @@ int prepare_kernel() {
   return resident < 1 ? 1 : resident;
 }
 
-template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked, int kLoaderWarps>
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked, int kLoaderWarps, bool kWindow>
 void launch_kernel(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
                    const attention::Params& params, int64_t grid, cudaStream_t stream) {
   using Shape = TileShape<kDim, kBlock>;
-  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong, kPacked, kLoaderWarps>;
+  auto kernel = hopper_attention_kernel<T, kDim, kBlock, kPingPong, kPacked, kLoaderWarps, kWindow>;
   kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kSmemBytes, stream>>>(map_q, map_k, map_v, params);
   CRISP_CUDA_CHECK_LAUNCH("hopper_attention_kernel");
 }
 
 // Launches one instantiation: persistent CTAs (as many as fit on the SMs) taking items from a
 // work counter, or one CTA per item.
-template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked = false, int kLoaderWarps = 1>
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked = false, int kLoaderWarps = 1,
+          bool kWindow = false>
 void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const CUtensorMap& map_v,
                       const attention::Params& params, int64_t num_ctas, bool persistent_allowed,
                       cudaStream_t stream) {
-  const int ctas_per_sm = prepare_kernel<T, kDim, kBlock, kPingPong, kPacked, kLoaderWarps>();
+  const int ctas_per_sm = prepare_kernel<T, kDim, kBlock, kPingPong, kPacked, kLoaderWarps, kWindow>();
   attention::Params run = params;
   run.work_counter = nullptr;
   int64_t grid = num_ctas;
@@ -158,7 +159,7 @@ void launch_scheduled(const CUtensorMap& map_q, const CUtensorMap& map_k, const 
     counter = std::make_unique<StreamBuffer>(sizeof(int32_t), stream, /*zero_fill=*/true);
     run.work_counter = reinterpret_cast<int32_t*>(counter->data());
   }
-  launch_kernel<T, kDim, kBlock, kPingPong, kPacked, kLoaderWarps>(map_q, map_k, map_v, run, grid, stream);
+  launch_kernel<T, kDim, kBlock, kPingPong, kPacked, kLoaderWarps, kWindow>(map_q, map_k, map_v, run, grid, stream);
 }
 
 template <typename T, int kDim, int kBlock>
@@ -169,7 +170,10 @@ void launch(const attention::Params& params, int64_t q_tokens, int64_t k_tokens,
   // with memory pools (its union layout and work order are stream-ordered allocations), ping-pong
   // with two consumer warpgroups (B = 128).
   const bool persistent = persistent_schedule(options);
-  const bool packed = kBlock == 128 && gqa_pack(options) && current_device_traits().memory_pools &&
+  // A sliding window (§12) takes the window's kernels: one loader warp, no ping-pong, no packing
+  // (one instantiation per shape; a band of a few blocks per row gains little from the others).
+  const bool windowed = params.window > 0;
+  const bool packed = !windowed && kBlock == 128 && gqa_pack(options) && current_device_traits().memory_pools &&
                       gqa_pack_applies(kBlock, group, params.row_items != nullptr, params.plan.num_work_items);
   // A packed query tile is 128 / g tokens of each of the g heads of a group: one box per head.
   const CUtensorMap map_q = make_tensor_map("q", params.q, dtype, kDim, params.num_q_heads, q_tokens,
@@ -179,7 +183,7 @@ void launch(const attention::Params& params, int64_t q_tokens, int64_t k_tokens,
   // rows boxes with smaller pages, each inside one page (paged_box_rows; groups first): tile_shape.h,
   // TileLayout.
   const bool paged = params.block_table != nullptr;
-  const bool loader_warps = kBlock == 128 && paged && !packed && !ping_pong(options);  // the launch below
+  const bool loader_warps = !windowed && kBlock == 128 && paged && !packed && !ping_pong(options);  // the launch below
   const bool boxed = kv_page_boxes(paged, loader_warps, params.page_size, kBlock);
   const auto kv_map = boxed ? make_paged_tile_map : make_tile_map;
   const int key_box = boxed ? paged_box_rows(params.page_size, kBlock) : kBlock;
@@ -187,6 +191,10 @@ void launch(const attention::Params& params, int64_t q_tokens, int64_t k_tokens,
                                    params.k_stride_token, key_box);
   const CUtensorMap map_v = kv_map("v", params.v, dtype, kDim, num_kv_heads, k_tokens, params.v_stride_head,
                                    params.v_stride_token, key_box);
+  if (windowed) {
+    launch_scheduled<T, kDim, kBlock, false, false, 1, true>(map_q, map_k, map_v, params, num_ctas, persistent, stream);
+    return;
+  }
   if constexpr (kBlock == 128) {
     if (packed) {  // the union rows and their work order, built on the stream, freed after the kernel
       PackedGqaLayout layout(params.plan, static_cast<int>(group), stream);
@@ -305,9 +313,7 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
                         int64_t q_tokens, int64_t k_tokens, int64_t num_kv_heads, int64_t num_ctas,
                         const CudaOptions& options, cudaStream_t stream) {
   if (options.kernel == Kernel::portable) return false;
-  // A sliding window (§12) runs on the portable kernel: masking the window's edge in the consumer
-  // cost the d = 256 kernels' registers (up to 224 bytes of spills; docs/hopper.md).
-  const bool shape_ok = shape_supported(dtype, head_dim, block_size) && paged_pool_supported(params) && params.window == 0;
+  const bool shape_ok = shape_supported(dtype, head_dim, block_size) && paged_pool_supported(params);
   const bool device_ok = kernel_available();
   if (!shape_ok || !device_ok) {
     if (options.kernel == Kernel::automatic) return false;
@@ -322,10 +328,9 @@ bool launch_if_selected(const attention::Params& params, DType dtype, int64_t he
                                  std::to_string(params.block_table != nullptr
                                                     ? params.plan.num_sequences * params.table_stride
                                                     : 0) +
-                                 " entries and a sliding window of " + std::to_string(params.window) + " tokens",
+                                 " entries",
                 "bf16/f16, head dim 64, 128 or 256, block size 64 or 128, a paged K/V pool below 2^31 rows and block "
-                "table below 2^31 entries, no sliding window (config.window 0), on an sm_90 device (or kernel auto, "
-                "also in CRISP_KERNEL)");
+                "table below 2^31 entries, on an sm_90 device (or kernel auto, also in CRISP_KERNEL)");
   }
   if (num_ctas == 0) return true;
   if (dtype == DType::bf16)

@@ -72,7 +72,11 @@ namespace hopper {
 // of 128 / g tokens.
 // kLoaderWarps (paged K/V only; mainloop_producer.cuh): producer warps that issue the K and V page
 // boxes; 1 is the one warp of every other launch.
-template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked = false, int kLoaderWarps = 1>
+// kWindow: a sliding window (§12, Params::window > 0): the consumers also mask the window's edge in
+// a row's first two tiles. Only windowed launches take these kernels (one loader warp, no ping-pong,
+// no packing), so the others carry none of the edge's code or registers.
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kPacked = false, int kLoaderWarps = 1,
+          bool kWindow = false>
 __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<kDim, kBlock>::kCtasPerSm)
     hopper_attention_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                             const __grid_constant__ CUtensorMap map_v, const attention::Params p) {
@@ -92,7 +96,7 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
     // ================================================================ producer
     if constexpr (Shape::kSplitRegisters)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Shape::kProducerRegisters));
-    using Producer = ProducerMainloop<kDim, kBlock, kPacked, kLoaderWarps>;
+    using Producer = ProducerMainloop<kDim, kBlock, kPacked, kLoaderWarps, kWindow>;
     if (!Producer::loading_thread(p, thread - producer_thread0)) return;
     Producer producer(storage);
     if constexpr (kLoaderWarps > 1) {
@@ -121,7 +125,7 @@ __global__ void __launch_bounds__(TileShape<kDim, kBlock>::kThreads, TileShape<k
   const int lane = threadIdx.x % 32;
   const int group = lane / 4;      // accumulator row within an 8-row half
   const int quad_lane = lane % 4;  // accumulator column pair
-  using Mainloop = ConsumerMainloop<T, kDim, kBlock, kPingPong>;
+  using Mainloop = ConsumerMainloop<T, kDim, kBlock, kPingPong, kWindow>;
   Mainloop mainloop(storage, consumer, lane,
                     /*kv_groups_first=*/kv_page_boxes(p.block_table != nullptr, kLoaderWarps > 1, p.page_size, kBlock));
   float o_acc[Mainloop::kOutRegs];

@@ -9,8 +9,9 @@
 // softmax runs while the other's matmuls use the tensor cores, as FlashAttention-3 schedules them;
 // without it they run unsynchronised.
 //
-// Masking: only a tile with keys past a row's query (the diagonal block) or past the end of the
-// sequence (partial last block) is masked; every other listed block is entirely allowed.
+// Masking: only a tile with keys past a row's query (the diagonal block), past the end of the
+// sequence (partial last block) or, with a sliding window, before a row's window (the row's first
+// one or two listed blocks) is masked; every other listed block is entirely allowed.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -60,7 +61,8 @@ struct Ops {
   }
 };
 
-template <typename T, int kDim, int kBlock, bool kPingPong>
+// kWindow: the launch has a sliding window (§12); its kernels alone carry the window's edge masks.
+template <typename T, int kDim, int kBlock, bool kPingPong, bool kWindow = false>
 class ConsumerMainloop {
  public:
   using Shape = TileShape<kDim, kBlock>;
@@ -113,11 +115,23 @@ class ConsumerMainloop {
     // r (every row lists it), so every earlier key precedes every query of the block and lies
     // inside the sequence. Its column is read once per item, not once per tile: a global load in
     // the softmax's path stalls the consumers, on an L2 miss for a microsecond.
+    // kWindow (a sliding window, §12) also masks the row's first tiles where they cross the
+    // window's edge: the listed blocks ascend and none lies wholly before the window, so only the
+    // first two can (docs/hopper.md); their key blocks come with the item through shared memory.
     const int last_key0 = row_cols[num_tiles - 1] * kBlock;
     const int quad_lane = lane_ % 4;
     auto scores_to_probabilities = [&](int j, float (&correction)[2]) {
-      if (j == num_tiles - 1 && (last_key0 + kBlock - 1 > rows.first_query || last_key0 + kBlock > n))
-        mask_scores<kBlock>(s_acc_, last_key0, rows.query, n, quad_lane);
+      if (j == num_tiles - 1 && (last_key0 + kBlock - 1 > rows.first_query || last_key0 + kBlock > n)) {
+        if constexpr (kWindow) mask_scores_window<kBlock>(s_acc_, last_key0, rows.query, n, p.window, quad_lane);
+        else mask_scores<kBlock>(s_acc_, last_key0, rows.query, n, quad_lane);
+      } else if constexpr (kWindow) {
+        if (j < 2) {
+          const int key0 = __shfl_sync(0xffffffffu, lane_ == 0 ? storage_.read_window_col(j) : 0, 0) * kBlock;
+          const int last_query = rows.query[0] > rows.query[1] ? rows.query[0] : rows.query[1];
+          if (rules::tile_needs_window_mask(key0, last_query, p.window))
+            mask_scores_window<kBlock>(s_acc_, key0, rows.query, n, p.window, quad_lane);
+        }
+      }
       softmax.update(s_acc_, p.scale_log2, correction);
     };
 

@@ -31,7 +31,8 @@ namespace hopper {
 
 #if defined(CRISP_HOPPER_DEVICE_CODE)
 
-template <int kDim, int kBlock, bool kPacked, int kLoaderWarps = 1>
+// kWindow: the launch has a sliding window (§12): the item's first two key blocks go to the consumers.
+template <int kDim, int kBlock, bool kPacked, int kLoaderWarps = 1, bool kWindow = false>
 class ProducerMainloop {
  public:
   using Shape = TileShape<kDim, kBlock>;
@@ -129,6 +130,9 @@ class ProducerMainloop {
     // a negative coordinate, zeros); the consumers mask nothing for them and never store them.
     const int32_t q_token0 = static_cast<int32_t>(bases.token_offset - rules::first_query_position(bases.n, bases.n_q));
     const int32_t kv_head = it.h / p.q_per_kv;
+    // A sliding window: the consumers mask the row's first tiles at the window's edge (their key
+    // blocks handed over with the item, before the query barrier's arrival).
+    if (kWindow && leader()) storage_.publish_window_cols(row_cols[0], row_cols[num_tiles > 1 ? 1 : 0]);
     if (leader()) load_query(map_q, p, it, q_token0 + it.r * kBlock, kv_head);
     if (p.block_table == nullptr) {
       const int32_t kv_token0 = static_cast<int32_t>(bases.kv_offset);

@@ -41,6 +41,17 @@ struct SharedStorage {
     return item_slot + (Shape::kItemRingOffset - Shape::kItemSlotOffset) / 4 + e;
   }
   __device__ __forceinline__ void publish_ring_item(int e, int32_t code) const { atomicExch(ring_item(e), code); }
+  // A sliding window (§12): the item's first two listed key blocks (its only tiles that can cross
+  // the window's edge, besides the diagonal), written by the producer's leader before the query
+  // block's barrier completes, read by the consumers after their wait (atomics, as the item slot).
+  __device__ __forceinline__ int32_t* window_col(int j) const {
+    return item_slot + (Shape::kWindowColsOffset - Shape::kItemSlotOffset) / 4 + j;
+  }
+  __device__ __forceinline__ void publish_window_cols(int32_t first, int32_t second) const {
+    atomicExch(window_col(0), first);
+    atomicExch(window_col(1), second);
+  }
+  __device__ __forceinline__ int32_t read_window_col(int j) const { return atomicAdd(window_col(j), 0); }
   __device__ __forceinline__ int32_t read_ring_item(int e) const { return atomicAdd(ring_item(e), 0); }
 
   __device__ __forceinline__ uint32_t q() const { return base + Shape::kQOffset; }

@@ -8,6 +8,7 @@
 
 #include "cuda/attention_kernel.cuh"  // fast_exp2
 #include "cuda/hopper/wgmma.cuh"      // CRISP_HOPPER_DEVICE_CODE
+#include "plan/rules.h"
 
 namespace crisp {
 namespace cuda_detail {
@@ -25,6 +26,28 @@ __device__ __forceinline__ void mask_scores(float (&s_acc)[kBlock / 2], int key0
     const int key = key0 + (i / 4) * 8 + quad_lane * 2 + (i & 1);
     const int query = row_query[(i & 2) ? 1 : 0];
     if (key > query || key >= n) s_acc[i] = -INFINITY;
+  }
+}
+
+// The same with a sliding window of `window` tokens (§12: rules::key_visible). Each row's visible
+// keys are one range, so each element is compared with the row's two bounds taken relative to the
+// thread's first key: immediates against four registers (the d = 256 consumers have few to spare).
+template <int kBlock>
+__device__ __forceinline__ void mask_scores_window(float (&s_acc)[kBlock / 2], int key0, const int (&row_query)[2],
+                                                   int n, int window, int quad_lane) {
+  const int thread_key0 = key0 + quad_lane * 2;
+  int first[2], last[2];  // of the keys row `half` sees, minus thread_key0
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int query = row_query[half];
+    last[half] = (query < n - 1 ? query : n - 1) - thread_key0;
+    first[half] = rules::window_first_key(query, window) - thread_key0;
+  }
+#pragma unroll
+  for (int i = 0; i < kBlock / 2; ++i) {
+    const int key = (i / 4) * 8 + (i & 1);  // minus thread_key0
+    const int half = (i & 2) ? 1 : 0;
+    if (key < first[half] || key > last[half]) s_acc[i] = -INFINITY;
   }
 }
 

@@ -57,10 +57,11 @@ struct TileShape {
   static constexpr int bytes_for(int stages) {
     // query tile, K and V rings, barriers (q full, K/V full and empty per stage, q empty), the
     // item slot, the loader warps' item ring (full and empty barriers per entry, the two entries;
-    // after everything else, so the other kernels' offsets do not move), and 1024 bytes
+    // after everything else, so the other kernels' offsets do not move), the item's first two key
+    // blocks (a sliding window's edge tiles), and 1024 bytes
     // to align the base (the 128-byte swizzle pattern repeats every 8 rows of 128 bytes; TMA and
     // wgmma both derive it from the shared-memory address).
-    return kTileBytes * (1 + 2 * stages) + 8 * (2 + 4 * stages) + 8 + 8 * 4 + 8 + 1024;
+    return kTileBytes * (1 + 2 * stages) + 8 * (2 + 4 * stages) + 8 + 8 * 4 + 8 + 8 + 1024;
   }
   static constexpr int kBudget = kSmemPerSm / kCtasPerSm - kSmemReservedPerCta;
   static constexpr int kStages = bytes_for(3) <= kBudget ? 3 : bytes_for(2) <= kBudget ? 2 : 1;
@@ -78,7 +79,9 @@ struct TileShape {
   static constexpr int kItemSlotOffset = kBarrierOffset + 8 * kNumBarriers;
   static constexpr int kItemRingBarrierOffset = kItemSlotOffset + 8;
   static constexpr int kItemRingOffset = kItemRingBarrierOffset + 8 * 4;
-  static constexpr int kSmemBytes = kItemRingOffset + 8 + 1024;
+  // The item's first two listed key blocks (int32 each), for a sliding window's edge (§12).
+  static constexpr int kWindowColsOffset = kItemRingOffset + 8;
+  static constexpr int kSmemBytes = kWindowColsOffset + 8 + 1024;
   static_assert(kSmemBytes == bytes_for(kStages), "shared-memory layout");
   static_assert(kSmemBytes <= kBudget && kSmemBytes <= 227 * 1024, "shared memory of one CTA on Hopper");
   // NOTE: register split (B = 128): the launch gives every thread 65536 / 384 = 168 registers
