@@ -125,7 +125,7 @@ std::vector<std::pair<std::string, std::vector<std::string>>> plan_configs() {
           {"flexprefill", {}},
           {"minference", {}},
           {"dense", {}},
-          {"crisp", {"routing=cstruct", "tau_proxy=0.99"}},
+          {"crisp", {"routing=cstruct", "tau_proxy=0.99", "pe_rule=coverage"}},
           {"crisp", {"routing=cstruct", "tau_proxy=0.99", "pe_rule=floor"}},
           {"crisp", {"routing=jsd", "vs_budget=cumulative"}}};
 }

@@ -161,7 +161,7 @@ std::vector<std::pair<std::string, std::vector<std::string>>> config_grid() {
     grid.push_back({"crisp", {"routing=none", "vs_budget=cumulative", std::string("gamma=") + gamma}});
   // PE coverage (routing forced towards PE by a high tau_proxy).
   for (const char* pg : {"0.3", "0.7", "0.9", "1"})
-    grid.push_back({"crisp", {"routing=cstruct", "tau_proxy=0.99", std::string("pe_gamma=") + pg}});
+    grid.push_back({"crisp", {"routing=cstruct", "tau_proxy=0.99", "pe_rule=coverage", std::string("pe_gamma=") + pg}});
   for (const char* pg : {"0.5", "0.9"}) grid.push_back({"flexprefill", {"tau=0.5", std::string("pe_gamma=") + pg}});
   // routing thresholds.
   for (const char* t : {"0.05", "0.1", "0.4", "0.7"}) grid.push_back({"crisp", {"routing=cstruct", std::string("tau_proxy=") + t}});
@@ -372,7 +372,9 @@ TEST(PlanOracle, FloorOptionsChangeThePlan) {
   EXPECT_NE(cols({"routing=none", "vs_floor=mean"}), cols({"routing=none", "vs_floor=uniform"}));
   EXPECT_NE(cols({"routing=none", "vs_floor=mean", "alpha=0.5"}),
             cols({"routing=none", "vs_floor=max", "alpha=0.5", "uniform_alpha=2"}));
-  EXPECT_NE(cols({"routing=cstruct", "tau_proxy=0.99"}), cols({"routing=cstruct", "tau_proxy=0.99", "pe_rule=floor"}));
+  EXPECT_NE(cols({"routing=cstruct", "tau_proxy=0.99", "pe_rule=coverage"}),
+            cols({"routing=cstruct", "tau_proxy=0.99", "pe_rule=floor"}));
+  EXPECT_NE(cols({"routing=cstruct", "tau_proxy=0.99", "pe_alpha=1"}), cols({"routing=cstruct", "tau_proxy=0.99"}));
 }
 
 TEST(PlanOracle, VarlenBatchPlansEachSequenceAlone) {

@@ -575,6 +575,7 @@ TEST(RulesCrafted, PeRowFloorOnUniformRows) {
   cfg.set("routing=cstruct");
   cfg.set("slash_cover=single");
   cfg.set("pe_rule=floor");
+  cfg.set("pe_alpha=1");
   // pe_alpha 1: no entry is strictly above its level; only {0, r} remain.
   crisp::HeadPlan h = f.plan(cfg);
   ASSERT_EQ(h.route, crisp::Route::pe);

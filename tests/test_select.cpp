@@ -148,8 +148,13 @@ TEST(SelectPipeline, NoiseFloorUniformAndMax) {
 }
 
 TEST(SelectPipeline, PeFloorIsTheRowUniformLevel) {
-  PlanParams p = params_of("crisp", 64);
-  EXPECT_TRUE(select::pe_walks(p));  // coverage by default
+  PlanParams p = params_of("crisp", 64);  // the v1 configuration: coverage
+  EXPECT_TRUE(select::pe_walks(p));
+  const PlanParams preset = crisp::plan_params(crisp::Config::from_preset("crisp"));
+  EXPECT_FALSE(select::pe_walks(preset));  // the preset's row floor (session 26)
+  EXPECT_EQ(preset.pe_alpha, 0.5);
+  p.pe_rule = crisp::PeRule::coverage;
+  EXPECT_TRUE(select::pe_walks(p));
   p.pe_rule = crisp::PeRule::floor;
   EXPECT_FALSE(select::pe_walks(p));
   // Row 4 has 5 entries: level 1/5 at pe_alpha 1, 2/5 at pe_alpha 2.

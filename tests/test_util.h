@@ -34,6 +34,7 @@ inline crisp::Config crisp_v1_config() {
   c.vs_floor = crisp::VsFloor::mean;
   c.min_budget = 0;
   c.rho = 2.2;
+  c.pe_rule = crisp::PeRule::coverage;  // the global walk (the preset's rule until session 26)
   c.pe_gamma = 0.95;
   c.uniform_alpha = 0.5;
   c.proxy_last_rows = 0;       // session 11's short-prompt knobs, off in v1

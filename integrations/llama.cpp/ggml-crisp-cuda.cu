@@ -617,6 +617,17 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
   if (!windowed) count_blocks(0, heads * causal_blocks_of_op(n_past, n_q, block_size));
 }
 
+// CRISP_HOOK_CUDA_WINDOW=1 (read once): the CUDA hook computes sliding-window layers too.
+static bool cuda_windows_enabled() {
+  static const bool enabled = [] {
+    const char * value = std::getenv("CRISP_HOOK_CUDA_WINDOW");
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }();
+  return enabled;
+}
+static const char * const kCudaWindowDeclineReason =
+    "a sliding-window layer (crisp's CUDA window path is opt-in: CRISP_HOOK_CUDA_WINDOW=1; docs/llama_cpp.md)";
+
 static void decline(const std::string & reason) {
   count_declined();
   log_once("sparse prefill falls back to llama.cpp's attention (CUDA): " + reason);
@@ -663,6 +674,15 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
   if (!layout.taken()) {
     time_stage(ctx, "the mask verdict's copy and synchronisation (op declined)");
     decline(kMaskDeclineReason);
+    return false;
+  }
+  // Sliding-window layers on CUDA are opt-in (CRISP_HOOK_CUDA_WINDOW=1): on Gemma 3 in ubatches of
+  // 512 crisp's CUDA window path lost answers llama.cpp's kernel keeps (docs/llama_cpp.md, "Known
+  // problems"), while every op-level check agrees with the f64 reference; until the cause is found
+  // llama.cpp computes those layers here. The CPU hook computes them.
+  if (layout.windowed() && !cuda_windows_enabled()) {
+    time_stage(ctx, "the mask's note (a sliding-window op, declined)");
+    decline(kCudaWindowDeclineReason);
     return false;
   }
   time_stage(ctx, read_mask ? "the mask verdict's copy and synchronisation (op taken)" : "the mask's note (op taken)");

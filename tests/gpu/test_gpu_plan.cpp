@@ -210,7 +210,7 @@ std::vector<PlanCase> plan_cases() {
                    8, 2, 128, 128, 11});
   cases.push_back({"cstruct_cumulative_g09", "crisp", {"vs_budget=cumulative", "gamma=0.9"}, {3000}, 8, 2, 128,
                    128, 12});
-  cases.push_back({"pe_gamma_08", "crisp", {"pe_gamma=0.8", "tau_proxy=0.6"}, {4096}, 8, 2, 128, 128, 13});
+  cases.push_back({"pe_gamma_08", "crisp", {"pe_rule=coverage", "pe_gamma=0.8", "tau_proxy=0.6"}, {4096}, 8, 2, 128, 128, 13});
   cases.push_back({"dense_below", "crisp", {"dense_below=2000"}, {1800, 4096}, 8, 2, 128, 128, 14});
   // Options under evaluation: the noise floor at the uniform level (or the larger of it and the
   // mean floor), and the PE row floor (PE forced by tau_proxy, beside VS heads), on the scalar and
@@ -266,17 +266,17 @@ std::vector<PlanCase> plan_cases() {
   // The radix select runs in one launch per slot up to kSelectChunk = 8192 entries and as a grid of
   // chunks above: PE maps of N(N+1)/2 > 8192 entries (N = 141 blocks of 64) and token walks of
   // more than 8192 keys, beside a sequence below the limit in the same batch.
-  cases.push_back({"select_chunks_pe_b64", "crisp", {"routing=cstruct", "tau_proxy=0.6"}, {9000, 2000}, 4, 1, 64, 64,
+  cases.push_back({"select_chunks_pe_b64", "crisp", {"routing=cstruct", "tau_proxy=0.6", "pe_rule=coverage"}, {9000, 2000}, 4, 1, 64, 64,
                    41});
   cases.push_back({"select_chunks_flexprefill", "flexprefill", {}, {10000, 3000}, 4, 2, 64, 128, 42});
   cases.push_back({"select_chunks_topk", "minference", {}, {9500}, 4, 2, 64, 128, 43, true});
   // N = 512 blocks of 64: 131k PE entries per head, 16 chunks; compaction lists the stop bucket's
   // entries after a grid pass and the one-block passes read only those.
-  cases.push_back({"select_chunks_pe_n32k_b64", "crisp", {"routing=cstruct", "tau_proxy=0.6"}, {32768}, 4, 1, 64, 64,
+  cases.push_back({"select_chunks_pe_n32k_b64", "crisp", {"routing=cstruct", "tau_proxy=0.6", "pe_rule=coverage"}, {32768}, 4, 1, 64, 64,
                    44});
   // N = 180 blocks of 128: 16290 PE entries, 4072 candidates at most, whose staging (32 KB) with the
   // rest kernel's static shared memory (27 KB) is above the 48 KB a launch gets without opting in.
-  cases.push_back({"select_chunks_pe_n23k_b128", "crisp", {"routing=cstruct", "tau_proxy=0.6"}, {23000}, 4, 1, 64,
+  cases.push_back({"select_chunks_pe_n23k_b128", "crisp", {"routing=cstruct", "tau_proxy=0.6", "pe_rule=coverage"}, {23000}, 4, 1, 64,
                    128, 45});
   return cases;
 }
@@ -806,8 +806,8 @@ std::vector<ChunkCase> chunk_cases() {
                      1, 256, 128, 57, Elem::f16});
   }
   // PE heads (forced by tau_proxy) over a chunk's rows: global coverage and the row floor.
-  cases.push_back({"pe_coverage_mix", "crisp", {"routing=cstruct", "tau_proxy=0.6"}, nk128, nq128, 8, 2, 128, 128, 47});
-  cases.push_back({"pe_coverage_mix_bf16_pages16", "crisp", {"routing=cstruct", "tau_proxy=0.6"}, nk_tc, nq_tc, 8, 2,
+  cases.push_back({"pe_coverage_mix", "crisp", {"routing=cstruct", "tau_proxy=0.6", "pe_rule=coverage"}, nk128, nq128, 8, 2, 128, 128, 47});
+  cases.push_back({"pe_coverage_mix_bf16_pages16", "crisp", {"routing=cstruct", "tau_proxy=0.6", "pe_rule=coverage"}, nk_tc, nq_tc, 8, 2,
                    128, 128, 48, Elem::bf16, 16});
   cases.push_back({"pe_floor_mix_pages128", "crisp", {"routing=cstruct", "tau_proxy=0.6", "pe_rule=floor"}, nk128,
                    nq128, 8, 2, 128, 128, 49, Elem::f32, 128});

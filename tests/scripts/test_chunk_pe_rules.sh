@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/chunk_pe_rules.py on a small structured prompt (4096 tokens, 8 query heads on 2 KV heads,
-# seed 3: one head routes PE): with one chunk the three chunk rules are the prompt's walk; with chunks
+# seed 3: one head routes PE; planned with pe_rule=coverage, the rule the script studies): with one chunk the three chunk rules are the prompt's walk; with chunks
 # of 1024 the chunk rule covers at least gamma_pe of the mass, as the prompt's walk does, the
 # row-by-row rules give what they give with one chunk (per row at least gamma_pe), and every figure
 # is a share. --check-plan: the script's whole-prompt walk is the CPU planner's (crisp plan's
@@ -12,7 +12,7 @@ crisp=$1
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/numpy_scratch.sh"
 "$crisp" gen --seq 4096 --heads-q 8 --heads-kv 2 --seed 3 --out-dir "$tmp/w" > /dev/null
-"$crisp" plan --q "$tmp/w/q.npy" --k "$tmp/w/k.npy" --json "$tmp/w/plan.json" > /dev/null
+"$crisp" plan --q "$tmp/w/q.npy" --k "$tmp/w/k.npy" --set pe_rule=coverage --json "$tmp/w/plan.json" > /dev/null
 script="$here/../../scripts/chunk_pe_rules.py"
 python3 "$script" --dir "$tmp/w" --chunk 4096 --json "$tmp/one.json" > /dev/null
 python3 "$script" --dir "$tmp/w" --chunk 1024 --json "$tmp/four.json" > /dev/null
@@ -39,7 +39,7 @@ python3 "$script" --dir "$tmp/w" --chunk 1024 --check-plan > "$tmp/check" ||
   { echo "FAIL: the whole walk differs from the planner's: $(cat "$tmp/check")"; exit 1; }
 grep -q "1 of 1 PE heads agree" "$tmp/check" || { echo "FAIL: $(cat "$tmp/check")"; exit 1; }
 "$crisp" gen --seq 16384 --heads-q 8 --heads-kv 2 --seed 11 --out-dir "$tmp/w16" > /dev/null
-"$crisp" plan --q "$tmp/w16/q.npy" --k "$tmp/w16/k.npy" --json "$tmp/w16/plan.json" > /dev/null
+"$crisp" plan --q "$tmp/w16/q.npy" --k "$tmp/w16/k.npy" --set pe_rule=coverage --json "$tmp/w16/plan.json" > /dev/null
 python3 "$script" --dir "$tmp/w16" --chunk 4096 --check-plan > "$tmp/check16" ||
   { echo "FAIL: the whole walk differs from the planner's at 16k: $(cat "$tmp/check16")"; exit 1; }
 # The check can fail: drop from the plan a block of the PE head that section 4 does not add (so
