@@ -722,35 +722,28 @@ int main(int argc, char ** argv) {
   ring_partial.ring_view_cells = 512;
   ring_partial.note = ring_note(ring_partial);
   dense_matches_reference("sliding window over a ring, noted: the op reads half the ring", ring_partial);
-  // Gemma 3's last ubatches of an 8k prompt on llama.cpp's full-size sliding-window cache
-  // (crisp-llama-eval's): a ring as large as the context, positions in their own cells, the op
-  // reading the cells used so far; a full ubatch of 512 and a partial last one.
-  Case ring_full = gemma;
-  ring_full.mask = MaskKind::ring_window;
-  ring_full.window = ring_full.marked_window = 512;
-  ring_full.ring_cells = 8448;
-  ring_full.n_past = 7680;
-  ring_full.n_q = 512;
-  ring_full.ring_view_cells = 8192;
-  ring_full.note = ring_note(ring_full);
-  dense_matches_reference("sliding window over a full-size cache: an 8k prompt's last ubatch", ring_full);
-  Case ring_full_partial = ring_full;
-  ring_full_partial.n_past = 7936;
-  ring_full_partial.n_q = 190;
-  ring_full_partial.ring_view_cells = 8192;
-  ring_full_partial.note = ring_note(ring_full_partial);
-  dense_matches_reference("sliding window over a full-size cache: a partial last ubatch", ring_full_partial);
-  // Ubatches of 512 (llama.cpp's default) with Gemma 3's window of 512: a ring of 1024 cells,
-  // the op reading all of them, a later ubatch of an 8k prompt.
-  Case ring_ub512 = ring_full;
-  ring_ub512.ring_cells = 1024;
-  ring_ub512.ring_view_cells = 1024;
-  ring_ub512.note = ring_note(ring_ub512);
-  dense_matches_reference("sliding window over a ring of 1024 cells, ubatches of 512", ring_ub512);
-  Case ring_ub512_second = ring_ub512;
-  ring_ub512_second.n_past = 512;
-  ring_ub512_second.note = ring_note(ring_ub512_second);
-  dense_matches_reference("sliding window over a ring of 1024 cells, the second ubatch of 512", ring_ub512_second);
+  // Gemma 3's window of 512 as crisp-llama-eval's prompts meet it: on llama.cpp's full-size
+  // sliding-window cache (a ring as large as the context, positions in their own cells, the op
+  // reading the cells used so far) an 8k prompt's last full ubatch and a partial one; in ubatches of
+  // 512 (llama.cpp's default) a ring of 1024 cells, a later ubatch and the second one.
+  struct RingShape {
+    const char * name;
+    int64_t ring_cells, view_cells, n_past, n_q;
+  };
+  for (const RingShape & shape : {RingShape{"full-size cache, an 8k prompt's last ubatch", 8448, 8192, 7680, 512},
+                                  RingShape{"full-size cache, a partial last ubatch", 8448, 8192, 7936, 190},
+                                  RingShape{"ring of 1024 cells, ubatches of 512", 1024, 1024, 7680, 512},
+                                  RingShape{"ring of 1024 cells, the second ubatch of 512", 1024, 1024, 512, 512}}) {
+    Case c = gemma;
+    c.mask = MaskKind::ring_window;
+    c.window = c.marked_window = 512;
+    c.ring_cells = shape.ring_cells;
+    c.ring_view_cells = shape.view_cells;
+    c.n_past = shape.n_past;
+    c.n_q = shape.n_q;
+    c.note = ring_note(c);
+    dense_matches_reference(std::string("sliding window over a ") + shape.name, c);
+  }
   // A note whose window is not the op's mark is not used (and the op, unread, is declined).
   Case ring_other_window = ring_later;
   ring_other_window.note.n_window = 256;
