@@ -138,7 +138,19 @@ void attend_all(const TensorView& q, const TensorView& k, const TensorView& v, c
   cu_k.push_back(0);
   for (const SequencePlan& sp : plan.sequences) cu_k.push_back(sp.kv_offset + sp.n_k);
   const BlockIndex index(cu_k, plan.block_size);
-  const KeyRows key_rows{cu_k, block_table};
+  // The first key block any row lists, per sequence (a row's first column is its smallest): a
+  // sliding window's band in a long prompt leaves most keys unread, and they are not packed.
+  std::vector<int64_t> first_read(plan.sequences.size(), 0);
+  for (size_t s = 0; s < plan.sequences.size(); ++s) {
+    const SequencePlan& sp = plan.sequences[s];
+    int64_t first = sp.n_k;
+    for (const HeadPlan& head : sp.heads)
+      for (int32_t r = sp.first_row; r < sp.num_blocks; ++r)
+        if (head.row_ptr[r + 1] > head.row_ptr[r])
+          first = std::min<int64_t>(first, static_cast<int64_t>(head.col[static_cast<size_t>(head.row_ptr[r])]) * plan.block_size);
+    first_read[s] = first < sp.n_k ? first : 0;
+  }
+  const KeyRows key_rows{cu_k, block_table, first_read};
   const PackedRows<T> q_rows = pack_rows<T>(q, threads);
   const PackedKeys<T> keys = pack_keys<T>(k, cu_k, index, key_rows, threads);
   const PackedRows<T> v_rows = pack_key_rows<T>(v, key_rows, threads);

@@ -158,6 +158,16 @@ struct PackedKeys {
 struct KeyRows {
   const SeqLens& cu_k;
   const BlockTable& table;
+  // Per sequence, the first key position any row of the plan lists (a sliding window's band starts
+  // late in a long prompt): the keys before it are never read, so they are not packed (left zero).
+  // Empty: every key from 0.
+  std::vector<int64_t> first_read = {};
+  int64_t first_read_of(int64_t s) const { return first_read.empty() ? 0 : first_read[static_cast<size_t>(s)]; }
+  bool skips_keys() const {
+    for (int64_t f : first_read)
+      if (f > 0) return true;
+    return false;
+  }
   int64_t operator()(int64_t s, int64_t j) const {
     const int32_t* table_row = table.empty() ? nullptr : table.data + s * table.max_pages_per_sequence;
     return kv_rows::key_row(cu_k[s], table_row, table.page_size, j);
@@ -180,7 +190,7 @@ PackedKeys<T> pack_keys(const TensorView& k, const SeqLens& cu, const BlockIndex
   std::vector<std::pair<int64_t, int32_t>> items;  // (sequence, block)
   for (int64_t s = 0; s < sequences; ++s) {
     const int64_t N = (cu[s + 1] - cu[s] + B - 1) / B;
-    for (int64_t c = 0; c < N; ++c) items.emplace_back(s, static_cast<int32_t>(c));
+    for (int64_t c = rows.first_read_of(s) / B; c < N; ++c) items.emplace_back(s, static_cast<int32_t>(c));
   }
   const int64_t per_head = static_cast<int64_t>(items.size());
   parallel_for(k.heads() * per_head, threads, [&](int64_t i) {
@@ -229,10 +239,11 @@ PackedRows<T> pack_rows(const TensorView& view, int threads) {
 }
 
 // V (or K) packed in the sequences' key order: [heads][cu_k.back()][dpad], row cu_k[s] + j holding
-// key position j of sequence s. Contiguous K/V is packed as it lies; paged K/V is gathered.
+// key position j of sequence s. Contiguous K/V is packed as it lies; paged K/V is gathered; keys
+// before a sequence's first read one (KeyRows::first_read) are left zero.
 template <typename T>
 PackedRows<T> pack_key_rows(const TensorView& view, const KeyRows& rows, int threads) {
-  if (rows.table.empty()) return pack_rows<T>(view, threads);
+  if (rows.table.empty() && !rows.skips_keys()) return pack_rows<T>(view, threads);
   PackedRows<T> packed;
   const SeqLens& cu = rows.cu_k;
   packed.tokens = cu.back();
@@ -241,7 +252,7 @@ PackedRows<T> pack_key_rows(const TensorView& view, const KeyRows& rows, int thr
   const int64_t sequences = static_cast<int64_t>(cu.size()) - 1;
   parallel_for(view.heads() * sequences, threads, [&](int64_t i) {
     const int64_t h = i / sequences, s = i % sequences;
-    for (int64_t j = 0; j < cu[s + 1] - cu[s]; ++j)
+    for (int64_t j = rows.first_read_of(s); j < cu[s + 1] - cu[s]; ++j)
       load_row(view, h, rows(s, j), view.dim(), packed.data.data() + (h * packed.tokens + cu[s] + j) * packed.dpad);
   });
   return packed;
