@@ -525,10 +525,8 @@ void bad_settings_refused() {
   check(accepted, "good settings accepted " + error);
 }
 
-// The backend named by argv[1] (cpu, the default, or cuda) and its registry's entry points.
-// Returns false when the backend is absent (no CUDA device).
 // The note cases of the check mode: a note that tells the truth, or one that does not (a plain causal
-// note on a mask with a hole; a ring's note with the ring shifted by one page more than the cells are).
+// note on a mask with a hole; a ring's note shifted by a quarter of the ring the cells hold unshifted).
 Case note_case(const std::string & which, bool lies) {
   Case c;
   c.note.n_past = 0;
@@ -582,6 +580,8 @@ void note_check_mode(const char * self) {
   }
 }
 
+// The backend named by argv[1] (cpu, the default, or cuda) and its registry's entry points.
+// Returns false when the backend is absent (no CUDA device).
 bool open_backend(const std::string & name) {
   ggml_backend_dev_t dev = ggml_backend_dev_by_type(name == "cuda" ? GGML_BACKEND_DEVICE_TYPE_GPU : GGML_BACKEND_DEVICE_TYPE_CPU);
   if (!dev) return false;
@@ -622,7 +622,7 @@ int main(int argc, char ** argv) {
   if (g_backend.cuda) {
     // Sliding-window ops are opt-in on CUDA (ggml-crisp-cuda.cu): this test computes them, against
     // the f64 reference, so it opts in before the hook first reads the setting.
-    setenv("CRISP_HOOK_CUDA_WINDOW", "1", 0);
+    setenv("CRISP_HOOK_CUDA_WINDOW", "1", 1);
     // The hook raises CUDA's launch queue when libggml-cuda loads (ggml-crisp-cuda.cu, "the launch
     // queue"); the CI environment sets nothing, so the hook's value must be there.
     const char * scale = std::getenv("CUDA_SCALE_LAUNCH_QUEUES");

@@ -296,11 +296,10 @@ Config Config::from_preset(const std::string& name) {
     c.uniform_alpha = 1.0;
     // NOTE: tuning constants. pe_rule floor with pe_alpha 0.5 (session 26): a diffuse head's block
     // (r, c) is kept iff its estimated probability is above half of row r's uniform level. Chosen
-    // on the structured tuning split (8k-128k: the output error of the last queries at or below
-    // the coverage rule's at every length, every needle kept, the lowest density doing so) and
-    // confirmed on the test split (density 0.364 / 0.147 / 0.086 against 0.374 / 0.204 / 0.151 at
-    // 8k / 32k / 128k); each row is decided alone, so a chunked prefill keeps the whole prompt's PE
-    // rows (docs/evaluation.md, "The PE rule"). pe_gamma 0.9 applies if pe_rule is set to coverage.
+    // on the structured tuning split as the sparsest pe_alpha whose last queries' error stays at or
+    // below the coverage rule's at every length with every needle kept, then confirmed on the test
+    // split (figures in docs/evaluation.md, "The PE rule"); each row is decided alone, so a chunked
+    // prefill keeps the whole prompt's PE rows. pe_gamma 0.9 applies if pe_rule is set to coverage.
     c.pe_rule = PeRule::floor;
     c.pe_alpha = 0.5;
     c.pe_gamma = 0.9;
