@@ -50,6 +50,10 @@
 #      times at 8k-32k, every policy once with the attention nodes timed. Gemma 3 only.
 #   PIPE_PHASE=density: the 8B-shaped model's attention nodes at 64k for fa, dense, crisp and top-k at
 #      three budgets (attention time against density where the fixed cost per op is small).
+#   PIPE_PHASE=outputs (session 27): test-ggml-crisp on CUDA (notes checked too); once crisp's
+#      binaries are carried (CRISP_GPU_BIN), chunked and paged prefill at 128k (issue 16); once
+#      Gemma 3 is carried, the lost-answer samples of the CUDA window path with every op's output
+#      compared with llama.cpp's kernel (CRISP_HOOK_CHECK_OUTPUT=1), and Gemma 3's CUDA test.
 #   PIPE_PHASE=bench: steps 1-2's build and checks, then the kernels'
 #      crossover on small calls, step 3's benchmarks with the preset, and Gemma 3's 16k / 32k
 #      test split with the preset.
@@ -199,6 +203,30 @@ if [ "${PIPE_PHASE:-tune}" = window ]; then
   step gemma_all 300 python3 scripts/llama_bench.py --bin "$BIN" --model "gemma3=$GEMMA" \
     --lengths 8192,16384,32768 --reps 2 --json "$PIPE/gemma_all.json" --md "$PIPE/gemma_all.md"
   log "pipeline done (window)"
+  exit 0
+fi
+
+# PIPE_PHASE=outputs (session 27): see the list at the top. Needs PIPE_BIN; no GPU tests (the
+# kernels did not change since they last passed), no 8B-shaped GGUF.
+if [ "${PIPE_PHASE:-tune}" = outputs ]; then
+  step test_ggml_crisp_cuda 120 "$BIN/test-ggml-crisp" cuda
+  step test_ggml_crisp_cuda_note_check 120 env CRISP_HOOK_MASK_NOTE=check "$BIN/test-ggml-crisp" cuda
+  until [ -x "${CRISP_GPU_BIN:?PIPE_PHASE=outputs needs CRISP_GPU_BIN}/crisp" ]; do
+    [ $(( DEADLINE - ($(date +%s) - START) )) -lt 60 ] && { log "crisp binaries never arrived"; exit 1; }
+    sleep 5
+  done
+  # Issue 16: 128k prefilled in chunks of 4k-32k against one shot, contiguous and pages of 16.
+  step chunks_128k 300 "$CRISP_GPU_BIN/crisp" bench --seq 131072 --presets dense,crisp --kernels hopper --reps 5 \
+    --warmup 1 --chunks 4096,8192,16384,32768 --page-sizes 16 --json "$PIPE/chunks_128k.json"
+  GEMMA=$MODELS/gemma-3-270m-q4_k_m.gguf
+  SMOL=$GEMMA  # wait_for_models waits for both names
+  wait_for_models
+  # The three samples session 26 saw lost in ubatches of 512 (docs/llama_cpp.md, "Gemma 3").
+  step outputs_gemma_ub512 240 env CRISP_HOOK_CUDA_WINDOW=1 CRISP_HOOK_CHECK_OUTPUT=1 "$BIN/crisp-llama-eval" niah \
+    --model "$GEMMA" --ngl 99 --seed 2001 --seeds 3 --depths 0.15 --tasks passkey --lengths 8192 \
+    --policies llama_fa --json "$PIPE/outputs_gemma_ub512.json"
+  step llama_gemma 300 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
+  log "pipeline done (outputs)"
   exit 0
 fi
 
