@@ -7,7 +7,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -25,10 +24,10 @@
 #include <vector>
 
 #include "common.cuh"
-#include "fattn.cuh"
 #include "crisp/cuda.h"
 #include "cuda/device_plan.h"
 #include "cuda/last_use.h"
+#include "ggml-crisp-cuda-check.h"
 #include "ggml-crisp-cuda.h"
 #include "ggml-crisp-rules.h"
 
@@ -630,250 +629,6 @@ static bool cuda_windows_enabled() {
 static const char * const kCudaWindowDeclineReason =
     "a sliding-window layer (crisp's CUDA window path is opt-in: CRISP_HOOK_CUDA_WINDOW=1; docs/llama_cpp.md)";
 
-// ---------------------------------------------------------------- the debug check of every output
-// CRISP_HOOK_CHECK_OUTPUT=1: after crisp computes an op, llama.cpp's own kernel computes it again
-// into the pool and a kernel compares the two; each op whose largest difference exceeds
-// kOutputCheckTolerance of its largest reference value is logged (op, n_past, n_q, n_kv, the
-// note's window and ring), and the worst op of each kind (windowed or not) is printed at exit.
-// For locating a wrong answer that op-level tests do not show: it ran first on Gemma 3's windowed
-// layers (docs/llama_cpp.md, "Known problems"). Off by default: it doubles the attention's work
-// and synchronises per op.
-// NOTE: 2e-2 of the largest reference value: f16 inputs through two different kernels agree to
-// about 1e-3 of it; an op that reads wrong keys is off by tens of percent.
-constexpr float kOutputCheckTolerance = 2e-2f;
-// CRISP_HOOK_CHECK_OUTPUT=reference: the same, and llama.cpp's result then replaces crisp's in
-// dst: whatever else crisp's computation does stays, only its output values go (which of the two
-// a wrong answer follows). =reference_f16: llama.cpp's result rounded to f16 (crisp's output type)
-// replaces it.
-enum class OutputCheck { off, compare, reference, reference_f16, exact };
-static OutputCheck output_check_mode() {
-  static const OutputCheck mode = [] {
-    const char * value = std::getenv("CRISP_HOOK_CHECK_OUTPUT");
-    if (value == nullptr) return OutputCheck::off;
-    if (std::strcmp(value, "1") == 0) return OutputCheck::compare;
-    if (std::strcmp(value, "reference") == 0) return OutputCheck::reference;
-    if (std::strcmp(value, "reference_f16") == 0) return OutputCheck::reference_f16;
-    if (std::strcmp(value, "exact") == 0) return OutputCheck::exact;
-    return OutputCheck::off;
-  }();
-  return mode;
-}
-
-__global__ void round_to_f16_kernel(float * __restrict__ values, int64_t n) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
-    values[e] = __half2float(__float2half(values[e]));
-}
-thread_local bool t_computing_reference = false;  // the hook declines while llama.cpp's kernel runs
-
-// result[0]: the largest |crisp - reference|, result[1]: the largest |reference|, result[2]: the
-// count of non-finite crisp outputs (floats as their bits: non-negative floats order as integers).
-__global__ void output_difference_kernel(const float * __restrict__ crisp_out, const float * __restrict__ reference,
-                                         int64_t n, unsigned int * result) {
-  float diff = 0.0f, ref = 0.0f;
-  unsigned int non_finite = 0;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const float a = crisp_out[e], b = reference[e];
-    if (!isfinite(a)) ++non_finite;
-    else diff = fmaxf(diff, fabsf(a - b));
-    ref = fmaxf(ref, fabsf(b));
-  }
-  atomicMax(&result[0], __float_as_uint(diff));
-  atomicMax(&result[1], __float_as_uint(ref));
-  if (non_finite) atomicAdd(&result[2], non_finite);
-}
-
-// CRISP_HOOK_CHECK_OUTPUT=exact: also an exact attention per (row, head) in double from the same
-// f16 K/V and f32 Q (the note's visible positions), against which crisp's and llama.cpp's outputs
-// are each measured: err[0] / err[1] the sums of squared errors of crisp / llama.cpp, err[2] the
-// sum of squared exact values, err[3] / err[4] the largest absolute errors (as float bits).
-// NOTE: 256 threads per (row, head): one thread per output dimension (head dims up to 256).
-constexpr int kExactThreads = 256;
-template <typename T>
-__global__ void exact_attention_kernel(const char * __restrict__ q, size_t q_nb1, size_t q_nb2, const char * __restrict__ k,
-                                       size_t k_nb1, size_t k_nb2, const char * __restrict__ v, size_t v_nb1,
-                                       size_t v_nb2, int64_t d, int64_t heads, int64_t group, float scale,
-                                       ggml_kq_mask_note note, const float * __restrict__ crisp_out,
-                                       const float * __restrict__ llama_out, double * err, float * exact_out) {
-  const int64_t row = blockIdx.x, h = blockIdx.y, kv_h = h / group;
-  const int64_t position = note.n_past + row;
-  const int64_t first = note.n_window > 0 && position - note.n_window + 1 > 0 ? position - note.n_window + 1 : 0;
-  __shared__ float q_row[256];
-  __shared__ double scores_max, denominator;
-  __shared__ double partial[kExactThreads];
-  for (int64_t x = threadIdx.x; x < d; x += blockDim.x)
-    q_row[x] = *reinterpret_cast<const float *>(q + row * q_nb1 + h * q_nb2 + x * sizeof(float));
-  __syncthreads();
-  auto cell_of = [&](int64_t p) { return note.n_window > 0 ? (p + note.ring_shift) % note.ring_cells : p; };
-  auto score = [&](int64_t p) {
-    const T * key = reinterpret_cast<const T *>(k + cell_of(p) * k_nb1 + kv_h * k_nb2);
-    double s = 0.0;
-    for (int64_t x = 0; x < d; ++x) s += double(q_row[x]) * double(float(key[x]));
-    return s * double(scale);
-  };
-  // Pass 1: the max; pass 2: the denominator (threads stride over positions).
-  double m = -1e300;
-  for (int64_t p = first + threadIdx.x; p <= position; p += blockDim.x) m = fmax(m, score(p));
-  partial[threadIdx.x] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double all = -1e300;
-    for (int t = 0; t < blockDim.x; ++t) all = fmax(all, partial[t]);
-    scores_max = all;
-  }
-  __syncthreads();
-  double l = 0.0;
-  for (int64_t p = first + threadIdx.x; p <= position; p += blockDim.x) l += exp(score(p) - scores_max);
-  partial[threadIdx.x] = l;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double all = 0.0;
-    for (int t = 0; t < blockDim.x; ++t) all += partial[t];
-    denominator = all;
-  }
-  __syncthreads();
-  // Pass 3: thread x sums output dimension x (the scores again, once per thread: a debug path).
-  for (int64_t x = threadIdx.x; x < d; x += blockDim.x) {
-    double o = 0.0;
-    for (int64_t p = first; p <= position; ++p) {
-      const T * value = reinterpret_cast<const T *>(v + cell_of(p) * v_nb1 + kv_h * v_nb2);
-      o += exp(score(p) - scores_max) * double(float(value[x]));
-    }
-    o /= denominator;
-    const int64_t e = (row * heads + h) * d + x;  // dst [d, heads, n_q]
-    if (exact_out != nullptr) exact_out[e] = static_cast<float>(o);
-    const double a = double(crisp_out[e]) - o, b = double(llama_out[e]) - o;
-    atomicAdd(&err[0], a * a);
-    atomicAdd(&err[1], b * b);
-    atomicAdd(&err[2], o * o);
-    atomicMax(reinterpret_cast<unsigned long long *>(&err[3]), __double_as_longlong(fabs(a)));
-    atomicMax(reinterpret_cast<unsigned long long *>(&err[4]), __double_as_longlong(fabs(b)));
-  }
-}
-
-// CRISP_HOOK_EXACT_REPLACES=1 (with CRISP_HOOK_CHECK_OUTPUT=exact): the exact output replaces
-// crisp's in dst (the model's answers under exact attention).
-static bool exact_replaces() {
-  static const bool on = [] {
-    const char * value = std::getenv("CRISP_HOOK_EXACT_REPLACES");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-  }();
-  return on;
-}
-
-struct ExactErrors {
-  std::mutex mutex;
-  double sum[2][3] = {};  // [windowed][crisp, llama, exact] squared sums
-  double worst[2][2] = {};
-  long long ops[2] = {0, 0};
-  ~ExactErrors() {
-    for (int w = 0; w < 2; ++w)
-      if (ops[w])
-        std::fprintf(stderr, "crisp: CRISP_HOOK_CHECK_OUTPUT=exact: %s ops %lld: relative RMS error crisp %.3e, "
-                     "llama.cpp %.3e; largest error crisp %.3e, llama.cpp %.3e\n", w ? "windowed" : "global", ops[w],
-                     std::sqrt(sum[w][0] / sum[w][2]), std::sqrt(sum[w][1] / sum[w][2]), worst[w][0], worst[w][1]);
-  }
-};
-ExactErrors g_exact_errors;
-
-struct WorstOutput {
-  std::mutex mutex;
-  long long checked[2] = {0, 0}, over[2] = {0, 0};
-  double worst[2] = {0.0, 0.0};
-  std::string where[2];
-  ~WorstOutput() {
-    for (int w = 0; w < 2; ++w)
-      if (checked[w])
-        std::fprintf(stderr, "crisp: CRISP_HOOK_CHECK_OUTPUT: %s ops: %lld checked, %lld over %.0e; worst %.3e (%s)\n",
-                     w ? "windowed" : "global", checked[w], over[w], double(kOutputCheckTolerance), worst[w],
-                     where[w].c_str());
-  }
-};
-WorstOutput g_worst_output;
-
-static void check_output(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const KeyLayout & layout) {
-  const int64_t n = ggml_nelements(dst);
-  ggml_cuda_pool_alloc<float> reference(ctx.pool(), n);
-  ggml_cuda_pool_alloc<unsigned int> result(ctx.pool(), 3);
-  ggml_tensor copy = *dst;
-  copy.data = reference.get();
-  t_computing_reference = true;
-  ggml_cuda_flash_attn_ext(ctx, &copy);
-  t_computing_reference = false;
-  CUDA_CHECK(cudaMemsetAsync(result.get(), 0, 3 * sizeof(unsigned int), ctx.stream()));
-  output_difference_kernel<<<element_blocks(n), kElementThreads, 0, ctx.stream()>>>(
-      static_cast<const float *>(dst->data), reference.get(), n, result.get());
-  CUDA_CHECK(cudaGetLastError());
-  unsigned int host[3] = {0, 0, 0};
-  CUDA_CHECK(cudaMemcpyAsync(host, result.get(), sizeof(host), cudaMemcpyDeviceToHost, ctx.stream()));
-  if (output_check_mode() == OutputCheck::reference_f16)
-    round_to_f16_kernel<<<element_blocks(n), kElementThreads, 0, ctx.stream()>>>(reference.get(), n);
-  if (output_check_mode() == OutputCheck::reference || output_check_mode() == OutputCheck::reference_f16)
-    CUDA_CHECK(cudaMemcpyAsync(dst->data, reference.get(), n * sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream()));
-  if (output_check_mode() == OutputCheck::exact && exact_replaces()) {
-    // the exact values go into dst below (reference is read and written per element by one thread)
-  }
-  if (output_check_mode() == OutputCheck::exact) {
-    const ggml_tensor * q = dst->src[0];
-    const ggml_tensor * k = dst->src[1];
-    const ggml_tensor * v = dst->src[2];
-    ggml_cuda_pool_alloc<double> err(ctx.pool(), 5);
-    CUDA_CHECK(cudaMemsetAsync(err.get(), 0, 5 * sizeof(double), ctx.stream()));
-    float scale = 1.0f;
-    std::memcpy(&scale, dst->op_params, sizeof(float));
-    const dim3 grid(static_cast<unsigned>(q->ne[1]), static_cast<unsigned>(q->ne[2]));
-    const ggml_kq_mask_note note = layout.note;
-    if (k->type == GGML_TYPE_F16)
-      exact_attention_kernel<__half><<<grid, kExactThreads, 0, ctx.stream()>>>(
-          static_cast<const char *>(q->data), q->nb[1], q->nb[2], static_cast<const char *>(k->data), k->nb[1], k->nb[2],
-          static_cast<const char *>(v->data), v->nb[1], v->nb[2], q->ne[0], q->ne[2], q->ne[2] / k->ne[2], scale, note,
-          static_cast<const float *>(dst->data), reference.get(), err.get(),
-          exact_replaces() ? reference.get() + 0 : nullptr);
-    CUDA_CHECK(cudaGetLastError());
-    double host_err[5] = {};
-    CUDA_CHECK(cudaMemcpyAsync(host_err, err.get(), sizeof(host_err), cudaMemcpyDeviceToHost, ctx.stream()));
-    CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
-    const int w = layout.windowed() ? 1 : 0;
-    std::lock_guard<std::mutex> lock(g_exact_errors.mutex);
-    ++g_exact_errors.ops[w];
-    for (int i = 0; i < 3; ++i) g_exact_errors.sum[w][i] += host_err[i];
-    g_exact_errors.worst[w][0] = std::max(g_exact_errors.worst[w][0], host_err[3]);
-    g_exact_errors.worst[w][1] = std::max(g_exact_errors.worst[w][1], host_err[4]);
-    if (exact_replaces())
-      CUDA_CHECK(cudaMemcpyAsync(dst->data, reference.get(), n * sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream()));
-  }
-  CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
-  float diff = 0.0f, ref = 0.0f;
-  std::memcpy(&diff, &host[0], sizeof(float));
-  std::memcpy(&ref, &host[1], sizeof(float));
-  const double relative = host[2] ? 1e30 : double(diff) / std::max(double(ref), 1e-30);
-  char where[256];
-  std::snprintf(where, sizeof(where), "op %s n_past %lld n_q %lld n_kv %lld window %d ring %d shift %d page %lld: "
-                "max |diff| %.3e, max |ref| %.3e, non-finite %u", dst->name, (long long) layout.note.n_past,
-                (long long) dst->src[0]->ne[1], (long long) dst->src[3]->ne[0], layout.note.n_window,
-                layout.note.ring_cells, layout.note.ring_shift, (long long) layout.ring_page, diff, ref, host[2]);
-  const int w = layout.windowed() ? 1 : 0;
-  std::lock_guard<std::mutex> lock(g_worst_output.mutex);
-  ++g_worst_output.checked[w];
-  if (relative > kOutputCheckTolerance) {
-    ++g_worst_output.over[w];
-    std::fprintf(stderr, "crisp: CRISP_HOOK_CHECK_OUTPUT: %s\n", where);
-  }
-  if (relative > g_worst_output.worst[w]) {
-    g_worst_output.worst[w] = relative;
-    g_worst_output.where[w] = where;
-  }
-}
-
-// CRISP_HOOK_WINDOW_DELTA=N (debug, with CRISP_HOOK_CHECK_OUTPUT): crisp computes windowed ops
-// with the note's window plus N, to see which window matches llama.cpp's output.
-static int window_delta() {
-  static const int delta = [] {
-    const char * value = std::getenv("CRISP_HOOK_WINDOW_DELTA");
-    return value != nullptr ? std::atoi(value) : 0;
-  }();
-  return delta;
-}
-
 static void decline(const std::string & reason) {
   count_declined();
   log_once("sparse prefill falls back to llama.cpp's attention (CUDA): " + reason);
@@ -882,7 +637,7 @@ static void decline(const std::string & reason) {
 }  // namespace
 
 bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
-  if (t_computing_reference) return false;  // CRISP_HOOK_CHECK_OUTPUT's second computation
+  if (ggml_crisp_cuda_computing_reference()) return false;  // CRISP_HOOK_CHECK_OUTPUT's second computation
   if (!is_prompt_op(dst)) return false;  // decode steps stay llama.cpp's
   const std::shared_ptr<const SparsePrefill> setting = current_setting();
   if (!setting) return false;
@@ -934,8 +689,7 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
   }
   time_stage(ctx, read_mask ? "the mask verdict's copy and synchronisation (op taken)" : "the mask's note (op taken)");
 
-  crisp::Config config = config_of_op(dst, *setting, layout);
-  if (layout.windowed()) config.window += window_delta();
+  const crisp::Config config = config_of_op(dst, *setting, layout);
   try {
     if (dst->src[1]->type == GGML_TYPE_F16) {
       compute<__half>(ctx, dst, crisp::DType::f16, layout, config);
@@ -948,13 +702,20 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
     decline(std::string("crisp refused the op: ") + e.what());
     return false;
   }
-  if (output_check_mode() != OutputCheck::off) check_output(ctx, dst, layout);
+  if (ggml_crisp_cuda_output_check_requested()) ggml_crisp_cuda_check_output(ctx, dst, layout.note, layout.ring_page);
   count_handled();
   log_once("sparse prefill '" + setting->policy + "' computes the attention of prompt ubatches (CUDA)");
   return true;
 }
 
-bool ggml_crisp_cuda_would_take(const ggml_tensor * dst) { return takes_unless_mask_declines(dst, cuda_limits()); }
+// A sliding-window layer's op (its window mark) is declined on CUDA unless opted in: a graph whose
+// crisp-eligible ops are all such is captured as upstream's. (A windowed op whose window covers
+// every cell and whose mask carries no note would be taken as plain causal; in a captured graph the
+// hook declines it instead: the capture check below keeps that correct.)
+bool ggml_crisp_cuda_would_take(const ggml_tensor * dst) {
+  if (ggml_flash_attn_ext_get_window(dst) > 0 && !cuda_windows_enabled()) return false;
+  return takes_unless_mask_declines(dst, cuda_limits());
+}
 
 void ggml_crisp_cuda_graph_compute_begin(void) { g_compute_generation.fetch_add(1, std::memory_order_relaxed); }
 
