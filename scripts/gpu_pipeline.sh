@@ -53,7 +53,8 @@
 #   PIPE_PHASE=outputs (session 27): test-ggml-crisp on CUDA (notes checked too); once crisp's
 #      binaries are carried (CRISP_GPU_BIN), chunked and paged prefill at 128k (issue 16); once
 #      Gemma 3 is carried, the lost-answer samples of the CUDA window path with every op's output
-#      compared with llama.cpp's kernel (CRISP_HOOK_CHECK_OUTPUT=1), and Gemma 3's CUDA test.
+#      compared with llama.cpp's kernel and with an exact attention (CRISP_HOOK_CHECK_OUTPUT, each
+#      CRISP_HOOK_CHECK_KEEP), Gemma 3's CUDA test and its NIAH test split at 2k-32k.
 #   PIPE_PHASE=bench: steps 1-2's build and checks, then the kernels'
 #      crossover on small calls, step 3's benchmarks with the preset, and Gemma 3's 16k / 32k
 #      test split with the preset.
@@ -106,12 +107,12 @@ GGUF_8B=/tmp/crisp-llama3.1-8b-q4_0.gguf
 BIN=${PIPE_BIN:-.deps/llama.cpp-build-cuda/bin}
 if [ "${PIPE_RESUME:-0}" != 1 ]; then
 # 1: the build, the crisp GPU tests and the 8B-shaped GGUF side by side.
-[ "${PIPE_PHASE:-tune}" = fine ] || [ "${PIPE_PHASE:-tune}" = window ] || ( nice -n 5 timeout 900 python3 scripts/make_llama_gguf.py --shape llama3.1-8b \
+[ "${PIPE_PHASE:-tune}" = fine ] || [ "${PIPE_PHASE:-tune}" = window ] || [ "${PIPE_PHASE:-tune}" = outputs ] || ( nice -n 5 timeout 900 python3 scripts/make_llama_gguf.py --shape llama3.1-8b \
     --out "$GGUF_8B" > "$PIPE/gguf_8b.log" 2>&1
   log "8B-shaped GGUF rc=$?" ) &
 if [ -n "${PIPE_BIN:-}" ]; then
   log "llama.cpp binaries from $PIPE_BIN"
-  [ "${PIPE_GPU_TESTS:-1}" = 0 ] || ( step gpu_tests 720 env OUT="$PIPE/gpu_tests" CRISP_GPU_DEADLINE_S=720 scripts/gpu.sh tests ) &
+  [ "${PIPE_GPU_TESTS:-1}" = 0 ] || [ "${PIPE_PHASE:-tune}" = outputs ] || ( step gpu_tests 720 env OUT="$PIPE/gpu_tests" CRISP_GPU_DEADLINE_S=720 scripts/gpu.sh tests ) &
 else
   ( JOBS=12 scripts/llama_cpp.sh --cuda > "$PIPE/llama_build.out" 2> "$PIPE/llama_build.log"
     echo $? > "$PIPE/llama_build.rc" ) &
@@ -221,11 +222,23 @@ if [ "${PIPE_PHASE:-tune}" = outputs ]; then
   GEMMA=$MODELS/gemma-3-270m-q4_k_m.gguf
   SMOL=$GEMMA  # wait_for_models waits for both names
   wait_for_models
-  # The three samples session 26 saw lost in ubatches of 512 (docs/llama_cpp.md, "Gemma 3").
-  step outputs_gemma_ub512 240 env CRISP_HOOK_CUDA_WINDOW=1 CRISP_HOOK_CHECK_OUTPUT=1 "$BIN/crisp-llama-eval" niah \
-    --model "$GEMMA" --ngl 99 --seed 2001 --seeds 3 --depths 0.15 --tasks passkey --lengths 8192 \
-    --policies llama_fa --json "$PIPE/outputs_gemma_ub512.json"
+  # The three samples session 26 saw lost in ubatches of 512 (docs/llama_cpp.md, "Gemma 3"): every
+  # op against llama.cpp's kernel, then which output the answers follow, then the exact attention.
+  for keep in crisp llama llama_f16; do
+    step "outputs_gemma_ub512_keep_$keep" 240 env CRISP_HOOK_CUDA_WINDOW=1 CRISP_HOOK_CHECK_OUTPUT=1 \
+      CRISP_HOOK_CHECK_KEEP=$keep "$BIN/crisp-llama-eval" niah --model "$GEMMA" --ngl 99 --seed 2001 --seeds 3 \
+      --depths 0.15 --tasks passkey --lengths 8192 --policies llama_fa --json "$PIPE/outputs_gemma_ub512_$keep.json"
+  done
+  for keep in crisp exact; do
+    step "outputs_gemma_ub512_exact_keep_$keep" 300 env CRISP_HOOK_CUDA_WINDOW=1 CRISP_HOOK_CHECK_OUTPUT=exact \
+      CRISP_HOOK_CHECK_KEEP=$keep "$BIN/crisp-llama-eval" niah --model "$GEMMA" --ngl 99 --seed 2001 --seeds 3 \
+      --depths 0.15 --tasks passkey --lengths 8192 --policies llama_fa --json "$PIPE/outputs_gemma_ub512_exact_$keep.json"
+  done
   step llama_gemma 300 tests/llama_cpp/test_llama_cpp_gemma.sh --cuda "$BIN" "$GEMMA"
+  # Issue 14: the test split at 2k-32k, the windowed layers on llama.cpp's kernel (the default).
+  step gemma_test_split 560 "$BIN/crisp-llama-eval" niah --model "$GEMMA" --ngl 99 --split test \
+    --lengths 2048,4096,8192,16384,32768 --tasks passkey,niah_single --policies llama_fa crisp flexprefill --quiet \
+    --json "$PIPE/gemma3_test.json"
   log "pipeline done (outputs)"
   exit 0
 fi
