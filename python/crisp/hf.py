@@ -13,14 +13,19 @@ What runs where. crisp is a *prefill* kernel: it runs a layer's attention when
   * the attention mask is None or causal with padding (left-padded batches, a static cache's
     unused tail): each row's keys and queries are passed as a varlen batch (cu_seqlens);
     any other mask (custom, bidirectional, packed sequences) falls back,
-  * the module is causal, with no sliding window, soft-capping or position bias, no dropout,
+  * the module is causal, with no soft-capping or position bias, no dropout; a sliding-window
+    layer (transformers' ``sliding_window`` W: query p sees keys (p - W, p]; Gemma 3, Mistral,
+    Qwen2's local layers) runs crisp's dense preset with ``window=W``, as the llama.cpp integration
+    does (crisp's selection is not window-aware), its mask read as causal-with-padding inside the
+    window; counted in ``windowed``,
   * and q/k/v are on a device and dtype crisp supports (CUDA: float16/bfloat16, head dim 64,
     128 or 256; CPU: float32/float16/bfloat16/float64).
 
 Decode steps (one query token) run on transformers' ``sdpa`` attention by design: crisp's
 sparsity is a prefill saving, and one query over the cache is a memory-bound dot product sdpa
 does well. Everything else listed above falls back to sdpa. ``stats`` counts the calls:
-``crisp`` (of which ``chunks``: queries over a KV prefix, ``varlen``: padded batches), ``decode``,
+``crisp`` (of which ``chunks``: queries over a KV prefix, ``varlen``: padded batches or keys the
+window left behind, ``windowed``: sliding-window layers), ``decode``,
 and the fallbacks ``sdpa`` with ``fallback_reasons``. A CUDA backend that does not take chunks and
 varlen key offsets yet (it refuses them, naming the batch) leaves those calls to sdpa, counted as
 fallbacks with that reason.
@@ -44,7 +49,7 @@ stats: Dict[str, Any] = {}
 
 
 def reset_stats() -> None:
-    stats.update(crisp=0, chunks=0, varlen=0, decode=0, sdpa=0, fallback_reasons={})
+    stats.update(crisp=0, chunks=0, varlen=0, windowed=0, decode=0, sdpa=0, fallback_reasons={})
 
 
 reset_stats()
@@ -59,9 +64,12 @@ def _fallback_reason(module, query, key, value, attention_mask, dropout, kwargs)
         return "query length != key length without a mask"
     if not getattr(module, "is_causal", True) or kwargs.get("is_causal") is False:
         return "not causal"
-    for name in ("sliding_window", "softcap", "position_bias", "s_aux"):
+    for name in ("softcap", "position_bias", "s_aux"):
         if kwargs.get(name) is not None:
             return name
+    window = kwargs.get("sliding_window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        return "sliding_window (not a positive int)"
     if dropout and module.training:
         return "dropout"
     if kwargs.get("output_attentions", False):
@@ -83,27 +91,32 @@ _MASK_REASON = "attention mask (not causal with padding)"
 _last_mask: Dict[str, Any] = {"ref": None, "key": None, "rows": None}
 
 
-def _key_ranges(mask, q_len: int, k_len: int):
+def _key_ranges(mask, q_len: int, k_len: int, window: int = 0):
     """The keys [start_b, end_b) of every batch row when ``mask`` (bool, or additive float with 0
     for "attend") is bottom-right causal over them: query i of row b sits at key position
-    end_b - q_len + i and sees keys start_b .. that position. Rows of queries before start_b
-    (padding) are not checked. None when the mask is anything else."""
+    end_b - q_len + i and sees keys start_b .. that position, and with ``window`` W > 0 only the
+    last W of those (keys (position - W, position]). Rows of queries before start_b (padding) are
+    not checked; with a window, start_b is the first key any query of the row sees (the keys
+    before it are in no query's window). None when the mask is anything else."""
     if mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] != q_len or mask.shape[3] < k_len:
         return None
-    key = (tuple(mask.shape), q_len, k_len)
+    key = (tuple(mask.shape), q_len, k_len, window)
     ref = _last_mask["ref"]
     if ref is not None and ref() is mask and _last_mask["key"] == key:
         return _last_mask["rows"]
     allowed = (mask if mask.dtype == torch.bool else mask == 0)[:, 0, :, :k_len]
-    last = allowed[:, -1, :]  # the last query sees every key of its row
+    last = allowed[:, -1, :]  # the last query sees every key of its row (the last W with a window)
     j = torch.arange(k_len, device=mask.device)
     seen = last.any(dim=1)
-    start = torch.where(seen, torch.where(last, j, k_len).amin(dim=1), 0)
+    any_row = allowed.any(dim=1) if window > 0 else last  # the first key a query of the row sees
+    start = torch.where(seen, torch.where(any_row, j, k_len).amin(dim=1), 0)
     end = torch.where(seen, torch.where(last, j + 1, 0).amax(dim=1), 0)
     n_q = torch.minimum(end - start, torch.full_like(end, q_len))
     i = torch.arange(q_len, device=mask.device)
     position = (end - q_len)[:, None, None] + i[None, :, None]
     expected = (j >= start[:, None, None]) & (j < end[:, None, None]) & (j <= position)
+    if window > 0:
+        expected &= j > position - window
     checked = i[None, :, None] >= (q_len - n_q)[:, None, None]
     rows = None
     if bool(((allowed == expected) | ~checked).all()):
@@ -153,29 +166,36 @@ def _make_forward(policy: str, params: Dict[str, Any]):
         if query.shape[2] <= 1:
             return fall_back("decode", "", *args)
         reason = _fallback_reason(module, query, key, value, attention_mask, dropout, kwargs)
+        window = kwargs.get("sliding_window") or 0
         rows = None
         if not reason and attention_mask is not None:
-            rows = _key_ranges(attention_mask, query.shape[2], key.shape[2])
+            rows = _key_ranges(attention_mask, query.shape[2], key.shape[2], window)
             if rows is None:
                 reason = _MASK_REASON
         if reason:
             return fall_back("sdpa", reason, *args)
-        call_params = dict(params)
+        call_policy, call_params = policy, dict(params)
+        if window:
+            # The layer's whole window, as the llama.cpp integration computes it: the dense preset
+            # with the window (and the setting's block size).
+            call_policy = "dense"
+            call_params = {"window": window, "block_size": params.get("block_size")}
         if scaling is not None:
             call_params["softmax_scale"] = float(scaling)
         q_len, k_len = query.shape[2], key.shape[2]
         varlen = rows is not None and any(r != (0, k_len) for r in rows)
         if varlen:
-            out = _varlen_call(query, key, value, rows, policy, call_params)
+            out = _varlen_call(query, key, value, rows, call_policy, call_params)
         else:
             # query [B, Hq, q_len, D], key/value [B, Hkv, k_len, D] (GQA handled by crisp, no
             # repeat), passed as their free [B, S, H, D] transposes: the output is then the
             # contiguous [B, q_len, Hq, D] transformers wants from an attention function.
             # q_len < k_len: a chunk over the cache, its queries the last q_len positions.
-            out, _ = prefill(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), policy=policy,
+            out, _ = prefill(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), policy=call_policy,
                              layout="bshd", **call_params)
         stats["crisp"] += 1
         stats["varlen"] += varlen
+        stats["windowed"] += bool(window)
         stats["chunks"] += any(end - start > q_len for start, end in rows) if varlen else q_len < k_len
         return out, None
 

@@ -149,7 +149,13 @@ def test_masks_crisp_reads_and_masks_it_leaves_to_sdpa():
     top_left = (j <= i)[None, None]  # sdpa's is_causal for q_len < k_len: bottom-right over keys 0..3
     assert _key_ranges(top_left, q_len, k_len) == [(0, 4)]
     window = (bottom_right & (j > (k_len - q_len) + i - 3))[None, None]  # sliding window of 3 keys
-    assert _key_ranges(window, q_len, k_len) is None
+    assert _key_ranges(window, q_len, k_len) is None  # not plain causal
+    # As the layer's window: the first query (position 6) sees keys 4..6, so the keys start at 4.
+    assert _key_ranges(window, q_len, k_len, window=3) == [(4, 10)]
+    assert _key_ranges(window, q_len, k_len, window=4) is None  # another window
+    assert _key_ranges(bottom_right[None, None], q_len, k_len, window=3) is None  # no window applied
+    padded_window = (left_padded & (j > (k_len - q_len) + i - 5))[None, None]  # padding inside the window
+    assert _key_ranges(padded_window, q_len, k_len, window=5) == [(3, 10)]
     assert _key_ranges(torch.ones(1, 1, q_len, k_len, dtype=torch.bool), q_len, k_len) is None  # bidirectional
     holes = bottom_right.clone()
     holes[:, 5] = False  # a key masked in the middle (packed sequences, custom masks)
@@ -167,6 +173,69 @@ def test_unbatched_prefill_without_padding_uses_crisp_for_batch_of_two():
             out[impl] = model(ids).logits
     assert crisp.hf.stats["crisp"] == 2
     torch.testing.assert_close(out["crisp_dense"], out["sdpa"], atol=1e-4, rtol=1e-4)
+
+
+def tiny_gemma3(window):
+    """A tiny random Gemma 3: a sliding-window layer of `window` keys, then a global one."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=1, head_dim=64, sliding_window=window,
+                           layer_types=["sliding_attention", "full_attention"], max_position_embeddings=4096,
+                           query_pre_attn_scalar=64, initializer_range=0.05)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+def test_gemma3_sliding_window_layers_run_on_crisp():
+    """A sliding-window layer runs crisp's dense preset with the layer's window: logits equal sdpa's
+    on a prompt 12 windows long, in one pass and in chunks over the cache, with no fallback."""
+    model = tiny_gemma3(window=32)
+    ids = torch.randint(0, 1000, (1, 384), generator=torch.Generator().manual_seed(6))
+    logits = {}
+    for impl in ("sdpa", "crisp_dense"):
+        model.set_attn_implementation(impl)
+        crisp.hf.reset_stats()
+        with torch.no_grad():
+            logits[impl] = model(ids).logits
+        if impl == "crisp_dense":
+            assert crisp.hf.stats["crisp"] == 2 and crisp.hf.stats["windowed"] == 1, crisp.hf.stats
+            assert crisp.hf.stats["sdpa"] == 0 and crisp.hf.stats["fallback_reasons"] == {}, crisp.hf.stats
+    torch.testing.assert_close(logits["crisp_dense"], logits["sdpa"], atol=1e-4, rtol=1e-4)
+    # The window changed the attention: the same model without its window answers otherwise.
+    wide = tiny_gemma3(window=4096)
+    wide.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        assert (wide(ids).logits - logits["sdpa"]).abs().max() > 1e-3
+
+    from transformers import DynamicCache
+    chunked = {}
+    for impl in ("sdpa", "crisp_dense"):
+        model.set_attn_implementation(impl)
+        crisp.hf.reset_stats()
+        cache, outs = DynamicCache(config=model.config), []
+        with torch.no_grad():
+            for start in range(0, 384, 96):  # chunks of three windows over the growing cache
+                outs.append(model(ids[:, start:start + 96], past_key_values=cache, use_cache=True).logits)
+        chunked[impl] = torch.cat(outs, dim=1)
+        if impl == "crisp_dense":
+            assert crisp.hf.stats["crisp"] == 8 and crisp.hf.stats["windowed"] == 4, crisp.hf.stats
+            assert crisp.hf.stats["sdpa"] == 0, crisp.hf.stats
+    torch.testing.assert_close(chunked["crisp_dense"], chunked["sdpa"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(chunked["crisp_dense"], logits["crisp_dense"], atol=1e-4, rtol=1e-4)
+
+
+def test_gemma3_greedy_generation_equals_sdpa():
+    model = tiny_gemma3(window=16)
+    ids = torch.randint(0, 1000, (1, 200), generator=torch.Generator().manual_seed(7))
+    outputs = {}
+    for impl in ("sdpa", "crisp"):
+        model.set_attn_implementation(impl)
+        crisp.hf.reset_stats()
+        with torch.no_grad():
+            outputs[impl] = model.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)
+        if impl == "crisp":
+            assert crisp.hf.stats["crisp"] == 2 and crisp.hf.stats["sdpa"] == 0, crisp.hf.stats
+    assert outputs["crisp"].tolist() == outputs["sdpa"].tolist()
 
 
 def test_register_rejects_bad_params():
