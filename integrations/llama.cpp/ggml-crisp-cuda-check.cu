@@ -94,6 +94,17 @@ __global__ void round_to_f16_kernel(float * __restrict__ values, int64_t n) {
     values[e] = __half2float(__float2half(values[e]));
 }
 
+// atomicAdd on a double by compare-and-swap: the native one needs sm_60, and ggml's default
+// architecture list starts below it.
+__device__ void atomic_add_double(double * address, double value) {
+  auto * word = reinterpret_cast<unsigned long long *>(address);
+  unsigned long long old = *word, assumed;
+  do {
+    assumed = old;
+    old = atomicCAS(word, assumed, __double_as_longlong(__longlong_as_double(assumed) + value));
+  } while (assumed != old);
+}
+
 // The exact attention of (query row, head) = (blockIdx.x, blockIdx.y) in double from the f32 Q and
 // the f16 / bf16 K/V cells the note makes visible; thread x owns output dimension x. err: the sums
 // of squared errors of crisp's and llama.cpp's outputs, of the squared exact values, and the largest
@@ -117,7 +128,7 @@ __global__ void exact_attention_kernel(const char * __restrict__ q, size_t q_nb1
   for (int64_t x = threadIdx.x; x < d; x += blockDim.x)
     q_row[x] = *reinterpret_cast<const float *>(q + row * q_nb1 + h * q_nb2 + x * sizeof(float));
   __syncthreads();
-  auto cell_of = [&](int64_t p) { return note.n_window > 0 ? (p + note.ring_shift) % note.ring_cells : p; };
+  auto cell_of = [&](int64_t p) { return note.ring_cells > 0 ? (p + note.ring_shift) % note.ring_cells : p; };
   auto score = [&](int64_t p) {
     const T * key = reinterpret_cast<const T *>(k + cell_of(p) * k_nb1 + kv_h * k_nb2);
     double s = 0.0;
@@ -152,9 +163,9 @@ __global__ void exact_attention_kernel(const char * __restrict__ q, size_t q_nb1
     const int64_t e = (row * heads + h) * d + x;  // dst is [d, heads, n_q]
     const double a = double(crisp_out[e]) - o, b = double(llama_out[e]) - o;
     if (exact_out != nullptr) exact_out[e] = static_cast<float>(o);
-    atomicAdd(&err[0], a * a);
-    atomicAdd(&err[1], b * b);
-    atomicAdd(&err[2], o * o);
+    atomic_add_double(&err[0], a * a);
+    atomic_add_double(&err[1], b * b);
+    atomic_add_double(&err[2], o * o);
     atomicMax(reinterpret_cast<unsigned long long *>(&err[3]), __double_as_longlong(fabs(a)));
     atomicMax(reinterpret_cast<unsigned long long *>(&err[4]), __double_as_longlong(fabs(b)));
   }

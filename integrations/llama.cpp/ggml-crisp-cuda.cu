@@ -709,9 +709,11 @@ bool ggml_crisp_cuda_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor
 }
 
 // A sliding-window layer's op (its window mark) is declined on CUDA unless opted in: a graph whose
-// crisp-eligible ops are all such is captured as upstream's. (A windowed op whose window covers
-// every cell and whose mask carries no note would be taken as plain causal; in a captured graph the
-// hook declines it instead: the capture check below keeps that correct.)
+// crisp-eligible ops are all such is captured as upstream's. (The hook itself declines by the
+// note: a windowed op whose positions are all still inside the window is noted plain causal and
+// taken, as is one without a note whose window covers every cell; in a captured graph the hook
+// declines such an op instead, which the capture check in ggml_crisp_cuda_flash_attn_ext keeps
+// correct. Gemma 3's graphs hold global ops crisp takes, so they run uncaptured either way.)
 bool ggml_crisp_cuda_would_take(const ggml_tensor * dst) {
   if (ggml_flash_attn_ext_get_window(dst) > 0 && !cuda_windows_enabled()) return false;
   return takes_unless_mask_declines(dst, cuda_limits());

@@ -226,15 +226,21 @@ def test_gemma3_sliding_window_layers_run_on_crisp():
 
 def test_gemma3_greedy_generation_equals_sdpa():
     model = tiny_gemma3(window=16)
-    ids = torch.randint(0, 1000, (1, 200), generator=torch.Generator().manual_seed(7))
-    outputs = {}
+    # Token ids from 3 on: Gemma 3's pad id is 0, and generate masks pad tokens (a mask crisp
+    # leaves to sdpa: holes in the keys).
+    ids = torch.randint(3, 1000, (1, 200), generator=torch.Generator().manual_seed(7))
+    outputs, logits = {}, {}
     for impl in ("sdpa", "crisp"):
         model.set_attn_implementation(impl)
         crisp.hf.reset_stats()
         with torch.no_grad():
             outputs[impl] = model.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)
+            logits[impl] = model(ids).logits
         if impl == "crisp":
-            assert crisp.hf.stats["crisp"] == 2 and crisp.hf.stats["sdpa"] == 0, crisp.hf.stats
+            # The prefill of generate and the forward pass: both layers on crisp, the window's too.
+            assert crisp.hf.stats["crisp"] == 4 and crisp.hf.stats["windowed"] == 2, crisp.hf.stats
+            assert crisp.hf.stats["sdpa"] == 0 and crisp.hf.stats["decode"] == 2 * 11, crisp.hf.stats
+    torch.testing.assert_close(logits["crisp"], logits["sdpa"], atol=1e-4, rtol=1e-4)
     assert outputs["crisp"].tolist() == outputs["sdpa"].tolist()
 
 
