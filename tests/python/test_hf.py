@@ -162,17 +162,24 @@ def test_masks_crisp_reads_and_masks_it_leaves_to_sdpa():
     assert _key_ranges(holes[None, None], q_len, k_len) is None
 
 
-def test_unbatched_prefill_without_padding_uses_crisp_for_batch_of_two():
-    model = tiny_llama("cpu", torch.float32)
-    ids = torch.randint(0, 1000, (2, 300), generator=torch.Generator().manual_seed(4))
-    out = {}
-    for impl in ("sdpa", "crisp_dense"):
+def under_each(model, impls, run):
+    """{impl: (run(model), crisp.hf.stats after it)} with the model's attention set to each impl in
+    turn, the statistics reset before each run, gradients off."""
+    results = {}
+    for impl in impls:
         model.set_attn_implementation(impl)
         crisp.hf.reset_stats()
         with torch.no_grad():
-            out[impl] = model(ids).logits
-    assert crisp.hf.stats["crisp"] == 2
-    torch.testing.assert_close(out["crisp_dense"], out["sdpa"], atol=1e-4, rtol=1e-4)
+            results[impl] = (run(model), dict(crisp.hf.stats))
+    return results
+
+
+def test_unbatched_prefill_without_padding_uses_crisp_for_batch_of_two():
+    model = tiny_llama("cpu", torch.float32)
+    ids = torch.randint(0, 1000, (2, 300), generator=torch.Generator().manual_seed(4))
+    out = under_each(model, ("sdpa", "crisp_dense"), lambda m: m(ids).logits)
+    assert out["crisp_dense"][1]["crisp"] == 2
+    torch.testing.assert_close(out["crisp_dense"][0], out["sdpa"][0], atol=1e-4, rtol=1e-4)
 
 
 def tiny_gemma3(window, device="cpu", dtype=torch.float32):
@@ -194,15 +201,11 @@ def test_gemma3_sliding_window_layers_run_on_crisp(device, dtype):
     ids = torch.randint(3, 1000, (1, 384), generator=torch.Generator().manual_seed(6)).to(device)
     # bf16: a few ulps of the logit scale (as the Llama tests)
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
-    logits = {}
-    for impl in ("sdpa", "crisp_dense"):
-        model.set_attn_implementation(impl)
-        crisp.hf.reset_stats()
-        with torch.no_grad():
-            logits[impl] = model(ids).logits
-        if impl == "crisp_dense":
-            assert crisp.hf.stats["crisp"] == 2 and crisp.hf.stats["windowed"] == 1, crisp.hf.stats
-            assert crisp.hf.stats["sdpa"] == 0 and crisp.hf.stats["fallback_reasons"] == {}, crisp.hf.stats
+    one_pass = under_each(model, ("sdpa", "crisp_dense"), lambda m: m(ids).logits)
+    logits = {impl: result for impl, (result, _) in one_pass.items()}
+    stats = one_pass["crisp_dense"][1]
+    assert stats["crisp"] == 2 and stats["windowed"] == 1, stats
+    assert stats["sdpa"] == 0 and stats["fallback_reasons"] == {}, stats
     scale = float(logits["sdpa"].abs().max())
     torch.testing.assert_close(logits["crisp_dense"] / scale, logits["sdpa"] / scale, **tol)
     if dtype == torch.float32:
@@ -214,18 +217,15 @@ def test_gemma3_sliding_window_layers_run_on_crisp(device, dtype):
             assert (wide(ids).logits - logits["sdpa"]).abs().max() > 10 * tol["atol"] * scale
 
     from transformers import DynamicCache
-    chunked = {}
-    for impl in ("sdpa", "crisp_dense"):
-        model.set_attn_implementation(impl)
-        crisp.hf.reset_stats()
-        cache, outs = DynamicCache(config=model.config), []
-        with torch.no_grad():
-            for start in range(0, 384, 96):  # chunks of three windows over the growing cache
-                outs.append(model(ids[:, start:start + 96], past_key_values=cache, use_cache=True).logits)
-        chunked[impl] = torch.cat(outs, dim=1)
-        if impl == "crisp_dense":
-            assert crisp.hf.stats["crisp"] == 8 and crisp.hf.stats["windowed"] == 4, crisp.hf.stats
-            assert crisp.hf.stats["sdpa"] == 0, crisp.hf.stats
+
+    def in_chunks(m):  # chunks of three windows over the growing cache
+        cache = DynamicCache(config=m.config)
+        return torch.cat([m(ids[:, start:start + 96], past_key_values=cache, use_cache=True).logits
+                          for start in range(0, 384, 96)], dim=1)
+    runs = under_each(model, ("sdpa", "crisp_dense"), in_chunks)
+    chunked = {impl: result for impl, (result, _) in runs.items()}
+    stats = runs["crisp_dense"][1]
+    assert stats["crisp"] == 8 and stats["windowed"] == 4 and stats["sdpa"] == 0, stats
     torch.testing.assert_close(chunked["crisp_dense"] / scale, chunked["sdpa"] / scale, **tol)
     torch.testing.assert_close(chunked["crisp_dense"] / scale, logits["crisp_dense"] / scale, **tol)
 
@@ -235,19 +235,14 @@ def test_gemma3_greedy_generation_equals_sdpa():
     # Token ids from 3 on: Gemma 3's pad id is 0, and generate masks pad tokens (a mask crisp
     # leaves to sdpa: holes in the keys).
     ids = torch.randint(3, 1000, (1, 200), generator=torch.Generator().manual_seed(7))
-    outputs, logits = {}, {}
-    for impl in ("sdpa", "crisp"):
-        model.set_attn_implementation(impl)
-        crisp.hf.reset_stats()
-        with torch.no_grad():
-            outputs[impl] = model.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)
-            logits[impl] = model(ids).logits
-        if impl == "crisp":
-            # The prefill of generate and the forward pass: both layers on crisp, the window's too.
-            assert crisp.hf.stats["crisp"] == 4 and crisp.hf.stats["windowed"] == 2, crisp.hf.stats
-            assert crisp.hf.stats["sdpa"] == 0 and crisp.hf.stats["decode"] == 2 * 11, crisp.hf.stats
-    torch.testing.assert_close(logits["crisp"], logits["sdpa"], atol=1e-4, rtol=1e-4)
-    assert outputs["crisp"].tolist() == outputs["sdpa"].tolist()
+    runs = under_each(model, ("sdpa", "crisp"), lambda m: (
+        m.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12), m(ids).logits))
+    (tokens, logits), stats = runs["crisp"]
+    # The prefill of generate and the forward pass: both layers on crisp, the window's too.
+    assert stats["crisp"] == 4 and stats["windowed"] == 2, stats
+    assert stats["sdpa"] == 0 and stats["decode"] == 2 * 11, stats
+    torch.testing.assert_close(logits, runs["sdpa"][0][1], atol=1e-4, rtol=1e-4)
+    assert tokens.tolist() == runs["sdpa"][0][0].tolist()
 
 
 def test_register_rejects_bad_params():
