@@ -63,12 +63,16 @@ echo "== Python package (pip install . into a venv, CPU backend; pytest tests/py
 # the CPU (custom op, torch.compile, FlexAttention BlockMask, the transformers integration) beside
 # the numpy tests; CRISP_PYTHON_TORCH=0 leaves them out and those tests skip themselves. gguf and
 # accelerate are what transformers' GGUF loader needs for the SmolLM2 test of crisp.hf (issue 16).
+# Pinned: the versions this step last passed with (2026-12-04); transformers 5.40 is to drop the
+# `past_key_values=` argument the chunked-prefill tests pass. Move a pin after a passing run.
 if [ "${CRISP_PYTHON_TESTS:-1}" = 1 ]; then
   pyvenv=build-python/venv
   if python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null &&
      python3 -m venv "$pyvenv" >/dev/null 2>&1 &&
-     "$pyvenv/bin/python" -m pip install -q scikit-build-core nanobind numpy pytest >/dev/null 2>&1; then
-    if [ "${CRISP_PYTHON_TORCH:-1}" = 1 ] && ! "$pyvenv/bin/python" -m pip install -q torch transformers gguf accelerate >/dev/null 2>&1; then
+     "$pyvenv/bin/python" -m pip install -q "scikit-build-core==1.1.2" "nanobind==3.1.0" "numpy==2.4.6" \
+       "pytest==9.2.0" >/dev/null 2>&1; then
+    if [ "${CRISP_PYTHON_TORCH:-1}" = 1 ] && ! "$pyvenv/bin/python" -m pip install -q "torch==2.15.0" \
+         "transformers==5.25.0" "gguf==0.19.0" "accelerate==1.16.0" >/dev/null 2>&1; then
       failed+=("python package: pip install torch transformers gguf accelerate")
     fi
     if CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$pyvenv/bin/python" -m pip install -q --no-build-isolation \
