@@ -105,6 +105,8 @@ step() {  # step NAME TIMEOUT_S COMMAND... : runs it with its output in $PIPE/NA
 # the background beside the evaluations.
 GGUF_8B=/tmp/crisp-llama3.1-8b-q4_0.gguf
 BIN=${PIPE_BIN:-.deps/llama.cpp-build-cuda/bin}
+# The outputs phase runs no GPU tests unless asked (its kernels did not change).
+[ "${PIPE_PHASE:-tune}" = outputs ] && PIPE_GPU_TESTS=${PIPE_GPU_TESTS:-0}
 if [ "${PIPE_RESUME:-0}" != 1 ]; then
 # 1: the build, the crisp GPU tests and the 8B-shaped GGUF side by side.
 [ "${PIPE_PHASE:-tune}" = fine ] || [ "${PIPE_PHASE:-tune}" = window ] || [ "${PIPE_PHASE:-tune}" = outputs ] || ( nice -n 5 timeout 900 python3 scripts/make_llama_gguf.py --shape llama3.1-8b \
@@ -112,13 +114,13 @@ if [ "${PIPE_RESUME:-0}" != 1 ]; then
   log "8B-shaped GGUF rc=$?" ) &
 if [ -n "${PIPE_BIN:-}" ]; then
   log "llama.cpp binaries from $PIPE_BIN"
-  [ "${PIPE_GPU_TESTS:-1}" = 0 ] || [ "${PIPE_PHASE:-tune}" = outputs ] || ( step gpu_tests 720 env OUT="$PIPE/gpu_tests" CRISP_GPU_DEADLINE_S=720 scripts/gpu.sh tests ) &
+  [ "${PIPE_GPU_TESTS:-1}" = 0 ] || ( step gpu_tests 720 env OUT="$PIPE/gpu_tests" CRISP_GPU_DEADLINE_S=720 scripts/gpu.sh tests ) &
 else
   ( JOBS=12 scripts/llama_cpp.sh --cuda > "$PIPE/llama_build.out" 2> "$PIPE/llama_build.log"
     echo $? > "$PIPE/llama_build.rc" ) &
   LLAMA_BUILD=$!
   log "llama.cpp build started"
-  [ "${PIPE_GPU_TESTS:-1}" = 0 ] || [ "${PIPE_PHASE:-tune}" = outputs ] || step gpu_tests 720 env OUT="$PIPE/gpu_tests" CRISP_GPU_DEADLINE_S=720 scripts/gpu.sh tests
+  [ "${PIPE_GPU_TESTS:-1}" = 0 ] || step gpu_tests 720 env OUT="$PIPE/gpu_tests" CRISP_GPU_DEADLINE_S=720 scripts/gpu.sh tests
   wait "$LLAMA_BUILD"
   log "llama.cpp build rc=$(cat "$PIPE/llama_build.rc" 2>/dev/null)"
 fi
