@@ -62,6 +62,8 @@ crisp_cli_test(bench.page_sizes_need_chunks ARGS "bench|--page-sizes|16" RC 2
                STDERR "${ERR}--page-sizes: is given without --chunks")
 crisp_cli_test(bench.kv_token_major_needs_chunks ARGS "bench|--kv-token-major" RC 2
                STDERR "${ERR}--kv-token-major: is given without --chunks")
+crisp_cli_test(bench.split_times_needs_chunks ARGS "bench|--split-times" RC 2
+               STDERR "${ERR}--split-times: is given without --chunks")
 # The evaluation commands (tools/cmd_eval.cpp, cmd_fidelity.cpp, cmd_pareto.cpp).
 crisp_cli_test(help.eval ARGS "eval|--help" RC 0 STDOUT "Usage: crisp eval")
 # The retired runner's commands are gone; the real-model ones are crisp-llama-eval's.

@@ -9,8 +9,11 @@
 // row that a chunk boundary cuts is computed by both chunks, and counted twice: what it costs).
 // Recall: exp(LSE - LSE_dense) per query against the one-shot dense run, mean and minimum.
 // Paged runs copy K/V into a page pool in vLLM's layout [pages, P, Hkv, d] with the pages
-// shuffled, and run the same chunks (plans and attention read K/V through the block table).
+// shuffled (--page-order in_order: in order), and run the same chunks (plans and attention read K/V
+// through the block table).
 // --kv-token-major lays the contiguous K/V out [n, Hkv, d], the pool's order without pages.
+// --split-times also times every chunk's plan_async alone, then every chunk's attend_async alone
+// over the plans just made (plan_ms, attend_ms).
 #include "bench_chunked.h"
 
 #include "commands.h"
@@ -172,7 +175,7 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
         std::vector<int32_t> order(static_cast<std::size_t>(pages));
         std::iota(order.begin(), order.end(), 0);
         std::mt19937 rng(static_cast<unsigned>(a.seed + 7));
-        std::shuffle(order.begin(), order.end(), rng);
+        if (a.shuffle_pages) std::shuffle(order.begin(), order.end(), rng);
         order.resize(static_cast<std::size_t>(used));
         kpool = to_device(to_pages(kh, Hkv, n, d, P, order, pages), "copy k pages");
         vpool = to_device(to_pages(vh, Hkv, n, d, P, order, pages), "copy v pages");
@@ -236,6 +239,16 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
               }
             });
             check(cudaMemcpy(lse_host.data(), lse_run.ptr, lse_host.size() * 4, cudaMemcpyDeviceToHost), "lse");
+            double plan_ms = 0.0, attend_ms = 0.0;
+            if (a.split_times) {
+              plan_ms = time_ms(stream, a.warmup, a.reps, [&] {
+                for (Step& s : steps) crisp::cuda::plan_async(s.q, s.k, cfg, *s.plan, stream, s.table);
+              });
+              attend_ms = time_ms(stream, a.warmup, a.reps, [&] {
+                for (Step& s : steps)
+                  crisp::cuda::attend_async(s.q, s.k, s.v, *s.plan, s.o, s.lse, stream, options, s.table);
+              });
+            }
             double computed = 0.0, causal = 0.0;
             for (Step& s : steps) {
               const crisp::Plan host = s.plan->to_host(stream);
@@ -252,6 +265,7 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
             r["kernel"] = kernel;
             r["chunk"] = C;
             r["page_size"] = P;
+            if (P > 0) r["page_order"] = a.shuffle_pages ? "shuffled" : "in_order";
             if (P == 0) r["kv_layout"] = a.kv_token_major ? "token_major" : "head_major";
             r["chunks"] = chunks.size();
             r["total_ms"] = total_ms;
@@ -259,6 +273,10 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
             r["density"] = computed / causal;
             r["recall_mean"] = recall.mean;
             r["recall_min"] = recall.min;
+            if (a.split_times) {
+              r["plan_ms"] = plan_ms;
+              r["attend_ms"] = attend_ms;
+            }
             if (C == n) oneshot_ms = total_ms;
             const std::string key = preset + "/" + kernel + "/" + std::to_string(C);
             if (P == 0) contiguous_ms[key] = total_ms;
@@ -272,6 +290,7 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
                         static_cast<long long>(n), preset.c_str(), kernel.c_str(), static_cast<long long>(C),
                         static_cast<long long>(P), total_ms, total_ms / oneshot_ms, vs_contiguous, computed / causal, chunks.size(),
                         recall.mean, recall.min);
+            if (a.split_times) std::printf("%-8s plans alone %.3f ms, attention alone %.3f ms\n", "", plan_ms, attend_ms);
             std::fflush(stdout);
             write_json();
           }

@@ -23,6 +23,12 @@ struct ChunkedBenchArgs {
   // Contiguous K/V token-major, [n, Hkv, d] (the paged pool's memory order without pages), instead
   // of head-major [Hkv, n, d]: separates what the paged runs pay for vLLM's order from the pages.
   bool kv_token_major = false;
+  // Also time the chunks' plans alone and their attention alone (plan_ms, attend_ms): the total's
+  // parts, each measured on its own (the sum need not equal the total, which overlaps nothing but
+  // pays every launch in one stream).
+  bool split_times = false;
+  // Paged runs: the pool's pages shuffled (default), or in order (logical page i at pool page i).
+  bool shuffle_pages = true;
   std::string json_path;
   bool quiet = false;
 };

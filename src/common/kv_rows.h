@@ -14,10 +14,15 @@
 namespace crisp {
 namespace kv_rows {
 
+// Paged K/V: the pool row of key position j on pool page `page` (the table's entry at j / page_size).
+CRISP_KV_HD int64_t paged_row(int32_t page, int64_t page_size, int64_t j) {
+  return static_cast<int64_t>(page) * page_size + j % page_size;
+}
+
 // table_row: the sequence's row of the block table, or null for contiguous K/V.
 CRISP_KV_HD int64_t key_row(int64_t kv_offset, const int32_t* table_row, int64_t page_size, int64_t j) {
   if (table_row == nullptr) return kv_offset + j;
-  return static_cast<int64_t>(table_row[j / page_size]) * page_size + j % page_size;
+  return paged_row(table_row[j / page_size], page_size, j);
 }
 
 }  // namespace kv_rows

@@ -824,6 +824,8 @@ std::vector<ChunkCase> chunk_cases() {
   cases.push_back({"last_rows_mix_bf16_pages16", "crisp", {"proxy_last_rows=16", "uniform_floor_blocks=64"}, nk_tc, nq_tc,
                    8, 2, 128, 128, 58, Elem::bf16, 16});
   cases.push_back({"last_rows_mix_b64", "crisp", {"proxy_last_rows=48"}, nk64, nq64, 8, 2, 128, 64, 59});
+  // Pages of 48 on the tensor-core proxy: boxes of 16 keys whose pages start mid-tile.
+  cases.push_back({"tc_b128_gqa4_bf16_pages48", "crisp", {}, nk_tc, nq_tc, 8, 2, 128, 128, 60, Elem::bf16, 48});
   return cases;
 }
 

@@ -96,37 +96,53 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
   const int64_t key_stop = min(item.key_end, n);
   const int tiles = static_cast<int>((key_stop - item.key_begin + kMmaKeyTile - 1) / kMmaKeyTile);
   // Key tiles arrive by TMA (k_map: boxes of 64 dims x box_rows keys, the 128-byte swizzle wgmma
-  // reads), issued by thread 0 and completing on the stage's mbarrier: no per-thread copies or
-  // address arithmetic per tile. Paged K: a box lies inside one page (box_rows divides the page
-  // size and the tile). Boxes past the sequence are not loaded (the block table is not read
-  // there): those keys are masked by the causal test of the general update, whatever the stage
-  // holds.
+  // reads), issued by warp 0 (lane b: box b) and completing on the stage's mbarrier: no per-thread
+  // copies or address arithmetic per tile. Paged K: a box lies inside one page (box_rows divides
+  // the page size and the tile); the lanes read their boxes' page ids together, one table latency
+  // per tile on warp 0's path instead of one per box (every warp waits for warp 0 at the next
+  // tile's barrier; reading them a tile ahead measured no faster and spilled more: bench/RESULTS.md,
+  // session 28).
+  // Boxes past the sequence are not loaded (the block table is not read there): those keys are
+  // masked by the causal test of the general update, whatever the stage holds.
   const int32_t* table_row = P.keys.table != nullptr ? P.keys.table + item.seq * P.keys.row_stride : nullptr;
   const int box_rows =
       table_row != nullptr ? hopper::paged_box_rows(static_cast<int>(P.keys.page_size), kMmaKeyTile) : kMmaKeyTile;
+  static_assert(kMmaKeyTile / 16 <= 32, "a lane per box");
+  // Warp 0, every lane: the page id of box `lane` of the tile at j0 (0 where there is none or K is
+  // contiguous; such an id is never used).
+  auto page_of_box = [&](int64_t j0) -> int32_t {
+    const int64_t j = j0 + static_cast<int64_t>(lane) * box_rows;
+    return table_row != nullptr && lane * box_rows < kMmaKeyTile && j < n ? table_row[j / P.keys.page_size] : 0;
+  };
   __shared__ __align__(8) uint64_t key_full[kWgmmaKeyStages];
   const uint32_t full_bar = hopper::smem_u32(key_full);
-  auto load_keys = [&](int64_t j0, int stage) {  // thread 0 only
+  // Warp 0, every lane (`page`: its page_of_box(j0)): lane 0 counts the tile's bytes, then lane b
+  // issues box b. A box may complete before the count is set: the transaction count may go below
+  // zero inside a phase, which cannot complete before lane 0's arrival.
+  auto load_keys = [&](int64_t j0, int stage, int32_t page) {
     const uint32_t dst = k_smem + stage * kKTileBytes, bar = full_bar + stage * 8;
     const int rows = static_cast<int>(min(static_cast<int64_t>(kMmaKeyTile), n - j0));  // j0 < n
     const int boxes = (rows + box_rows - 1) / box_rows;
-    hopper::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * kDim * 2));
-#pragma unroll 1
-    for (int b = 0; b < boxes; ++b) {
-      const int64_t row = kv_rows::key_row(sb.kv_offset, table_row, P.keys.page_size, j0 + b * box_rows);
+    if (lane == 0) hopper::mbar_expect_tx(bar, static_cast<uint32_t>(boxes * box_rows * kDim * 2));
+    if (lane < boxes) {
+      const int64_t j = j0 + static_cast<int64_t>(lane) * box_rows;
+      const int64_t row = table_row != nullptr ? kv_rows::paged_row(page, P.keys.page_size, j) : sb.kv_offset + j;
 #pragma unroll
       for (int h = 0; h < kDim / 64; ++h)
-        hopper::tma_load(dst + h * kKHalfBytes + b * box_rows * 128, &k_map, h * 64, static_cast<int>(row), item.kv,
+        hopper::tma_load(dst + h * kKHalfBytes + lane * box_rows * 128, &k_map, h * 64, static_cast<int>(row), item.kv,
                          bar);
     }
   };
   // Prologue: the queries (cp.async, every thread) and key tiles 0 and 1 (stages 0 and 1 of three).
-  if (tid == 0) {
+  if (warp == 0) {
+    if (lane == 0) {
 #pragma unroll
-    for (int st = 0; st < kWgmmaKeyStages; ++st) hopper::mbar_init(full_bar + st * 8, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    if (tiles > 0) load_keys(item.key_begin, 0);
-    if (tiles > 1) load_keys(item.key_begin + kMmaKeyTile, 1);
+      for (int st = 0; st < kWgmmaKeyStages; ++st) hopper::mbar_init(full_bar + st * 8, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncwarp();  // the barriers are initialised before any lane's box can complete on them
+    if (tiles > 0) load_keys(item.key_begin, 0, page_of_box(item.key_begin));
+    if (tiles > 1) load_keys(item.key_begin + kMmaKeyTile, 1, page_of_box(item.key_begin + kMmaKeyTile));
   }
   attention::cp_async_commit();
   // The k-th use of a stage (tile = 3 k + stage) waits for phase parity k & 1.
@@ -241,7 +257,8 @@ __global__ void __launch_bounds__(mma_warps(kDim) * 32, 1)
     issue_scores(acc1, q_desc1, tile % kWgmmaKeyStages);
     update_half(acc0, 0, info);
     sync_active();  // every warpgroup is done with tile - 1's stage (its groups were waited for)
-    if (tid == 0 && tile + 2 < tiles) load_keys(j0 + 2 * kMmaKeyTile, (tile + 2) % kWgmmaKeyStages);
+    if (warp == 0 && tile + 2 < tiles)
+      load_keys(j0 + 2 * kMmaKeyTile, (tile + 2) % kWgmmaKeyStages, page_of_box(j0 + 2 * kMmaKeyTile));
     hopper::wgmma_wait<0>();  // acc1 of this tile
     hopper::fence_registers(acc1);
     if (tile + 1 < tiles) {
