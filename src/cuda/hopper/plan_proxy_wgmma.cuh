@@ -12,8 +12,8 @@
 //    issuing two m64n64k16 per 16-dim step (rows 0-63 and 64-127 of its 128);
 //  - queries and key tiles of 64 are stored in the 128-byte swizzle wgmma reads (64-dim halves of
 //    8-row atoms): the queries once by cp.async from every thread (then a proxy fence), the key
-//    tiles by TMA from one thread, each stage completing on its mbarrier (contiguous or paged K,
-//    boxes inside a page); a named barrier per tile tells that thread a stage is free again;
+//    tiles by TMA from warp 0 (lane b: box b), each stage completing on its mbarrier (contiguous
+//    or paged K, boxes inside a page); a named barrier per tile tells warp 0 a stage is free again;
 //  - software-pipelined: a warpgroup's two m64 halves are separate wgmma groups, so the tensor
 //    cores compute one half (acc1 of tile t, then acc0 of tile t + 1) while the warpgroup updates
 //    the other half's rows; the lockstep form (both halves, then all rows) left the tensor cores
