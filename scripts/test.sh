@@ -63,8 +63,10 @@ echo "== Python package (pip install . into a venv, CPU backend; pytest tests/py
 # the CPU (custom op, torch.compile, FlexAttention BlockMask, the transformers integration) beside
 # the numpy tests; CRISP_PYTHON_TORCH=0 leaves them out and those tests skip themselves. gguf and
 # accelerate are what transformers' GGUF loader needs for the SmolLM2 test of crisp.hf (issue 16).
-# Pinned: the versions this step last passed with (2026-12-04); transformers 5.40 is to drop the
-# `past_key_values=` argument the chunked-prefill tests pass. Move a pin after a passing run.
+# Pinned: the versions this step last passed with (2026-12-04), so a new release cannot break CI
+# unseen (the tests hand transformers its cache by whichever name its forward takes: `cache`, or
+# `past_key_values` before; transformers 5.40 is to drop the old name). Move a pin after a passing
+# run.
 if [ "${CRISP_PYTHON_TESTS:-1}" = 1 ]; then
   pyvenv=build-python/venv
   if python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null &&

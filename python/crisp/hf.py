@@ -8,7 +8,7 @@
 What runs where. crisp is a *prefill* kernel: it runs a layer's attention when
 
   * more than one query token is attended: a prompt with an empty cache, a chunk of a chunked
-    prefill over a filled cache (``model(input_ids=chunk, past_key_values=cache)``, ``generate``
+    prefill over a filled cache (``model(input_ids=chunk, cache=cache)``, ``generate``
     with a prefilled cache: the queries are the last of the key positions, bottom-right causal),
   * the attention mask is None or causal with padding (left-padded batches, a static cache's
     unused tail): each row's keys and queries are passed as a varlen batch (cu_seqlens);

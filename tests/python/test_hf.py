@@ -77,25 +77,30 @@ def test_padded_batch_runs_crisp_through_varlen():
     torch.testing.assert_close(out["crisp_dense"][valid], out["sdpa"][valid], atol=1e-4, rtol=1e-4)
 
 
+def with_cache(model, cache):
+    """The keyword argument that hands `cache` to model.forward and generate: transformers 5 names
+    it `cache` (`past_key_values` is deprecated there, to go in 5.40), earlier versions
+    `past_key_values`."""
+    import inspect
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}
+
+
 def chunked_generate(model, ids, mask, chunks, max_new_tokens=12):
     """Prefill ids[:, :chunks[-1]] chunk by chunk into a cache (model(input_ids=chunk,
-    past_key_values=cache)), then generate from the whole of ids: its first step is the chunk of
+    cache=cache)), then generate from the whole of ids: its first step is the chunk of
     the remaining prompt tokens over the filled cache. Returns (chunk logits, generated ids)."""
-    import inspect
-
     from transformers import DynamicCache
     cache = DynamicCache()
-    # transformers 5 names the cache argument `cache` (past_key_values is deprecated there).
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     logits, start = [], 0
     with torch.no_grad():
         for end in chunks:
             logits.append(model(input_ids=ids[:, start:end], attention_mask=mask[:, :end],
-                                position_ids=positions[:, start:end], use_cache=True, **{cache_arg: cache}).logits)
+                                position_ids=positions[:, start:end], use_cache=True, **with_cache(model, cache)).logits)
             start = end
         generated = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                   min_new_tokens=max_new_tokens, do_sample=False, **{cache_arg: cache})
+                                   min_new_tokens=max_new_tokens, do_sample=False, **with_cache(model, cache))
     return logits, generated
 
 
@@ -220,7 +225,7 @@ def test_gemma3_sliding_window_layers_run_on_crisp(device, dtype):
 
     def in_chunks(m):  # chunks of three windows over the growing cache
         cache = DynamicCache(config=m.config)
-        return torch.cat([m(ids[:, start:start + 96], past_key_values=cache, use_cache=True).logits
+        return torch.cat([m(ids[:, start:start + 96], use_cache=True, **with_cache(m, cache)).logits
                           for start in range(0, 384, 96)], dim=1)
     runs = under_each(model, ("sdpa", "crisp_dense"), in_chunks)
     chunked = {impl: result for impl, (result, _) in runs.items()}
