@@ -283,7 +283,8 @@ import json, sys
 runs = json.load(open(sys.argv[1])).get("runs", [])
 if runs and "chunk" in runs[0]:
     n = max(r["n"] for r in runs)
-    parts = ["%s/%s chunk %d page %d %.3fx" % (r["preset"], r["kernel"], r["chunk"], r["page_size"], r["vs_contiguous"])
+    parts = ["%s/%s chunk %d page %d%s %.3fx" % (r["preset"], r["kernel"], r["chunk"], r["page_size"],
+                                                 " in order" if r.get("page_order") == "in_order" else "", r["vs_contiguous"])
              for r in runs if r["n"] == n and "vs_contiguous" in r]
     print("n=%d paged vs contiguous: %s" % (n, ", ".join(parts)))
 elif runs:

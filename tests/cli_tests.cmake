@@ -64,6 +64,10 @@ crisp_cli_test(bench.kv_token_major_needs_chunks ARGS "bench|--kv-token-major" R
                STDERR "${ERR}--kv-token-major: is given without --chunks")
 crisp_cli_test(bench.split_times_needs_chunks ARGS "bench|--split-times" RC 2
                STDERR "${ERR}--split-times: is given without --chunks")
+crisp_cli_test(bench.page_order_needs_page_sizes ARGS "bench|--chunks|4096|--page-order|in_order" RC 2
+               STDERR "${ERR}--page-order: is given without --page-sizes")
+crisp_cli_test(bench.page_order_names_its_values ARGS "bench|--chunks|4096|--page-sizes|16|--page-order|random" RC 2
+               STDERR "--page-order: random not in {shuffled,in_order}")
 # The evaluation commands (tools/cmd_eval.cpp, cmd_fidelity.cpp, cmd_pareto.cpp).
 crisp_cli_test(help.eval ARGS "eval|--help" RC 0 STDOUT "Usage: crisp eval")
 # The retired runner's commands are gone; the real-model ones are crisp-llama-eval's.

@@ -9,7 +9,7 @@
 // row that a chunk boundary cuts is computed by both chunks, and counted twice: what it costs).
 // Recall: exp(LSE - LSE_dense) per query against the one-shot dense run, mean and minimum.
 // Paged runs copy K/V into a page pool in vLLM's layout [pages, P, Hkv, d] with the pages
-// shuffled (--page-order in_order: in order), and run the same chunks (plans and attention read K/V
+// shuffled (--page-order: shuffled, in_order, or both in one run), and run the same chunks (plans and attention read K/V
 // through the block table).
 // --kv-token-major lays the contiguous K/V out [n, Hkv, d], the pool's order without pages.
 // --split-times also times every chunk's plan_async alone, then every chunk's attend_async alone
@@ -108,8 +108,8 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
   std::printf("device: %s, bf16, d=%lld, B=%d, Hq %lld / Hkv %lld, median of %d runs after %d warm-up\n", prop.name,
               static_cast<long long>(a.dim), a.block, static_cast<long long>(a.heads),
               static_cast<long long>(a.kv_heads), a.reps, a.warmup);
-  std::printf("%-8s %-12s %-10s %7s %6s %10s %10s %10s %8s %8s %10s %10s\n", "n", "preset", "kernel", "chunk", "page",
-              "total_ms", "vs_oneshot", "vs_contig", "density", "chunks", "recall_mean", "recall_min");
+  std::printf("%-8s %-12s %-10s %7s %6s %-8s %10s %10s %10s %8s %8s %10s %10s\n", "n", "preset", "kernel", "chunk",
+              "page", "order", "total_ms", "vs_oneshot", "vs_contig", "density", "chunks", "recall_mean", "recall_min");
 
   for (const int64_t n : a.seq) {
     const int64_t H = a.heads, Hkv = a.kv_heads, d = a.dim;
@@ -161,13 +161,21 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
     std::vector<float> lse_dense_host(static_cast<std::size_t>(H * n)), lse_host(lse_dense_host.size());
     check(cudaMemcpy(lse_dense_host.data(), lse_dense.ptr, lse_dense_host.size() * 4, cudaMemcpyDeviceToHost), "lse");
 
-    // Contiguous first: every paged run's baseline (same preset, kernel and chunk size).
-    std::vector<int64_t> page_sizes{0};
+    // Contiguous first: every paged run's baseline (same preset, kernel and chunk size); then each
+    // page size in each page order.
+    struct Pool {
+      int64_t page_size;  // 0: contiguous
+      bool shuffled;
+    };
+    std::vector<Pool> pools{{0, false}};
     for (const int64_t P : a.page_sizes)
-      if (P > 0) page_sizes.push_back(P);
+      for (const bool shuffled : a.page_orders_shuffled)
+        if (P > 0) pools.push_back({P, shuffled});
     std::map<std::string, double> contiguous_ms;
-    for (const int64_t P : page_sizes) {
-      // Paged K/V: a shuffled pool with two spare pages, vLLM's layout.
+    for (const Pool& pool : pools) {
+      const int64_t P = pool.page_size;
+      const char* order_name = P == 0 ? "-" : pool.shuffled ? "shuffled" : "in_order";
+      // Paged K/V: a pool with two spare pages, vLLM's layout, its pages shuffled or in order.
       std::unique_ptr<DeviceBuffer> kpool, vpool, table_d;
       int64_t pool_tokens = 0;
       if (P > 0) {
@@ -175,7 +183,7 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
         std::vector<int32_t> order(static_cast<std::size_t>(pages));
         std::iota(order.begin(), order.end(), 0);
         std::mt19937 rng(static_cast<unsigned>(a.seed + 7));
-        if (a.shuffle_pages) std::shuffle(order.begin(), order.end(), rng);
+        if (pool.shuffled) std::shuffle(order.begin(), order.end(), rng);
         order.resize(static_cast<std::size_t>(used));
         kpool = to_device(to_pages(kh, Hkv, n, d, P, order, pages), "copy k pages");
         vpool = to_device(to_pages(vh, Hkv, n, d, P, order, pages), "copy v pages");
@@ -206,7 +214,7 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
           sizes.insert(sizes.begin(), n);  // the one-shot prefill first
           for (const int64_t C : sizes) {
             progress.begin("n=" + std::to_string(n) + " " + preset + " chunk " + std::to_string(C) +
-                           (P ? " page " + std::to_string(P) : ""));
+                           (P ? " page " + std::to_string(P) + " " + order_name : ""));
             const std::vector<Chunk> chunks = chunks_of(n, C);
             struct Step {
               TensorView q, k, v, o, lse;
@@ -265,7 +273,7 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
             r["kernel"] = kernel;
             r["chunk"] = C;
             r["page_size"] = P;
-            if (P > 0) r["page_order"] = a.shuffle_pages ? "shuffled" : "in_order";
+            if (P > 0) r["page_order"] = order_name;
             if (P == 0) r["kv_layout"] = a.kv_token_major ? "token_major" : "head_major";
             r["chunks"] = chunks.size();
             r["total_ms"] = total_ms;
@@ -286,9 +294,9 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
               r["vs_contiguous"] = total_ms / contiguous_ms[key];
             }
             out["runs"].push_back(r);
-            std::printf("%-8lld %-12s %-10s %7lld %6lld %10.3f %9.3fx %10s %8.4f %8zu %10.4f %10.4f\n",
+            std::printf("%-8lld %-12s %-10s %7lld %6lld %-8s %10.3f %9.3fx %10s %8.4f %8zu %10.4f %10.4f\n",
                         static_cast<long long>(n), preset.c_str(), kernel.c_str(), static_cast<long long>(C),
-                        static_cast<long long>(P), total_ms, total_ms / oneshot_ms, vs_contiguous, computed / causal, chunks.size(),
+                        static_cast<long long>(P), order_name, total_ms, total_ms / oneshot_ms, vs_contiguous, computed / causal, chunks.size(),
                         recall.mean, recall.min);
             if (a.split_times) std::printf("%-8s plans alone %.3f ms, attention alone %.3f ms\n", "", plan_ms, attend_ms);
             std::fflush(stdout);

@@ -27,8 +27,9 @@ struct ChunkedBenchArgs {
   // parts, each measured on its own (the sum need not equal the total, which overlaps nothing but
   // pays every launch in one stream).
   bool split_times = false;
-  // Paged runs: the pool's pages shuffled (default), or in order (logical page i at pool page i).
-  bool shuffle_pages = true;
+  // Paged runs, each page size once per entry: the pool's pages shuffled (true), or in order
+  // (false: logical page i at pool page i).
+  std::vector<bool> page_orders_shuffled{true};
   std::string json_path;
   bool quiet = false;
 };

@@ -99,7 +99,7 @@ struct BenchArgs {
   std::vector<int64_t> page_sizes;
   bool kv_token_major = false;
   bool split_times = false;
-  std::string page_order = "shuffled";
+  std::vector<std::string> page_orders = {"shuffled"};
 };
 
 #if defined(CRISP_WITH_CUDA)
@@ -398,14 +398,16 @@ void register_bench_command(CLI::App& app) {
   sub->add_flag("--kv-token-major", args->kv_token_major,
                 "With --chunks: contiguous K/V laid out token-major [n, Hkv, d] (the paged pool's memory order "
                 "without pages) instead of [Hkv, n, d]");
-  sub->add_option("--page-order", args->page_order,
-                  "With --page-sizes: the pool's pages in a shuffled order (a long-running engine's free list) or "
-                  "in order (a fresh pool): shuffled, in_order")
+  CLI::Option* page_order_option = sub->add_option("--page-order", args->page_orders,
+                  "With --page-sizes: the pool's pages in a shuffled order (a long-running engine's free list), "
+                  "in order (a fresh pool), or both (comma separated, each page size once per order): shuffled, "
+                  "in_order")
+      ->delimiter(',')
       ->check(CLI::IsMember({"shuffled", "in_order"}));
   sub->add_flag("--split-times", args->split_times,
                 "With --chunks: also time every chunk's plans alone and every chunk's attention alone (the "
                 "plans made), so a difference in the total shows its side");
-  sub->callback([args] {
+  sub->callback([args, page_order_option] {
     if (args->heads % args->kv_heads != 0)
       throw crisp::Error("--kv-heads", "does not divide --heads", "a divisor of the query head count");
     for (const int64_t p : args->page_sizes)
@@ -414,6 +416,8 @@ void register_bench_command(CLI::App& app) {
       throw crisp::Error("--kv-token-major", "is given without --chunks", "--chunks (the layout of the chunked runs)");
     if (args->split_times && args->chunks.empty())
       throw crisp::Error("--split-times", "is given without --chunks", "--chunks (the split is of the chunked runs)");
+    if (page_order_option->count() > 0 && args->page_sizes.empty())
+      throw crisp::Error("--page-order", "is given without --page-sizes", "--page-sizes (the paged runs it orders)");
     if (!args->page_sizes.empty() && args->chunks.empty())
       throw crisp::Error("--page-sizes", "is given without --chunks", "--chunks (paged K/V is measured on chunked runs)");
     if (!args->chunks.empty()) {
@@ -423,7 +427,8 @@ void register_bench_command(CLI::App& app) {
       c.page_sizes = args->page_sizes;
       c.kv_token_major = args->kv_token_major;
       c.split_times = args->split_times;
-      c.shuffle_pages = args->page_order == "shuffled";
+      c.page_orders_shuffled.clear();
+      for (const std::string& order : args->page_orders) c.page_orders_shuffled.push_back(order == "shuffled");
       c.presets = args->presets;
       c.kernels = args->kernels;
       c.heads = args->heads;
