@@ -239,7 +239,7 @@ def chunked(r):
     return "chunk" in r
 def key(r):
     if chunked(r):
-        return (r["n"], r["preset"], r["kernel"], r["chunk"], r["page_size"])
+        return (r["n"], r["preset"], r["kernel"], r["chunk"], r["page_size"], r.get("page_order", "-"))
     return (r["n"], r["layout"], r["kernel"])
 def rows(path):
     return {key(r): r for r in json.load(open(path)).get("runs", [])}
@@ -249,17 +249,18 @@ after = rows(sys.argv[1])
 before = rows(sys.argv[2]) if len(sys.argv) > 2 else None
 if any(chunked(r) for r in after.values()):
     if before is None:
-        print("%8s %-12s %-10s %7s %5s %10s  %s" % ("n", "preset", "kernel", "chunk", "page", "total_ms", ""))
+        print("%8s %-12s %-10s %7s %5s %-8s %10s  %s" % ("n", "preset", "kernel", "chunk", "page", "order", "total_ms",
+              ""))
         for k, r in after.items():
-            print("%8d %-12s %-10s %7d %5d %10.3f  %s" % (*k, r["total_ms"], paging(r)))
+            print("%8d %-12s %-10s %7d %5d %-8s %10.3f  %s" % (*k, r["total_ms"], paging(r)))
     else:
-        print("%8s %-12s %-10s %7s %5s %12s %12s %7s  %s" % ("n", "preset", "kernel", "chunk", "page", "baseline ms",
-              "this ms", "change", "baseline -> this"))
+        print("%8s %-12s %-10s %7s %5s %-8s %12s %12s %7s  %s" % ("n", "preset", "kernel", "chunk", "page", "order",
+              "baseline ms", "this ms", "change", "baseline -> this"))
         for k, r in after.items():
             b = before.get(k)
             if b is None:
                 continue
-            print("%8d %-12s %-10s %7d %5d %12.3f %12.3f %+6.1f%%  %s -> %s" % (*k, b["total_ms"], r["total_ms"],
+            print("%8d %-12s %-10s %7d %5d %-8s %12.3f %12.3f %+6.1f%%  %s -> %s" % (*k, b["total_ms"], r["total_ms"],
                   100.0 * (r["total_ms"] / b["total_ms"] - 1.0), paging(b) or "-", paging(r) or "-"))
 elif before is None:
     print("%8s %-14s %-22s %9s %9s %8s" % ("n", "layout", "kernel", "plan_ms", "attn_ms", "TFLOP/s"))

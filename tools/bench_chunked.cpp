@@ -8,9 +8,9 @@
 // --warmup). Density: the computed blocks of every chunk over the prompt's causal blocks (a block
 // row that a chunk boundary cuts is computed by both chunks, and counted twice: what it costs).
 // Recall: exp(LSE - LSE_dense) per query against the one-shot dense run, mean and minimum.
-// Paged runs copy K/V into a page pool in vLLM's layout [pages, P, Hkv, d] with the pages
-// shuffled (--page-order: shuffled, in_order, or both in one run), and run the same chunks (plans and attention read K/V
-// through the block table).
+// Paged runs copy K/V into a page pool in vLLM's layout [pages, P, Hkv, d] with the pages shuffled
+// (--page-order: shuffled, in_order, or both in one run), and run the same chunks (plans and
+// attention read K/V through the block table).
 // --kv-token-major lays the contiguous K/V out [n, Hkv, d], the pool's order without pages.
 // --split-times also times every chunk's plan_async alone, then every chunk's attend_async alone
 // over the plans just made (plan_ms, attend_ms).
