@@ -92,15 +92,16 @@ def chunked_generate(model, ids, mask, chunks, max_new_tokens=12):
     the remaining prompt tokens over the filled cache. Returns (chunk logits, generated ids)."""
     from transformers import DynamicCache
     cache = DynamicCache()
+    cache_kwarg = with_cache(model, cache)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     logits, start = [], 0
     with torch.no_grad():
         for end in chunks:
             logits.append(model(input_ids=ids[:, start:end], attention_mask=mask[:, :end],
-                                position_ids=positions[:, start:end], use_cache=True, **with_cache(model, cache)).logits)
+                                position_ids=positions[:, start:end], use_cache=True, **cache_kwarg).logits)
             start = end
         generated = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                   min_new_tokens=max_new_tokens, do_sample=False, **with_cache(model, cache))
+                                   min_new_tokens=max_new_tokens, do_sample=False, **cache_kwarg)
     return logits, generated
 
 
@@ -224,8 +225,8 @@ def test_gemma3_sliding_window_layers_run_on_crisp(device, dtype):
     from transformers import DynamicCache
 
     def in_chunks(m):  # chunks of three windows over the growing cache
-        cache = DynamicCache(config=m.config)
-        return torch.cat([m(ids[:, start:start + 96], use_cache=True, **with_cache(m, cache)).logits
+        cache_kwarg = with_cache(m, DynamicCache(config=m.config))
+        return torch.cat([m(ids[:, start:start + 96], use_cache=True, **cache_kwarg).logits
                           for start in range(0, 384, 96)], dim=1)
     runs = under_each(model, ("sdpa", "crisp_dense"), in_chunks)
     chunked = {impl: result for impl, (result, _) in runs.items()}
