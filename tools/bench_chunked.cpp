@@ -168,9 +168,10 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
       bool shuffled;
     };
     std::vector<Pool> pools{{0, false}};
-    for (const int64_t P : a.page_sizes)
-      for (const bool shuffled : a.page_orders_shuffled)
-        if (P > 0) pools.push_back({P, shuffled});
+    for (const int64_t P : a.page_sizes) {
+      if (P <= 0) continue;
+      for (const bool shuffled : a.page_orders_shuffled) pools.push_back({P, shuffled});
+    }
     std::map<std::string, double> contiguous_ms;
     for (const Pool& pool : pools) {
       const int64_t P = pool.page_size;
