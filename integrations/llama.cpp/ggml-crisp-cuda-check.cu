@@ -30,6 +30,7 @@
 #include "common.cuh"
 #include "fattn.cuh"
 #include "ggml-crisp-cuda-check.h"
+#include "ggml-crisp-cuda.h"
 
 namespace {
 
@@ -66,9 +67,6 @@ static Keep keep_mode() {
 // to a few 1e-3 of it on Gemma 3 (the worst op of an 8k prompt: 8e-3); an op that reads a wrong key
 // is off by tens of percent (a window one key too wide or narrow: 0.28-0.37).
 constexpr float kOutputCheckTolerance = 2e-2f;
-// NOTE: element-wise launches: 256 threads, at most 4096 blocks striding over the rest.
-constexpr int kThreads = 256;
-static unsigned blocks_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096)); }
 
 thread_local bool t_computing_reference = false;
 
@@ -216,7 +214,7 @@ void ggml_crisp_cuda_check_output(ggml_backend_cuda_context & ctx, ggml_tensor *
   ggml_cuda_flash_attn_ext(ctx, &copy);
   t_computing_reference = false;
   CUDA_CHECK(cudaMemsetAsync(result.get(), 0, 3 * sizeof(unsigned int), stream));
-  difference_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const float *>(dst->data), llama_out.get(), n,
+  difference_kernel<<<ggml_crisp_element_blocks(n), kGgmlCrispElementThreads, 0, stream>>>(static_cast<const float *>(dst->data), llama_out.get(), n,
                                                            result.get());
   CUDA_CHECK(cudaGetLastError());
   const bool exact = check_mode() == CheckMode::exact;
@@ -244,7 +242,7 @@ void ggml_crisp_cuda_check_output(ggml_backend_cuda_context & ctx, ggml_tensor *
   double host_err[5] = {};
   CUDA_CHECK(cudaMemcpyAsync(host, result.get(), sizeof(host), cudaMemcpyDeviceToHost, stream));
   if (exact) CUDA_CHECK(cudaMemcpyAsync(host_err, err.get(), sizeof(host_err), cudaMemcpyDeviceToHost, stream));
-  if (keep == Keep::llama_f16) round_to_f16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(llama_out.get(), n);
+  if (keep == Keep::llama_f16) round_to_f16_kernel<<<ggml_crisp_element_blocks(n), kGgmlCrispElementThreads, 0, stream>>>(llama_out.get(), n);
   if (keep != Keep::crisp) {
     const float * kept = keep == Keep::exact ? exact_out.get() : llama_out.get();
     CUDA_CHECK(cudaMemcpyAsync(dst->data, kept, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));

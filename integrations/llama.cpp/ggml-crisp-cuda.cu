@@ -395,12 +395,6 @@ __global__ void out_to_f32_kernel(const T * __restrict__ in, int64_t n, float * 
     dst[e] = float(in[e]);
 }
 
-// NOTE: element-wise launches: 256 threads, a grid capped at 4096 blocks that strides over the rest.
-constexpr int kElementThreads = 256;
-static unsigned element_blocks(int64_t n) {
-  return static_cast<unsigned>(std::min<int64_t>((n + kElementThreads - 1) / kElementThreads, 4096));
-}
-
 // ---------------------------------------------------------------- statistics on the device
 // kept blocks of every query head of a one-sequence plan (its nnz slots), added to a device counter.
 __global__ void add_kept_blocks_kernel(const int32_t * __restrict__ nnz, int heads, unsigned long long * counter) {
@@ -544,7 +538,7 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
   ggml_cuda_pool_alloc<int32_t> table(ctx.pool(), std::max<int64_t>(pages, 1));
   crisp::BlockTable block_table;
   if (windowed) {
-    ring_table_kernel<<<element_blocks(pages), kElementThreads, 0, stream>>>(table.get(), pages, layout.ring_page,
+    ring_table_kernel<<<ggml_crisp_element_blocks(pages), kGgmlCrispElementThreads, 0, stream>>>(table.get(), pages, layout.ring_page,
                                                                            layout.note, n_kv);
     CUDA_CHECK(cudaGetLastError());
     block_table.data = table.get();
@@ -579,7 +573,7 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
   const crisp::TensorView kv = cache_view(k), vv = cache_view(v);
   const crisp::TensorView lse_view = crisp::TensorView::contiguous2d(lse.get(), crisp::DType::f32, heads, n_q, crisp::Device::cuda);
 
-  q_to_scratch_kernel<T><<<element_blocks(n), kElementThreads, 0, stream>>>(
+  q_to_scratch_kernel<T><<<ggml_crisp_element_blocks(n), kGgmlCrispElementThreads, 0, stream>>>(
       static_cast<const char *>(q->data), q->nb[1], q->nb[2], d, heads, n, q_scratch.get());
   CUDA_CHECK(cudaGetLastError());
   sync_check(ctx, dst, "after Q's conversion into the pool");
@@ -611,7 +605,7 @@ static void compute(ggml_backend_cuda_context & ctx, ggml_tensor * dst, crisp::D
     add_kept_blocks_kernel<<<1, 32, 0, stream>>>(view->nnz, static_cast<int>(heads), kept_counter(ctx.device));
     sync_check(ctx, dst, "after the kept-blocks count");
   }
-  out_to_f32_kernel<T><<<element_blocks(n), kElementThreads, 0, stream>>>(out_scratch.get(), n,
+  out_to_f32_kernel<T><<<ggml_crisp_element_blocks(n), kGgmlCrispElementThreads, 0, stream>>>(out_scratch.get(), n,
                                                                          static_cast<float *>(dst->data));
   CUDA_CHECK(cudaGetLastError());
   sync_check(ctx, dst, "after O's conversion into dst");

@@ -3,6 +3,7 @@
 // repeat these declarations (their include paths do not reach this directory).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -31,3 +32,11 @@ extern "C" bool ggml_cuda_set_sparse_prefill(const char * policy, const char * c
 extern "C" void ggml_cuda_get_sparse_prefill_stats(int64_t * handled, int64_t * declined, int64_t * kept_blocks,
                                                    int64_t * causal_blocks);
 extern "C" void ggml_cuda_reset_sparse_prefill_stats(void);
+
+// The grid of the hook's element-wise kernels (conversions, tables, its output check's
+// comparisons), which stride over what the grid does not cover.
+// NOTE: 256 threads a block, at most 4096 blocks: enough to fill an H200 at any size.
+constexpr int kGgmlCrispElementThreads = 256;
+inline unsigned ggml_crisp_element_blocks(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + kGgmlCrispElementThreads - 1) / kGgmlCrispElementThreads, 4096));
+}
