@@ -25,7 +25,7 @@ namespace ce = crisp::eval;
 
 namespace {
 
-// The source tree (eval/splits.json; its parent holds shared/data where the QA prompts are).
+// The source tree (eval/splits.json; data/ holds the QA prompts).
 std::filesystem::path source_dir() { return CRISP_SOURCE_DIR; }
 
 using crisp_test::error_of;
@@ -143,9 +143,8 @@ TEST(Splits, ProseHaystacksShareNoParagraph) {
     EXPECT_EQ(std::set<std::string>(tuning.begin(), tuning.end()).size(), tuning.size());
   };
   check(documents);
-  // The real QA prompts, where present.
-  const std::filesystem::path qa = source_dir().parent_path() / "shared" / "data" / "long_qa_prompts.json";
-  if (std::filesystem::exists(qa)) check(ce::load_qa_documents(qa.string()));
+  // The real QA prompts (committed in data/).
+  check(ce::load_qa_documents((source_dir() / "data" / "long_qa_prompts.json").string()));
   // An index past the file is an error naming the argument.
   EXPECT_NE(error_of([&] { ce::prose_paragraphs(documents, {9}, {}, "--split"); }).find("--split"), std::string::npos);
 }

@@ -10,13 +10,13 @@
 
 namespace crisp_cli {
 
-// The project's data directory: $CRISP_DATA_DIR, else ../shared/data beside the source tree the
-// command was built from (CRISP_SOURCE_DIR, set by CMakeLists.txt).
-inline constexpr const char* kDataDirRule = "$CRISP_DATA_DIR/<file>, else ../shared/data/<file> beside the source tree";
+// The project's data directory: $CRISP_DATA_DIR, else data/ of the source tree the command was
+// built from (CRISP_SOURCE_DIR, set by CMakeLists.txt; data/README.md says what it holds).
+inline constexpr const char* kDataDirRule = "$CRISP_DATA_DIR/<file>, else data/<file> of the source tree";
 
 inline std::filesystem::path data_dir() {
   if (const char* dir = std::getenv("CRISP_DATA_DIR"); dir != nullptr && *dir != '\0') return dir;
-  return std::filesystem::path(CRISP_SOURCE_DIR).parent_path() / "shared" / "data";
+  return std::filesystem::path(CRISP_SOURCE_DIR) / "data";
 }
 
 // `given` if the option was given; else `file` in data_dir(), which must exist.
