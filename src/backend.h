@@ -25,6 +25,7 @@
 #include "crisp/crisp.h"
 #include "crisp/plan.h"
 #include "crisp/tensor.h"
+#include "plan/dense_head.h"  // detail::make_dense_head
 
 #include <string>
 
@@ -86,11 +87,6 @@ void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& pla
 void check_input_values(const TensorView& q, const TensorView& k, const TensorView* v, const Options& options,
                         const BlockTable& block_table = {}, const SeqLens& cu_k = {});
 
-// The dense head of a sequence of shape `shape` (n_k, n_q, num_blocks, first_row): route dense, every
-// causal block of rows first_row .. N-1 within the window (§12; 0 = none), earlier rows empty,
-// c_struct/jsd NaN, density 1 without a window (src/cpu/cpu_plan.cpp; shared by dense_plan, the
-// dense preset and short sequences).
-HeadPlan make_dense_head(const SequencePlan& shape, int32_t block_size, int64_t window);
 // The sequences of a plan (offsets, lengths, blocks; no heads) for a normalized batch.
 std::vector<SequencePlan> sequence_shapes(const Batch& normalized_batch, int block_size);
 

@@ -22,26 +22,6 @@
 #include "plan/select.h"
 
 namespace crisp {
-namespace detail {
-
-HeadPlan make_dense_head(const SequencePlan& shape, int32_t block_size, int64_t window) {
-  const int32_t num_blocks = shape.num_blocks, first_row = shape.first_row;
-  HeadPlan head;
-  head.route = Route::dense;
-  head.c_struct = std::numeric_limits<double>::quiet_NaN();
-  head.jsd = std::numeric_limits<double>::quiet_NaN();
-  head.row_ptr.assign(static_cast<size_t>(num_blocks) + 1, 0);
-  if (window == 0) head.col.reserve(static_cast<size_t>(rules::causal_blocks_of_rows(first_row, num_blocks)));
-  for (int32_t r = first_row; r < num_blocks; ++r) {
-    for (int32_t c = rules::window_first_block(r, block_size, shape.n_k, shape.n_q, window); c <= r; ++c)
-      head.col.push_back(c);
-    head.row_ptr[r + 1] = static_cast<int32_t>(head.col.size());
-  }
-  head.density = num_blocks > 0 ? rules::density_of_rows(static_cast<int64_t>(head.col.size()), first_row, num_blocks) : 1.0;
-  return head;
-}
-
-}  // namespace detail
 
 namespace cpu {
 namespace {
