@@ -5,7 +5,7 @@ questions, token for token, and the last-position logits of a longer real prompt
 greedy answers as sdpa on short prompts").
 
     python3 eval/hf_smollm2_check.py --model path/to/SmolLM2-135M-Instruct.Q4_1.gguf \
-        [--prose ../shared/data/long_qa_prompts.json] [--json out.json]
+        [--prose data/long_qa_prompts.json] [--json out.json]
 
 Needs torch, transformers and the `gguf` package (carried as a wheel to the GPU machine; see
 docs/gpu.md). Runs on CUDA in bfloat16 when a GPU is there, else on the CPU in float32.
@@ -92,7 +92,7 @@ def main() -> int:
     if args.prose and os.path.isfile(args.prose):
         with open(args.prose) as f:
             prompts = json.load(f)
-        text = prompts[0]["prompt"]  # a list of {"prompt", "answer"} (../shared/data/README.md)
+        text = prompts[0]["prompt"]  # a list of {"prompt", "answer"} (data/README.md)
         ids = tokenizer(text, return_tensors="pt")["input_ids"][:, : args.long_tokens].to(device)
         logits = {}
         for impl in impls:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the "Fidelity and calibration" section of docs/evaluation.md on the CPU:
 #   1. captures the post-RoPE Q/K/V of all 30 layers of SmolLM2-135M-Instruct for real prompts
-#      (../shared/data/long_qa_prompts.json) at 2k, 4k and 8k tokens (`crisp-llama-eval capture`:
+#      (data/long_qa_prompts.json) at 2k, 4k and 8k tokens (`crisp-llama-eval capture`:
 #      llama.cpp's dense prefill);
 #   2. evaluates every policy and both routings on every layer and head, and calibrates
 #      tau_proxy / rho against the JSD decisions (`crisp eval fidelity`);

@@ -18,21 +18,21 @@ enum class Routing {
 
 // §3: which vertical and slash blocks a VS head keeps.
 enum class VsRule {
-  noise_floor,  // CRISP: keep blocks whose mass > alpha * mean non-anchor mass
+  noise_floor,  // CRISP: keep blocks whose mass is above a floor (vs_floor below)
   cumulative,   // FlexPrefill: smallest token set reaching gamma, in blocks
   topk,         // MInference-style: fixed token budgets mapped to blocks (block-level approximation)
 };
 
-// §3 noise_floor: the floor a block's pooled mass must exceed (an option under evaluation; the
-// crisp preset keeps `mean`).
+// §3 noise_floor: the floor a block's pooled mass must exceed (Config's default `mean` is the
+// spec's v1 rule; the crisp preset uses `uniform`).
 enum class VsFloor {
   mean,     // alpha * mean of the non-anchor masses 1 .. N-2
   uniform,  // uniform_alpha / N: the level of uniform attention
   max,      // the larger of the two
 };
 
-// §4: which entries of the block-causal estimate P a PE head keeps (an option under evaluation;
-// the crisp preset keeps `coverage`).
+// §4: which entries of the block-causal estimate P a PE head keeps (Config's default `coverage`;
+// the crisp preset uses `floor` with pe_alpha 0.5 since session 26, docs/algorithm.md).
 enum class PeRule {
   coverage,  // global coverage: entries by P descending until the running sum reaches pe_gamma * N
   floor,     // every entry (r, c) with P[r, c] > pe_alpha / (r + 1), the row's uniform level
@@ -58,9 +58,11 @@ struct Config {
   std::string preset = "crisp";  // name of the preset this config started from
   bool dense = false;            // the dense preset: every causal block, no estimation
 
-  // §2 routing. The crisp preset's routing, calibrated on real captures (docs/evaluation.md):
-  // cstruct_rel with rho = 2.2. The spec's uncalibrated defaults were cstruct with tau_proxy 0.25
-  // (kept here for callers who switch back to cstruct) and rho = 4.
+  // §2 routing. Config's default, calibrated on real captures (docs/evaluation.md): cstruct_rel
+  // with rho = 2.2; the crisp preset uses rho = 0.5 (since session 9: heads without local structure
+  // go VS, where the noise floor drops their tail; docs/algorithm.md). The spec's uncalibrated
+  // defaults were cstruct with tau_proxy 0.25 (kept here for callers who switch back to cstruct)
+  // and rho = 4.
   Routing routing = Routing::cstruct_rel;
   double tau_proxy = 0.25;  // cstruct threshold
   double rho = 2.2;         // cstruct_rel threshold (NOTE: calibrated, see above)
@@ -137,7 +139,7 @@ struct Config {
   // naming "preset" for any other name.
   static Config from_preset(const std::string& name);
 
-  // Sets one parameter by its spec name (tau_proxy, rho, alpha, vs_floor, uniform_alpha, uniform_floor_blocks,
+  // Sets one parameter by its spec name (dense, tau_proxy, rho, alpha, vs_floor, uniform_alpha, uniform_floor_blocks,
   // uniform_floor_slash_blocks, uniform_floor_last_rows, proxy_last_rows, gamma,
   // pe_rule, pe_gamma, pe_alpha, tau, w_sink, w_local, min_budget, max_budget, routing, vs_budget,
   // slash_cover, vertical_tokens, slash_tokens, block_size, softmax_scale, dense_below,

@@ -26,7 +26,7 @@
 //     and passes a true one.
 // The setter and the statistics are found through the backend's registry, as llama.cpp's tools
 // find them. Built by scripts/llama_cpp.sh against the patched ggml; run by
-// tests/llama_cpp/test_llama_cpp.sh (CPU) and tests/llama_cpp/test_llama_cpp_cuda.sh (CUDA).
+// tests/llama_cpp/test_llama_cpp.sh (CPU) and tests/llama_cpp/test_llama_cpp.sh --cuda (CUDA).
 #include <cmath>
 #include <csignal>
 #include <cstdint>
