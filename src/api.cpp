@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <new>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -46,8 +48,7 @@ std::string shape_string(const TensorView& t) {
   return s.str();
 }
 std::string str(int64_t x) { return std::to_string(x); }
-// NOTE: the most tokens of one call: plans store token and block indices as int32.
-constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+using shape_rules::kMaxTokens;
 std::string num(double x) {
   std::ostringstream s;
   s.precision(3);
@@ -70,6 +71,48 @@ void check_view(const TensorView& t, const std::string& name, int rank, const st
   if (t.data == nullptr) throw Error(name, "data pointer is null", "a pointer to the tensor's elements");
   if (!valid_dtype(t.dtype)) throw Error(name, "has an invalid dtype", "f32, f16, bf16 or f64");
   if (!valid_device(t.device)) throw Error(name, "has an invalid device", "Device::cpu or Device::cuda");
+  // Every element offset (TensorView::offset, in int64) must be computable: the farthest element's
+  // byte offset is below 2^62 (no memory is larger), so no product or sum of them overflows.
+  __int128 reach = 0;
+  for (int i = 0; i < rank; ++i)
+    reach += static_cast<__int128>(t.shape[i] - 1) * (t.stride[i] < 0 ? -static_cast<__int128>(t.stride[i]) : t.stride[i]);
+  if (reach * static_cast<__int128>(dtype_size(t.dtype)) >= (static_cast<__int128>(1) << 62))
+    throw Error(name, "has shape " + shape_string(t) + " and strides {" + str(t.stride[0]) + ", " + str(t.stride[1]) +
+                          (rank == 3 ? ", " + str(t.stride[2]) : std::string()) + "} reaching beyond any memory",
+                "strides whose farthest element lies within 2^62 bytes of the data pointer");
+}
+
+// The bytes [first, last] a view's elements span (a superset of what it touches).
+std::pair<uintptr_t, uintptr_t> byte_span(const TensorView& t) {
+  int64_t low = 0, high = 0;
+  for (int i = 0; i < t.rank; ++i) (t.stride[i] < 0 ? low : high) += (t.shape[i] - 1) * t.stride[i];
+  const int64_t size = static_cast<int64_t>(dtype_size(t.dtype));
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
+  return {base + static_cast<uintptr_t>(low * size), base + static_cast<uintptr_t>(high * size + size - 1)};
+}
+
+// Whether two views share a byte, decided where it can be cheaply: both views dense (their
+// elements fill their spans, as any contiguous tensor's do). Strided views may interleave without
+// sharing an element (q, k and v as views of one fused QKV buffer, out written into q): those are
+// not judged.
+bool views_overlap(const TensorView& a, const TensorView& b) {
+  const auto [a_first, a_last] = byte_span(a);
+  const auto [b_first, b_last] = byte_span(b);
+  const auto dense = [](const TensorView& t, uintptr_t first, uintptr_t last) {
+    return static_cast<uintptr_t>(t.numel()) * dtype_size(t.dtype) == last - first + 1;
+  };
+  return a.device == b.device && a_first <= b_last && b_first <= a_last && dense(a, a_first, a_last) &&
+         dense(b, b_first, b_last);
+}
+
+// An output view writes each element once: a zero stride over an extent > 1 would make several
+// results race for one element (an expanded tensor).
+void check_distinct_elements(const TensorView& t, const std::string& name) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.stride[i] == 0 && t.shape[i] > 1)
+      throw Error(name, "has stride 0 in dimension " + str(i) + " of extent " + str(t.shape[i]) +
+                            " (several results would share one element)",
+                  "an output view whose elements are distinct (not expanded)");
 }
 
 // Rows [first, first + count) of every head of a view, as a view of its own.
@@ -124,26 +167,55 @@ double check_values(const TensorView& t, const std::string& name, const Options&
   return max_abs;
 }
 
-// Rejects inputs whose scores or output sums could overflow the arithmetic: a score is at most
-// d * max|q| * max|k| (before the softmax scale, which is <= 1) and an output row, before the
-// normalisation, sums at most `tokens` terms of weight <= 1 times max|v|. Such inputs gave all-NaN
-// outputs (Inf - Inf in the softmax) with no error.
+// The largest finite value of an output dtype.
+double largest_finite(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return 65504.0;
+    case DType::bf16: return 3.3895313892515355e38;
+    case DType::f32: return static_cast<double>(std::numeric_limits<float>::max());
+    case DType::f64: return std::numeric_limits<double>::max();
+  }
+  return 0.0;
+}
+
+// Rejects inputs whose scores, output sums or results could overflow the arithmetic or the
+// outputs: a scaled score is at most d * max|q| * max|k| * max(scale, 1) (the dot product is
+// formed before the scale), an output row sums, before the normalisation, at most `tokens` terms
+// of weight <= 1 times max|v|, and O is a weighted average of v's rows. Such inputs gave Inf or
+// all-NaN outputs (Inf - Inf in the softmax) with no error. `out` / `lse` may be null (planning).
 void check_magnitudes(const TensorView& q, int64_t k_tokens, double q_max, double k_max, const double* v_max,
-                      const Options& options) {
+                      double softmax_scale, const Options& options, const TensorView* out, const TensorView* lse) {
+  // Every kernel but the CPU's f64 path scales in float32 (a device view's values are not scanned).
+  if ((options.precision == Precision::f32 || q.device != Device::cpu) &&
+      softmax_scale > static_cast<double>(std::numeric_limits<float>::max()))
+    throw Error("softmax_scale", "is " + num(softmax_scale) + ", beyond float32's range",
+                "a scale below " + num(std::numeric_limits<float>::max()) + " (or Precision::f64 on the CPU)");
   if (q.device != Device::cpu) return;
   // NOTE: a factor 2 below the largest finite value covers the rounding of the partial sums.
   const double limit = 0.5 * (options.precision == Precision::f64 ? std::numeric_limits<double>::max()
                                                                   : static_cast<double>(std::numeric_limits<float>::max()));
   const std::string arithmetic = options.precision == Precision::f64 ? "float64" : "float32";
-  if (q_max > 0 && k_max > limit / static_cast<double>(q.dim()) / q_max)
+  const double scale_factor = std::max(softmax_scale, 1.0);
+  if (q_max > 0 && k_max > limit / static_cast<double>(q.dim()) / q_max / scale_factor)
     throw Error("q", "and k hold values up to " + num(q_max) + " and " + num(k_max) + ": their dot products over d = " +
-                         str(q.dim()) + " overflow " + arithmetic,
-                "d * max|q| * max|k| below " + num(limit) + " (scale q and k down)");
+                         str(q.dim()) + (softmax_scale > 1.0 ? " times the softmax scale " + num(softmax_scale) : "") +
+                         " overflow " + arithmetic,
+                "d * max|q| * max|k| * max(scale, 1) below " + num(limit) + " (scale q and k down)");
+  // The log-sum-exp is at most the largest scaled score plus log(keys): it must fit lse's dtype.
+  if (lse != nullptr && q_max > 0 && k_max > 0.5 * largest_finite(lse->dtype) / static_cast<double>(q.dim()) / q_max / scale_factor)
+    throw Error("lse", std::string("is ") + to_string(lse->dtype) + ", but q and k hold values up to " + num(q_max) +
+                           " and " + num(k_max) + ": scaled scores over d = " + str(q.dim()) + " may exceed its range",
+                "an f64 lse, or q and k scaled down");
   const int64_t keys = std::max(q.tokens(), k_tokens);  // a bound on any sequence's keys
   if (v_max && *v_max > limit / static_cast<double>(keys))
     throw Error("v", "holds values up to " + num(*v_max) + ": sums over " + str(keys) + " tokens overflow " +
                          arithmetic,
                 "tokens * max|v| below " + num(limit) + " (scale v down)");
+  if (v_max && out != nullptr && *v_max > largest_finite(out->dtype))
+    throw Error("out", std::string("is ") + to_string(out->dtype) + ", but v holds values up to " + num(*v_max) +
+                           ": O's rows (weighted averages of v's) may exceed its largest value " +
+                           num(largest_finite(out->dtype)),
+                "a wider out dtype, or v scaled down");
 }
 
 Plan plan_validated(const TensorView& q, const TensorView& k, const Config& config, const Batch& batch,
@@ -165,16 +237,17 @@ void attend_validated(const TensorView& q, const TensorView& k, const TensorView
 }  // namespace
 
 void check_input_values(const TensorView& q, const TensorView& k, const TensorView* v, const Options& options,
-                        const BlockTable& block_table, const SeqLens& cu_k) {
+                        double softmax_scale, const BlockTable& block_table, const SeqLens& cu_k,
+                        const TensorView* out, const TensorView* lse) {
   const double q_max = check_values(q, "q", options, {}, {});
   const double k_max = check_values(k, "k", options, block_table, cu_k);
   // Paged K/V: a sequence's keys may outnumber the pool's rows (pages repeated), never cu_k's total.
   const int64_t keys = block_table.empty() || cu_k.empty() ? k.tokens() : std::max(k.tokens(), cu_k.back());
   if (v == nullptr) {
-    check_magnitudes(q, keys, q_max, k_max, nullptr, options);
+    check_magnitudes(q, keys, q_max, k_max, nullptr, softmax_scale, options, out, lse);
   } else {
     const double v_max = check_values(*v, "v", options, block_table, cu_k);
-    check_magnitudes(q, keys, q_max, k_max, &v_max, options);
+    check_magnitudes(q, keys, q_max, k_max, &v_max, softmax_scale, options, out, lse);
   }
 }
 
@@ -194,6 +267,8 @@ void check_offsets(const SeqLens& cu_seqlens, const char* name) {
                                     str(cu_seqlens[s]) + " repeated)",
                   "every sequence to have at least one token");
   }
+  if (cu_seqlens.back() > kMaxTokens)
+    throw Error(name, "ends at " + str(cu_seqlens.back()), std::string(shape_rules::kMaxTokensExpected) + " in all");
 }
 
 SeqLens normalize_seqlens(const SeqLens& cu_seqlens, int64_t tokens, const char* name) {
@@ -267,6 +342,11 @@ void check_block_table(const BlockTable& table, const SeqLens& cu_k, const Tenso
   if (k.tokens() % table.page_size != 0)
     throw Error("k", "holds " + str(k.tokens()) + " pool tokens, not a whole number of pages of " + str(table.page_size),
                 "the page pool [Hkv, num_pages * page_size, d]");
+  // A row stride beyond the most tokens of a call is no real table's (a sequence needs at most
+  // kMaxTokens / 16 pages), and it would overflow the row offsets s * stride.
+  if (table.max_pages_per_sequence > kMaxTokens)
+    throw Error("batch.block_table.max_pages_per_sequence", "is " + str(table.max_pages_per_sequence),
+                "at most " + str(kMaxTokens) + " (the row stride of the table, in page ids)");
   int64_t longest = 0;
   for (size_t s = 0; s + 1 < cu_k.size(); ++s) longest = std::max(longest, cu_k[s + 1] - cu_k[s]);
   const int64_t pages_needed = (longest + table.page_size - 1) / table.page_size;
@@ -317,14 +397,23 @@ Batch normalize_batch(const Batch& batch, const TensorView& q, const TensorView&
   return out;
 }
 
-std::vector<SequencePlan> sequence_shapes(const Batch& batch, int block_size) {
+std::vector<SequencePlan> sequence_shapes(const Batch& batch, int block_size, const char* keys_argument) {
   std::vector<SequencePlan> shapes(batch.cu_seqlens_q.size() - 1);
+  // A head's CSR indexes its causal blocks with int32: N (N + 1) / 2 <= 2^31 - 1.
+  constexpr int64_t kMaxBlocks = 65535;
   for (size_t s = 0; s < shapes.size(); ++s) {
     SequencePlan& sp = shapes[s];
     sp.q_offset = batch.cu_seqlens_q[s];
     sp.n_q = batch.cu_seqlens_q[s + 1] - sp.q_offset;
     sp.kv_offset = batch.cu_seqlens_k[s];
     sp.n_k = batch.cu_seqlens_k[s + 1] - sp.kv_offset;
+    if ((sp.n_k + block_size - 1) / block_size > kMaxBlocks)
+      throw Error(keys_argument,
+                  "sequence " + str(static_cast<int64_t>(s)) + " has " + str(sp.n_k) + " keys: " +
+                      str((sp.n_k + block_size - 1) / block_size) + " blocks of " + str(block_size) +
+                      ", whose causal blocks overflow a plan's int32 block indices",
+                  "at most " + str(kMaxBlocks) + " blocks a sequence (" + str(kMaxBlocks * block_size) + " keys at B = " +
+                      str(block_size) + ")");
     sp.num_blocks = rules::num_blocks(sp.n_k, block_size);
     sp.first_row = rules::first_query_block(sp.n_k, sp.n_q, block_size);
   }
@@ -346,6 +435,22 @@ void validate_outputs(const TensorView& q, const TensorView& out, const TensorVi
     throw Error("lse", "has shape " + shape_string(lse), "[" + str(q.heads()) + ", " + str(q.tokens()) + "]");
   if (lse.dtype != DType::f32 && lse.dtype != DType::f64)
     throw Error("lse", std::string("has dtype ") + dtype_name(lse.dtype), "f32 or f64");
+}
+
+void check_output_memory(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                         const TensorView& lse) {
+  check_distinct_elements(out, "out");
+  check_distinct_elements(lse, "lse");
+  // Every query block reads keys and values, and lse is written while out's rows are and q's read:
+  // a shared byte would let one result overwrite another's input. out may be q itself (a block
+  // reads its own query rows before it writes them).
+  for (const auto& [input, input_name] : {std::pair<const TensorView*, const char*>{&k, "k"}, {&v, "v"}})
+    if (views_overlap(out, *input))
+      throw Error("out", std::string("overlaps ") + input_name + "'s memory", "separate memory for out (or q itself)");
+  for (const auto& [other, other_name] :
+       {std::pair<const TensorView*, const char*>{&out, "out"}, {&q, "q"}, {&k, "k"}, {&v, "v"}})
+    if (views_overlap(lse, *other))
+      throw Error("lse", std::string("overlaps ") + other_name + "'s memory", "separate memory for lse");
 }
 
 void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& plan, const BlockTable& block_table) {
@@ -443,7 +548,8 @@ Plan plan(const TensorView& q, const TensorView& k, const Config& config, const 
   detail::check_backend(options, q);
   config.validate();
   const Batch normalized = detail::normalize_batch(batch, q, k, nullptr);
-  detail::check_input_values(q, k, nullptr, options, normalized.block_table, normalized.cu_seqlens_k);
+  detail::check_input_values(q, k, nullptr, options, shape_rules::resolve_softmax_scale(config.softmax_scale, q.dim()),
+                             normalized.block_table, normalized.cu_seqlens_k);
   return detail::plan_validated(q, k, config, normalized, options);
 }
 
@@ -453,13 +559,14 @@ void attend(const TensorView& q, const TensorView& k, const TensorView& v, const
   detail::validate_qkv(q, k, &v);
   detail::check_backend(options, q);
   detail::validate_outputs(q, out, lse);
+  detail::check_output_memory(q, k, v, out, lse);
   if (v.tokens() != k.tokens())
     throw Error("v", "has " + std::to_string(v.tokens()) + " tokens but k has " + std::to_string(k.tokens()),
                 "the same token count as k");
   detail::validate_plan_for(q, k, plan, block_table);
   SeqLens cu_k{0};
   for (const SequencePlan& sp : plan.sequences) cu_k.push_back(sp.kv_offset + sp.n_k);
-  detail::check_input_values(q, k, &v, options, block_table, cu_k);
+  detail::check_input_values(q, k, &v, options, plan.softmax_scale, block_table, cu_k, &out, &lse);
   detail::attend_validated(q, k, v, plan, block_table, out, lse, options);
 }
 
@@ -470,9 +577,11 @@ Plan prefill(const TensorView& q, const TensorView& k, const TensorView& v, cons
   detail::validate_qkv(q, k, &v);
   detail::check_backend(options, q);
   detail::validate_outputs(q, out, lse);
+  detail::check_output_memory(q, k, v, out, lse);
   config.validate();
   const Batch normalized = detail::normalize_batch(batch, q, k, &v);
-  detail::check_input_values(q, k, &v, options, normalized.block_table, normalized.cu_seqlens_k);
+  detail::check_input_values(q, k, &v, options, shape_rules::resolve_softmax_scale(config.softmax_scale, q.dim()),
+                             normalized.block_table, normalized.cu_seqlens_k, &out, &lse);
   Plan result = detail::plan_validated(q, k, config, normalized, options);
   detail::validate_plan_for(q, k, result, normalized.block_table);  // cheap; guards the backend's own output
   detail::attend_validated(q, k, v, result, normalized.block_table, out, lse, options);
@@ -506,7 +615,8 @@ Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, con
   if (normalized.cu_seqlens_k.size() != normalized.cu_seqlens_q.size())
     throw Error("batch.cu_seqlens_k", "lists a different number of sequences than cu_seqlens_q",
                 "one entry per sequence in both lists");
-  std::vector<SequencePlan> shapes = detail::sequence_shapes(normalized, block_size);
+  std::vector<SequencePlan> shapes =
+      detail::sequence_shapes(normalized, block_size, batch.cu_seqlens_k.empty() ? q_name : "batch.cu_seqlens_k");
   for (size_t s = 0; s < shapes.size(); ++s)
     if (shapes[s].n_q > shapes[s].n_k)
       throw Error("batch.cu_seqlens_q", "sequence " + std::to_string(s) + " has more queries than keys", "n_q <= n_k");
@@ -520,9 +630,19 @@ Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, con
   result.num_kv_heads = num_kv_heads;
   result.head_dim = head_dim;
   result.softmax_scale = shape_rules::resolve_softmax_scale(softmax_scale, head_dim);
-  for (SequencePlan& sp : shapes) {
-    sp.heads.assign(static_cast<size_t>(num_q_heads), detail::make_dense_head(sp, block_size, 0));
-    result.sequences.push_back(std::move(sp));
+  try {
+    for (SequencePlan& sp : shapes) {
+      sp.heads.assign(static_cast<size_t>(num_q_heads), detail::make_dense_head(sp, block_size, 0));
+      result.sequences.push_back(std::move(sp));
+    }
+  } catch (const std::bad_alloc&) {
+    throw Error("batch", "needs a dense plan of every causal block for " + std::to_string(num_q_heads) +
+                             " heads, which does not fit in memory",
+                "fewer tokens or heads per plan, or a larger block_size");
+  } catch (const std::length_error&) {
+    throw Error("batch", "needs a dense plan of every causal block for " + std::to_string(num_q_heads) +
+                             " heads, more entries than a vector holds",
+                "fewer tokens or heads per plan, or a larger block_size");
   }
   return result;
 }

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "backend.h"
+#include "common/shape_rules.h"
 #include "crisp/attention.h"
 #include "crisp/error.h"
 
@@ -34,6 +35,12 @@ class CpuPlannedAttention final : public PlannedAttention {
   BlockTable block_table_;
 };
 
+// A moved-from Attention has no state: every call but assignment and destruction is refused.
+void require_state(bool has_state) {
+  if (!has_state)
+    throw Error("Attention", "has been moved from (it holds no configuration)", "an Attention constructed or assigned");
+}
+
 void require_plan(bool planned) {
   if (!planned) throw Error("plan", "has not been made (no Attention::plan call has succeeded)", "plan(q, k) first");
 }
@@ -61,10 +68,13 @@ Attention::Attention(Attention&&) noexcept = default;
 Attention& Attention::operator=(Attention&&) noexcept = default;
 
 void Attention::plan(const TensorView& q, const TensorView& k, const Batch& batch) {
+  detail::require_state(impl_ != nullptr);
   detail::validate_qkv(q, k, nullptr);
   detail::check_backend(impl_->options, q);
   const Batch normalized = detail::normalize_batch(batch, q, k, nullptr);
-  detail::check_input_values(q, k, nullptr, impl_->options, normalized.block_table, normalized.cu_seqlens_k);
+  detail::check_input_values(q, k, nullptr, impl_->options,
+                             shape_rules::resolve_softmax_scale(impl_->config.softmax_scale, q.dim()),
+                             normalized.block_table, normalized.cu_seqlens_k);
   const Backend backend = q.device == Device::cuda ? Backend::cuda : Backend::cpu;
   // A backend's state (the CUDA device plan's buffers) is kept while the backend stays the same.
   if (!impl_->planned || impl_->backend != backend) {
@@ -87,6 +97,7 @@ void Attention::run(const TensorView& q, const TensorView& k, const TensorView& 
   detail::require_plan(planned());
   detail::validate_qkv(q, k, &v);
   detail::validate_outputs(q, out, lse);
+  detail::check_output_memory(q, k, v, out, lse);
   if (v.tokens() != k.tokens())
     throw Error("v", "has " + std::to_string(v.tokens()) + " tokens but k has " + std::to_string(k.tokens()),
                 "the same token count as k");
@@ -95,7 +106,9 @@ void Attention::run(const TensorView& q, const TensorView& k, const TensorView& 
     throw Error("q", std::string("is on ") + to_string(q.device) + " but the plan was made on " +
                          to_string(planned_device),
                 "the views of the backend that planned");
-  detail::check_input_values(q, k, &v, impl_->options, impl_->batch.block_table, impl_->batch.cu_seqlens_k);
+  detail::check_input_values(q, k, &v, impl_->options,
+                             shape_rules::resolve_softmax_scale(impl_->config.softmax_scale, q.dim()),
+                             impl_->batch.block_table, impl_->batch.cu_seqlens_k, &out, &lse);
   impl_->planned->run(q, k, v, out, lse);
 }
 
@@ -107,7 +120,13 @@ Plan Attention::host_plan() const {
   return impl_->planned->host_plan();
 }
 
-const Config& Attention::config() const { return impl_->config; }
-const Options& Attention::options() const { return impl_->options; }
+const Config& Attention::config() const {
+  detail::require_state(impl_ != nullptr);
+  return impl_->config;
+}
+const Options& Attention::options() const {
+  detail::require_state(impl_ != nullptr);
+  return impl_->options;
+}
 
 }  // namespace crisp

@@ -74,6 +74,11 @@ Batch normalize_batch(const Batch& batch, const TensorView& q, const TensorView&
 void check_block_table(const BlockTable& table, const SeqLens& cu_k, const TensorView& q, const TensorView& k);
 // Checks out [Hq, q_tokens, d] (f32/f16/bf16/f64) and lse [Hq, q_tokens] (f32/f64) against q.
 void validate_outputs(const TensorView& q, const TensorView& out, const TensorView& lse);
+// The outputs' memory (every entry point that writes them, the CUDA attend_async included): no
+// zero stride over an extent > 1, out sharing no byte with k or v (it may be q itself), lse none
+// with q, k, v or out.
+void check_output_memory(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                         const TensorView& lse);
 // Checks that the plan fits q/k and the block table (heads, head dim, block size, sequences
 // covering every query row and, with contiguous K/V, every key row) and is well-formed CSR
 // (bounds included), so a backend may index with it freely.
@@ -81,14 +86,19 @@ void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& pla
 // The value checks of every entry point (the free functions and crisp::Attention), on CPU views
 // (device views: the CUDA backend's responsibility): NaN/Inf, naming the tensor and the first bad
 // element; values beyond float32 in f32 precision; q/k magnitudes whose dot products overflow and
-// v magnitudes whose output sums overflow. `v` may be null (planning only). With paged K/V
-// (block_table non-empty, already checked against k; cu_k the batch's key offsets), only the pool
-// rows the batch reads are its input: a cache's other pages may hold anything.
+// v magnitudes whose output sums overflow; a softmax scale (resolved: > 0) beyond float32 where
+// the kernel scales in float32; results beyond the range of `out`'s and `lse`'s dtypes. `v`, `out`
+// and `lse` may be null (planning only). With paged K/V (block_table non-empty, already checked
+// against k; cu_k the batch's key offsets), only the pool rows the batch reads are its input: a
+// cache's other pages may hold anything.
 void check_input_values(const TensorView& q, const TensorView& k, const TensorView* v, const Options& options,
-                        const BlockTable& block_table = {}, const SeqLens& cu_k = {});
+                        double softmax_scale, const BlockTable& block_table = {}, const SeqLens& cu_k = {},
+                        const TensorView* out = nullptr, const TensorView* lse = nullptr);
 
 // The sequences of a plan (offsets, lengths, blocks; no heads) for a normalized batch.
-std::vector<SequencePlan> sequence_shapes(const Batch& normalized_batch, int block_size);
+// Refuses a sequence of more than 65535 blocks (its causal blocks overflow the CSR's int32),
+// naming `keys_argument` (what gave the key counts).
+std::vector<SequencePlan> sequence_shapes(const Batch& normalized_batch, int block_size, const char* keys_argument = "k");
 
 // ---------------------------------------------------------------- plan once, run many times
 // The backend half of a crisp::Attention (src/attention.cpp validates and dispatches). plan() has

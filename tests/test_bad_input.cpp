@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "crisp/attention.h"
+#include "crisp/context_parallel.h"
 #include "crisp/crisp.h"
 #include "crisp/cuda.h"
 #include "crisp/npy.h"
@@ -205,6 +207,143 @@ TEST(BadInput, OverflowingMagnitudes) {
     auto kv = crisp::TensorView::contiguous(k.data(), crisp::DType::f64, 1, 64, 16);
     expect_error([&] { crisp::plan(qv, kv, crisp_cfg()); }, "q", "f64 1e300 in f32 precision");
   }
+}
+
+// Large but representable scores: the float32 softmax must stay finite and match float64. Scores
+// were scaled twice (once for the max, once fused into the exponent's fma), so the exponent could
+// exceed 0 by the product's rounding (an ulp of 1e12 is 1e5): Inf outputs, exit 0.
+TEST(BadInput, LargeScoresStayFiniteAndExact) {
+  const int64_t n = 256, d = 100;
+  Tensor3 q = crisp_test::random_tensor(11, 1, n, d, 1e5), k = crisp_test::random_tensor(12, 1, n, d, 1e5);
+  Tensor3 v = crisp_test::random_tensor(13, 1, n, d);
+  crisp::Config dense = crisp::Config::from_preset("dense");
+  dense.softmax_scale = 0.1;
+  std::vector<float> out(n * d), lse(n);
+  const crisp::Plan plan =
+      crisp::prefill(q.view(), k.view(), v.view(), dense, crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 1, n, d),
+                     crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 1, n));
+  const oracle::Attention want = oracle::attend_chunks(
+      oracle::Tensor::from_floats(q.data, 1, n, d), oracle::Tensor::from_floats(k.data, 1, n, d),
+      oracle::Tensor::from_floats(v.data, 1, n, d), {0, n}, {0, n}, plan.block_size, 0.1, nullptr);
+  double worst = 0.0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(out[i])) << "out[" << i << "] = " << out[i];
+    worst = std::max(worst, std::fabs(out[i] - want.out.data[i]));
+  }
+  // Scores of ~1e11 leave each row one or two keys of weight ~1: float32's error is its rounding
+  // of the scores (~1e4 absolute, so ~1e-3 relative on the weights), not the scale of the scores.
+  EXPECT_LT(worst, 1e-2);
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(lse[i], want.lse[i], 1e-6 * std::fabs(want.lse[i]) + 1e-3) << i;
+}
+
+// A softmax scale beyond float32 (the kernels scale in float32), and scale times scores that
+// overflow: errors naming softmax_scale and q, not NaN outputs.
+TEST(BadInput, SoftmaxScaleAndOutputRanges) {
+  Qkv x(1, 1, 128, 16);
+  std::vector<float> out(128 * 16), lse(128);
+  const auto ov = crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 1, 128, 16);
+  const auto lv = crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 1, 128);
+  crisp::Config huge = crisp::Config::from_preset("dense");
+  huge.softmax_scale = 1e300;
+  expect_error([&] { crisp::prefill(x.q.view(), x.k.view(), x.v.view(), huge, ov, lv); }, "softmax_scale", "scale 1e300");
+  crisp::Config large = crisp::Config::from_preset("dense");
+  large.softmax_scale = 1e37;  // float32 holds it, but scores of ~4 times it do not
+  expect_error([&] { crisp::prefill(x.q.view(), x.k.view(), x.v.view(), large, ov, lv); }, "q", "scale 1e37");
+  crisp::Options f64;
+  f64.precision = crisp::Precision::f64;
+  // float64 arithmetic holds the scores, a float32 lse does not: refused naming lse.
+  expect_error([&] { crisp::prefill(x.q.view(), x.k.view(), x.v.view(), large, ov, lv, {}, f64); }, "lse", "f32 lse");
+  std::vector<double> lse64(128);
+  crisp::prefill(x.q.view(), x.k.view(), x.v.view(), large, ov, crisp::TensorView::contiguous2d(lse64.data(), crisp::DType::f64, 1, 128),
+                 {}, f64);
+  for (float o : out) ASSERT_TRUE(std::isfinite(o));
+  // v beyond float16's range into an f16 out.
+  for (float& e : x.v.data) e *= 1e5f;
+  std::vector<uint16_t> out16(128 * 16);
+  expect_error([&] {
+    crisp::prefill(x.q.view(), x.k.view(), x.v.view(), crisp_cfg(), crisp::TensorView::contiguous(out16.data(), crisp::DType::f16, 1, 128, 16), lv);
+  }, "out", "v 1e5 into f16");
+}
+
+// Outputs that would overwrite inputs or each other, and expanded outputs.
+TEST(BadInput, OutputMemory) {
+  Qkv x(2, 1, 128, 16);
+  std::vector<float> out(2 * 128 * 16), lse(2 * 128);
+  const auto ov = crisp::TensorView::contiguous(out.data(), crisp::DType::f32, 2, 128, 16);
+  const auto lv = crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, 2, 128);
+  const auto run = [&](const crisp::TensorView& o, const crisp::TensorView& l) {
+    crisp::prefill(x.q.view(), x.k.view(), x.v.view(), crisp_cfg(), o, l);
+  };
+  expect_error([&] { run(ov, crisp::TensorView::contiguous2d(out.data(), crisp::DType::f32, 2, 128)); }, "lse", "lse in out");
+  expect_error([&] { run(ov, crisp::TensorView::contiguous2d(x.k.data.data(), crisp::DType::f32, 2, 128)); }, "lse", "lse in k");
+  expect_error([&] { run(crisp::TensorView::contiguous(x.v.data.data(), crisp::DType::f32, 2, 64, 16), lv); }, "out", "shape");
+  {
+    std::vector<float> kv(2 * 128 * 16);  // k and out share one buffer
+    std::copy(x.k.data.begin(), x.k.data.end(), kv.begin());
+    const auto kview = crisp::TensorView::contiguous(kv.data(), crisp::DType::f32, 1, 128, 16);
+    const auto oview = crisp::TensorView::contiguous(kv.data(), crisp::DType::f32, 2, 128, 16);
+    expect_error([&] { crisp::prefill(x.q.view(), kview, x.v.view(), crisp_cfg(), oview, lv); }, "out", "out over k");
+  }
+  crisp::TensorView expanded = ov;
+  expanded.stride[1] = 0;
+  expect_error([&] { run(expanded, lv); }, "out", "out with token stride 0");
+  crisp::TensorView lse_expanded = lv;
+  lse_expanded.stride[0] = 0;
+  expect_error([&] { run(ov, lse_expanded); }, "lse", "lse with head stride 0");
+  // out may be q itself: the result equals a run into separate memory.
+  run(ov, lv);
+  Tensor3 q_copy = x.q;
+  crisp::prefill(x.q.view(), x.k.view(), x.v.view(), crisp_cfg(), x.q.view(), lv);
+  EXPECT_EQ(x.q.data, out);
+  (void)q_copy;
+}
+
+// Strides whose element offsets overflow int64 (every head read as head 0), and a block table
+// whose row stride no real table has (two sequences: a crash, or sequence 1 reading row 0).
+TEST(BadInput, StridesAndTableStridesBeyondMemory) {
+  Qkv x(2, 1, 64, 16);
+  crisp::TensorView q = x.q.view();
+  q.stride[0] = int64_t(1) << 62;
+  expect_error([&] { crisp::plan(q, x.k.view(), crisp_cfg()); }, "q", "head stride 2^62");
+  crisp::TensorView k = x.k.view();
+  k.stride[1] = -(int64_t(1) << 61);
+  expect_error([&] { crisp::plan(x.q.view(), k, crisp_cfg()); }, "k", "token stride -2^61");
+
+  std::vector<int32_t> table(8, 0);
+  crisp::Batch batch({0, 32, 64}, {0, 32, 64});
+  batch.block_table.data = table.data();
+  batch.block_table.page_size = 16;
+  batch.block_table.max_pages_per_sequence = int64_t(1) << 40;
+  expect_error([&] { crisp::plan(x.q.view(), x.k.view(), crisp_cfg(), batch); }, "batch.block_table.max_pages_per_sequence",
+               "stride 2^40");
+}
+
+// Token counts beyond int32 in the functions that take counts, not tensors.
+TEST(BadInput, TokenCountsBeyondInt32WithoutTensors) {
+  const int64_t too_many = (int64_t(1) << 39) + 261;
+  expect_error([&] { crisp::dense_plan(2, 1, 16, crisp::SeqLens{0, too_many}); }, "cu_seqlens", "dense_plan 2^39");
+  expect_error([&] { crisp::dense_plan(2, 1, 16, crisp::SeqLens{0, std::numeric_limits<int64_t>::max()}); }, "cu_seqlens",
+               "dense_plan INT64_MAX");
+  expect_error([&] { crisp::dense_plan(2, 1, 16, crisp::Batch(crisp::SeqLens{0, 64}, crisp::SeqLens{0, too_many})); },
+               "batch.cu_seqlens_k", "dense_plan keys 2^39");
+  // Within int32 tokens, but the causal blocks of one head overflow the CSR's int32 (a std::bad_alloc
+  // before, or an int32 overflow at 4-8M tokens): an error naming what gave the key count.
+  expect_error([&] { crisp::dense_plan(2, 1, 16, crisp::SeqLens{0, int64_t(1) << 30}, 64); }, "cu_seqlens",
+               "dense_plan 2^30 tokens");
+  expect_error([&] { crisp::dense_plan(2, 1, 16, crisp::SeqLens{0, 65535 * 128 + 1}); }, "cu_seqlens",
+               "dense_plan 65536 blocks");
+  expect_error([&] { crisp::cp_shard(too_many, 64, crisp::CpPartition::zigzag, 0, 2); }, "n", "cp_shard 2^39");
+}
+
+// A moved-from Attention refuses every call with an error (plan dereferenced its empty state).
+TEST(BadInput, MovedFromAttention) {
+  Qkv x(2, 1, 64, 16);
+  crisp::Attention a(crisp_cfg());
+  crisp::Attention b(std::move(a));
+  expect_error([&] { a.plan(x.q.view(), x.k.view()); }, "Attention", "plan after move");  // NOLINT(bugprone-use-after-move)
+  expect_error([&] { (void)a.config(); }, "Attention", "config after move");
+  b.plan(x.q.view(), x.k.view());
+  EXPECT_TRUE(b.planned());
 }
 
 TEST(BadInput, NonFiniteValues) {

@@ -28,7 +28,8 @@ class Attention {
   // "options.cuda.kernel", ...). Allocates nothing.
   explicit Attention(const Config& config, const Options& options = {});
   ~Attention();
-  Attention(Attention&&) noexcept;  // a moved-from Attention may only be assigned or destroyed
+  // A moved-from Attention may only be assigned or destroyed; its other calls throw crisp::Error.
+  Attention(Attention&&) noexcept;
   Attention& operator=(Attention&&) noexcept;
   Attention(const Attention&) = delete;
   Attention& operator=(const Attention&) = delete;

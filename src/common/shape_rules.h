@@ -14,6 +14,11 @@ namespace shape_rules {
 constexpr bool valid_block_size(int64_t block_size) { return block_size == 64 || block_size == 128; }
 constexpr const char* kBlockSizeExpected = "64 or 128";
 
+// The most tokens of one call (or one context-parallel sequence): plans store token and block
+// indices as int32.
+constexpr int64_t kMaxTokens = 2147483647;  // INT32_MAX
+constexpr const char* kMaxTokensExpected = "at most 2147483647 tokens (plans index tokens with int32)";
+
 // The head dims the CUDA attention kernels (portable and Hopper) are instantiated for.
 constexpr bool cuda_head_dim_supported(int64_t head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 256;

@@ -86,15 +86,21 @@ CRISP_CPU_INLINE void attend_block_impl(const AttendInputs<T>& in, int64_t s, in
         for (int j = limit; j < B; ++j) row[j] = T(0);
         continue;
       }
+      // The scores are scaled once and stored, so each exponent below is a stored score minus the
+      // largest of them: never positive. (Scaling in both loops let the compiler fuse the second
+      // into an fma, whose unrounded product could exceed the max: exponents up to +88, Inf sums.)
       T block_max = kNegInf;
 #pragma omp simd reduction(max : block_max)
-      for (int j = first; j < limit; ++j) block_max = std::max(block_max, row[j] * scale);
+      for (int j = first; j < limit; ++j) {
+        row[j] *= scale;
+        block_max = std::max(block_max, row[j]);
+      }
       const T new_max = std::max(scratch.row_max[i], block_max);
       const T correction = fast_exp(scratch.row_max[i] - new_max);  // exp(-inf) = 0 on the first block
       T block_sum = 0;
 #pragma omp simd reduction(+ : block_sum)
       for (int j = first; j < limit; ++j) {
-        const T p = fast_exp(row[j] * scale - new_max);
+        const T p = fast_exp(row[j] - new_max);
         row[j] = p;
         block_sum += p;
       }

@@ -114,6 +114,7 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   }
   check_view("out", out, 3, Hq, out_tokens, d);
   check_view("lse", lse, 2, Hq, out_tokens, 1);
+  detail::check_output_memory(q, k, v, out, lse);
   if (q.dtype != DType::bf16 && q.dtype != DType::f16)
     throw Error("q", std::string("has dtype ") + to_string(q.dtype), "bf16 or f16 on the CUDA backend");
   if (k.dtype != q.dtype) throw Error("k", std::string("has dtype ") + to_string(k.dtype), to_string(q.dtype));

@@ -39,7 +39,7 @@ Batch normalized_shape(const Batch& batch) {
 std::vector<layout::SequenceBases> sequence_bases(const Batch& batch, int block_size) {
   if (!shape_rules::valid_block_size(block_size))
     throw Error("config.block_size", "is " + std::to_string(block_size), shape_rules::kBlockSizeExpected);
-  const std::vector<SequencePlan> shapes = detail::sequence_shapes(normalized_shape(batch), block_size);
+  const std::vector<SequencePlan> shapes = detail::sequence_shapes(normalized_shape(batch), block_size, "batch");
   std::vector<layout::SequenceBases> bases;
   bases.reserve(shapes.size());
   int64_t block_base = 0, row_ptr_base = 0, col_base = 0;

@@ -24,6 +24,7 @@ void check_partition_args(int64_t n, int block_size, CpPartition partition, int 
     throw Error("partition", "is not a named choice", "CpPartition::contiguous or CpPartition::zigzag");
   if (world < 1) throw Error("world", "is " + std::to_string(world), "at least 1 rank");
   if (n < 1) throw Error("n", "is " + std::to_string(n), "at least 1 token");
+  if (n > shape_rules::kMaxTokens) throw Error("n", "is " + std::to_string(n), shape_rules::kMaxTokensExpected);
   if (!shape_rules::valid_block_size(block_size))
     throw Error("block_size", "is " + std::to_string(block_size), shape_rules::kBlockSizeExpected);
   const int32_t N = rules::num_blocks(n, block_size);
