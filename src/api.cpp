@@ -542,6 +542,11 @@ void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& pla
 
 }  // namespace detail
 
+void check_inputs(const TensorView& q, const TensorView& k, const TensorView* v, const Batch& batch) {
+  detail::validate_qkv(q, k, v);
+  (void)detail::normalize_batch(batch, q, k, v);
+}
+
 Plan plan(const TensorView& q, const TensorView& k, const Config& config, const Batch& batch, const Options& options) {
   detail::check_options(options);
   detail::validate_qkv(q, k, nullptr);

@@ -171,9 +171,9 @@ crisp_cli_test(bad_block ARGS "plan|${QK_A}|--block|96|--json|${CLI_DIR}/x.json"
 crisp_cli_test(length_mismatch ARGS "plan|--q|${GEN_A}/q.npy|--k|${GEN_B}/k.npy|--json|${CLI_DIR}/x.json"
   STDERR "${ERR}" REQUIRES "cli_gen_a;cli_gen_b")
 crisp_cli_test(heads_not_multiple ARGS "plan|--q|${GEN_A}/q.npy|--k|${GEN_C}/k.npy|--json|${CLI_DIR}/x.json"
-  STDERR "${ERR}" REQUIRES "cli_gen_a;cli_gen_c")
+  STDERR "${ERR}--k [^ ]*k\\.npy: has 3 heads, which does not divide q's 8" REQUIRES "cli_gen_a;cli_gen_c")
 crisp_cli_test(rank2_input ARGS "plan|--q|${GEN_A}/q.npy|--k|${CLI_DIR}/lse.npy|--json|${CLI_DIR}/x.json"
-  STDERR "${ERR}" REQUIRES "cli_gen_a;cli_attend")
+  STDERR "${ERR}--k [^ ]*lse\\.npy: has rank 2" REQUIRES "cli_gen_a;cli_attend")
 crisp_cli_test(unwritable_json ARGS "plan|${QK_A}|--json|${CLI_DIR}/no_such_dir/plan.json"
   STDERR "${ERR}.*--json" REQUIRES cli_gen_a)
 # Output paths are checked before the work: a missing input is not reached.
@@ -187,6 +187,101 @@ crisp_cli_test(attend_same_output_json ARGS "attend|${QK_A}|--v|${GEN_A}/v.npy|-
 crisp_cli_test(plan_json_stdout ARGS "plan|${QK_A}|--json|-" RC 0 STDOUT "^[{].*heads.*[}][^a-z]*$" STDERR "density"
   REQUIRES cli_gen_a)
 crisp_cli_test(negative_seed ARGS "gen|--seed|-1|--out-dir|${CLI_DIR}/seed" STDERR "${ERR}--seed")
+
+# ---------------------------------------------------------------- seeds are uint64: 0 .. 2^64 - 1
+# -1 was read as 2^64 - 1 by eval pareto and bench; 2^64 - 1 itself was refused by gen and demo.
+crisp_cli_test(negative_seed.pareto
+  ARGS "eval|pareto|--structured|--seed|-1|--sweep|crisp:alpha=1|--lengths|64|--json|${CLI_DIR}/seed_pareto.json"
+  STDERR "${ERR}--seed: '-1' is not a non-negative integer")
+crisp_cli_test(negative_seed.bench ARGS "bench|--seed|-1" STDERR "${ERR}--seed: '-1' is not a non-negative integer")
+crisp_cli_test(seed_too_large.gen ARGS "gen|--seed|18446744073709551616|--out-dir|${CLI_DIR}/seed"
+  STDERR "${ERR}--seed: '18446744073709551616' is not a non-negative integer")
+crisp_cli_test(seed_wraps.pareto
+  ARGS "eval|pareto|--structured|--seed|18446744073709551615|--seeds|2|--sweep|crisp:alpha=1|--lengths|64|--json|${CLI_DIR}/seed_wrap.json"
+  STDERR "${ERR}--seed: 18446744073709551615 with --seeds 2 runs past the largest seed")
+# The largest seed is a seed; this small workload (gen_d) is also the input of the overwrite checks.
+set(GEN_D "${CLI_DIR}/gen_d")
+crisp_cli_test(gen_d ARGS "gen|--seq|64|--dim|8|--heads-q|2|--heads-kv|1|--seed|18446744073709551615|--out-dir|${GEN_D}"
+  RC 0 FILES "${GEN_D}/q.npy|${GEN_D}/k.npy|${GEN_D}/v.npy" SETUP cli_gen_d)
+
+# ---------------------------------------------------------------- workload options (gen, demo)
+# Errors name the option, not the workload field it fills (workload.needles, workload.head_dim).
+crisp_cli_test(workload_seq_below_needles.gen ARGS "gen|--seq|4|--out-dir|${CLI_DIR}/seq4"
+  STDERR "${ERR}--seq: 4 needles in sequence 0 of 4 tokens; expected fewer needles than tokens")
+crisp_cli_test(workload_seq_below_needles.demo ARGS "demo|--seq|1"
+  STDERR "${ERR}--seq: 4 needles in sequence 0 of 1 tokens")
+crisp_cli_test(workload_seq_smallest.gen ARGS "gen|--seq|5|--dim|8|--heads-q|1|--heads-kv|1|--out-dir|${CLI_DIR}/seq5"
+  RC 0 FILES "${CLI_DIR}/seq5/q.npy")
+crisp_cli_test(workload_dim_small.gen ARGS "gen|--dim|7|--out-dir|${CLI_DIR}/dim7"
+  STDERR "${ERR}--dim: 7 is out of range; expected an integer in \\[8, 256\\]")
+crisp_cli_test(workload_dim_large.demo ARGS "demo|--dim|257" STDERR "${ERR}--dim: 257 is out of range; expected an integer in \\[8, 256\\]")
+crisp_cli_test(help.gen_dim ARGS "gen|--help" RC 0 STDOUT "--dim[^\n]*8 to 256")
+crisp_cli_test(workload_gqa.gen ARGS "gen|--seq|64|--heads-q|8|--heads-kv|3|--out-dir|${CLI_DIR}/gqa"
+  STDERR "${ERR}--heads-q: 8 is not a multiple of num_kv_heads = 3")
+crisp_cli_test(workload_too_large.gen ARGS "gen|--seq|1099511627776|--out-dir|${CLI_DIR}/huge"
+  STDERR "${ERR}--seq: workload too large \\(heads x tokens x head_dim exceeds 2\\^40 elements\\)")
+
+# ---------------------------------------------------------------- attend: shapes before the outputs
+# A Q of shape (2^30, 1024, 0) holds no bytes: it was reported as "out of memory" (O was allocated
+# from its extents before they were checked). The .npy is written here with printf: CMake's strings
+# cannot hold its NUL bytes.
+set(ZERO_NPY "${CLI_DIR}/zero_extent.npy")
+add_test(NAME cli.zero_extent_npy COMMAND sh -c
+  [=[printf '\223NUMPY\001\000\166\000{"descr": "<f4", "fortran_order": False, "shape": (1073741824, 1024, 0)}                                             \n' > "$0"]=]
+  "${ZERO_NPY}")
+set_tests_properties(cli.zero_extent_npy PROPERTIES LABELS "cpu" FIXTURES_SETUP cli_zero_npy)
+crisp_cli_test(attend.zero_extent
+  ARGS "attend|--q|${ZERO_NPY}|--k|${GEN_A}/k.npy|--v|${GEN_A}/v.npy|--out|${CLI_DIR}/o_zero.npy|--lse|${CLI_DIR}/l_zero.npy"
+  STDERR "${ERR}--q [^ ]*zero_extent\\.npy: has shape \\[1073741824, 1024, 0\\] with zero head dim"
+  REQUIRES "cli_gen_a;cli_zero_npy")
+crisp_cli_test(attend.v_length_mismatch
+  ARGS "attend|${QK_A}|--v|${GEN_B}/v.npy|--out|${CLI_DIR}/o_v.npy|--lse|${CLI_DIR}/l_v.npy"
+  STDERR "${ERR}--v [^ ]*v\\.npy: has 384 tokens but k has 640" REQUIRES "cli_gen_a;cli_gen_b")
+
+# ---------------------------------------------------------------- JSON on standard output
+# `--json -`: the JSON alone on stdout, the human summary on stderr (as `crisp plan`).
+crisp_cli_test(attend_json_stdout
+  ARGS "attend|${QK_A}|--v|${GEN_A}/v.npy|--out|${CLI_DIR}/o_js.npy|--lse|${CLI_DIR}/l_js.npy|--json|-"
+  RC 0 STDOUT "^[{].*heads.*[}][^a-z]*$" STDERR "attend: policy" REQUIRES cli_gen_a)
+crisp_cli_test(demo_json_stdout ARGS "demo|--seq|512|--heads-q|2|--heads-kv|1|--dim|32|--quiet|--json|-"
+  RC 0 STDOUT "^[{].*rows.*[}][^a-z]*$" STDERR "crisp demo: structured workload")
+
+# ---------------------------------------------------------------- .npy outputs are files
+# `--out -` made a file named '-'; binary outputs are refused on standard output.
+crisp_cli_test(attend_out_stdout ARGS "attend|${QK_A}|--v|${GEN_A}/v.npy|--out|-|--lse|${CLI_DIR}/l_so.npy"
+  STDERR "${ERR}--out: '-' \\(standard output\\) is not supported for the \\.npy output O" REQUIRES cli_gen_a)
+crisp_cli_test(attend_lse_stdout ARGS "attend|${QK_A}|--v|${GEN_A}/v.npy|--out|${CLI_DIR}/o_so.npy|--lse|/dev/stdout"
+  STDERR "${ERR}--lse: '/dev/stdout' \\(standard output\\) is not supported" REQUIRES cli_gen_a)
+crisp_cli_test(gen_out_dir_stdout ARGS "gen|--seq|64|--out-dir|-"
+  STDERR "${ERR}--out-dir: '-' \\(standard output\\) is not supported")
+
+# ---------------------------------------------------------------- an output is not an input
+crisp_cli_test(plan_json_is_input ARGS "plan|--q|${GEN_D}/q.npy|--k|${GEN_D}/k.npy|--json|${GEN_D}/q.npy"
+  STDERR "${ERR}--json: '[^']*q\\.npy' is the --q input file" REQUIRES cli_gen_d)
+crisp_cli_test(attend_out_is_input
+  ARGS "attend|--q|${GEN_D}/q.npy|--k|${GEN_D}/k.npy|--v|${GEN_D}/v.npy|--out|${GEN_D}/./q.npy|--lse|${CLI_DIR}/l_in.npy"
+  STDERR "${ERR}--out: '[^']*q\\.npy' is the --q input file" REQUIRES cli_gen_d)
+crisp_cli_test(attend_lse_is_input
+  ARGS "attend|--q|${GEN_D}/q.npy|--k|${GEN_D}/k.npy|--v|${GEN_D}/v.npy|--out|${CLI_DIR}/o_in.npy|--lse|${GEN_D}/../gen_d/v.npy"
+  STDERR "${ERR}--lse: '[^']*v\\.npy' is the --v input file" REQUIRES cli_gen_d)
+crisp_cli_test(attend_json_is_input
+  ARGS "attend|--q|${GEN_D}/q.npy|--k|${GEN_D}/k.npy|--v|${GEN_D}/v.npy|--out|${CLI_DIR}/o_in.npy|--lse|${CLI_DIR}/l_in.npy|--json|${GEN_D}/k.npy"
+  STDERR "${ERR}--json: '[^']*k\\.npy' is the --k input file" REQUIRES cli_gen_d)
+
+# ---------------------------------------------------------------- bench: checked before the GPU is looked for
+# --json was first written after a whole measurement; the quartered heads were not checked at all.
+crisp_cli_test(bench.json_unwritable ARGS "bench|--json|${CLI_DIR}/no_such_dir/bench.json"
+  STDERR "${ERR}--json: directory .*no_such_dir.* does not exist")
+crisp_cli_test(bench.json_unwritable_chunks ARGS "bench|--chunks|4096|--json|${CLI_DIR}/no_such_dir/bench.json"
+  STDERR "${ERR}--json: directory .*no_such_dir.* does not exist")
+crisp_cli_test(bench.json_stdout ARGS "bench|--json|-" STDERR "${ERR}--json: '-' \\(standard output\\) is not supported")
+crisp_cli_test(bench.quarter_heads_none ARGS "bench|--heads|2|--kv-heads|1|--seq|1024|--quarter-heads-from|1024"
+  STDERR "${ERR}--quarter-heads-from: 1024 quarters --heads 2 / --kv-heads 1 to 0 query / 1 kv heads.*no query head")
+crisp_cli_test(bench.quarter_heads_not_multiple
+  ARGS "bench|--heads|20|--kv-heads|10|--seq|1024,4096|--quarter-heads-from|2048"
+  STDERR "${ERR}--quarter-heads-from: 2048 quarters --heads 20 / --kv-heads 10 to 5 query / 2 kv heads at --seq 4096, not a multiple")
+crisp_cli_test(bench.quarter_heads_negative ARGS "bench|--quarter-heads-from|-5"
+  STDERR "${ERR}--quarter-heads-from: '-5' is not a non-negative integer")
 
 # ---------------------------------------------------------------- builds without the CUDA backend
 if(NOT CRISP_HAVE_CUDA)

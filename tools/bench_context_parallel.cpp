@@ -109,9 +109,9 @@ void run_context_parallel_bench(const ContextParallelBenchArgs& a) {
   std::fflush(stdout);
 
   for (const int64_t n : a.seq) {
-    const bool quarter = n >= a.quarter_heads_from;
-    const int64_t H = quarter ? a.heads / 4 : a.heads;
-    const int64_t Hkv = quarter ? std::max<int64_t>(1, a.kv_heads / 4) : a.kv_heads;
+    const BenchHeads heads = bench_heads(n, a.heads, a.kv_heads, a.quarter_heads_from);
+    const bool quarter = heads.quartered;
+    const int64_t H = heads.q, Hkv = heads.kv;
     const int64_t d = a.dim;
     if (quarter)
       std::printf("note: n=%lld runs %lld query / %lld kv heads (a quarter of the heads)\n", static_cast<long long>(n),

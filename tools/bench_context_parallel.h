@@ -6,6 +6,18 @@
 #include <string>
 #include <vector>
 
+// The heads a bench run of length n uses: --heads / --kv-heads, or from --quarter-heads-from on a
+// quarter of them (at least one kv head). Shared by `crisp bench` and `crisp bench --gpus N`; the
+// command checks up front that the quartered heads are valid (>= 1 query head, a GQA multiple).
+struct BenchHeads {
+  int64_t q = 0, kv = 0;
+  bool quartered = false;
+};
+inline BenchHeads bench_heads(int64_t n, int64_t heads, int64_t kv_heads, int64_t quarter_heads_from) {
+  if (n < quarter_heads_from) return {heads, kv_heads, false};
+  return {heads / 4, kv_heads / 4 > 1 ? kv_heads / 4 : 1, true};
+}
+
 struct ContextParallelBenchArgs {
   int gpus = 2;
   std::vector<std::string> partitions = {"zigzag"};

@@ -45,6 +45,7 @@
 #include "gpu_timing.h"
 #include "io_util.h"
 #include "progress.h"
+#include "validators.h"
 
 namespace {
 
@@ -184,8 +185,9 @@ void run_bench(const BenchArgs& a) {
   std::fflush(stdout);
 
   for (const int64_t n : a.seq) {
-    const bool quarter = n >= a.quarter_heads_from;
-    const int64_t H = quarter ? a.heads / 4 : a.heads, Hkv = quarter ? std::max<int64_t>(1, a.kv_heads / 4) : a.kv_heads;
+    const BenchHeads heads = bench_heads(n, a.heads, a.kv_heads, a.quarter_heads_from);
+    const bool quarter = heads.quartered;
+    const int64_t H = heads.q, Hkv = heads.kv;
     if (quarter)
       std::printf("note: n=%lld runs %lld query / %lld kv heads (a quarter of the heads)\n", static_cast<long long>(n),
                   static_cast<long long>(H), static_cast<long long>(Hkv));
@@ -363,13 +365,19 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--reps", args->reps, "Timed runs per measurement (median reported)")->check(CLI::Range(1, 1000));
   sub->add_option("--warmup", args->warmup, "Untimed runs before timing")->check(CLI::Range(0, 100));
   sub->add_option("--quarter-heads-from", args->quarter_heads_from,
-                  "Use a quarter of the heads from this sequence length on (memory / generation time)");
-  sub->add_option("--seed", args->seed, "Workload seed");
+                  "Use a quarter of the heads from this sequence length on (memory / generation time); the "
+                  "quartered --heads / --kv-heads (kv at least 1) must stay >= 1 and a multiple")
+      ->capture_default_str()
+      ->check(crisp_cli::kNonNegativeInteger);
+  sub->add_option("--seed", args->seed, "Workload seed")
+      ->capture_default_str()
+      ->check(crisp_cli::kNonNegativeInteger64);  // CLI11 would wrap -1 to 2^64 - 1
   sub->add_option("--diffuse-share", args->diffuse_share,
                   "Share of the workload's query heads that are diffuse (routed PE by crisp; docs/workload.md)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  sub->add_option("--json", args->json_path, "Write every measurement as JSON to this file");
+  sub->add_option("--json", args->json_path,
+                  "Write every measurement as JSON to this file (rewritten after each one; not standard output)");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
   sub->add_option("--kernels", args->kernels,
                   "Attention kernels to time each layout with (comma separated: portable, hopper, auto, or a "
@@ -408,8 +416,29 @@ void register_bench_command(CLI::App& app) {
                 "With --chunks: also time every chunk's plans alone and every chunk's attention alone (the "
                 "plans made), so a difference in the total shows its side");
   sub->callback([args, page_order_option] {
+    // Every check here comes before the GPU is looked for (run_*bench), so bad input is reported as
+    // such on any machine, and before any measurement.
     if (args->heads % args->kv_heads != 0)
       throw crisp::Error("--kv-heads", "does not divide --heads", "a divisor of the query head count");
+    // --json is rewritten after every measurement (a checkpoint of a long run): a file, checked now
+    // rather than at the first write after a whole measurement.
+    crisp_cli::require_file_output("--json", args->json_path, "the measurements' JSON (rewritten after each one)");
+    crisp_cli::require_writable("--json", args->json_path);
+    if (args->chunks.empty()) {  // the chunked bench runs every length with all heads
+      for (const int64_t n : args->seq) {
+        const BenchHeads h = bench_heads(n, args->heads, args->kv_heads, args->quarter_heads_from);
+        if (!h.quartered) continue;
+        if (h.q < 1 || h.q % h.kv != 0)
+          throw crisp::Error(
+              "--quarter-heads-from",
+              std::to_string(args->quarter_heads_from) + " quarters --heads " + std::to_string(args->heads) +
+                  " / --kv-heads " + std::to_string(args->kv_heads) + " to " + std::to_string(h.q) + " query / " +
+                  std::to_string(h.kv) + " kv heads at --seq " + std::to_string(n) +
+                  (h.q < 1 ? ": no query head" : ", not a multiple"),
+              "--heads of at least 4 whose quarter is a multiple of the quarter of --kv-heads (at least 1), or a "
+              "--quarter-heads-from above every --seq length");
+      }
+    }
     for (const int64_t p : args->page_sizes)
       if (p % 16 != 0) throw crisp::Error("--page-sizes", "has " + std::to_string(p), "multiples of 16");
     if (args->kv_token_major && args->chunks.empty())

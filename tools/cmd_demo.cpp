@@ -86,16 +86,16 @@ bool has_routed_heads(const crisp::Plan& plan) {
   return false;
 }
 
-void print_table(const std::vector<Row>& rows) {
-  std::printf("%-12s %8s %8s %8s %8s %9s %6s %9s %9s %8s\n", "preset", "density", "needles",
+void print_table(std::FILE* to, const std::vector<Row>& rows) {
+  std::fprintf(to, "%-12s %8s %8s %8s %8s %9s %6s %9s %9s %8s\n", "preset", "density", "needles",
               "recall", "recall", "rel err", "VS", "plan", "attn", "speedup");
-  std::printf("%-12s %8s %8s %8s %8s %9s %6s %9s %9s %8s\n", "", "", "kept", "mean", "min", "mean",
+  std::fprintf(to, "%-12s %8s %8s %8s %8s %9s %6s %9s %9s %8s\n", "", "", "kept", "mean", "min", "mean",
               "heads", "ms", "ms", "vs dense");
   for (const Row& r : rows) {
     char vs[16];
     if (r.any_routed) std::snprintf(vs, sizeof vs, "%5.0f%%", 100.0 * r.vs_share);
     else std::snprintf(vs, sizeof vs, "%6s", "-");
-    std::printf("%-12s %7.1f%% %7.1f%% %8.4f %8.4f %9.2e %6s %9.1f %9.1f %7.2fx\n", r.preset.c_str(),
+    std::fprintf(to, "%-12s %7.1f%% %7.1f%% %8.4f %8.4f %9.2e %6s %9.1f %9.1f %7.2fx\n", r.preset.c_str(),
                 100.0 * r.density, 100.0 * r.needles_kept, r.recall_mean, r.recall_min,
                 r.rel_error_mean, vs, r.plan_ms, r.attention_ms, r.speedup);
   }
@@ -120,7 +120,10 @@ nlohmann::json rows_to_json(const std::vector<Row>& rows) {
 }
 
 void run_demo(const DemoArgs& args) {
+  crisp_cli::check_workload_options(args.workload);
   crisp_cli::require_writable("--json", args.json_path);
+  // With the JSON on standard output the table goes to stderr, so stdout stays one JSON document.
+  std::FILE* const summary = crisp_cli::is_stdout_path(args.json_path) ? stderr : stdout;
   crisp_cli::Progress progress(!args.quiet);
   const crisp::WorkloadSpec spec = crisp_cli::make_workload_spec(args.workload);
   std::unique_ptr<crisp_cli::DemoBackend> backend =
@@ -188,13 +191,13 @@ void run_demo(const DemoArgs& args) {
     rows.push_back(row);
   }
 
-  std::printf("crisp demo: structured workload n = %lld, Hq = %lld, Hkv = %lld, d = %lld, seed %llu; "
+  std::fprintf(summary, "crisp demo: structured workload n = %lld, Hq = %lld, Hkv = %lld, d = %lld, seed %llu; "
               "backend %s\n\n",
               static_cast<long long>(tokens), static_cast<long long>(heads),
               static_cast<long long>(workload.spec.num_kv_heads), static_cast<long long>(dim),
               static_cast<unsigned long long>(workload.spec.seed), backend->description().c_str());
-  print_table(rows);
-  std::printf(
+  print_table(summary, rows);
+  std::fprintf(summary, 
       "\nneedles kept: share of (query block, needle block) pairs whose needle block is computed.\n"
       "recall: exp(LSE_sparse - LSE_dense) per query (mean over heads of the per-head mean; min over\n"
       "all queries). rel err: ||O - O_dense||_F / ||O_dense||_F, mean over heads. speedup: dense\n"
@@ -228,7 +231,7 @@ void register_demo_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   crisp_cli::add_threads_option(*sub, args->threads);
-  sub->add_option("--json", args->json_path, "Also write the table as JSON to this file");
+  sub->add_option("--json", args->json_path, "Also write the table as JSON to this file ('-': standard output, the table then on stderr)");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
   sub->callback([args] { run_demo(*args); });
 }

@@ -51,10 +51,12 @@ std::string format_ratio(double value, bool present) {
   return text;
 }
 
-// `--score FILE`: outputs produced elsewhere (e.g. the transformers run of scripts/hf_niah.py on
+// `--score FILE`: outputs produced elsewhere (e.g. the transformers run of eval/hf_niah.py on
 // samples from --dump-samples), scored with the official rules of src/eval/niah.h. One JSON object
 // per line: id, policy, output, task, expected (scoring, length, depth, density, ttft_s optional).
 void score_outputs(const NiahArgs& args) {
+  crisp_cli::require_outputs_not_inputs({{"--json", args.json_path}}, {{"--score", args.score_path}});
+  crisp_cli::require_writable("--json", args.json_path);
   std::ifstream in(args.score_path, std::ios::binary);
   if (!in) throw crisp::Error("--score", "cannot open '" + args.score_path + "'", "a JSONL file of outputs");
   struct Scored {

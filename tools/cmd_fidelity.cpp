@@ -129,6 +129,8 @@ json layout_to_json(const crisp::HeadPlan& head, int32_t num_blocks) {
 }
 
 void run_fidelity(const FidelityArgs& args) {
+  // The output before the (long) evaluation: an unwritable path fails now, not after it.
+  crisp_cli::require_writable("--json", args.json_path);
   // Policies.
   std::vector<ev::PolicySpec> policies;
   for (const std::string& name : args.routing_only ? std::vector<std::string>{} : split(args.policies, ',')) {

@@ -22,6 +22,9 @@ struct GenArgs {
 };
 
 void run_gen(const GenArgs& args) {
+  crisp_cli::check_workload_options(args.workload);
+  // q.npy, k.npy and v.npy are binary files of a directory: no standard output here either.
+  crisp_cli::require_file_output("--out-dir", args.out_dir, "the .npy outputs (a directory)");
   std::error_code ec;
   std::filesystem::create_directories(args.out_dir, ec);
   if (ec) {

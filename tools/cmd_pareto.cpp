@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -20,6 +22,7 @@
 #include "eval/structured_frontier.h"
 #include "eval/splits.h"
 #include "eval/sweep.h"
+#include "io_util.h"
 #include "progress.h"
 #include "validators.h"
 
@@ -102,6 +105,10 @@ void print_captures_table(const json& doc) {
 
 void run_pareto(const ParetoArgs& given) {
   ParetoArgs args = given;
+  // --json is this command's own (resumable) output; an input file given as --json would be overwritten.
+  std::vector<std::pair<std::string, std::string>> inputs = {{"--splits", args.splits_path}};
+  for (const std::string& path : args.sweep_files) inputs.push_back({"--sweep-file", path});
+  crisp_cli::require_outputs_not_inputs({{"--json", args.json_path}}, inputs);
   const std::vector<ce::FrontierPoint> points = sweep_points(args);
   ce::FrontierHooks hooks;
   if (!args.quiet) {
@@ -127,6 +134,11 @@ void run_pareto(const ParetoArgs& given) {
       const std::string path = args.splits_path.empty() ? ce::default_splits_path(CRISP_SOURCE_DIR) : args.splits_path;
       s.seeds = ce::load_splits(path, "--splits").structured_split(args.split, "--split");
     } else {
+      // --seed .. --seed + --seeds - 1, without wrapping past 2^64 - 1 to seed 0.
+      if (args.seed > std::numeric_limits<uint64_t>::max() - static_cast<uint64_t>(args.seeds - 1))
+        throw crisp::Error("--seed", std::to_string(args.seed) + " with --seeds " + std::to_string(args.seeds) +
+                                         " runs past the largest seed, 2^64 - 1",
+                           "--seed + --seeds - 1 <= " + std::to_string(std::numeric_limits<uint64_t>::max()));
       for (int64_t i = 0; i < args.seeds; ++i) s.seeds.push_back(args.seed + static_cast<uint64_t>(i));
     }
     s.error_queries = args.error_queries;
@@ -206,7 +218,10 @@ void register_eval_pareto(CLI::App& eval) {
                            ->capture_default_str()
                            ->check(CLI::Range(int64_t{1}, int64_t{1000}))
                            ->needs(structured);
-  CLI::Option* seed = sub->add_option("--seed", args->seed, "Structured: the first seed")->capture_default_str()->needs(structured);
+  CLI::Option* seed = sub->add_option("--seed", args->seed, "Structured: the first seed")
+                          ->capture_default_str()
+                          ->check(crisp_cli::kNonNegativeInteger64)  // CLI11 would wrap -1 to 2^64 - 1
+                          ->needs(structured);
   sub->add_option("--split", args->split, "Structured: the workload seeds of a split of eval/splits.json (tuning or test)")
       ->check(CLI::IsMember({"tuning", "test"}))
       ->excludes(seeds)

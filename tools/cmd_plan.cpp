@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "crisp/npy.h"
+#include "input_checks.h"
 #include "io_util.h"
 #include "plan_json.h"
 
@@ -19,15 +20,17 @@ struct PlanArgs {
 };
 
 void run_plan(const PlanArgs& args) {
+  crisp_cli::require_outputs_not_inputs({{"--json", args.json_path}}, {{"--q", args.q_path}, {"--k", args.k_path}});
   crisp_cli::require_writable("--json", args.json_path);
   const crisp::Config config = crisp_cli::make_config(args.policy);
   crisp::NpyArray q = crisp::read_npy(args.q_path);
   crisp::NpyArray k = crisp::read_npy(args.k_path);
-  const crisp::TensorView q_view = q.view("--q " + args.q_path);
-  const crisp::TensorView k_view = k.view("--k " + args.k_path);
+  const std::string q_argument = "--q " + args.q_path, k_argument = "--k " + args.k_path;
+  const crisp::TensorView q_view = q.view(q_argument);
+  const crisp::TensorView k_view = k.view(k_argument);
+  const crisp::Batch batch = crisp_cli::one_sequence(q_view, q_argument, k_view, k_argument);
 
-  const crisp::Plan plan =
-      crisp::plan(q_view, k_view, config, crisp_cli::one_sequence(q_view, k_view), crisp_cli::make_run_options(args.policy));
+  const crisp::Plan plan = crisp::plan(q_view, k_view, config, batch, crisp_cli::make_run_options(args.policy));
   crisp_cli::write_text_file("--json", args.json_path, crisp_cli::plan_to_json(plan).dump(1) + "\n");
 
   // With the JSON on standard output the summary goes to stderr, so stdout stays one JSON document.

@@ -68,8 +68,4 @@ crisp::Config config_of_policy_spec(const std::string& spec, const std::string& 
 // Options of the CPU backend from --precision and --threads.
 crisp::Options make_run_options(const PolicyOptions& options);
 
-// The batch of one sequence read from --q / --k files: the q's n_q queries are the last n_q of
-// k's n_k positions (a whole prompt when n_q == n_k).
-crisp::Batch one_sequence(const crisp::TensorView& q, const crisp::TensorView& k);
-
 }  // namespace crisp_cli

@@ -56,20 +56,55 @@ void require_writable(const std::string& argument, const std::string& path) {
     throw crisp::Error(argument, "cannot create '" + path + "': " + std::strerror(errno), "a writable path");
 }
 
-void require_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+bool same_file(const std::string& a, const std::string& b) {
   namespace fs = std::filesystem;
+  if (a == b) return true;
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) {
+    const bool equivalent = fs::equivalent(a, b, ec);
+    if (!ec) return equivalent;
+  }
+  // One of them does not exist (yet): the same path once made absolute and normalized. Symbolic
+  // links of an existing directory part are resolved too (weakly_canonical).
+  const auto normal = [](const std::string& p) {
+    std::error_code error;
+    fs::path resolved = fs::weakly_canonical(fs::absolute(p, error), error);
+    if (error) resolved = fs::absolute(p, error);
+    return resolved.lexically_normal();
+  };
+  return normal(a) == normal(b);
+}
+
+void require_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     for (std::size_t j = 0; j < i; ++j) {
       const std::string& a = outputs[j].second;
       const std::string& b = outputs[i].second;
       if (a.empty() || b.empty()) continue;
-      std::error_code ec;
-      const bool same = fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec) || a == b;
-      if (same)
+      if (same_file(a, b))
         throw crisp::Error(outputs[i].first, "'" + b + "' is also the " + outputs[j].first + " file",
                            "a different path from " + outputs[j].first + " (one output would overwrite the other)");
     }
   }
+}
+
+void require_outputs_not_inputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                                const std::vector<std::pair<std::string, std::string>>& inputs) {
+  for (const auto& [output_argument, output] : outputs) {
+    if (output.empty() || is_stdout_path(output)) continue;
+    for (const auto& [input_argument, input] : inputs) {
+      if (input.empty()) continue;
+      if (same_file(output, input))
+        throw crisp::Error(output_argument, "'" + output + "' is the " + input_argument + " input file",
+                           "a path other than the inputs' (writing it would overwrite " + input_argument + ")");
+    }
+  }
+}
+
+void require_file_output(const std::string& argument, const std::string& path, const std::string& what) {
+  if (is_stdout_path(path))
+    throw crisp::Error(argument, "'" + path + "' (standard output) is not supported for " + what,
+                       path == "-" ? "a path (./- for one named '-')" : "a path");
 }
 
 }  // namespace crisp_cli

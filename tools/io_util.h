@@ -26,4 +26,18 @@ void require_writable(const std::string& argument, const std::string& path);
 // paths are ignored. Each pair is {argument, path}.
 void require_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
 
+// Refuses an output option that names the file of an input option (writing it would overwrite the
+// input, or truncate it before it is read). Empty paths and standard output are ignored. Each pair
+// is {argument, path}; the error names the output's argument.
+void require_outputs_not_inputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                                const std::vector<std::pair<std::string, std::string>>& inputs);
+
+// True when `a` and `b` name one file: std::filesystem::equivalent when both exist, else the same
+// absolute path in lexical normal form.
+bool same_file(const std::string& a, const std::string& b);
+
+// Refuses standard output ("-" or /dev/stdout) for a binary output such as a .npy file (`what`
+// says which), which is written to a named file only. Throws crisp::Error naming `argument`.
+void require_file_output(const std::string& argument, const std::string& path, const std::string& what);
+
 }  // namespace crisp_cli

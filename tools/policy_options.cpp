@@ -7,17 +7,24 @@
 #include "validators.h"
 
 namespace crisp_cli {
+namespace {
+
+// The --set help names every key Config::set accepts (Config::parameter_names), so the list cannot
+// fall behind the parameter table.
+std::string set_help() {
+  std::string text = "Override one parameter, key=value (repeatable), with the spec's names: ";
+  const std::vector<std::string> names = crisp::Config::parameter_names();
+  for (std::size_t i = 0; i < names.size(); ++i) text += (i ? ", " : "") + names[i];
+  return text;
+}
+
+}  // namespace
 
 void add_policy_options(CLI::App& sub, PolicyOptions& options) {
   sub.add_option("--policy", options.policy,
                  "Preset to start from: crisp, flexprefill, minference or dense")
       ->capture_default_str();
-  sub.add_option("--set", options.sets,
-                 "Override one parameter, key=value (repeatable), with the spec's names: "
-                 "routing, tau_proxy, rho, tau, w_sink, w_local, vs_budget, alpha, vs_floor, "
-                 "uniform_alpha, uniform_floor_blocks, uniform_floor_slash_blocks, proxy_last_rows, gamma, vertical_tokens, slash_tokens, pe_rule, pe_gamma, pe_alpha, "
-                 "slash_cover, min_budget, max_budget, "
-                 "dense_below, softmax_scale, block_size, fine_blocks_below")
+  sub.add_option("--set", options.sets, set_help())
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
   sub.add_option("--block", options.block_size, "Block size B: 64 or 128 (default: the preset's, 128)")
@@ -78,15 +85,6 @@ crisp::Options make_run_options(const PolicyOptions& options) {
   run.precision = options.precision == "f64" ? crisp::Precision::f64 : crisp::Precision::f32;
   run.num_threads = options.threads;
   return run;
-}
-
-crisp::Batch one_sequence(const crisp::TensorView& q, const crisp::TensorView& k) {
-  if (q.tokens() == k.tokens()) return crisp::Batch{};
-  if (q.tokens() > k.tokens())
-    throw crisp::Error("--q", "holds " + std::to_string(q.tokens()) + " positions but --k only " +
-                                  std::to_string(k.tokens()),
-                       "n_q <= n_k: the queries are the last n_q of the keys' positions");
-  return crisp::Batch({0, q.tokens()}, {0, k.tokens()});
 }
 
 }  // namespace crisp_cli

@@ -1,9 +1,12 @@
 // tools/workload_options.h — the workload options shared by `crisp demo` and `crisp gen`.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <utility>
 
 #include <CLI/CLI.hpp>
 
+#include "crisp/error.h"
 #include "crisp/workload.h"
 #include "validators.h"
 
@@ -18,7 +21,9 @@ struct WorkloadOptions {
 };
 
 inline void add_workload_options(CLI::App& sub, WorkloadOptions& options) {
-  sub.add_option("--seq", options.seq, "Sequence length n (tokens)")
+  sub.add_option("--seq", options.seq,
+                 "Sequence length n (tokens; more than the " + std::to_string(crisp::WorkloadSpec{}.needles) +
+                     " planted needles)")
       ->capture_default_str()
       ->check(kPositiveInteger);
   sub.add_option("--heads-q", options.heads_q, "Query heads Hq")
@@ -27,12 +32,14 @@ inline void add_workload_options(CLI::App& sub, WorkloadOptions& options) {
   sub.add_option("--heads-kv", options.heads_kv, "KV heads Hkv (Hq must be a multiple)")
       ->capture_default_str()
       ->check(kPositiveInteger);
-  sub.add_option("--dim", options.dim, "Head dimension d (at most 256)")
+  sub.add_option("--dim", options.dim,
+                 "Head dimension d (" + std::to_string(crisp::kWorkloadMinHeadDim) + " to " +
+                     std::to_string(crisp::kWorkloadMaxHeadDim) + ")")
       ->capture_default_str()
       ->check(kPositiveInteger);
   sub.add_option("--seed", options.seed, "Seed of the synthetic workload")
       ->capture_default_str()
-      ->check(crisp_cli::kNonNegativeInteger);  // CLI11 would wrap -1 to 2^64 - 1
+      ->check(crisp_cli::kNonNegativeInteger64);  // unsigned: 0 .. 2^64 - 1; CLI11 would wrap -1
 }
 
 // The structured workload of crisp/workload.h with these shapes; the structural knobs keep their
@@ -45,6 +52,23 @@ inline crisp::WorkloadSpec make_workload_spec(const WorkloadOptions& options) {
   spec.seq_lens = {options.seq};
   spec.seed = options.seed;
   return spec;
+}
+
+// The workload's checks (crisp::check_workload, the rules make_workload applies) before any work,
+// each error under the option that set the field: workload.needles is a --seq too short for the
+// planted needles, workload.seq_lens a --seq too large, and so on. Throws crisp::Error.
+inline void check_workload_options(const WorkloadOptions& options) {
+  try {
+    crisp::check_workload(make_workload_spec(options));
+  } catch (const crisp::Error& e) {
+    static const std::pair<const char*, const char*> kOptionOf[] = {
+        {"workload.seq_lens", "--seq"},         {"workload.needles", "--seq"}, {"workload.head_dim", "--dim"},
+        {"workload.num_q_heads", "--heads-q"}, {"workload.num_kv_heads", "--heads-kv"}};
+    for (const auto& [field, option] : kOptionOf)
+      if (e.argument() == field)
+        throw crisp::Error(option, std::string(e.what()).substr(e.argument().size() + 2));
+    throw;
+  }
 }
 
 }  // namespace crisp_cli

@@ -34,6 +34,12 @@ namespace crisp {
 Plan plan(const TensorView& q, const TensorView& k, const Config& config, const Batch& batch = {},
           const Options& options = {});
 
+// The shape checks of plan / prefill alone — the views, head counts and head dims, the token
+// bounds, the batch and its block table — without reading a value or planning, so a caller can
+// check its inputs before it allocates outputs. `v` may be null (planning only). Throws
+// crisp::Error naming the argument ("q", "k", "v", "cu_seqlens", "batch.block_table", ...).
+void check_inputs(const TensorView& q, const TensorView& k, const TensorView* v = nullptr, const Batch& batch = {});
+
 // Block-sparse causal attention following `plan` (§6, §11).
 //   out: [Hq, q_tokens, d] f32/f16/bf16/f64; lse: [Hq, q_tokens] f32 or f64 (natural log).
 //   block_table: the paged K/V of the planned batch (the same table, or one mapping the same

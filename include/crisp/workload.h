@@ -63,6 +63,13 @@ struct Workload {
 void set_workload_field(WorkloadSpec& spec, const std::string& field_equals_value,
                         const std::string& argument = "workload");
 
+// The head dims a workload may have.
+constexpr int64_t kWorkloadMinHeadDim = 8, kWorkloadMaxHeadDim = 256;
+
+// The checks of make_workload alone (cheap: nothing is generated): throws crisp::Error naming the
+// field ("workload.head_dim", "workload.needles", ...) for a spec make_workload would refuse.
+void check_workload(const WorkloadSpec& spec);
+
 // Deterministic for a given spec (seed included). Throws crisp::Error on an invalid spec.
 Workload make_workload(const WorkloadSpec& spec);
 

@@ -67,7 +67,7 @@ constexpr double kNeedleStart = 0.125, kNeedleSpan = 0.875;
 constexpr double kMaxStrength = 100.0;
 constexpr double kMaxBackground = 10.0;
 constexpr int64_t kMaxSlashLines = 64;
-constexpr int64_t kMinHeadDim = 8, kMaxHeadDim = 256;
+constexpr int64_t kMinHeadDim = kWorkloadMinHeadDim, kMaxHeadDim = kWorkloadMaxHeadDim;
 constexpr uint64_t kMaxElements = uint64_t{1} << 40;
 
 // ---------------------------------------------------------------- counter-based RNG
@@ -153,7 +153,7 @@ void check_strength(const char* field, double value, double max) {
         "a finite number in [0, " + std::to_string(static_cast<int>(max)) + "]");
 }
 
-void validate(const WorkloadSpec& spec) {
+void validate_spec(const WorkloadSpec& spec) {
   if (spec.num_q_heads < 1) bad("num_q_heads", std::to_string(spec.num_q_heads) + " heads", "at least 1");
   if (spec.num_kv_heads < 1) bad("num_kv_heads", std::to_string(spec.num_kv_heads) + " heads", "at least 1");
   if (spec.num_q_heads % spec.num_kv_heads != 0)
@@ -256,8 +256,10 @@ TensorView Workload::v_view() {
   return TensorView::contiguous(v.data(), DType::f32, spec.num_kv_heads, total_tokens, spec.head_dim);
 }
 
+void check_workload(const WorkloadSpec& spec) { validate_spec(spec); }
+
 Workload make_workload(const WorkloadSpec& spec) {
-  validate(spec);
+  validate_spec(spec);
   Workload w;
   w.spec = spec;
   const int64_t Hq = spec.num_q_heads, Hkv = spec.num_kv_heads, d = spec.head_dim;
