@@ -15,6 +15,7 @@
 #include "crisp/crisp.h"
 #include "crisp/cuda.h"
 #include "crisp/npy.h"
+#include "crisp/workload.h"
 #include "oracle.h"
 #include "test_util.h"
 
@@ -333,6 +334,34 @@ TEST(BadInput, TokenCountsBeyondInt32WithoutTensors) {
   expect_error([&] { crisp::dense_plan(2, 1, 16, crisp::SeqLens{0, 65535 * 128 + 1}); }, "cu_seqlens",
                "dense_plan 65536 blocks");
   expect_error([&] { crisp::cp_shard(too_many, 64, crisp::CpPartition::zigzag, 0, 2); }, "n", "cp_shard 2^39");
+}
+
+// crisp::check_inputs: plan's shape checks alone (callers check before allocating outputs);
+// crisp::check_workload: make_workload's checks alone.
+TEST(BadInput, ShapeChecksAloneNameTheArgument) {
+  Qkv x(4, 2, 96, 16);
+  EXPECT_NO_THROW(crisp::check_inputs(x.q.view(), x.k.view(), nullptr));
+  crisp::TensorView v = x.v.view();
+  EXPECT_NO_THROW(crisp::check_inputs(x.q.view(), x.k.view(), &v));
+  crisp::TensorView bad_k = x.k.view();
+  bad_k.shape[0] = 3;  // does not divide 4 query heads
+  expect_error([&] { crisp::check_inputs(x.q.view(), bad_k, nullptr); }, "k", "Hkv 3");
+  crisp::TensorView short_v = x.v.view();
+  short_v.shape[1] = 95;
+  expect_error([&] { crisp::check_inputs(x.q.view(), x.k.view(), &short_v); }, "v", "v tokens");
+  crisp::TensorView chunk = x.q.view();
+  chunk.shape[1] = 40;  // the last 40 of 96 positions: valid with a batch saying so
+  EXPECT_NO_THROW(crisp::check_inputs(chunk, x.k.view(), nullptr, crisp::Batch(crisp::SeqLens{0, 40}, crisp::SeqLens{0, 96})));
+  expect_error([&] { crisp::check_inputs(x.q.view(), x.k.view(), nullptr, crisp::Batch(crisp::SeqLens{0, 96}, crisp::SeqLens{0, 40})); },
+               "batch.cu_seqlens_k", "cu_seqlens_k ends below k's tokens");
+  crisp::WorkloadSpec spec;
+  spec.seq_lens = {256};
+  EXPECT_NO_THROW(crisp::check_workload(spec));
+  spec.head_dim = 7;
+  expect_error([&] { crisp::check_workload(spec); }, "workload.head_dim", "head_dim 7");
+  spec.head_dim = 64;
+  spec.seq_lens = {4};
+  expect_error([&] { crisp::check_workload(spec); }, "workload.needles", "4 tokens, 4 needles");
 }
 
 // A moved-from Attention refuses every call with an error (plan dereferenced its empty state).
