@@ -156,7 +156,10 @@ double check_values(const TensorView& t, const std::string& name, const Options&
       const int64_t bad = scan.first_nonfinite;
       const int64_t dim = t.dim();
       const int64_t h = bad / (count * dim), tt = first + (bad / dim) % count, x = bad % dim;
-      throw Error(name, "contains a non-finite value (NaN or Inf) at [" + str(h) + ", " + str(tt) + ", " + str(x) + "]",
+      // Named by head, token and dim: a Python caller's layout ("bshd", a batch) orders them differently.
+      throw Error(name,
+                  "contains a non-finite value (NaN or Inf) at head " + str(h) + ", token " + str(tt) + ", dim " +
+                      str(x) + " (tokens counted over the whole batch, or the page pool)",
                   "finite values only");
     }
     max_abs = std::max(max_abs, scan.max_abs);
