@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend.h"
+#include "crisp/cuda.h"
 #include "crisp/error.h"
 #include "crisp/options.h"
 
@@ -105,6 +106,11 @@ void check_options(const Options& options) {
 }
 
 void check_backend(const Options& options, const TensorView& q) {
+  // CUDA views in a CUDA build on a machine without a usable device: named here, not by the first
+  // CUDA call deep in the planner (cub's sort, a launch).
+  if (q.device == Device::cuda && cuda_backend_built() && !cuda::available())
+    throw Error("q", "is on Device::cuda but this process finds no CUDA device (cudaGetDeviceCount)",
+                "tensors on Device::cpu here, or a machine with a CUDA device and driver");
   if (options.backend == Backend::automatic) return;
   const Device wanted = options.backend == Backend::cuda ? Device::cuda : Device::cpu;
   if (q.device != wanted)

@@ -364,6 +364,18 @@ TEST(BadInput, ShapeChecksAloneNameTheArgument) {
   expect_error([&] { crisp::check_workload(spec); }, "workload.needles", "4 tokens, 4 needles");
 }
 
+// CUDA views where no CUDA device can be used: an error naming q from the first check, not a
+// failure of the first CUDA call inside the planner (a CUDA build on a machine without a GPU) or
+// "not built" (a CPU-only build). Where a device exists, the views would be real: skipped.
+TEST(BadInput, CudaViewsWithoutADevice) {
+  if (crisp::cuda::available()) GTEST_SKIP() << "a CUDA device is available";
+  Qkv x(2, 1, 64, 16);
+  crisp::TensorView q = x.q.view(), k = x.k.view();
+  q.device = k.device = crisp::Device::cuda;
+  q.dtype = k.dtype = crisp::DType::bf16;
+  expect_error([&] { crisp::plan(q, k, crisp_cfg()); }, "q", "cuda views, no device");
+}
+
 // A moved-from Attention refuses every call with an error (plan dereferenced its empty state).
 TEST(BadInput, MovedFromAttention) {
   Qkv x(2, 1, 64, 16);

@@ -1,6 +1,7 @@
 // src/nocuda/cuda_unavailable.cpp — the CUDA entry points of a library built with CRISP_CUDA=OFF
 // (or without a CUDA compiler): calls with Device::cuda views fail with a clear crisp::Error.
 #include "backend.h"
+#include "crisp/cuda.h"
 
 namespace crisp {
 namespace detail {
@@ -28,4 +29,10 @@ std::unique_ptr<PlannedAttention> make_cuda_planned_attention(const Config&, con
 }
 
 }  // namespace detail
+namespace cuda {
+
+// crisp/cuda.h: no CUDA backend, so no device to use (a caller may ask in any build).
+bool available() { return false; }
+
+}  // namespace cuda
 }  // namespace crisp
