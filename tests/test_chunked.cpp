@@ -488,7 +488,7 @@ TEST(PagedKv, PagesNoSequenceReadsMayHoldAnything) {
     const float kept = (*x)[static_cast<size_t>((row * c.hkv + 1) * c.d + 3)];
     (*x)[static_cast<size_t>((row * c.hkv + 1) * c.d + 3)] = nan;
     const std::string name = x == &pool.k ? "k" : "v";
-    const std::string at = "[1, " + std::to_string(row) + ", 3]";
+    const std::string at = "head 1, token " + std::to_string(row) + ", dim 3";
     try {
       crisp::prefill(c.q_view(), pool.k_view(), pool.v_view(), cfg, prefilled.out(), prefilled.lse(), c.batch(table), opt);
       ADD_FAILURE() << "a NaN in a read key of " << name << " was accepted";
