@@ -22,6 +22,8 @@ try:
 except ImportError:
     pass
 
+import numpy as _np  # noqa: E402
+
 from . import _C  # noqa: E402
 from ._C import Error  # noqa: E402
 from ._plan import Plan, SequencePlan  # noqa: E402
@@ -39,7 +41,27 @@ def make_workload(num_q_heads=8, num_kv_heads=2, head_dim=128, seq_lens=(8192,),
     """The library's seeded structured workload (crisp::make_workload): a dict with numpy float32
     ``q`` [Hq, T, d], ``k`` / ``v`` [Hkv, T, d], ``cu_seqlens``, ``needle_positions`` and
     ``head_is_diffuse``. docs/workload.md describes it."""
-    return _C.make_workload(num_q_heads, num_kv_heads, head_dim, list(seq_lens), seed, diffuse_head_share)
+    # The types the native function takes, checked here so that an error names the argument (the
+    # library checks the values: head counts, head dim, lengths, share).
+    counts = [_integer(name, value) for name, value in
+              (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim))]
+    if isinstance(seq_lens, (str, bytes)) or not hasattr(seq_lens, "__iter__"):
+        raise TypeError(f"seq_lens: got {type(seq_lens).__name__}; expected a sequence of ints")
+    lengths = [_integer("seq_lens", n, expected="a sequence of ints") for n in seq_lens]
+    seed = _integer("seed", seed, 0, 2 ** 64 - 1, "an int in [0, 2^64) (the generator's unsigned 64-bit seed)")
+    share = diffuse_head_share
+    if isinstance(share, (bool, _np.bool_)) or not isinstance(share, (int, float, _np.integer, _np.floating)):
+        raise TypeError(f"diffuse_head_share: got {type(share).__name__}; expected a number in [0, 1]")
+    return _C.make_workload(*counts, lengths, seed, float(share))
+
+
+def _integer(name, value, low=-2 ** 63, high=2 ** 63 - 1, expected="an int"):
+    """value as an int, if it is one in [low, high] (a bool is not); else an error naming `name`."""
+    if isinstance(value, (bool, _np.bool_)) or not isinstance(value, (int, _np.integer)):
+        raise TypeError(f"{name}: got {type(value).__name__} {value!r}; expected {expected}")
+    if not low <= int(value) <= high:
+        raise ValueError(f"{name}: {int(value)}; expected {expected}")
+    return int(value)
 
 
 # Submodules that need optional packages, imported on first access (crisp.hf, crisp.flex).

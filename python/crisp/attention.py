@@ -17,9 +17,9 @@ from typing import Optional
 
 from . import _C
 from ._plan import Plan
-from .ops import (_NoScope, _caller_outputs, _check_causal, _check_inputs, _check_no_grad, _is_torch, _num_threads,
-                  _output_buffers, _output_views, _policy_name, _precision, _Prepared, _resolve_call, _stream,
-                  settings_from_params, torch)
+from .ops import (_NoScope, _caller_outputs, _check_causal, _check_inputs, _check_no_grad, _check_planned_sequences,
+                  _is_torch, _num_threads, _output_buffers, _output_views, _policy_name, _precision, _Prepared,
+                  _resolve_call, _split, _stream, settings_from_params, torch)
 
 __all__ = ["Attention"]
 
@@ -34,6 +34,7 @@ class Attention:
         self._native: Optional[_C.Attention] = None
         self._run_key = None  # (device, stream, precision) the native object was made for
         self._call = None  # the planned call's layout and sequences (its block table kept alive for run())
+        self._split = None  # the planned (cu_seqlens_q, cu_seqlens_k), spelled out
 
     @staticmethod
     def _key(q):
@@ -60,7 +61,7 @@ class Attention:
             self._run_key = key
         with self._device_scope(q):
             self._native.plan(prep.q_view, prep.k_view, prep.cu_q, prep.cu_k, prep.table)
-        self._call = call
+        self._call, self._split = call, _split(prep)
 
     def run(self, q, k, v, *, layout: Optional[str] = None, causal=True):
         """Attention of q/k/v following the last plan; returns ``(out, lse)`` as crisp.prefill.
@@ -77,6 +78,8 @@ class Attention:
         _check_inputs(q, k, v, None, call.layout, call.paged_cache)
         # `prep` holds the token-major copies the views point into: they must outlive the run.
         prep = _Prepared(q, k, v, call)
+        # A batched run's sequences come from its shapes: the plan's must be those (not only its totals).
+        _check_planned_sequences(self._split, _split(prep), "q, k")
         if self._key(q) != self._run_key:
             raise _C.Error(f"q: device/stream/precision {self._key(q)} differ from the plan's {self._run_key}; "
                            "expected the device, current stream and dtype class of plan()")

@@ -19,7 +19,7 @@ What runs where. crisp is a *prefill* kernel: it runs a layer's attention when
     does (crisp's selection is not window-aware), its mask read as causal-with-padding inside the
     window; counted in ``windowed``,
   * and q/k/v are on a device and dtype crisp supports (CUDA: float16/bfloat16, head dim 64,
-    128 or 256; CPU: float32/float16/bfloat16/float64).
+    128 or 256; CPU: float32/float16/bfloat16/float64, head dim up to 256).
 
 Decode steps (one query token) run on transformers' ``sdpa`` attention by design: crisp's
 sparsity is a prefill saving, and one query over the cache is a memory-bound dot product sdpa
@@ -55,6 +55,13 @@ def reset_stats() -> None:
 reset_stats()
 
 
+# The head dims the library's backends run (the extension does not expose them): CUDA's kernels
+# are instantiated for these (shape_rules::cuda_head_dim_supported, src/common/shape_rules.h), the
+# CPU backend takes 1 <= d <= kMaxHeadDim (src/api.cpp). Other head dims fall back to sdpa.
+_CUDA_HEAD_DIMS = (64, 128, 256)
+_CPU_MAX_HEAD_DIM = 256
+
+
 def _fallback_reason(module, query, key, value, attention_mask, dropout, kwargs) -> str:
     q_len, k_len = query.shape[2], key.shape[2]
     if q_len > k_len:
@@ -77,9 +84,12 @@ def _fallback_reason(module, query, key, value, attention_mask, dropout, kwargs)
     if query.device.type == "cuda":
         if query.dtype not in (torch.float16, torch.bfloat16):
             return f"dtype {query.dtype} on CUDA"
-        if query.shape[-1] not in (64, 128, 256):
+        if query.shape[-1] not in _CUDA_HEAD_DIMS:
             return f"head dim {query.shape[-1]} on CUDA"
-    elif query.device.type != "cpu":
+    elif query.device.type == "cpu":
+        if query.shape[-1] > _CPU_MAX_HEAD_DIM:
+            return f"head dim {query.shape[-1]} on CPU"
+    else:
         return f"device {query.device.type}"
     if value.shape[-1] != query.shape[-1]:
         return "value head dim != query head dim"
@@ -95,9 +105,11 @@ def _key_ranges(mask, q_len: int, k_len: int, window: int = 0):
     """The keys [start_b, end_b) of every batch row when ``mask`` (bool, or additive float with 0
     for "attend") is bottom-right causal over them: query i of row b sits at key position
     end_b - q_len + i and sees keys start_b .. that position, and with ``window`` W > 0 only the
-    last W of those (keys (position - W, position]). Rows of queries before start_b (padding) are
-    not checked; with a window, start_b is the first key any query of the row sees (the keys
-    before it are in no query's window). None when the mask is anything else."""
+    last W of those (keys (position - W, position]). Rows of queries before start_b (padding) must
+    see no key (or every key: the mask fix of older torch for fully masked rows); with a window,
+    start_b is the first key any query of the row sees (the keys before it are in no query's
+    window). None when the mask is anything else (packed sequences among them: their earlier
+    segments' queries see keys)."""
     if mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] != q_len or mask.shape[3] < k_len:
         return None
     key = (tuple(mask.shape), q_len, k_len, window)
@@ -118,8 +130,10 @@ def _key_ranges(mask, q_len: int, k_len: int, window: int = 0):
     if window > 0:
         expected &= j > position - window
     checked = i[None, :, None] >= (q_len - n_q)[:, None, None]
+    # The rows before (padding): no key, or all of them (sdpa_mask's allow_torch_fix on older torch).
+    padding_row = ~allowed.any(dim=2, keepdim=True) | allowed.all(dim=2, keepdim=True)
     rows = None
-    if bool(((allowed == expected) | ~checked).all()):
+    if bool(((allowed == expected) | ~checked).all()) and bool((padding_row | checked).all()):
         rows = [(int(a), int(b)) for a, b in zip(start.tolist(), end.tolist())]
     _last_mask.update(ref=weakref.ref(mask), key=key, rows=rows)
     return rows

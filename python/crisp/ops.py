@@ -33,6 +33,7 @@ crisp has no backward: gradients through it raise an error that says so.
 from __future__ import annotations
 
 import atexit
+import itertools
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -55,6 +56,10 @@ def settings_from_params(params: Dict[str, Any]) -> List[str]:
     A value of None keeps the preset's value (as flash-attn's ``softmax_scale=None``)."""
     settings = []
     for key, value in params.items():
+        # A name is one setting: "alpha=1;x" would be read as two ("alpha=1", "x=...").
+        if not isinstance(key, str) or not key.isascii() or not key.isidentifier():
+            raise ValueError(f"{key!r}: not a parameter name; expected a plain identifier (letters, digits, '_'), "
+                             "one of crisp.parameter_names()")
         if value is None:
             continue
         if isinstance(value, bool):
@@ -185,10 +190,11 @@ def _check_causal(causal) -> None:
 # flash-attn's and SDPA's keyword arguments, so that a call ported from flash_attn_func /
 # flash_attn_varlen_func / scaled_dot_product_attention gets an answer instead of an "unknown
 # parameter" (or a type error on a tensor): each is either accepted (with the value it must have)
-# or refused with the reason. The value each keyword must have to be accepted:
+# or refused with the reason. The value each keyword must have to be accepted (0: any number equal
+# to it, numpy scalars and 0-dim tensors among them; None / False: that value):
 _INERT_KEYWORDS = {
-    "dropout_p": (0, 0.0), "softcap": (0, 0.0), "alibi_slopes": (None,),
-    "return_attn_probs": (False,), "return_softmax": (False,), "attn_mask": (None,),
+    "dropout_p": 0, "softcap": 0, "alibi_slopes": None,
+    "return_attn_probs": False, "return_softmax": False, "attn_mask": None,
 }
 _REFUSED_BECAUSE = {
     "dropout_p": "dropout is not supported (crisp is an inference kernel)",
@@ -214,6 +220,24 @@ def _window_of(window_size) -> int:
     return 0 if left == -1 else left + 1
 
 
+def _is_neutral(value, neutral) -> bool:
+    """Whether a foreign keyword's value is its neutral one (_INERT_KEYWORDS): None / False as
+    themselves (False also as numpy's bool), 0 as any real number equal to it (not a bool)."""
+    if value is neutral:
+        return True
+    if neutral is None:
+        return False
+    if isinstance(neutral, bool):
+        return isinstance(value, np.bool_) and bool(value) is neutral
+    if _is_torch(value):  # a 0-dim real tensor (read on the host)
+        if value.ndim != 0 or value.dtype == torch.bool or value.is_complex() or value.device.type == "meta":
+            return False
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return False
+    return value == neutral
+
+
 def _take_foreign_keywords(params: Dict[str, Any], causal):
     """Removes flash-attn / SDPA keywords from ``params``; returns causal."""
     if "window_size" in params:  # flash-attn's spelling of a sliding window
@@ -226,10 +250,14 @@ def _take_foreign_keywords(params: Dict[str, Any], causal):
         if name not in _INERT_KEYWORDS:
             continue
         value = params.pop(name)
-        if not any(value is ok or (type(value) is type(ok) and value == ok) for ok in _INERT_KEYWORDS[name]):
-            raise ValueError(f"{name}: {value!r}: {_REFUSED_BECAUSE[name]}; expected {_INERT_KEYWORDS[name][0]!r}")
+        if not _is_neutral(value, _INERT_KEYWORDS[name]):
+            raise ValueError(f"{name}: {value!r}: {_REFUSED_BECAUSE[name]}; expected {_INERT_KEYWORDS[name]!r}")
     if "is_causal" in params:  # SDPA's spelling
-        causal = params.pop("is_causal")
+        is_causal = params.pop("is_causal")
+        if causal is not True:  # causal given (True is its default): two answers to one question
+            raise ValueError(f"causal, is_causal: both given (causal={causal!r}, is_causal={is_causal!r}); "
+                             "expected one of them")
+        causal = is_causal
     if "scale" in params:  # SDPA's spelling of softmax_scale
         if params.get("softmax_scale") is not None:
             raise ValueError("scale, softmax_scale: both given; expected one of them")
@@ -259,6 +287,31 @@ def _check_no_grad(function: str, *tensors) -> None:
 
 _PAGED_CACHE = "the paged cache [num_pages, page_size, Hkv, dim] (flash_attn_with_kvcache's layout)"
 
+# The most tokens of q (and of k) in one call: the library's plans index tokens with int32
+# (shape_rules::kMaxTokens, src/common/shape_rules.h; the extension does not expose it). Checked
+# here too so that the outputs are not allocated before the library would refuse the call.
+_MAX_TOKENS = 2147483647
+
+
+def _tokens(x, layout: str, paged_cache: bool = False) -> int:
+    """The tokens the library sees in q / k: [total, ...], [batch, seq] rows, or pages x page size
+    (sizes as given: under torch.compile a symbolic size stays one, guarded by the check, not
+    specialised)."""
+    if paged_cache:
+        return x.shape[0] * x.shape[1]
+    if x.ndim == 3:
+        return x.shape[0]
+    xb = _as_bhsd(x, layout)
+    return xb.shape[0] * xb.shape[2]
+
+
+def _check_strided(name: str, x) -> None:
+    """A torch tensor the library can read through a pointer and strides (not sparse, not nested)."""
+    nested = getattr(x, "is_nested", False)
+    if x.layout != torch.strided or nested:
+        raise TypeError(f"{name}: a {'nested ' if nested else ''}tensor of layout {x.layout}; expected a dense "
+                        "tensor (torch.strided; call .to_dense())")
+
 
 def _check_inputs(q, k, v, varlen_argument: Optional[str], layout=None, paged: bool = False) -> str:
     """Type/rank/layout checks shared by the real and the fake (meta) implementation.
@@ -268,6 +321,9 @@ def _check_inputs(q, k, v, varlen_argument: Optional[str], layout=None, paged: b
     kinds = {_kind("q", q), _kind("k", k), _kind("v", v)}
     if len(kinds) != 1:
         raise TypeError("q, k, v: mixed torch tensors and numpy arrays; expected all three of one kind")
+    if _is_torch(q):
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            _check_strided(name, x)
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise TypeError(f"k, v: dtypes {k.dtype} / {v.dtype} differ from q's {q.dtype}; expected one dtype for q, k, v")
     _dtype_name("q", q)
@@ -296,6 +352,12 @@ def _check_inputs(q, k, v, varlen_argument: Optional[str], layout=None, paged: b
             raise ValueError(f"q: shape {tuple(q.shape)} is empty; expected batch >= 1 and seq >= 1")
     else:
         raise ValueError(f"q: rank {q.ndim} (shape {tuple(q.shape)}); expected one of the layouts {_LAYOUT_CHOICES}")
+    # Before any buffer is allocated (a stride-0 input can claim more tokens than memory holds).
+    for name, x in (("q", q), ("k", k)):
+        tokens = _tokens(x, layout, paged and name == "k")
+        if tokens > _MAX_TOKENS:
+            raise _C.Error(f"{name}: has {tokens} tokens; expected at most {_MAX_TOKENS} per call "
+                           "(plans index tokens with int32)")
     if paged:
         if k.shape[3] != D:
             raise ValueError(f"k: shape {tuple(k.shape)} has dim {k.shape[3]} but q {tuple(q.shape)} has {D}; "
@@ -324,47 +386,109 @@ def _check_inputs(q, k, v, varlen_argument: Optional[str], layout=None, paged: b
     return layout
 
 
-def _offsets(cu_seqlens, name: str = "cu_seqlens"):
+_INT64_MAX = 2 ** 63 - 1  # the library takes offsets as int64 (and a list as std::vector<int64_t>)
+
+
+def _check_int64(name: str, values: List[int]) -> List[int]:
+    for x in values:
+        if not -_INT64_MAX - 1 <= x <= _INT64_MAX:
+            raise ValueError(f"{name}: value {x} is beyond int64; expected offsets / lengths below 2^63 "
+                             f"(and at most {_MAX_TOKENS} tokens in all)")
+    return values
+
+
+def _values_readable(t) -> bool:
+    """Whether a tensor's values may be read on the host here: not while torch.compile traces the
+    call (the custom op reads them instead, so the graph has no host read), not for a fake tensor."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and getattr(compiler, "is_compiling", lambda: False)():
+        return False
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+    except ImportError:  # pragma: no cover (older torch)
+        return True
+    return not isinstance(t, FakeTensor)
+
+
+def _offsets(cu_seqlens, name: str = "cu_seqlens", device=None):
     """Offsets or lengths as given, checked for type and rank: a torch tensor stays one (its values
     are read inside the custom op, so torch.compile traces no host read), anything else becomes a
-    list of ints. None stays None."""
+    list of ints. None stays None. ``device``: q's torch device, where a tensor may be besides the
+    CPU (None: numpy inputs, CPU tensors only)."""
     if cu_seqlens is None:
         return None
     if _is_torch(cu_seqlens):
+        _check_strided(name, cu_seqlens)
         if cu_seqlens.ndim != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name}: a {cu_seqlens.dtype} tensor of rank {cu_seqlens.ndim}; "
                             "expected a rank-1 int32/int64 tensor")
+        if cu_seqlens.device.type != "cpu" and cu_seqlens.device != device:
+            where = "the CPU" if device is None or device.type == "cpu" else f"the CPU or q's device ({device})"
+            raise ValueError(f"{name}: a tensor on {cu_seqlens.device}, whose values cannot be read; expected "
+                             f"a tensor on {where}, or a list of ints")
         return cu_seqlens
     if isinstance(cu_seqlens, np.ndarray):
         if cu_seqlens.ndim != 1 or not np.issubdtype(cu_seqlens.dtype, np.integer):
             raise TypeError(f"{name}: expected a rank-1 integer array")
-        return [int(x) for x in cu_seqlens]
+        return _check_int64(name, [int(x) for x in cu_seqlens])
     if isinstance(cu_seqlens, (list, tuple)) and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
                                                    for x in cu_seqlens):
-        return [int(x) for x in cu_seqlens]
+        return _check_int64(name, [int(x) for x in cu_seqlens])
     raise TypeError(f"{name}: got {type(cu_seqlens).__name__}; expected a list of ints or a rank-1 integer tensor")
 
 
-def _seqlens_list(cu_seqlens, name: str = "cu_seqlens") -> Optional[List[int]]:
-    """A list of ints from a list / numpy array / torch tensor (None stays None)."""
-    cu = _offsets(cu_seqlens, name)
+def _seqlens_list(cu) -> Optional[List[int]]:
+    """Checked offsets (_offsets) as a list of ints (a tensor's values read; None stays None)."""
     return [int(x) for x in cu.tolist()] if _is_torch(cu) else cu
 
 
-def _key_offsets(cache_seqlens, num_sequences: int):
-    """cu_seqlens_k from flash_attn_with_kvcache's cache_seqlens (an int, or one key count per
-    sequence); a tensor stays a tensor."""
+def _key_offsets(cache_seqlens, num_sequences: int, device=None):
+    """(cu_seqlens_k, lengths) from flash_attn_with_kvcache's cache_seqlens (an int, or one key
+    count per sequence): a tensor stays a tensor. ``lengths``: the key counts as a list of ints,
+    checked; None for a tensor whose values are not read here (_values_readable: the library
+    checks them, as batch.cu_seqlens_k)."""
     if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, bool):
         cache_seqlens = [int(cache_seqlens)] * num_sequences
-    lengths = _offsets(cache_seqlens, "cache_seqlens")
+    lengths = _offsets(cache_seqlens, "cache_seqlens", device)
     if len(lengths) != num_sequences:
         raise ValueError(f"cache_seqlens: {len(lengths)} lengths for {num_sequences} sequences; "
                          "expected one key count per sequence")
-    if _is_torch(lengths):  # the library checks the values (as batch.cu_seqlens_k)
-        return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int64)
+    tensor = lengths if _is_torch(lengths) else None
+    if tensor is not None:
+        if not _values_readable(tensor):
+            return torch.cat([tensor.new_zeros(1), tensor.cumsum(0)]).to(torch.int64), None
+        lengths = [int(x) for x in tensor.tolist()]
     if any(n < 1 for n in lengths):
-        raise ValueError(f"cache_seqlens: {lengths}; expected every sequence to have at least one key")
-    return [0] + [int(x) for x in np.cumsum(lengths)]
+        shown = lengths if len(lengths) <= 16 else f"{lengths[:16]} ..."
+        raise ValueError(f"cache_seqlens: {shown}; expected every sequence to have at least one key")
+    cu_k = _check_int64("cache_seqlens", [0] + list(itertools.accumulate(lengths)))  # no int64 wrap below
+    if tensor is not None:
+        return torch.cat([tensor.new_zeros(1), tensor.cumsum(0)]).to(torch.int64), lengths
+    return cu_k, lengths
+
+
+def _table_of_list(rows) -> np.ndarray:
+    """A block table given as a list of rows of page ids, as an int32 array (its values checked:
+    integers, in int32's range; a float is not truncated to a page id)."""
+    expected = "a rectangular list [num_sequences][max_pages] of int page ids"
+    try:
+        array = np.array(rows)
+    except (ValueError, TypeError) as e:  # ragged rows
+        raise ValueError(f"block_table: not a rectangular list ({e}); expected {expected}") from None
+    if array.size == 0:
+        return array.astype(np.int32)  # the shape check says what is missing
+    if array.dtype == object:  # ints beyond int64, or mixed types
+        values = array.ravel().tolist()
+        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) for x in values):
+            bad = next(x for x in values if not isinstance(x, (int, np.integer)) or isinstance(x, (bool, np.bool_)))
+            raise TypeError(f"block_table: holds {type(bad).__name__} {bad!r}; expected {expected}")
+    elif array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"block_table: holds {array.dtype} values; expected {expected} (a float is not a page id)")
+    values = array.ravel().tolist()
+    for x in values:
+        if not -2 ** 31 <= int(x) < 2 ** 31:
+            raise ValueError(f"block_table: page id {x} does not fit int32; expected page ids in [0, 2^31)")
+    return np.array(values, dtype=np.int32).reshape(array.shape)
 
 
 def _check_block_table(block_table, q, num_sequences: int):
@@ -378,9 +502,10 @@ def _check_block_table(block_table, q, num_sequences: int):
             raise TypeError(f"block_table: dtype {block_table.dtype}; expected torch.int32 page ids")
         if block_table.device != q.device:
             raise ValueError(f"block_table: on {block_table.device} but q is on {q.device}; expected q's device")
+        _check_strided("block_table", block_table)
     else:
         if isinstance(block_table, (list, tuple)):
-            block_table = np.asarray(block_table, dtype=np.int32)
+            block_table = _table_of_list(block_table)
         if not isinstance(block_table, np.ndarray):
             raise TypeError(f"block_table: got {type(block_table).__name__}; expected an int32 numpy array "
                             "[num_sequences, max_pages]")
@@ -420,17 +545,27 @@ def _rows_as_pages(x, layout: str):
 
 
 def _resolve_call(q, k, v, layout, cu_seqlens=None, cu_seqlens_q=None, cu_seqlens_k=None, block_table=None,
-                  cache_seqlens=None):
-    """Checks the public arguments; returns the _Call."""
+                  cache_seqlens=None, keys_resolved: Optional[str] = None):
+    """Checks the arguments; returns the _Call. The checks of crisp.prefill / plan / attend /
+    Attention and of torch.ops.crisp.prefill. ``keys_resolved`` (the name errors give them):
+    ``cu_seqlens_k`` are key offsets already resolved (the custom op's, which takes crisp.prefill's
+    _Call, and a plan's in attend): the keys of the sequences however the caller gave them
+    (cu_seqlens_k, or cache_seqlens: then also for one thd sequence without cu_seqlens, or with a
+    batched layout for a paged cache)."""
     if cu_seqlens is not None and cu_seqlens_q is not None:
         raise ValueError("cu_seqlens, cu_seqlens_q: both given; expected one of them")
     if cu_seqlens_k is not None and cache_seqlens is not None:
         raise ValueError("cu_seqlens_k, cache_seqlens: both given; expected one of them (the key count of each sequence)")
+    device = q.device if _is_torch(q) else None
     q_name = "cu_seqlens_q" if cu_seqlens_q is not None else "cu_seqlens"
-    cu_q = _offsets(cu_seqlens_q if cu_seqlens_q is not None else cu_seqlens, q_name)
-    cu_k = _offsets(cu_seqlens_k, "cu_seqlens_k")
-    varlen_argument = ", ".join(n for n, x in ((q_name, cu_q), ("cu_seqlens_k", cu_k)) if x is not None) or None
+    cu_q = _offsets(cu_seqlens_q if cu_seqlens_q is not None else cu_seqlens, q_name, device)
+    cu_k = _offsets(cu_seqlens_k, "cu_seqlens_k", device)
+    key_offsets = None  # keys_resolved: the key offsets
+    if keys_resolved is not None:
+        key_offsets, cu_k = cu_k, None
     paged = block_table is not None
+    varlen = [(q_name, cu_q), ("cu_seqlens_k", cu_k), (keys_resolved, None if paged else key_offsets)]
+    varlen_argument = ", ".join(n for n, x in varlen if x is not None) or None
     layout = _check_inputs(q, k, v, varlen_argument, layout, paged)
     if layout == "thd":
         if cu_k is not None and cu_q is None:
@@ -440,12 +575,20 @@ def _resolve_call(q, k, v, layout, cu_seqlens=None, cu_seqlens_q=None, cu_seqlen
         num_sequences = len(cu_q) - 1 if cu_q is not None and len(cu_q) > 1 else 1
     else:
         num_sequences = q.shape[0]
+    lengths = None  # cache_seqlens's key counts, where read
     if cache_seqlens is not None:
-        cu_k = _key_offsets(cache_seqlens, num_sequences)
+        cu_k, lengths = _key_offsets(cache_seqlens, num_sequences, device)
+    elif key_offsets is not None:
+        if len(key_offsets) != num_sequences + 1:
+            source = "the query offsets give" if layout == "thd" and cu_q is not None else "q has"
+            raise ValueError(f"{keys_resolved}: {len(key_offsets)} key offsets, but {source} {num_sequences} "
+                             f"sequence(s); expected {num_sequences + 1} offsets, one sequence's keys each")
+        cu_k = key_offsets
     if paged:
         if cu_k is None:
-            raise ValueError("block_table: given without the key counts; expected cache_seqlens (or cu_seqlens_k "
-                             "with layout='thd')")
+            raise ValueError("block_table: given without the key counts; expected " +
+                             (f"{keys_resolved} (the key offsets of the sequences)" if keys_resolved else
+                              "cache_seqlens (or cu_seqlens_k with layout='thd')"))
         return _Call(layout, cu_q, cu_k, _check_block_table(block_table, q, num_sequences))
     if cache_seqlens is not None and layout != "thd":
         # Contiguous [batch, seq_cache, ...] caches whose rows hold cache_seqlens[b] keys each: the
@@ -454,9 +597,9 @@ def _resolve_call(q, k, v, layout, cu_seqlens=None, cu_seqlens_q=None, cu_seqlen
         if seq_cache % 16 != 0:
             raise ValueError(f"cache_seqlens: with a contiguous k of {seq_cache} positions per batch row; expected "
                              "a multiple of 16 positions per row, or a block_table")
-        lengths = None if _is_torch(cu_k) else np.diff(cu_k)  # a tensor's: the library checks (pages needed)
-        if lengths is not None and int(lengths.max()) > seq_cache:
-            raise ValueError(f"cache_seqlens: {lengths.tolist()} exceed the {seq_cache} positions of k; "
+        if lengths is not None and max(lengths) > seq_cache:  # None: a tensor under torch.compile
+            shown = lengths if len(lengths) <= 16 else f"{lengths[:16]} ..."
+            raise ValueError(f"cache_seqlens: {shown} exceed the {seq_cache} positions of k; "
                              "expected at most the cache's length")
         rows = np.arange(num_sequences, dtype=np.int32)[:, None]
         table = torch.from_numpy(rows).to(q.device) if _is_torch(q) else rows
@@ -575,8 +718,8 @@ class _Prepared:
     caches they point into, which must outlive the call), the batch and its block table."""
 
     def __init__(self, q, k, v, call: _Call):
-        cu_q, cu_k = _sequences(q, k, _Call(call.layout, _seqlens_list(call.cu_q, "cu_seqlens_q"),
-                                            _seqlens_list(call.cu_k, "cu_seqlens_k"), call.table, call.rows_as_pages))
+        cu_q, cu_k = _sequences(q, k, _Call(call.layout, _seqlens_list(call.cu_q), _seqlens_list(call.cu_k),
+                                            call.table, call.rows_as_pages))
         if call.rows_as_pages:
             k, v = _rows_as_pages(k, call.layout), _rows_as_pages(v, call.layout)
         if call.layout != "thd":
@@ -593,6 +736,29 @@ class _Prepared:
         self.keep_alive = (q, k, v, call.table)
         self.cu_q, self.cu_k = cu_q, cu_k
         self.whole_prompts = not call.paged and (not cu_k or cu_k == cu_q)
+
+
+def _split(prep: _Prepared) -> Tuple[List[int], List[int]]:
+    """A prepared call's sequences spelled out: (cu_seqlens_q, cu_seqlens_k), as a Plan's."""
+    cu_q = list(prep.cu_q) or [0, prep.q_view.shape[1]]
+    return cu_q, list(prep.cu_k) or cu_q
+
+
+def _describe_split(cu_q: Sequence[int], cu_k: Sequence[int]) -> str:
+    pairs = [(b - a, d - c) for a, b, c, d in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])]
+    shown = ", ".join(f"({n_q}, {n_k})" for n_q, n_k in pairs[:8]) + (", ..." if len(pairs) > 8 else "")
+    return f"{len(cu_q) - 1} sequence{'s' if len(cu_q) != 2 else ''} of (queries, keys) [{shown}]"
+
+
+def _check_planned_sequences(planned: Tuple[Sequence[int], Sequence[int]], split: Tuple[List[int], List[int]],
+                             given: str) -> None:
+    """A plan runs only on inputs of its sequences: the same queries and keys of each (a plan of
+    one 200-token sequence is not the plan of a batch of two 100-token rows, though the totals
+    agree)."""
+    plan_q, plan_k = (list(x) for x in planned)
+    if (plan_q, plan_k) != (list(split[0]), list(split[1])):
+        raise _C.Error(f"plan: made for {_describe_split(plan_q, plan_k)}, but {given} give "
+                       f"{_describe_split(*split)}; expected inputs of the planned sequences (or a plan of these)")
 
 
 def _precision(q) -> str:
@@ -668,11 +834,6 @@ def _run_prefill(q, k, v, call: _Call, policy: str, settings: List[str]):
     return _caller_outputs(out, lse, call.layout)
 
 
-def _call_of_op(layout: str, cu_seqlens_q, cu_seqlens_k, block_table) -> _Call:
-    return _Call(layout, _seqlens_list(cu_seqlens_q, "cu_seqlens_q"), _seqlens_list(cu_seqlens_k, "cu_seqlens_k"),
-                 None if block_table is None else _contiguous(block_table))
-
-
 # ---------------------------------------------------------------- torch custom op
 if torch is not None:
 
@@ -682,15 +843,20 @@ if torch is not None:
                     block_table: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         # settings: "key=value" pairs joined by ';' (a custom op takes no list of str).
         # cu_seqlens: the query offsets (cu_seqlens_q); cu_seqlens_k: the key offsets (None: the
-        # queries' positions, or a batched layout's shapes); block_table: k, v are paged caches.
-        call = _call_of_op(layout, cu_seqlens, cu_seqlens_k, block_table)
-        _check_inputs(q, k, v, None, layout, call.paged)
+        # queries' positions, or a batched layout's shapes; with a batched layout only for paged
+        # caches); block_table: k, v are paged caches.
+        # The checks of crisp.prefill (a direct call of the op gets the same answers).
+        call = _resolve_call(q, k, v, layout, cu_seqlens, cu_seqlens_k=cu_seqlens_k, block_table=block_table,
+                             keys_resolved="cu_seqlens_k")
         return _run_prefill(q, k, v, call, policy, settings.split(";") if settings else [])
 
     @_prefill_op.register_fake
     def _prefill_fake(q, k, v, cu_seqlens, policy, settings, layout, cu_seqlens_k=None, block_table=None):
-        layout = _check_inputs(q, k, v, None, layout, block_table is not None)
-        return _caller_outputs(*_output_buffers(q, layout), layout)
+        # The real implementation's checks (they read no tensor's values): also what a call with a
+        # meta tensor among real ones dispatches to, which must not return unwritten outputs.
+        call = _resolve_call(q, k, v, layout, cu_seqlens, cu_seqlens_k=cu_seqlens_k, block_table=block_table,
+                             keys_resolved="cu_seqlens_k")
+        return _caller_outputs(*_output_buffers(q, call.layout), call.layout)
 
     def _prefill_backward(ctx, grad_out, grad_lse):
         raise RuntimeError(f"crisp.prefill: {_NO_BACKWARD}")
@@ -787,19 +953,25 @@ def gqa_union(plan: Plan) -> Plan:
 def attend(q, k, v, plan: Plan, *, layout: Optional[str] = None, causal=True, block_table=None,
            cache_seqlens=None):
     """Block-sparse attention following a given plan (e.g. one made on the other backend).
-    Same layouts and outputs as prefill; the plan must match the shapes. Varlen inputs take the
-    plan's ``cu_seqlens`` / ``cu_seqlens_k``; paged K/V takes its ``block_table`` again (the
-    plan's key counts, or ``cache_seqlens``). No backward: inputs that require grad are refused
-    while grad mode is on."""
+    Same layouts and outputs as prefill; the plan must match the shapes and their sequences (a
+    batched input's rows are its sequences: a crisp.Error naming ``plan`` otherwise). Varlen inputs
+    take the plan's ``cu_seqlens`` / ``cu_seqlens_k``; paged K/V takes its ``block_table`` again
+    (the plan's key counts; ``cache_seqlens``, if given, must equal them). No backward: inputs that
+    require grad are refused while grad mode is on."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: got {type(plan).__name__}; expected a crisp.Plan (from crisp.plan)")
     _check_causal(causal)
     _check_no_grad("attend", q, k, v)
     varlen = getattr(q, "ndim", 0) == 3
     cu_k = plan.cu_seqlens_k if (varlen or block_table is not None) and cache_seqlens is None else None
-    call = _resolve_call(q, k, v, layout, cu_seqlens=plan.cu_seqlens if varlen else None,
-                               cu_seqlens_k=cu_k, block_table=block_table, cache_seqlens=cache_seqlens)
+    call = _resolve_call(q, k, v, layout, cu_seqlens=plan.cu_seqlens if varlen else None, cu_seqlens_k=cu_k,
+                         block_table=block_table, cache_seqlens=cache_seqlens,
+                         keys_resolved=None if cu_k is None else "plan (its cu_seqlens_k)")
     prep = _Prepared(q, k, v, call)
+    # The library checks the plan's shapes against the views (heads, dim, tokens in all); the
+    # sequences are the plan's, which must be those the inputs split into.
+    given = "q, k" + (", cache_seqlens" if cache_seqlens is not None else "")
+    _check_planned_sequences((plan.cu_seqlens, plan.cu_seqlens_k), _split(prep), given)
     out, lse = _output_buffers(q, call.layout)
     ov, lv = _output_views(out, lse, call.layout)
     cuda = _is_torch(q) and q.device.type == "cuda"

@@ -196,6 +196,22 @@ def bad_calls():
                                block_table=table), ValueError, ["v: shape"]),
         (lambda: crisp.prefill(qb, kb[:, :, :1].repeat(2, 1), kb[:, :, :1].repeat(2, 1), layout="bshd", cache_seqlens=[16]),
          ValueError, ["cache_seqlens", "multiple of 16"]),
+        # A block table as a list: page ids are ints (a float is not truncated to one), in int32's
+        # range, in rectangular rows.
+        (lambda: crisp.prefill(q, k_cache, v_cache, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                               block_table=(table + 0.7).tolist()), TypeError, ["block_table", "int page ids"]),
+        (lambda: crisp.prefill(q, k_cache, v_cache, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                               block_table=[table[0].tolist(), table[1, :1].tolist()]), ValueError,
+         ["block_table", "rectangular"]),
+        (lambda: crisp.prefill(q, k_cache, v_cache, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                               block_table=[[0, 2 ** 32 + 1], [1, 2]]), ValueError, ["block_table", "int32"]),
+        # attend runs the plan's key counts: other cache_seqlens are refused, not ignored.
+        (lambda: crisp.attend(q, k_cache, v_cache, crisp.plan(q, k_cache, policy="dense", cu_seqlens_q=cu_q,
+                                                              block_table=table, cache_seqlens=[50, 40]),
+                              block_table=table, cache_seqlens=[50, 30]), crisp.Error,
+         ["plan: made for 2 sequences", "(10, 40)", "cache_seqlens give", "(10, 30)"]),
+        (lambda: crisp.prefill(q, k, v, cu_seqlens_q=[0, 20, 2 ** 70], cu_seqlens_k=cu_k), ValueError,
+         ["cu_seqlens_q", "beyond int64"]),
     ]
 
 
@@ -229,6 +245,56 @@ def test_torch_chunk_and_pages_through_the_custom_op():
     for args in ((t(q), t(k), t(v), cu_q_t, "dense", "", "thd", cu_k_t, None),
                  (t(q), t(k_cache), t(v_cache), cu_q_t, "crisp", "block_size=64", "thd", cu_k_t, t(table))):
         torch.library.opcheck(torch.ops.crisp.prefill.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def op_bad_calls():
+    """Direct calls of torch.ops.crisp.prefill that crisp.prefill would refuse: the op refuses them
+    too (its arguments are crisp.prefill's, checked by the same function)."""
+    import torch
+    op = torch.ops.crisp.prefill
+    q, kc = torch.randn(10, 2, 16), torch.randn(4, 16, 2, 16)
+    qb = torch.randn(3, 10, 2, 16)
+    cu_k, table = torch.tensor([0, 20]), torch.tensor([[2, 3]], dtype=torch.int32)
+    return [
+        (lambda: op(q, kc, kc, None, "dense", "", "thd", cu_k, table.long()), TypeError, ["block_table", "int32"]),
+        (lambda: op(qb, kc, kc, None, "dense", "", "bshd", torch.tensor([0, 16, 32, 48]), table[:, :1]), ValueError,
+         ["block_table: shape (1, 1)", "num_sequences=3"]),
+        (lambda: op(q, kc, kc, None, "dense", "", "thd", cu_k, table[0]), ValueError, ["block_table: shape (2,)"]),
+        (lambda: op(q, kc, kc, None, "dense", "", "thd", None, table), ValueError, ["block_table", "cu_seqlens_k"]),
+        (lambda: op(q, kc, kc, None, "dense", "", "thd", cu_k, table.to("meta")), ValueError,
+         ["block_table: on meta", "q's device"]),
+        (lambda: op(qb, qb, qb, torch.tensor([0, 5, 10]), "dense", "", "bshd"), ValueError,
+         ["cu_seqlens", "batched layout"]),
+        (lambda: op(qb, qb, qb, None, "dense", "", "bshd", torch.tensor([0, 10, 20, 30])), ValueError,
+         ["cu_seqlens_k", "batched layout"]),
+        (lambda: op(qb, kc, kc, None, "dense", "", "bshd", cu_k, table.repeat(3, 1)), ValueError,
+         ["cu_seqlens_k: 2 key offsets, but q has 3 sequence(s)"]),
+    ]
+
+
+@needs_torch
+@pytest.mark.parametrize("case", range(len(op_bad_calls()) if HAVE_TORCH else 1))
+def test_custom_op_called_directly_checks_like_prefill(case):
+    call, exc, words = op_bad_calls()[case]
+    with pytest.raises(exc) as info:
+        call()
+    for w in words:
+        assert w in str(info.value), str(info.value)
+
+
+@needs_torch
+def test_torch_cache_seqlens_tensor_values_are_checked_as_a_list():
+    """cache_seqlens as a tensor gets the answers of a list, naming cache_seqlens (not the block
+    table or key offsets it becomes)."""
+    import torch
+    qb, kc = torch.randn(2, 10, 4, 16), torch.randn(2, 48, 2, 16)
+    for lens in ([30, 60], torch.tensor([30, 60])):  # a contiguous cache of 48 positions per row
+        with pytest.raises(ValueError, match=r"cache_seqlens: \[30, 60\] exceed the 48 positions of k"):
+            crisp.prefill(qb, kc, kc, layout="bshd", cache_seqlens=lens)
+    q, pages, table = torch.randn(10, 2, 16), torch.randn(4, 16, 2, 16), torch.tensor([[0, 1]], dtype=torch.int32)
+    for lens in ([0], torch.tensor([0])):
+        with pytest.raises(ValueError, match="cache_seqlens: .0.; expected every sequence to have at least one key"):
+            crisp.prefill(q, pages, pages, block_table=table, cache_seqlens=lens)
 
 
 @needs_torch

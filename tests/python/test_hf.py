@@ -166,6 +166,43 @@ def test_masks_crisp_reads_and_masks_it_leaves_to_sdpa():
     holes = bottom_right.clone()
     holes[:, 5] = False  # a key masked in the middle (packed sequences, custom masks)
     assert _key_ranges(holes[None, None], q_len, k_len) is None
+    # Rows before a row's first key are padding only if they see no key (or, torch's fix for fully
+    # masked rows on older versions, every key): packed sequences' first segment is not padding.
+    n = 6
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    segment = torch.arange(n) >= 2
+    packed = (j <= i) & (segment[:, None] == segment[None, :])  # two sequences: tokens 0-1 and 2-5
+    assert _key_ranges(packed[None, None], n, n) is None
+    padded = (j <= i) & (j >= 2)  # tokens 0-1 left padding: their rows see no key
+    assert _key_ranges(padded[None, None], n, n) == [(2, 6)]
+    padded_fixed = padded | ~padded.any(dim=1, keepdim=True)  # sdpa_mask's allow_torch_fix
+    assert _key_ranges(padded_fixed[None, None], n, n) == [(2, 6)]
+
+
+def test_packed_sequences_fall_back_to_sdpa():
+    """A block-diagonal (packed sequences) 4D mask is not causal with padding: every call falls back
+    to sdpa, with its reason, and the first sequence's outputs are sdpa's (not zeroes)."""
+    model = tiny_llama("cpu", torch.float32)
+    n = 40
+    ids = torch.randint(0, 1000, (1, n), generator=torch.Generator().manual_seed(8))
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    segment = torch.arange(n) >= 20
+    mask = ((j <= i) & (segment[:, None] == segment[None, :]))[None, None]
+    out = under_each(model, ("sdpa", "crisp_dense"), lambda m: m(input_ids=ids, attention_mask=mask).logits)
+    stats = out["crisp_dense"][1]
+    assert stats["crisp"] == 0 and stats["sdpa"] == 2, stats
+    assert stats["fallback_reasons"] == {crisp.hf._MASK_REASON: 2}, stats
+    torch.testing.assert_close(out["crisp_dense"][0], out["sdpa"][0], atol=1e-5, rtol=1e-5)
+
+
+def test_head_dim_the_backend_cannot_run_falls_back_to_sdpa():
+    """Head dim 512: more than the CPU backend takes (256); the layer runs on sdpa, counted."""
+    model = tiny_llama("cpu", torch.float32, head_dim=512)
+    ids = torch.randint(0, 1000, (1, 40), generator=torch.Generator().manual_seed(9))
+    out = under_each(model, ("sdpa", "crisp"), lambda m: m(input_ids=ids).logits)
+    stats = out["crisp"][1]
+    assert stats["crisp"] == 0 and stats["fallback_reasons"] == {"head dim 512 on CPU": 2}, stats
+    torch.testing.assert_close(out["crisp"][0], out["sdpa"][0], atol=1e-5, rtol=1e-5)
 
 
 def under_each(model, impls, run):

@@ -84,6 +84,7 @@ def test_gqa_shapes_fit_one_layout_only():
     (dict(causal=False), ValueError, ["causal", "causal=True"]),
     (dict(causal="yes"), TypeError, ["causal"]),
     (dict(is_causal=False), ValueError, ["causal"]),
+    (dict(causal=False, is_causal=True), ValueError, ["causal, is_causal: both given"]),
     (dict(dropout_p=0.1), ValueError, ["dropout_p", "dropout"]),
     (dict(window_size=(128, 4)), ValueError, ["window_size", "causal"]),
     (dict(window_size=128), TypeError, ["window_size", "(left, right)"]),
@@ -116,6 +117,13 @@ def test_flash_attn_and_sdpa_keywords_at_neutral_values_are_accepted():
                              return_attn_probs=False)
     np.testing.assert_array_equal(out, plain)
     np.testing.assert_array_equal(lse, plain_lse)
+    # The neutral values as any number equal to them (numpy's scalars among them), not a bool.
+    for zero in (0, np.float64(0.0), np.int64(0), np.float32(-0.0)):
+        out, _ = crisp.prefill(*flat, policy="dense", cu_seqlens=cu, softmax_scale=0.2, dropout_p=zero, softcap=zero)
+        np.testing.assert_array_equal(out, plain)
+    for value in (False, np.float64(0.1), "0"):
+        with pytest.raises(ValueError, match="dropout_p"):
+            crisp.prefill(*flat, cu_seqlens=cu, dropout_p=value)
 
 
 def test_flash_attn_window_size_is_crisps_window():
@@ -207,6 +215,19 @@ def test_torch_flash_attn_layout_and_contiguous_outputs():
                                  layout="bhsd")
     assert out_h.is_contiguous() and lse_h.is_contiguous()
     torch.testing.assert_close(out_h, out.transpose(1, 2))
+
+
+@needs_torch
+def test_torch_neutral_keywords_as_0_dim_tensors():
+    import torch
+    q, k, v = (torch.from_numpy(x) for x in bshd(1, 4, 2, 40, 16))
+    plain, _ = crisp.prefill(q, k, v, policy="dense", layout="bshd")
+    out, _ = crisp.prefill(q, k, v, policy="dense", layout="bshd", dropout_p=torch.tensor(0.0),
+                           softcap=torch.tensor(0))
+    torch.testing.assert_close(out, plain, rtol=0, atol=0)
+    for value in (torch.tensor(0.5), torch.tensor([0.0]), torch.tensor(False)):
+        with pytest.raises(ValueError, match="softcap"):
+            crisp.prefill(q, k, v, layout="bshd", softcap=value)
 
 
 @needs_torch

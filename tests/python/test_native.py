@@ -105,6 +105,27 @@ def test_attend_with_plan_equals_prefill():
     assert recall.max() <= 1.0 + 1e-5 and recall.mean() > 0.5
 
 
+def test_attend_and_run_refuse_inputs_of_other_sequences():
+    """A plan runs on inputs of its own sequences: a plan of one 200-token sequence is not the plan
+    of a batch of two 100-token rows (the totals agree, the causal masks do not)."""
+    q, k, v = random_batched(2, 4, 2, 100, 16)
+    q1, k1 = (x.transpose(1, 0, 2, 3).reshape(1, x.shape[1], 200, 16) for x in (q, k))  # one sequence
+    one = crisp.plan(q1, k1, policy="dense", layout="bhsd")
+    with pytest.raises(crisp.Error) as info:
+        crisp.attend(q, k, v, one, layout="bhsd")
+    for w in ("plan: made for 1 sequence", "(200, 200)", "q, k give 2 sequences", "(100, 100)"):
+        assert w in str(info.value), str(info.value)
+    out, lse = crisp.attend(q, k, v, crisp.plan(q, k, policy="dense", layout="bhsd"), layout="bhsd")
+    np.testing.assert_array_equal(out, crisp.prefill(q, k, v, policy="dense", layout="bhsd")[0])
+    attention = crisp.Attention("dense")
+    attention.plan(q, k, layout="bhsd")
+    q4, k4, v4 = (x.reshape(x.shape[0], x.shape[1], 2, 50, 16).transpose(0, 2, 1, 3, 4).reshape(4, x.shape[1], 50, 16)
+                  for x in (q, k, v))  # the same tokens as 4 rows of 50
+    with pytest.raises(crisp.Error, match=r"plan: made for 2 sequences.*q, k give 4 sequences"):
+        attention.run(q4, k4, v4)
+    np.testing.assert_array_equal(attention.run(q, k, v)[0], out)
+
+
 def test_params_reach_the_config():
     q, k, v, _ = workload_varlen(4, 2, 64, [2000], seed=4)
     p = crisp.plan(q, k, policy="crisp", alpha=3.0, block_size=64, routing="jsd")
@@ -165,6 +186,32 @@ def test_numpy_scalar_params():
     assert p.config["alpha"] == "2.5" and p.config["min_budget"] == "256"
     with pytest.raises(TypeError, match="alpha"):
         crisp.plan(q, k, alpha=True)
+
+
+@pytest.mark.parametrize("name", ["alpha=1;tau", "alpha x", "", "1alpha", "alpha;"])
+def test_parameter_names_are_plain_identifiers(name):
+    # "alpha=1;tau" would otherwise reach the library as two settings.
+    q, k, v, _ = workload_varlen(2, 1, 16, [64], seed=8)
+    for call in (lambda: crisp.prefill(q, k, v, **{name: 2}), lambda: crisp.Attention("dense", **{name: 2})):
+        with pytest.raises(ValueError, match="not a parameter name") as info:
+            call()
+        assert repr(name) in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs,exc,words", [
+    (dict(seed=-1), ValueError, ["seed: -1", "[0, 2^64)"]),
+    (dict(seed=2 ** 64), ValueError, ["seed", "[0, 2^64)"]),
+    (dict(seed=1.5), TypeError, ["seed", "float"]),
+    (dict(seq_lens=256), TypeError, ["seq_lens", "sequence of ints"]),
+    (dict(head_dim="64"), TypeError, ["head_dim"]),
+])
+def test_make_workload_bad_arguments_name_the_argument(kwargs, exc, words):
+    kwargs = {"seq_lens": (256,), **kwargs}
+    with pytest.raises(exc) as info:
+        crisp.make_workload(**kwargs)
+    for w in words:
+        assert w in str(info.value), str(info.value)
+    assert crisp.make_workload(2, 1, 16, [64], seed=2 ** 64 - 1)["q"].shape == (2, 64, 16)
 
 
 def test_gqa_union_is_a_superset_shared_by_each_group():

@@ -89,6 +89,40 @@ def test_torch_bad_input():
         crisp.prefill(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu_seqlens=[0, 63])
 
 
+def test_offsets_on_a_device_whose_values_cannot_be_read_are_refused():
+    """Meta tensors (no values) as offsets or key counts: refused naming the argument, not read as
+    uninitialised memory."""
+    q = torch.randn(100, 2, 16)
+    meta = dict(device="meta")
+    cu, cu_meta = torch.tensor([0, 30, 100]), torch.tensor([0, 30, 100], **meta)
+    calls = [
+        ("cu_seqlens", lambda: crisp.prefill(q, q, q, cu_seqlens=cu_meta)),
+        ("cu_seqlens_q", lambda: crisp.prefill(q, q, q, cu_seqlens_q=cu_meta, cu_seqlens_k=cu)),
+        ("cu_seqlens_k", lambda: crisp.prefill(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu_meta)),
+        ("cache_seqlens", lambda: crisp.prefill(q[:10], q, q, cache_seqlens=torch.tensor([60], **meta))),
+        ("cu_seqlens", lambda: crisp.plan(q, q, cu_seqlens=cu_meta)),
+        ("cu_seqlens", lambda: torch.ops.crisp.prefill(q, q, q, cu_meta, "dense", "", "thd")),
+    ]
+    for name, call in calls:
+        with pytest.raises(ValueError, match=f"{name}: a tensor on meta"):
+            call()
+
+
+def test_sparse_inputs_and_too_many_tokens_are_named():
+    q = torch.randn(10, 2, 16)
+    with pytest.raises(TypeError, match=r"k: a tensor of layout torch.sparse_coo; expected a dense tensor"):
+        crisp.prefill(q, q.to_sparse(), q)
+    with pytest.raises(TypeError, match="cu_seqlens: a tensor of layout torch.sparse_coo"):
+        crisp.prefill(q, q, q, cu_seqlens=torch.tensor([0, 4, 10]).to_sparse())
+    # 2^31 + 5 tokens of one stride-0 row: the token limit is checked before any output is allocated
+    # (a 512 GiB allocation would fail first).
+    huge = torch.randn(1, 1, 16).expand(2 ** 31 + 5, 1, 16)
+    with pytest.raises(crisp.Error, match=r"q: has 2147483653 tokens; expected at most 2147483647"):
+        crisp.prefill(huge, huge, huge)
+    with pytest.raises(crisp.Error, match=r"k: has 2147483653 tokens"):
+        crisp.prefill(q[:, :1], huge, huge)
+
+
 # ---------------------------------------------------------------- CUDA
 def gpu_workload(Hq, Hkv, d, n, dtype, seed=0):
     q, k, v, _ = workload_varlen(Hq, Hkv, d, [n], seed=seed)
