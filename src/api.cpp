@@ -57,6 +57,24 @@ std::string num(double x) {
 }
 
 // Rank, non-null data, dtype and device of one view, and every extent >= 1.
+}  // namespace
+
+void check_view_reach(const TensorView& t, const std::string& name) {
+  // Unsigned 128-bit: each term is below 2^126, the sum of three below 2^128.
+  unsigned __int128 reach = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] < 1) continue;  // an empty extent is check_view's error
+    const uint64_t stride = t.stride[i] < 0 ? 0 - static_cast<uint64_t>(t.stride[i]) : static_cast<uint64_t>(t.stride[i]);
+    reach += static_cast<unsigned __int128>(static_cast<uint64_t>(t.shape[i] - 1)) * stride;
+  }
+  if (reach >= (static_cast<unsigned __int128>(1) << 62) / dtype_size(t.dtype))
+    throw Error(name, "has shape " + shape_string(t) + " and strides {" + str(t.stride[0]) + ", " + str(t.stride[1]) +
+                          (t.rank == 3 ? ", " + str(t.stride[2]) : std::string()) + "} reaching beyond any memory",
+                "strides whose farthest element lies within 2^62 bytes of the data pointer");
+}
+
+namespace {
+
 void check_view(const TensorView& t, const std::string& name, int rank, const std::string& shape_names) {
   if (t.rank != rank)
     throw Error(name, "has rank " + str(t.rank), "rank " + str(rank) + " " + shape_names);
@@ -71,15 +89,7 @@ void check_view(const TensorView& t, const std::string& name, int rank, const st
   if (t.data == nullptr) throw Error(name, "data pointer is null", "a pointer to the tensor's elements");
   if (!valid_dtype(t.dtype)) throw Error(name, "has an invalid dtype", "f32, f16, bf16 or f64");
   if (!valid_device(t.device)) throw Error(name, "has an invalid device", "Device::cpu or Device::cuda");
-  // Every element offset (TensorView::offset, in int64) must be computable: the farthest element's
-  // byte offset is below 2^62 (no memory is larger), so no product or sum of them overflows.
-  __int128 reach = 0;
-  for (int i = 0; i < rank; ++i)
-    reach += static_cast<__int128>(t.shape[i] - 1) * (t.stride[i] < 0 ? -static_cast<__int128>(t.stride[i]) : t.stride[i]);
-  if (reach * static_cast<__int128>(dtype_size(t.dtype)) >= (static_cast<__int128>(1) << 62))
-    throw Error(name, "has shape " + shape_string(t) + " and strides {" + str(t.stride[0]) + ", " + str(t.stride[1]) +
-                          (rank == 3 ? ", " + str(t.stride[2]) : std::string()) + "} reaching beyond any memory",
-                "strides whose farthest element lies within 2^62 bytes of the data pointer");
+  check_view_reach(t, name);
 }
 
 // The bytes [first, last] a view's elements span (a superset of what it touches).
@@ -98,8 +108,15 @@ std::pair<uintptr_t, uintptr_t> byte_span(const TensorView& t) {
 bool views_overlap(const TensorView& a, const TensorView& b) {
   const auto [a_first, a_last] = byte_span(a);
   const auto [b_first, b_last] = byte_span(b);
+  // Dense: no zero stride over an extent > 1 (a hole could hide behind a repeated element) and
+  // as many element bytes as the span holds (numel in checked arithmetic: strides may alias).
   const auto dense = [](const TensorView& t, uintptr_t first, uintptr_t last) {
-    return static_cast<uintptr_t>(t.numel()) * dtype_size(t.dtype) == last - first + 1;
+    uint64_t bytes = dtype_size(t.dtype);
+    for (int i = 0; i < t.rank; ++i) {
+      if (t.stride[i] == 0 && t.shape[i] > 1) return false;
+      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(t.shape[i]), &bytes)) return false;
+    }
+    return bytes == last - first + 1;
   };
   return a.device == b.device && a_first <= b_last && b_first <= a_last && dense(a, a_first, a_last) &&
          dense(b, b_first, b_last);
@@ -402,23 +419,23 @@ Batch normalize_batch(const Batch& batch, const TensorView& q, const TensorView&
 
 std::vector<SequencePlan> sequence_shapes(const Batch& batch, int block_size, const char* keys_argument) {
   std::vector<SequencePlan> shapes(batch.cu_seqlens_q.size() - 1);
-  // A head's CSR indexes its causal blocks with int32: N (N + 1) / 2 <= 2^31 - 1.
-  constexpr int64_t kMaxBlocks = 65535;
   for (size_t s = 0; s < shapes.size(); ++s) {
     SequencePlan& sp = shapes[s];
     sp.q_offset = batch.cu_seqlens_q[s];
     sp.n_q = batch.cu_seqlens_q[s + 1] - sp.q_offset;
     sp.kv_offset = batch.cu_seqlens_k[s];
     sp.n_k = batch.cu_seqlens_k[s + 1] - sp.kv_offset;
-    if ((sp.n_k + block_size - 1) / block_size > kMaxBlocks)
-      throw Error(keys_argument,
-                  "sequence " + str(static_cast<int64_t>(s)) + " has " + str(sp.n_k) + " keys: " +
-                      str((sp.n_k + block_size - 1) / block_size) + " blocks of " + str(block_size) +
-                      ", whose causal blocks overflow a plan's int32 block indices",
-                  "at most " + str(kMaxBlocks) + " blocks a sequence (" + str(kMaxBlocks * block_size) + " keys at B = " +
-                      str(block_size) + ")");
     sp.num_blocks = rules::num_blocks(sp.n_k, block_size);
     sp.first_row = rules::first_query_block(sp.n_k, sp.n_q, block_size);
+    // A head's CSR indexes the causal blocks of its rows with int32 (row_ptr, col).
+    const int64_t causal = rules::causal_blocks_of_rows(sp.first_row, sp.num_blocks);
+    if (causal > std::numeric_limits<int32_t>::max())
+      throw Error(keys_argument,
+                  "sequence " + str(static_cast<int64_t>(s)) + " has " + str(sp.n_k) + " keys and " + str(sp.n_q) +
+                      " queries: " + str(causal) + " causal blocks of " + str(block_size) +
+                      " tokens, beyond a plan's int32 block indices",
+                  "at most 2147483647 causal blocks a sequence (a whole prompt: 65535 blocks, " +
+                      str(65535 * static_cast<int64_t>(block_size)) + " tokens at B = " + str(block_size) + ")");
   }
   return shapes;
 }
@@ -450,6 +467,12 @@ void check_output_memory(const TensorView& q, const TensorView& k, const TensorV
   for (const auto& [input, input_name] : {std::pair<const TensorView*, const char*>{&k, "k"}, {&v, "v"}})
     if (views_overlap(out, *input))
       throw Error("out", std::string("overlaps ") + input_name + "'s memory", "separate memory for out (or q itself)");
+  // out = q in place, element for element, or apart from q: a block's query tile is read once,
+  // before its rows are written, so any other overlap writes rows another block still reads.
+  const bool same_as_q = out.data == q.data && out.dtype == q.dtype && out.stride == q.stride;
+  if (!same_as_q && views_overlap(out, q))
+    throw Error("out", "overlaps q's memory without being q itself (the same pointer, dtype and strides)",
+                "separate memory for out, or q itself");
   for (const auto& [other, other_name] :
        {std::pair<const TensorView*, const char*>{&out, "out"}, {&q, "q"}, {&k, "k"}, {&v, "v"}})
     if (views_overlap(lse, *other))

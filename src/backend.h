@@ -73,10 +73,14 @@ Batch normalize_batch(const Batch& batch, const TensorView& q, const TensorView&
 // "batch.block_table.<field>" or "k".
 void check_block_table(const BlockTable& table, const SeqLens& cu_k, const TensorView& q, const TensorView& k);
 // Checks out [Hq, q_tokens, d] (f32/f16/bf16/f64) and lse [Hq, q_tokens] (f32/f64) against q.
+// Refuses a view whose farthest element lies 2^62 bytes or more from its data pointer (element
+// offsets would overflow int64 somewhere), naming `name`. check_view of every entry point calls it.
+void check_view_reach(const TensorView& t, const std::string& name);
 void validate_outputs(const TensorView& q, const TensorView& out, const TensorView& lse);
-// The outputs' memory (every entry point that writes them, the CUDA attend_async included): no
-// zero stride over an extent > 1, out sharing no byte with k or v (it may be q itself), lse none
-// with q, k, v or out.
+// The outputs' memory (every entry point that writes them, the CUDA attend_async included; the
+// views' reach checked first): no zero stride over an extent > 1, out sharing no byte with k or v
+// and none with q unless it is q itself (same pointer, dtype, strides), lse none with q, k, v or
+// out. Overlaps are judged where both views are dense.
 void check_output_memory(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                          const TensorView& lse);
 // Checks that the plan fits q/k and the block table (heads, head dim, block size, sequences

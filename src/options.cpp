@@ -109,7 +109,9 @@ void check_backend(const Options& options, const TensorView& q) {
   // CUDA views in a CUDA build on a machine without a usable device: named here, not by the first
   // CUDA call deep in the planner (cub's sort, a launch).
   if (q.device == Device::cuda && cuda_backend_built() && !cuda::available())
-    throw Error("q", "is on Device::cuda but this process finds no CUDA device (cudaGetDeviceCount)",
+    throw Error("q",
+                "is on Device::cuda but this process has no usable CUDA device (crisp::cuda::available() is false: "
+                "no device or driver, or an earlier CUDA error in this process)",
                 "tensors on Device::cpu here, or a machine with a CUDA device and driver");
   if (options.backend == Backend::automatic) return;
   const Device wanted = options.backend == Backend::cuda ? Device::cuda : Device::cpu;

@@ -277,7 +277,21 @@ TEST(BadInput, OutputMemory) {
   };
   expect_error([&] { run(ov, crisp::TensorView::contiguous2d(out.data(), crisp::DType::f32, 2, 128)); }, "lse", "lse in out");
   expect_error([&] { run(ov, crisp::TensorView::contiguous2d(x.k.data.data(), crisp::DType::f32, 2, 128)); }, "lse", "lse in k");
-  expect_error([&] { run(crisp::TensorView::contiguous(x.v.data.data(), crisp::DType::f32, 2, 64, 16), lv); }, "out", "shape");
+  {
+    std::vector<float> vo(2 * 128 * 16);  // v in the first half of out's buffer
+    std::copy(x.v.data.begin(), x.v.data.end(), vo.begin());
+    const auto vview = crisp::TensorView::contiguous(vo.data(), crisp::DType::f32, 1, 128, 16);
+    const auto oview = crisp::TensorView::contiguous(vo.data(), crisp::DType::f32, 2, 128, 16);
+    expect_error([&] { crisp::prefill(x.q.view(), x.k.view(), vview, crisp_cfg(), oview, lv); }, "out", "out over v");
+  }
+  {
+    // out one row after q in one buffer: rows another block still reads would be overwritten.
+    std::vector<float> qo(2 * 128 * 16 + 16);
+    std::copy(x.q.data.begin(), x.q.data.end(), qo.begin());
+    const auto qview = crisp::TensorView::contiguous(qo.data(), crisp::DType::f32, 2, 128, 16);
+    const auto oview = crisp::TensorView::contiguous(qo.data() + 16, crisp::DType::f32, 2, 128, 16);
+    expect_error([&] { crisp::prefill(qview, x.k.view(), x.v.view(), crisp_cfg(), oview, lv); }, "out", "out shifted over q");
+  }
   {
     std::vector<float> kv(2 * 128 * 16);  // k and out share one buffer
     std::copy(x.k.data.begin(), x.k.data.end(), kv.begin());
@@ -296,7 +310,30 @@ TEST(BadInput, OutputMemory) {
   Tensor3 q_copy = x.q;
   crisp::prefill(x.q.view(), x.k.view(), x.v.view(), crisp_cfg(), x.q.view(), lv);
   EXPECT_EQ(x.q.data, out);
-  (void)q_copy;
+  // Views of one fused buffer [T, 3, H, d] (q, k, v interleaved; H = 1 here, so no GQA) are not
+  // refused, out written into q's slots among them.
+  const int64_t T = 128, d = 16;
+  std::vector<float> qkv(static_cast<size_t>(T * 3 * d));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t x_ = 0; x_ < d; ++x_) {
+      qkv[static_cast<size_t>((t * 3 + 0) * d + x_)] = q_copy.data[static_cast<size_t>(t * d + x_)];
+      qkv[static_cast<size_t>((t * 3 + 1) * d + x_)] = x.k.data[static_cast<size_t>(t * d + x_)];
+      qkv[static_cast<size_t>((t * 3 + 2) * d + x_)] = x.v.data[static_cast<size_t>(t * d + x_)];
+    }
+  const auto slot = [&](int part) {
+    crisp::TensorView view = crisp::TensorView::contiguous(qkv.data() + part * d, crisp::DType::f32, 1, T, d);
+    view.stride = {T * 3 * d, 3 * d, 1};
+    return view;
+  };
+  std::vector<float> lse1(T), out1(T * d);
+  crisp::prefill(crisp::TensorView::contiguous(q_copy.data.data(), crisp::DType::f32, 1, T, d), x.k.view(), x.v.view(),
+                 crisp_cfg(), crisp::TensorView::contiguous(out1.data(), crisp::DType::f32, 1, T, d),
+                 crisp::TensorView::contiguous2d(lse1.data(), crisp::DType::f32, 1, T));
+  ASSERT_NO_THROW(crisp::prefill(slot(0), slot(1), slot(2), crisp_cfg(), slot(0),
+                                 crisp::TensorView::contiguous2d(lse1.data(), crisp::DType::f32, 1, T)));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t x_ = 0; x_ < d; ++x_)
+      ASSERT_EQ(qkv[static_cast<size_t>((t * 3) * d + x_)], out1[static_cast<size_t>(t * d + x_)]) << t << ", " << x_;
 }
 
 // Strides whose element offsets overflow int64 (every head read as head 0), and a block table
@@ -309,6 +346,11 @@ TEST(BadInput, StridesAndTableStridesBeyondMemory) {
   crisp::TensorView k = x.k.view();
   k.stride[1] = -(int64_t(1) << 61);
   expect_error([&] { crisp::plan(x.q.view(), k, crisp_cfg()); }, "k", "token stride -2^61");
+  // The largest extents and strides: the reach is computed without overflowing (UBSan) and refused.
+  crisp::TensorView q_max = x.q.view();
+  q_max.shape[0] = q_max.stride[0] = std::numeric_limits<int64_t>::max();
+  crisp::TensorView k_one = x.k.view();
+  expect_error([&] { crisp::plan(q_max, k_one, crisp_cfg()); }, "q", "INT64_MAX heads and head stride");
 
   std::vector<int32_t> table(8, 0);
   crisp::Batch batch({0, 32, 64}, {0, 32, 64});
@@ -374,6 +416,13 @@ TEST(BadInput, CudaViewsWithoutADevice) {
   q.device = k.device = crisp::Device::cuda;
   q.dtype = k.dtype = crisp::DType::bf16;
   expect_error([&] { crisp::plan(q, k, crisp_cfg()); }, "q", "cuda views, no device");
+  try {
+    crisp::plan(q, k, crisp_cfg());
+  } catch (const crisp::Error& e) {  // a CUDA build: no usable device; a CPU-only build: not built
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("no usable CUDA device") != std::string::npos || what.find("not built") != std::string::npos)
+        << what;
+  }
 }
 
 // A moved-from Attention refuses every call with an error (plan dereferenced its empty state).

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "common/shape_rules.h"
 #include "backend.h"
@@ -114,6 +115,9 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   }
   check_view("out", out, 3, Hq, out_tokens, d);
   check_view("lse", lse, 2, Hq, out_tokens, 1);
+  for (const auto& [view, name] : {std::pair<const TensorView*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"},
+                                    {&out, "out"}, {&lse, "lse"}})
+    detail::check_view_reach(*view, name);
   detail::check_output_memory(q, k, v, out, lse);
   if (q.dtype != DType::bf16 && q.dtype != DType::f16)
     throw Error("q", std::string("has dtype ") + to_string(q.dtype), "bf16 or f16 on the CUDA backend");
