@@ -101,6 +101,14 @@ std::pair<uintptr_t, uintptr_t> byte_span(const TensorView& t) {
   return {base + static_cast<uintptr_t>(low * size), base + static_cast<uintptr_t>(high * size + size - 1)};
 }
 
+// A view with a zero stride over an extent > 1 (an expanded tensor): one element stands at
+// several indices.
+bool expanded(const TensorView& t) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.stride[i] == 0 && t.shape[i] > 1) return true;
+  return false;
+}
+
 // Whether two views share a byte, decided where it can be cheaply: both views dense (their
 // elements fill their spans, as any contiguous tensor's do). Strided views may interleave without
 // sharing an element (q, k and v as views of one fused QKV buffer, out written into q): those are
@@ -111,11 +119,10 @@ bool views_overlap(const TensorView& a, const TensorView& b) {
   // Dense: no zero stride over an extent > 1 (a hole could hide behind a repeated element) and
   // as many element bytes as the span holds (numel in checked arithmetic: strides may alias).
   const auto dense = [](const TensorView& t, uintptr_t first, uintptr_t last) {
+    if (expanded(t)) return false;
     uint64_t bytes = dtype_size(t.dtype);
-    for (int i = 0; i < t.rank; ++i) {
-      if (t.stride[i] == 0 && t.shape[i] > 1) return false;
+    for (int i = 0; i < t.rank; ++i)
       if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(t.shape[i]), &bytes)) return false;
-    }
     return bytes == last - first + 1;
   };
   return a.device == b.device && a_first <= b_last && b_first <= a_last && dense(a, a_first, a_last) &&
@@ -125,11 +132,11 @@ bool views_overlap(const TensorView& a, const TensorView& b) {
 // An output view writes each element once: a zero stride over an extent > 1 would make several
 // results race for one element (an expanded tensor).
 void check_distinct_elements(const TensorView& t, const std::string& name) {
-  for (int i = 0; i < t.rank; ++i)
-    if (t.stride[i] == 0 && t.shape[i] > 1)
-      throw Error(name, "has stride 0 in dimension " + str(i) + " of extent " + str(t.shape[i]) +
-                            " (several results would share one element)",
-                  "an output view whose elements are distinct (not expanded)");
+  if (expanded(t))
+    throw Error(name, "has shape " + shape_string(t) + " and strides {" + str(t.stride[0]) + ", " + str(t.stride[1]) +
+                          (t.rank == 3 ? ", " + str(t.stride[2]) : std::string()) +
+                          "}: a stride 0 over an extent > 1 (several results would share one element)",
+                "an output view whose elements are distinct (not expanded)");
 }
 
 // Rows [first, first + count) of every head of a view, as a view of its own.
@@ -324,10 +331,8 @@ void validate_qkv(const TensorView& q, const TensorView& k, const TensorView* v)
     throw Error("q", "head dim d = " + str(q.dim()) + " is too large", "1 <= d <= " + str(kMaxHeadDim));
   // Before any scan of the values: a stride-0 view can claim 2^40 tokens without the memory, and
   // scanning it would run for hours.
-  if (q.tokens() > kMaxTokens)
-    throw Error("q", "has " + str(q.tokens()) + " tokens", "at most " + str(kMaxTokens) + " (plans index tokens with int32)");
-  if (k.tokens() > kMaxTokens)
-    throw Error("k", "has " + str(k.tokens()) + " tokens", "at most " + str(kMaxTokens) + " (plans index tokens with int32)");
+  if (q.tokens() > kMaxTokens) throw Error("q", "has " + str(q.tokens()) + " tokens", shape_rules::kMaxTokensExpected);
+  if (k.tokens() > kMaxTokens) throw Error("k", "has " + str(k.tokens()) + " tokens", shape_rules::kMaxTokensExpected);
   if (k.device != q.device)
     throw Error("k", std::string("is on ") + device_name(k.device) + " but q is on " + device_name(q.device),
                 "every tensor of a call on one device");
@@ -406,8 +411,6 @@ Batch normalize_batch(const Batch& batch, const TensorView& q, const TensorView&
     if (paged) {
       // The keys are logical positions; the pool's size says nothing about their count.
       out.cu_seqlens_k = normalize_seqlens(cu_k, cu_k.empty() ? 0 : cu_k.back(), "batch.cu_seqlens_k");
-      if (cu_k.back() > kMaxTokens)
-        throw Error("batch.cu_seqlens_k", "ends at " + str(cu_k.back()), "at most " + str(kMaxTokens) + " keys in all");
     } else {
       out.cu_seqlens_k = normalize_seqlens(cu_k, k.tokens(), "batch.cu_seqlens_k");
     }
@@ -434,8 +437,9 @@ std::vector<SequencePlan> sequence_shapes(const Batch& batch, int block_size, co
                   "sequence " + str(static_cast<int64_t>(s)) + " has " + str(sp.n_k) + " keys and " + str(sp.n_q) +
                       " queries: " + str(causal) + " causal blocks of " + str(block_size) +
                       " tokens, beyond a plan's int32 block indices",
-                  "at most 2147483647 causal blocks a sequence (a whole prompt: 65535 blocks, " +
-                      str(65535 * static_cast<int64_t>(block_size)) + " tokens at B = " + str(block_size) + ")");
+                  "at most " + str(std::numeric_limits<int32_t>::max()) + " causal blocks a sequence (a whole prompt: " +
+                      str(shape_rules::kMaxPromptBlocks) + " blocks, " +
+                      str(shape_rules::kMaxPromptBlocks * block_size) + " tokens at B = " + str(block_size) + ")");
   }
   return shapes;
 }

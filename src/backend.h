@@ -100,8 +100,8 @@ void check_input_values(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView* out = nullptr, const TensorView* lse = nullptr);
 
 // The sequences of a plan (offsets, lengths, blocks; no heads) for a normalized batch.
-// Refuses a sequence of more than 65535 blocks (its causal blocks overflow the CSR's int32),
-// naming `keys_argument` (what gave the key counts).
+// Refuses a sequence whose rows' causal blocks overflow the CSR's int32 (a whole prompt of more
+// than shape_rules::kMaxPromptBlocks blocks), naming `keys_argument` (what gave the key counts).
 std::vector<SequencePlan> sequence_shapes(const Batch& normalized_batch, int block_size, const char* keys_argument = "k");
 
 // ---------------------------------------------------------------- plan once, run many times

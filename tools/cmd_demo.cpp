@@ -197,7 +197,7 @@ void run_demo(const DemoArgs& args) {
               static_cast<long long>(workload.spec.num_kv_heads), static_cast<long long>(dim),
               static_cast<unsigned long long>(workload.spec.seed), backend->description().c_str());
   print_table(summary, rows);
-  std::fprintf(summary, 
+  std::fprintf(summary,
       "\nneedles kept: share of (query block, needle block) pairs whose needle block is computed.\n"
       "recall: exp(LSE_sparse - LSE_dense) per query (mean over heads of the per-head mean; min over\n"
       "all queries). rel err: ||O - O_dense||_F / ||O_dense||_F, mean over heads. speedup: dense\n"

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace crisp {
@@ -16,8 +17,13 @@ constexpr const char* kBlockSizeExpected = "64 or 128";
 
 // The most tokens of one call (or one context-parallel sequence): plans store token and block
 // indices as int32.
-constexpr int64_t kMaxTokens = 2147483647;  // INT32_MAX
+constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
 constexpr const char* kMaxTokensExpected = "at most 2147483647 tokens (plans index tokens with int32)";
+
+// The most blocks of a whole prompt: a head's CSR indexes the causal blocks of its rows with
+// int32, and N (N + 1) / 2 <= 2^31 - 1 for N <= 65535 (the device planner reserves that triangle for
+// every sequence, chunks and decode steps included).
+constexpr int64_t kMaxPromptBlocks = 65535;
 
 // The head dims the CUDA attention kernels (portable and Hopper) are instantiated for.
 constexpr bool cuda_head_dim_supported(int64_t head_dim) {

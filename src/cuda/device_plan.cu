@@ -44,14 +44,14 @@ std::vector<layout::SequenceBases> sequence_bases(const Batch& batch, int block_
   bases.reserve(shapes.size());
   int64_t block_base = 0, row_ptr_base = 0, col_base = 0;
   for (const SequencePlan& sp : shapes) {
-    // NOTE: the layout reserves each head the whole grid's causal triangle (below), indexed with
-    // int32: N (N + 1) / 2 <= 2^31 - 1, so at most 65535 blocks, chunks and decode steps included.
-    constexpr int32_t kMaxDeviceBlocks = 65535;
+    // The layout reserves each head the whole grid's causal triangle (below), indexed with int32,
+    // chunks and decode steps included.
+    constexpr int64_t kMaxDeviceBlocks = shape_rules::kMaxPromptBlocks;
     if (sp.num_blocks > kMaxDeviceBlocks)
       throw Error("batch", "a sequence of " + std::to_string(sp.n_k) + " keys spans " + std::to_string(sp.num_blocks) +
                                " blocks of " + std::to_string(block_size) + " on the device planner",
                   "at most " + std::to_string(kMaxDeviceBlocks) + " blocks a sequence (" +
-                      std::to_string(int64_t{kMaxDeviceBlocks} * block_size) + " keys at B = " +
+                      std::to_string(kMaxDeviceBlocks * block_size) + " keys at B = " +
                       std::to_string(block_size) + ")");
     layout::SequenceBases b{};
     b.token_offset = sp.q_offset;
