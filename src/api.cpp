@@ -21,9 +21,6 @@ namespace crisp {
 namespace detail {
 namespace {
 
-// NOTE: the largest head dimension any backend supports (the CUDA kernels' register budget).
-constexpr int64_t kMaxHeadDim = 256;
-
 bool valid_dtype(DType dtype) {
   return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16 || dtype == DType::f64;
 }
@@ -631,8 +628,8 @@ Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, con
     throw Error("num_kv_heads", std::to_string(num_kv_heads) + " does not divide num_q_heads = " +
                                     std::to_string(num_q_heads),
                 "Hq to be a multiple of Hkv");
-  if (head_dim < 1 || head_dim > detail::kMaxHeadDim)
-    throw Error("head_dim", "is " + std::to_string(head_dim), "1 <= d <= " + std::to_string(detail::kMaxHeadDim));
+  if (head_dim < 1 || head_dim > crisp::kMaxHeadDim)
+    throw Error("head_dim", "is " + std::to_string(head_dim), "1 <= d <= " + std::to_string(crisp::kMaxHeadDim));
   if (!shape_rules::valid_block_size(block_size))
     throw Error("block_size", "is " + std::to_string(block_size), shape_rules::kBlockSizeExpected);
   if (!(softmax_scale >= 0.0) || !std::isfinite(softmax_scale))

@@ -20,6 +20,7 @@
 #include "crisp/attention.h"
 #include "crisp/config.h"
 #include "crisp/error.h"
+#include "crisp/limits.h"
 #include "crisp/options.h"
 #include "crisp/plan.h"
 #include "crisp/tensor.h"

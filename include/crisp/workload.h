@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "crisp/limits.h"
 #include "crisp/tensor.h"
 
 namespace crisp {
@@ -64,7 +65,7 @@ void set_workload_field(WorkloadSpec& spec, const std::string& field_equals_valu
                         const std::string& argument = "workload");
 
 // The head dims a workload may have.
-constexpr int64_t kWorkloadMinHeadDim = 8, kWorkloadMaxHeadDim = 256;
+constexpr int64_t kWorkloadMinHeadDim = 8, kWorkloadMaxHeadDim = kMaxHeadDim;
 
 // The checks of make_workload alone (cheap: nothing is generated): throws crisp::Error naming the
 // field ("workload.head_dim", "workload.needles", ...) for a spec make_workload would refuse.

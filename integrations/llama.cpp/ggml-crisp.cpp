@@ -45,7 +45,7 @@ crisp::TensorView view_of(const ggml_tensor * t, int64_t first_head, int64_t hea
   return view;
 }
 
-bool cpu_head_dim_supported(int64_t head_dim) { return head_dim >= 1 && head_dim <= 256; }
+bool cpu_head_dim_supported(int64_t head_dim) { return head_dim >= 1 && head_dim <= crisp::kMaxHeadDim; }
 
 // Whether every cell of the first n_q rows of the F16 mask agrees with the note (mask_cell_ok).
 bool mask_matches_note(const ggml_tensor * mask, int64_t n_q, const ggml_kq_mask_note & note) {

@@ -35,6 +35,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict
 
+from . import _C
 from ._extras import require
 from .ops import prefill
 
@@ -53,13 +54,6 @@ def reset_stats() -> None:
 
 
 reset_stats()
-
-
-# The head dims the library's backends run (the extension does not expose them): CUDA's kernels
-# are instantiated for these (shape_rules::cuda_head_dim_supported, src/common/shape_rules.h), the
-# CPU backend takes 1 <= d <= kMaxHeadDim (src/api.cpp). Other head dims fall back to sdpa.
-_CUDA_HEAD_DIMS = (64, 128, 256)
-_CPU_MAX_HEAD_DIM = 256
 
 
 def _fallback_reason(module, query, key, value, attention_mask, dropout, kwargs) -> str:
@@ -84,10 +78,10 @@ def _fallback_reason(module, query, key, value, attention_mask, dropout, kwargs)
     if query.device.type == "cuda":
         if query.dtype not in (torch.float16, torch.bfloat16):
             return f"dtype {query.dtype} on CUDA"
-        if query.shape[-1] not in _CUDA_HEAD_DIMS:
+        if not _C.cuda_head_dim_supported(query.shape[-1]):
             return f"head dim {query.shape[-1]} on CUDA"
     elif query.device.type == "cpu":
-        if query.shape[-1] > _CPU_MAX_HEAD_DIM:
+        if query.shape[-1] > _C.MAX_HEAD_DIM:
             return f"head dim {query.shape[-1]} on CPU"
     else:
         return f"device {query.device.type}"
@@ -227,7 +221,6 @@ def register(name: str = "crisp", policy: str = "crisp", **params) -> str:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
     # Checked now rather than at the first forward.
-    from . import _C
     from .ops import settings_from_params
     _C.Config(policy, settings_from_params(params))
 

@@ -287,10 +287,9 @@ def _check_no_grad(function: str, *tensors) -> None:
 
 _PAGED_CACHE = "the paged cache [num_pages, page_size, Hkv, dim] (flash_attn_with_kvcache's layout)"
 
-# The most tokens of q (and of k) in one call: the library's plans index tokens with int32
-# (shape_rules::kMaxTokens, src/common/shape_rules.h; the extension does not expose it). Checked
-# here too so that the outputs are not allocated before the library would refuse the call.
-_MAX_TOKENS = 2147483647
+# The most tokens of q (and of k) in one call (crisp/limits.h): checked here too so that the
+# outputs are not allocated before the library would refuse the call.
+_MAX_TOKENS = _C.MAX_TOKENS
 
 
 def _tokens(x, layout: str, paged_cache: bool = False) -> int:

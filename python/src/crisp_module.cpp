@@ -184,13 +184,16 @@ NB_MODULE(_C, m) {
 
 #ifdef CRISP_WITH_CUDA
   m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
   m.def("cuda_available", &crisp::cuda::available,
         "True when the library was built with the CUDA backend and a CUDA device is visible.");
-#else
-  // A CPU-only library has no crisp::cuda symbols (crisp::plan/attend reject CUDA views).
-  m.attr("built_with_cuda") = false;
-  m.def("cuda_available", []() { return false; }, "False: this build has no CUDA backend.");
-#endif
+  // The bounds of one call (crisp/limits.h), for checks made before the outputs are allocated.
+  m.attr("MAX_TOKENS") = crisp::kMaxTokens;
+  m.attr("MAX_HEAD_DIM") = crisp::kMaxHeadDim;
+  m.def("cuda_head_dim_supported", &crisp::cuda::head_dim_supported, nb::arg("head_dim"),
+        "Whether the CUDA attention kernels are built for this head dim (answered in every build).");
 
   // ------------------------------------------------------------------ views and configs
   nb::class_<TensorView>(m, "View", "A strided [heads, tokens, dim] (or [heads, tokens]) view of memory it does not own.")

@@ -8,6 +8,8 @@
 #include <limits>
 #include <vector>
 
+#include "crisp/limits.h"
+
 namespace crisp {
 namespace shape_rules {
 
@@ -15,9 +17,9 @@ namespace shape_rules {
 constexpr bool valid_block_size(int64_t block_size) { return block_size == 64 || block_size == 128; }
 constexpr const char* kBlockSizeExpected = "64 or 128";
 
-// The most tokens of one call (or one context-parallel sequence): plans store token and block
-// indices as int32.
-constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+// The most tokens of one call (crisp/limits.h).
+using crisp::kMaxTokens;
+static_assert(kMaxTokens == std::numeric_limits<int32_t>::max(), "plans index tokens with int32");
 constexpr const char* kMaxTokensExpected = "at most 2147483647 tokens (plans index tokens with int32)";
 
 // The most blocks of a whole prompt: a head's CSR indexes the causal blocks of its rows with
