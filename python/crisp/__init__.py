@@ -33,6 +33,10 @@ from .ops import attend, gqa_union, plan, prefill  # noqa: E402
 __version__ = "0.1.0"
 built_with_cuda = _C.built_with_cuda
 cuda_available = _C.cuda_available
+# The bounds of one call (the library's crisp/limits.h), for callers that route before they allocate.
+MAX_TOKENS = _C.MAX_TOKENS
+MAX_HEAD_DIM = _C.MAX_HEAD_DIM
+cuda_head_dim_supported = _C.cuda_head_dim_supported
 presets = _C.Config.preset_names
 parameter_names = _C.Config.parameter_names
 
@@ -80,4 +84,5 @@ def __dir__():
 
 
 __all__ = ["Attention", "Error", "Plan", "SequencePlan", "attend", "gqa_union", "plan", "prefill", "make_workload",
-           "built_with_cuda", "cuda_available", "presets", "parameter_names"]
+           "built_with_cuda", "cuda_available", "presets", "parameter_names", "MAX_TOKENS", "MAX_HEAD_DIM",
+           "cuda_head_dim_supported"]

@@ -179,15 +179,14 @@ def test_bad_varlen_offsets_and_nonfinite_values():
 def test_limits_are_the_librarys():
     # The bounds the package checks before allocating are the library's own (crisp/limits.h):
     # d = MAX_HEAD_DIM runs, one more is refused by the library itself, naming q.
-    from crisp import _C
-    assert _C.MAX_TOKENS == 2 ** 31 - 1
-    q, k, v = random_batched(1, 2, 1, 32, _C.MAX_HEAD_DIM)
+    assert crisp.MAX_TOKENS == 2 ** 31 - 1
+    q, k, v = random_batched(1, 2, 1, 32, crisp.MAX_HEAD_DIM)
     out, lse = crisp.prefill(q, k, v, policy="dense", layout="bhsd")
     assert np.isfinite(out).all() and np.isfinite(lse).all()
-    q, k, v = random_batched(1, 2, 1, 32, _C.MAX_HEAD_DIM + 1)
+    q, k, v = random_batched(1, 2, 1, 32, crisp.MAX_HEAD_DIM + 1)
     with pytest.raises(crisp.Error, match="q: head dim d = 257"):
         crisp.prefill(q, k, v, policy="dense", layout="bhsd")
-    assert [d for d in (32, 64, 96, 128, 256, 512) if _C.cuda_head_dim_supported(d)] == [64, 128, 256]
+    assert [d for d in (32, 64, 96, 128, 256, 512) if crisp.cuda_head_dim_supported(d)] == [64, 128, 256]
 
 
 def test_crisp_error_is_a_value_error():
