@@ -1,6 +1,7 @@
 // src/api.cpp — the public entry points of crisp/crisp.h: input validation (every bad input is a
 // crisp::Error naming the argument) and dispatch to the backend of the views' device.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -37,12 +38,18 @@ const char* dtype_name(DType dtype) {
 }
 const char* device_name(Device device) { return device == Device::cuda ? "cuda" : "cpu"; }
 
-std::string shape_string(const TensorView& t) {
+// The first `rank` entries of a view's shape or strides, between `open` and `close`.
+std::string extents_string(const std::array<int64_t, 3>& values, int rank, char open, char close) {
   std::ostringstream s;
-  s << "[";
-  for (int i = 0; i < t.rank && i < 3; ++i) s << (i ? ", " : "") << t.shape[i];
-  s << "]";
+  s << open;
+  for (int i = 0; i < rank && i < 3; ++i) s << (i ? ", " : "") << values[i];
+  s << close;
   return s.str();
+}
+std::string shape_string(const TensorView& t) { return extents_string(t.shape, t.rank, '[', ']'); }
+// "shape [a, b, c] and strides {x, y, z}", for the errors about a view's memory.
+std::string shape_and_strides(const TensorView& t) {
+  return "shape " + shape_string(t) + " and strides " + extents_string(t.stride, t.rank, '{', '}');
 }
 std::string str(int64_t x) { return std::to_string(x); }
 using shape_rules::kMaxTokens;
@@ -65,8 +72,7 @@ void check_view_reach(const TensorView& t, const std::string& name) {
     reach += static_cast<unsigned __int128>(static_cast<uint64_t>(t.shape[i] - 1)) * stride;
   }
   if (reach >= (static_cast<unsigned __int128>(1) << 62) / dtype_size(t.dtype))
-    throw Error(name, "has shape " + shape_string(t) + " and strides {" + str(t.stride[0]) + ", " + str(t.stride[1]) +
-                          (t.rank == 3 ? ", " + str(t.stride[2]) : std::string()) + "} reaching beyond any memory",
+    throw Error(name, "has " + shape_and_strides(t) + " reaching beyond any memory",
                 "strides whose farthest element lies within 2^62 bytes of the data pointer");
 }
 
@@ -130,9 +136,8 @@ bool views_overlap(const TensorView& a, const TensorView& b) {
 // results race for one element (an expanded tensor).
 void check_distinct_elements(const TensorView& t, const std::string& name) {
   if (expanded(t))
-    throw Error(name, "has shape " + shape_string(t) + " and strides {" + str(t.stride[0]) + ", " + str(t.stride[1]) +
-                          (t.rank == 3 ? ", " + str(t.stride[2]) : std::string()) +
-                          "}: a stride 0 over an extent > 1 (several results would share one element)",
+    throw Error(name, "has " + shape_and_strides(t) +
+                          ": a stride 0 over an extent > 1 (several results would share one element)",
                 "an output view whose elements are distinct (not expanded)");
 }
 

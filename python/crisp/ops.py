@@ -287,11 +287,6 @@ def _check_no_grad(function: str, *tensors) -> None:
 
 _PAGED_CACHE = "the paged cache [num_pages, page_size, Hkv, dim] (flash_attn_with_kvcache's layout)"
 
-# The most tokens of q (and of k) in one call (crisp/limits.h): checked here too so that the
-# outputs are not allocated before the library would refuse the call.
-_MAX_TOKENS = _C.MAX_TOKENS
-
-
 def _tokens(x, layout: str, paged_cache: bool = False) -> int:
     """The tokens the library sees in q / k: [total, ...], [batch, seq] rows, or pages x page size
     (sizes as given: under torch.compile a symbolic size stays one, guarded by the check, not
@@ -351,11 +346,12 @@ def _check_inputs(q, k, v, varlen_argument: Optional[str], layout=None, paged: b
             raise ValueError(f"q: shape {tuple(q.shape)} is empty; expected batch >= 1 and seq >= 1")
     else:
         raise ValueError(f"q: rank {q.ndim} (shape {tuple(q.shape)}); expected one of the layouts {_LAYOUT_CHOICES}")
-    # Before any buffer is allocated (a stride-0 input can claim more tokens than memory holds).
+    # The library's token bound (crisp/limits.h), checked before any buffer is allocated (a
+    # stride-0 input can claim more tokens than memory holds).
     for name, x in (("q", q), ("k", k)):
         tokens = _tokens(x, layout, paged and name == "k")
-        if tokens > _MAX_TOKENS:
-            raise _C.Error(f"{name}: has {tokens} tokens; expected at most {_MAX_TOKENS} per call "
+        if tokens > _C.MAX_TOKENS:
+            raise _C.Error(f"{name}: has {tokens} tokens; expected at most {_C.MAX_TOKENS} per call "
                            "(plans index tokens with int32)")
     if paged:
         if k.shape[3] != D:
@@ -392,7 +388,7 @@ def _check_int64(name: str, values: List[int]) -> List[int]:
     for x in values:
         if not -_INT64_MAX - 1 <= x <= _INT64_MAX:
             raise ValueError(f"{name}: value {x} is beyond int64; expected offsets / lengths below 2^63 "
-                             f"(and at most {_MAX_TOKENS} tokens in all)")
+                             f"(and at most {_C.MAX_TOKENS} tokens in all)")
     return values
 
 
@@ -476,14 +472,13 @@ def _table_of_list(rows) -> np.ndarray:
         raise ValueError(f"block_table: not a rectangular list ({e}); expected {expected}") from None
     if array.size == 0:
         return array.astype(np.int32)  # the shape check says what is missing
+    values = array.ravel().tolist()
     if array.dtype == object:  # ints beyond int64, or mixed types
-        values = array.ravel().tolist()
-        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) for x in values):
-            bad = next(x for x in values if not isinstance(x, (int, np.integer)) or isinstance(x, (bool, np.bool_)))
-            raise TypeError(f"block_table: holds {type(bad).__name__} {bad!r}; expected {expected}")
+        for x in values:
+            if not isinstance(x, (int, np.integer)) or isinstance(x, (bool, np.bool_)):
+                raise TypeError(f"block_table: holds {type(x).__name__} {x!r}; expected {expected}")
     elif array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"block_table: holds {array.dtype} values; expected {expected} (a float is not a page id)")
-    values = array.ravel().tolist()
     for x in values:
         if not -2 ** 31 <= int(x) < 2 ** 31:
             raise ValueError(f"block_table: page id {x} does not fit int32; expected page ids in [0, 2^31)")

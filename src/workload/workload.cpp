@@ -67,7 +67,6 @@ constexpr double kNeedleStart = 0.125, kNeedleSpan = 0.875;
 constexpr double kMaxStrength = 100.0;
 constexpr double kMaxBackground = 10.0;
 constexpr int64_t kMaxSlashLines = 64;
-constexpr int64_t kMinHeadDim = kWorkloadMinHeadDim, kMaxWorkloadHeadDim = kWorkloadMaxHeadDim;
 constexpr uint64_t kMaxElements = uint64_t{1} << 40;
 
 // ---------------------------------------------------------------- counter-based RNG
@@ -160,9 +159,9 @@ void validate_spec(const WorkloadSpec& spec) {
     bad("num_q_heads", std::to_string(spec.num_q_heads) + " is not a multiple of num_kv_heads = " +
                            std::to_string(spec.num_kv_heads),
         "num_q_heads % num_kv_heads == 0 (GQA)");
-  if (spec.head_dim < kMinHeadDim || spec.head_dim > kMaxWorkloadHeadDim)
+  if (spec.head_dim < kWorkloadMinHeadDim || spec.head_dim > kWorkloadMaxHeadDim)
     bad("head_dim", std::to_string(spec.head_dim) + " is out of range",
-        "an integer in [" + std::to_string(kMinHeadDim) + ", " + std::to_string(kMaxWorkloadHeadDim) + "]");
+        "an integer in [" + std::to_string(kWorkloadMinHeadDim) + ", " + std::to_string(kWorkloadMaxHeadDim) + "]");
   if (spec.seq_lens.empty()) bad("seq_lens", "no sequences", "at least one sequence length");
   uint64_t total = 0;
   for (size_t i = 0; i < spec.seq_lens.size(); ++i) {
@@ -357,7 +356,7 @@ Workload make_workload(const WorkloadSpec& spec) {
 #pragma omp parallel for schedule(static)
       for (int64_t j = 0; j < n; ++j) {
         float* kj = kg + j * d;
-        double buf[kMaxWorkloadHeadDim];
+        double buf[kWorkloadMaxHeadDim];
         const bool is_sink = j < spec.sink_tokens;
         const bool is_needle = needle_index[static_cast<size_t>(j)] >= 0;
         if (is_sink) kj[dims.sink] = static_cast<float>(sink_amp);
@@ -380,7 +379,7 @@ Workload make_workload(const WorkloadSpec& spec) {
         const Stream pos_rng(spec.seed, kKeyPosition, useq, ug);
 #pragma omp parallel for schedule(static)
         for (int64_t j = 0; j < n; ++j) {
-          double xi[kMaxWorkloadHeadDim];
+          double xi[kWorkloadMaxHeadDim];
           pos_rng.normals(static_cast<uint64_t>(j), dims.pos_count, xi);
           float* kj = kg + j * d + dims.pos_begin;
           for (int64_t x = 0; x < dims.pos_count; ++x) kj[x] = static_cast<float>(xi[x]);
@@ -423,7 +422,7 @@ Workload make_workload(const WorkloadSpec& spec) {
 #pragma omp parallel for schedule(static)
       for (int64_t p = 0; p < n; ++p) {
         float* qp = qh + p * d;
-        double buf[kMaxWorkloadHeadDim];
+        double buf[kWorkloadMaxHeadDim];
         double residual2 = 0.0;  // variance of the positional code's logit on far keys
         if (diffuse) {
           const int32_t t = diffuse_topic(query_topic[static_cast<size_t>(p)], key_topics[static_cast<size_t>(g)], p,
