@@ -35,7 +35,7 @@ from __future__ import annotations
 import atexit
 import itertools
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -464,25 +464,40 @@ def _key_offsets(cache_seqlens, num_sequences: int, device=None):
 
 def _table_of_list(rows) -> np.ndarray:
     """A block table given as a list of rows of page ids, as an int32 array (its values checked:
-    integers, in int32's range; a float is not truncated to a page id)."""
+    integers, not bools, in int32's range; a float is not truncated to a page id)."""
+    # The values as given (dtype=object): np.array(rows) reads the True of [[0, True]] as page 1.
+    try:
+        array = np.array(rows, dtype=object)
+        values = array.ravel().tolist()
+    except (ValueError, TypeError):  # rows numpy cannot lay out: _refuse_table says why
+        _refuse_table(rows, None)
+    for x in values:  # one scan; any doubt and _refuse_table names what is wrong
+        if not isinstance(x, (int, np.integer)) or isinstance(x, (bool, np.bool_)) or not -2 ** 31 <= int(x) < 2 ** 31:
+            _refuse_table(rows, values)
+    return np.array(values, dtype=np.int32).reshape(array.shape)  # empty: the shape check says what is missing
+
+
+def _refuse_table(rows, values: Optional[List[Any]]) -> NoReturn:
+    """Raises the error for a list block table that _table_of_list found a bad value in (``values``:
+    its values as given, None where numpy could not lay them out): ragged rows, a dtype other than
+    integers (floats, bools, strings), a value that is not an int (a bool among ints, an object),
+    or a page id beyond int32."""
     expected = "a rectangular list [num_sequences][max_pages] of int page ids"
     try:
         array = np.array(rows)
     except (ValueError, TypeError) as e:  # ragged rows
         raise ValueError(f"block_table: not a rectangular list ({e}); expected {expected}") from None
-    if array.size == 0:
-        return array.astype(np.int32)  # the shape check says what is missing
-    values = array.ravel().tolist()
-    if array.dtype == object:  # ints beyond int64, or mixed types
-        for x in values:
-            if not isinstance(x, (int, np.integer)) or isinstance(x, (bool, np.bool_)):
-                raise TypeError(f"block_table: holds {type(x).__name__} {x!r}; expected {expected}")
-    elif array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+    if array.dtype == np.bool_ or not (array.dtype == object or np.issubdtype(array.dtype, np.integer)):
         raise TypeError(f"block_table: holds {array.dtype} values; expected {expected} (a float is not a page id)")
+    if values is None:
+        values = array.ravel().tolist()
+    for x in values:  # ints beyond int64, mixed types, or a bool among ints (np.array reads it as 0 / 1)
+        if not isinstance(x, (int, np.integer)) or isinstance(x, (bool, np.bool_)):
+            raise TypeError(f"block_table: holds {type(x).__name__} {x!r}; expected {expected}")
     for x in values:
         if not -2 ** 31 <= int(x) < 2 ** 31:
             raise ValueError(f"block_table: page id {x} does not fit int32; expected page ids in [0, 2^31)")
-    return np.array(values, dtype=np.int32).reshape(array.shape)
+    raise TypeError(f"block_table: not int page ids; expected {expected}")  # pragma: no cover (found above)
 
 
 def _check_block_table(block_table, q, num_sequences: int):

@@ -220,6 +220,29 @@ def test_bad_input_names_the_argument(case):
     expect_error_naming(*bad_calls()[case])
 
 
+def test_bool_page_ids_are_refused():
+    """A bool is not a page id: a block table list mixing bools with ints (which numpy reads as an
+    int array, True as page 1), all bools, or a bool array / tensor is refused by name, not run."""
+    q, k, v, cu_q, cu_k = sequences([(32, 32)], seed=23)
+    k_cache, v_cache, table = paged(k, v, cu_k)  # two pages of 16 keys (ids < 3: a spare page)
+
+    def call(block_table):
+        return crisp.prefill(q, k_cache, v_cache, policy="dense", cu_seqlens_q=cu_q, cache_seqlens=[32],
+                             block_table=block_table)
+
+    call([[0, 1]])  # the same call with ints runs
+    for bad in ([[0, True]], [[True, 0]], [[0, np.True_]], [[True, False]]):
+        expect_error_naming(lambda: call(bad), TypeError, ["block_table", "bool", "int page ids"])
+    expect_error_naming(lambda: call(np.array([[True, False]])), TypeError, ["block_table", "dtype bool", "int32"])
+    if HAVE_TORCH:
+        import torch
+        t = torch.from_numpy
+        expect_error_naming(lambda: crisp.prefill(t(q), t(k_cache), t(v_cache), policy="dense",
+                                                  cu_seqlens_q=torch.tensor(cu_q), cache_seqlens=torch.tensor([32]),
+                                                  block_table=torch.tensor([[True, False]])),
+                            TypeError, ["block_table", "torch.bool", "torch.int32"])
+
+
 def expect_error_naming(call, exc, words):
     """call() raises exc whose message holds every one of words."""
     with pytest.raises(exc) as info:
