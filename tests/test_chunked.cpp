@@ -20,6 +20,7 @@
 
 #include "chunk_reference.h"
 #include "chunk_util.h"
+#include "common/kv_rows.h"
 #include "crisp/crisp.h"
 #include "oracle.h"
 #include "test_util.h"
@@ -383,6 +384,26 @@ TEST(PagedKv, BitIdenticalToContiguousForEveryPageSize) {
 // A batch mixing whole prompts, chunks, a decode step and sequences sharing a prompt: the dense
 // plan against each sequence's own bottom-right causal reference, and the crisp plan of each
 // sequence against the oracle's plan and attention of that sequence alone.
+// The Hopper producer's page index and row (shift and mask for a power-of-two page, a division
+// otherwise) are the rule's j / page_size and j % page_size for every multiple of 16 up to 4096.
+TEST(PagedKv, PageOfAndRowInPageAreTheDivision) {
+  EXPECT_EQ(crisp::kv_rows::page_shift(16), 4);
+  EXPECT_EQ(crisp::kv_rows::page_shift(4096), 12);
+  EXPECT_EQ(crisp::kv_rows::page_shift(48), -1);
+  EXPECT_EQ(crisp::kv_rows::page_shift(0), -1);
+  for (int32_t page_size = 16; page_size <= 4096; page_size += 16) {
+    const int32_t shift = crisp::kv_rows::page_shift(page_size);
+    EXPECT_EQ(shift >= 0, (page_size & (page_size - 1)) == 0) << page_size;
+    for (const int32_t j : {0, 1, page_size - 1, page_size, page_size + 7, 3 * page_size + 15, 131071, 1 << 30,
+                            std::numeric_limits<int32_t>::max()}) {
+      ASSERT_EQ(crisp::kv_rows::page_of(j, page_size, shift), j / page_size) << page_size << " " << j;
+      ASSERT_EQ(crisp::kv_rows::row_in_page(j, page_size, shift), j % page_size) << page_size << " " << j;
+      ASSERT_EQ(crisp::kv_rows::paged_row(5, page_size, j),
+                int64_t{5} * page_size + crisp::kv_rows::row_in_page(j, page_size, shift));
+    }
+  }
+}
+
 TEST(ChunkedBatch, VarlenMixEachSequenceMatchesItsOwnReference) {
   const uint64_t seed = test_seed();
   SCOPED_TRACE(seed_trace(seed));

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "common/kv_rows.h"
 #include "common/shape_rules.h"
 #include "backend.h"
 #include "crisp/cuda.h"
@@ -162,6 +163,7 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   params.block_table = paged ? block_table.data : nullptr;
   params.table_stride = paged ? block_table.max_pages_per_sequence : 0;
   params.page_size = paged ? static_cast<int32_t>(block_table.page_size) : 0;
+  params.page_shift = paged ? kv_rows::page_shift(block_table.page_size) : -1;
   params.pool_rows = k.shape[1];
   params.row_items = items;
   const bool ordered = items == nullptr && view.work_order_ready;

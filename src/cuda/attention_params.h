@@ -36,6 +36,7 @@ struct Params {
   const int32_t* block_table;
   int64_t table_stride;
   int32_t page_size;
+  int32_t page_shift;  // kv_rows::page_shift(page_size): log2 for a power of two, else -1
   int64_t pool_rows;  // num_pages * page_size
   // Optional row subset (context parallelism): when non-null the work items are num_q_heads x
   // (listed rows), and work item w computes row_items[w / num_q_heads] for head w % num_q_heads,

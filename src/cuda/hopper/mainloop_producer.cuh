@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "common/kv_rows.h"
 #include "cuda/attention_params.h"
 #include "cuda/hopper/shared_storage.cuh"
 #include "cuda/hopper/sm90_primitives.cuh"
@@ -249,7 +250,9 @@ class ProducerMainloop {
   static __device__ __forceinline__ int32_t look_up_page(const attention::Params& p, int32_t table_row, int32_t n,
                                                          int32_t key, int box_row) {
     const int32_t position = key + box_row;
-    return box_row < kBlock && position < n ? p.block_table[table_row + position / p.page_size] : -1;
+    return box_row < kBlock && position < n
+               ? p.block_table[table_row + kv_rows::page_of(position, p.page_size, p.page_shift)]
+               : -1;
   }
 
   // The TMA token coordinate (pool row) of the box at sequence position `position` on page
@@ -263,7 +266,7 @@ class ProducerMainloop {
     // range check.
     const uint64_t page_row = static_cast<uint64_t>(static_cast<uint32_t>(page_id)) * static_cast<uint32_t>(p.page_size);
     if (page_row + static_cast<uint32_t>(p.page_size) > static_cast<uint64_t>(pool_rows)) return pool_rows;
-    return static_cast<int32_t>(page_row) + position % p.page_size;
+    return static_cast<int32_t>(page_row) + kv_rows::row_in_page(position, p.page_size, p.page_shift);
   }
 
   // Paged K/V: one tile of one tensor as boxes, box i at the pool row `token` of lane i, this
