@@ -239,28 +239,31 @@ def chunked(r):
     return "chunk" in r
 def key(r):
     if chunked(r):
-        return (r["n"], r["preset"], r["kernel"], r["chunk"], r["page_size"], r.get("page_order", "-"))
+        # contiguous rows: head_major or token_major in the order column
+        return (r["n"], r["preset"], r["kernel"], r["chunk"], r["page_size"],
+                r.get("page_order", r.get("kv_layout", "-")))
     return (r["n"], r["layout"], r["kernel"])
 def rows(path):
     return {key(r): r for r in json.load(open(path)).get("runs", [])}
 def paging(r):
-    return "vs contiguous %.3fx" % r["vs_contiguous"] if "vs_contiguous" in r else ""
+    text = "vs contiguous %.3fx" % r["vs_contiguous"] if "vs_contiguous" in r else ""
+    return text + (", vs token-major %.3fx" % r["vs_token_major"] if "vs_token_major" in r else "")
 after = rows(sys.argv[1])
 before = rows(sys.argv[2]) if len(sys.argv) > 2 else None
 if any(chunked(r) for r in after.values()):
     if before is None:
-        print("%8s %-12s %-10s %7s %5s %-8s %10s  %s" % ("n", "preset", "kernel", "chunk", "page", "order", "total_ms",
+        print("%8s %-12s %-10s %7s %5s %-11s %10s  %s" % ("n", "preset", "kernel", "chunk", "page", "order", "total_ms",
               ""))
         for k, r in after.items():
-            print("%8d %-12s %-10s %7d %5d %-8s %10.3f  %s" % (*k, r["total_ms"], paging(r)))
+            print("%8d %-12s %-10s %7d %5d %-11s %10.3f  %s" % (*k, r["total_ms"], paging(r)))
     else:
-        print("%8s %-12s %-10s %7s %5s %-8s %12s %12s %7s  %s" % ("n", "preset", "kernel", "chunk", "page", "order",
+        print("%8s %-12s %-10s %7s %5s %-11s %12s %12s %7s  %s" % ("n", "preset", "kernel", "chunk", "page", "order",
               "baseline ms", "this ms", "change", "baseline -> this"))
         for k, r in after.items():
             b = before.get(k)
             if b is None:
                 continue
-            print("%8d %-12s %-10s %7d %5d %-8s %12.3f %12.3f %+6.1f%%  %s -> %s" % (*k, b["total_ms"], r["total_ms"],
+            print("%8d %-12s %-10s %7d %5d %-11s %12.3f %12.3f %+6.1f%%  %s -> %s" % (*k, b["total_ms"], r["total_ms"],
                   100.0 * (r["total_ms"] / b["total_ms"] - 1.0), paging(b) or "-", paging(r) or "-"))
 elif before is None:
     print("%8s %-14s %-22s %9s %9s %8s" % ("n", "layout", "kernel", "plan_ms", "attn_ms", "TFLOP/s"))
@@ -284,8 +287,9 @@ import json, sys
 runs = json.load(open(sys.argv[1])).get("runs", [])
 if runs and "chunk" in runs[0]:
     n = max(r["n"] for r in runs)
-    parts = ["%s/%s chunk %d page %d%s %.3fx" % (r["preset"], r["kernel"], r["chunk"], r["page_size"],
-                                                 " in order" if r.get("page_order") == "in_order" else "", r["vs_contiguous"])
+    parts = ["%s/%s chunk %d %s%s %.3fx" % (r["preset"], r["kernel"], r["chunk"],
+                                            "page %d" % r["page_size"] if r["page_size"] else "token-major",
+                                            " in order" if r.get("page_order") == "in_order" else "", r["vs_contiguous"])
              for r in runs if r["n"] == n and "vs_contiguous" in r]
     print("n=%d paged vs contiguous: %s" % (n, ", ".join(parts)))
 elif runs:

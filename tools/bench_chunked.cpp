@@ -11,7 +11,10 @@
 // Paged runs copy K/V into a page pool in vLLM's layout [pages, P, Hkv, d] with the pages shuffled
 // (--page-order: shuffled, in_order, or both in one run), and run the same chunks (plans and
 // attention read K/V through the block table).
-// --kv-token-major lays the contiguous K/V out [n, Hkv, d], the pool's order without pages.
+// --kv-token-major adds contiguous K/V laid out [n, Hkv, d], the pool's order without pages.
+// Every K/V layout of one (preset, kernel, chunk size) is timed in the same rounds, interleaved
+// rep by rep (time_interleaved_ms), so the ratios against contiguous K/V (vs_contiguous,
+// vs_token_major) compare runs made under the same clocks, not runs minutes apart.
 // --split-times also times every chunk's plan_async alone, then every chunk's attend_async alone
 // over the plans just made (plan_ms, attend_ms).
 #include "bench_chunked.h"
@@ -24,7 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -44,7 +47,7 @@ namespace {
 
 using crisp_cli::gpu::check;
 using crisp_cli::gpu::DeviceBuffer;
-using crisp_cli::gpu::time_ms;
+using crisp_cli::gpu::time_interleaved_ms;
 
 // K or V of [Hkv, n, d] in a pool of `pages` pages of P tokens, vLLM's [pages, P, Hkv, d], logical
 // page i of the sequence at pool page table[i].
@@ -75,6 +78,16 @@ std::vector<Chunk> chunks_of(int64_t n, int64_t C) {
   for (int64_t b = 0; b < n; b += C) out.push_back({b, std::min(C, n - b), std::min(b + C, n)});
   return out;
 }
+
+// One K/V layout the runs read: head-major contiguous (the input buffers; nothing owned here),
+// token-major contiguous, or a page pool and its block table.
+struct KvLayout {
+  int64_t page_size = 0;     // 0: contiguous
+  bool shuffled = false;     // paged: the pool's pages in a shuffled order
+  bool token_major = false;  // contiguous: [n, Hkv, d]
+  std::unique_ptr<DeviceBuffer> k, v, table;
+  int64_t pool_tokens = 0;   // paged: the pool's rows
+};
 
 }  // namespace
 #endif
@@ -130,18 +143,6 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
       t.stride = {n * d, d, 1};
       return t;
     };
-    // Contiguous K/V as the runs read them: [Hkv, n, d], or with --kv-token-major a copy [n, Hkv, d].
-    std::unique_ptr<DeviceBuffer> k_token_major, v_token_major;
-    if (a.kv_token_major) {  // one page of n tokens: the pool's order
-      k_token_major = to_device(to_pages(kh, Hkv, n, d, n, {0}, 1), "copy k token-major");
-      v_token_major = to_device(to_pages(vh, Hkv, n, d, n, {0}, 1), "copy v token-major");
-    }
-    const auto contiguous_kv = [&](void* head_major, const std::unique_ptr<DeviceBuffer>& token_major, int64_t count) {
-      if (!token_major) return rows3(head_major, Hkv, 0, count);
-      TensorView t = TensorView::contiguous(token_major->ptr, crisp::DType::bf16, Hkv, count, d, dev);
-      t.stride = {d, Hkv * d, 1};
-      return t;
-    };
     const auto rows2 = [&](void* base, int64_t begin, int64_t count) {
       TensorView t = TensorView::contiguous2d(static_cast<float*>(base) + begin, crisp::DType::f32, H, count, dev);
       t.stride = {n, 1, 0};
@@ -161,148 +162,166 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
     std::vector<float> lse_dense_host(static_cast<std::size_t>(H * n)), lse_host(lse_dense_host.size());
     check(cudaMemcpy(lse_dense_host.data(), lse_dense.ptr, lse_dense_host.size() * 4, cudaMemcpyDeviceToHost), "lse");
 
-    // Contiguous first: every paged run's baseline (same preset, kernel and chunk size); then each
-    // page size in each page order.
-    struct Pool {
-      int64_t page_size;  // 0: contiguous
-      bool shuffled;
-    };
-    std::vector<Pool> pools{{0, false}};
+    // Every K/V layout of the run, made before any timing: head-major contiguous [Hkv, n, d] (the
+    // reference of every ratio), with --kv-token-major a token-major copy [n, Hkv, d] (the pool's
+    // order without pages), then each page size in each page order (a pool with two spare pages,
+    // vLLM's layout).
+    std::vector<KvLayout> layouts(1);
+    if (a.kv_token_major) {
+      KvLayout t;
+      t.token_major = true;
+      t.k = to_device(to_pages(kh, Hkv, n, d, n, {0}, 1), "copy k token-major");  // one page of n tokens
+      t.v = to_device(to_pages(vh, Hkv, n, d, n, {0}, 1), "copy v token-major");
+      layouts.push_back(std::move(t));
+    }
     for (const int64_t P : a.page_sizes) {
       if (P <= 0) continue;
-      for (const bool shuffled : a.page_orders_shuffled) pools.push_back({P, shuffled});
-    }
-    std::map<std::string, double> contiguous_ms;
-    for (const Pool& pool : pools) {
-      const int64_t P = pool.page_size;
-      const char* order_name = P == 0 ? "-" : pool.shuffled ? "shuffled" : "in_order";
-      // Paged K/V: a pool with two spare pages, vLLM's layout, its pages shuffled or in order.
-      std::unique_ptr<DeviceBuffer> kpool, vpool, table_d;
-      int64_t pool_tokens = 0;
-      if (P > 0) {
+      for (const bool shuffled : a.page_orders_shuffled) {
+        KvLayout l;
+        l.page_size = P;
+        l.shuffled = shuffled;
         const int64_t used = (n + P - 1) / P, pages = used + 2;
         std::vector<int32_t> order(static_cast<std::size_t>(pages));
         std::iota(order.begin(), order.end(), 0);
         std::mt19937 rng(static_cast<unsigned>(a.seed + 7));
-        if (pool.shuffled) std::shuffle(order.begin(), order.end(), rng);
+        if (shuffled) std::shuffle(order.begin(), order.end(), rng);
         order.resize(static_cast<std::size_t>(used));
-        kpool = to_device(to_pages(kh, Hkv, n, d, P, order, pages), "copy k pages");
-        vpool = to_device(to_pages(vh, Hkv, n, d, P, order, pages), "copy v pages");
-        table_d = std::make_unique<DeviceBuffer>(order.size() * 4);
-        check(cudaMemcpy(table_d->ptr, order.data(), order.size() * 4, cudaMemcpyHostToDevice), "copy table");
-        pool_tokens = pages * P;
+        l.k = to_device(to_pages(kh, Hkv, n, d, P, order, pages), "copy k pages");
+        l.v = to_device(to_pages(vh, Hkv, n, d, P, order, pages), "copy v pages");
+        l.table = std::make_unique<DeviceBuffer>(order.size() * 4);
+        check(cudaMemcpy(l.table->ptr, order.data(), order.size() * 4, cudaMemcpyHostToDevice), "copy table");
+        l.pool_tokens = pages * P;
+        layouts.push_back(std::move(l));
       }
-      const auto pool_view = [&](void* base) {
-        TensorView t = TensorView::contiguous(base, crisp::DType::bf16, Hkv, pool_tokens, d, dev);
-        t.stride = {d, Hkv * d, 1};
-        return t;
-      };
+    }
+    // K or V of `layout` for a chunk over keys [0, n_k): views of the layout's memory.
+    const auto kv_view = [&](const KvLayout& layout, bool value, int64_t n_k) {
+      if (layout.page_size == 0 && !layout.token_major) return rows3(value ? vd.ptr : kd.ptr, Hkv, 0, n_k);
+      const DeviceBuffer& buffer = value ? *layout.v : *layout.k;
+      TensorView t = TensorView::contiguous(buffer.ptr, crisp::DType::bf16, Hkv,
+                                            layout.page_size == 0 ? n_k : layout.pool_tokens, d, dev);
+      t.stride = {d, Hkv * d, 1};
+      return t;
+    };
+    const auto table_of = [&](const KvLayout& layout) {
       crisp::BlockTable table;
-      if (P > 0) {
-        table.data = static_cast<const int32_t*>(table_d->ptr);
-        table.device = dev;
-        table.max_pages_per_sequence = (n + P - 1) / P;
-        table.page_size = P;
-      }
+      if (layout.page_size == 0) return table;
+      table.data = static_cast<const int32_t*>(layout.table->ptr);
+      table.device = dev;
+      table.max_pages_per_sequence = (n + layout.page_size - 1) / layout.page_size;
+      table.page_size = layout.page_size;
+      return table;
+    };
 
-      for (const std::string& preset : a.presets) {
-        crisp::Config cfg = crisp_cli::config_of_policy_spec(preset, "--presets");
-        cfg.block_size = a.block;
-        for (const std::string& kernel : kernels) {
-          const crisp::CudaOptions& options = bench_kernel_options(kernel);
-          double oneshot_ms = 0.0;
-          std::vector<int64_t> sizes = a.chunks;
-          sizes.insert(sizes.begin(), n);  // the one-shot prefill first
-          for (const int64_t C : sizes) {
-            progress.begin("n=" + std::to_string(n) + " " + preset + " chunk " + std::to_string(C) +
-                           (P ? " page " + std::to_string(P) + " " + order_name : ""));
-            const std::vector<Chunk> chunks = chunks_of(n, C);
-            struct Step {
-              TensorView q, k, v, o, lse;
-              crisp::BlockTable table;
-              std::unique_ptr<crisp::cuda::DevicePlan> plan;
-            };
-            std::vector<Step> steps;
+    for (const std::string& preset : a.presets) {
+      crisp::Config cfg = crisp_cli::config_of_policy_spec(preset, "--presets");
+      cfg.block_size = a.block;
+      for (const std::string& kernel : kernels) {
+        const crisp::CudaOptions& options = bench_kernel_options(kernel);
+        std::vector<double> oneshot_ms(layouts.size(), 0.0);
+        std::vector<int64_t> sizes = a.chunks;
+        sizes.insert(sizes.begin(), n);  // the one-shot prefill first
+        for (const int64_t C : sizes) {
+          progress.begin("n=" + std::to_string(n) + " " + preset + " chunk " + std::to_string(C) + ", " +
+                         std::to_string(layouts.size()) + " K/V layouts");
+          const std::vector<Chunk> chunks = chunks_of(n, C);
+          struct Step {
+            TensorView q, k, v, o, lse;
+            crisp::BlockTable table;
+            std::unique_ptr<crisp::cuda::DevicePlan> plan;
+          };
+          // steps[i]: the chunks over layout i, each with its own plan (made before timing).
+          std::vector<std::vector<Step>> steps(layouts.size());
+          for (std::size_t i = 0; i < layouts.size(); ++i)
             for (const Chunk& c : chunks) {
               Step s;
               s.q = rows3(qd.ptr, H, c.q_begin, c.n_q);
               s.o = rows3(od.ptr, H, c.q_begin, c.n_q);
               s.lse = rows2(lse_run.ptr, c.q_begin, c.n_q);
-              crisp::Batch batch({0, c.n_q}, {0, c.n_k});
-              if (P > 0) {
-                s.k = pool_view(kpool->ptr);
-                s.v = pool_view(vpool->ptr);
-                batch.block_table = table;
-                s.table = table;
-              } else {
-                s.k = contiguous_kv(kd.ptr, k_token_major, c.n_k);
-                s.v = contiguous_kv(vd.ptr, v_token_major, c.n_k);
-              }
-              s.plan = std::make_unique<crisp::cuda::DevicePlan>(H, Hkv, d, batch, cfg);
-              steps.push_back(std::move(s));
+              s.k = kv_view(layouts[i], false, c.n_k);
+              s.v = kv_view(layouts[i], true, c.n_k);
+              s.table = table_of(layouts[i]);
+              s.plan = std::make_unique<crisp::cuda::DevicePlan>(H, Hkv, d, crisp::Batch({0, c.n_q}, {0, c.n_k}, s.table),
+                                                                cfg);
+              steps[i].push_back(std::move(s));
             }
-            const double total_ms = time_ms(stream, a.warmup, a.reps, [&] {
-              for (Step& s : steps) {
-                crisp::cuda::plan_async(s.q, s.k, cfg, *s.plan, stream, s.table);
-                crisp::cuda::attend_async(s.q, s.k, s.v, *s.plan, s.o, s.lse, stream, options, s.table);
-              }
-            });
+          // What is timed, per layout: the whole prefill, and with --split-times the plans alone and
+          // the attention alone. The layouts run interleaved, rep by rep (time_interleaved_ms), so
+          // a drift of the clocks over the run reaches every layout alike.
+          const auto prefill = [&](std::vector<Step>& layout_steps, bool plans, bool attention) {
+            for (Step& s : layout_steps) {
+              if (plans) crisp::cuda::plan_async(s.q, s.k, cfg, *s.plan, stream, s.table);
+              if (attention) crisp::cuda::attend_async(s.q, s.k, s.v, *s.plan, s.o, s.lse, stream, options, s.table);
+            }
+          };
+          const auto timed = [&](bool plans, bool attention) {
+            std::vector<std::function<void()>> runs;
+            for (std::vector<Step>& layout_steps : steps)
+              runs.push_back([&prefill, &layout_steps, plans, attention] { prefill(layout_steps, plans, attention); });
+            return time_interleaved_ms(stream, a.warmup, a.reps, runs);
+          };
+          const std::vector<double> total_ms = timed(true, true);
+          std::vector<double> plan_ms(layouts.size(), 0.0), attend_ms(layouts.size(), 0.0);
+          if (a.split_times) {
+            plan_ms = timed(true, false);
+            attend_ms = timed(false, true);
+          }
+          progress.done();
+          const int64_t N = (n + a.block - 1) / a.block;
+          const double causal = static_cast<double>(H) * static_cast<double>(N) * static_cast<double>(N + 1) / 2.0;
+          for (std::size_t i = 0; i < layouts.size(); ++i) {
+            const KvLayout& layout = layouts[i];
+            // This layout's outputs (the timing left the last layout's): one more prefill.
+            prefill(steps[i], true, true);
             check(cudaMemcpy(lse_host.data(), lse_run.ptr, lse_host.size() * 4, cudaMemcpyDeviceToHost), "lse");
-            double plan_ms = 0.0, attend_ms = 0.0;
-            if (a.split_times) {
-              plan_ms = time_ms(stream, a.warmup, a.reps, [&] {
-                for (Step& s : steps) crisp::cuda::plan_async(s.q, s.k, cfg, *s.plan, stream, s.table);
-              });
-              attend_ms = time_ms(stream, a.warmup, a.reps, [&] {
-                for (Step& s : steps)
-                  crisp::cuda::attend_async(s.q, s.k, s.v, *s.plan, s.o, s.lse, stream, options, s.table);
-              });
-            }
-            double computed = 0.0, causal = 0.0;
-            for (Step& s : steps) {
+            double computed = 0.0;
+            for (Step& s : steps[i]) {
               const crisp::Plan host = s.plan->to_host(stream);
               for (const crisp::SequencePlan& sp : host.sequences)
                 for (const crisp::HeadPlan& hp : sp.heads) computed += static_cast<double>(hp.col.size());
             }
-            const int64_t N = (n + a.block - 1) / a.block;
-            causal = static_cast<double>(H) * static_cast<double>(N) * static_cast<double>(N + 1) / 2.0;
             const crisp_cli::gpu::Recall recall = crisp_cli::gpu::recall_against_dense(lse_host, lse_dense_host);
-            progress.done();
+            if (C == n) oneshot_ms[i] = total_ms[i];
+            const char* order_name = layout.page_size == 0 ? "-" : layout.shuffled ? "shuffled" : "in_order";
             nlohmann::json r;
             r["n"] = n;
             r["preset"] = preset;
             r["kernel"] = kernel;
             r["chunk"] = C;
-            r["page_size"] = P;
-            if (P > 0) r["page_order"] = order_name;
-            if (P == 0) r["kv_layout"] = a.kv_token_major ? "token_major" : "head_major";
+            r["page_size"] = layout.page_size;
+            if (layout.page_size > 0) r["page_order"] = order_name;
+            if (layout.page_size == 0) r["kv_layout"] = layout.token_major ? "token_major" : "head_major";
             r["chunks"] = chunks.size();
-            r["total_ms"] = total_ms;
-            r["vs_one_shot"] = C == n ? 1.0 : total_ms / oneshot_ms;
+            r["total_ms"] = total_ms[i];
+            r["vs_one_shot"] = total_ms[i] / oneshot_ms[i];
+            r["interleaved_with"] = layouts.size();
             r["density"] = computed / causal;
             r["recall_mean"] = recall.mean;
             r["recall_min"] = recall.min;
             if (a.split_times) {
-              r["plan_ms"] = plan_ms;
-              r["attend_ms"] = attend_ms;
+              r["plan_ms"] = plan_ms[i];
+              r["attend_ms"] = attend_ms[i];
             }
-            if (C == n) oneshot_ms = total_ms;
-            const std::string key = preset + "/" + kernel + "/" + std::to_string(C);
-            if (P == 0) contiguous_ms[key] = total_ms;
+            // Against head-major contiguous (layout 0), and with --kv-token-major against the
+            // token-major copy too (layout 1), both timed in the same interleaved rounds.
             char vs_contiguous[32] = "-";
-            if (P > 0 && contiguous_ms.count(key)) {
-              std::snprintf(vs_contiguous, sizeof vs_contiguous, "%.3fx", total_ms / contiguous_ms[key]);
-              r["vs_contiguous"] = total_ms / contiguous_ms[key];
+            if (i > 0) {
+              std::snprintf(vs_contiguous, sizeof vs_contiguous, "%.3fx", total_ms[i] / total_ms[0]);
+              r["vs_contiguous"] = total_ms[i] / total_ms[0];
             }
+            if (a.kv_token_major && layout.page_size > 0) r["vs_token_major"] = total_ms[i] / total_ms[1];
             out["runs"].push_back(r);
-            std::printf("%-8lld %-12s %-10s %7lld %6lld %-8s %10.3f %9.3fx %10s %8.4f %8zu %10.4f %10.4f\n",
+            std::printf("%-8lld %-12s %-10s %7lld %6s %-8s %10.3f %9.3fx %10s %8.4f %8zu %10.4f %10.4f\n",
                         static_cast<long long>(n), preset.c_str(), kernel.c_str(), static_cast<long long>(C),
-                        static_cast<long long>(P), order_name, total_ms, total_ms / oneshot_ms, vs_contiguous, computed / causal, chunks.size(),
-                        recall.mean, recall.min);
-            if (a.split_times) std::printf("%-8s plans alone %.3f ms, attention alone %.3f ms\n", "", plan_ms, attend_ms);
-            std::fflush(stdout);
-            write_json();
+                        layout.page_size > 0 ? std::to_string(layout.page_size).c_str()
+                                             : layout.token_major ? "tokmaj" : "0",
+                        order_name, total_ms[i], total_ms[i] / oneshot_ms[i], vs_contiguous, computed / causal,
+                        chunks.size(), recall.mean, recall.min);
+            if (a.split_times)
+              std::printf("%-8s plans alone %.3f ms, attention alone %.3f ms\n", "", plan_ms[i], attend_ms[i]);
           }
+          std::fflush(stdout);
+          write_json();
         }
       }
     }

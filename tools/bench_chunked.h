@@ -1,7 +1,7 @@
 // tools/bench_chunked.h — `crisp bench --chunks C1,C2,...`: a prompt prefilled in chunks over its
 // growing KV cache (spec §11), as a serving engine runs it, against the one-shot prefill of the
 // same prompt; with --page-sizes, the same runs over a paged K/V (shuffled pages, vLLM layout)
-// against contiguous K/V.
+// against contiguous K/V, every layout timed in the same interleaved rounds.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -20,8 +20,9 @@ struct ChunkedBenchArgs {
   int reps = 5, warmup = 2;
   uint64_t seed = 0;
   double diffuse_share = 0.25;
-  // Contiguous K/V token-major, [n, Hkv, d] (the paged pool's memory order without pages), instead
-  // of head-major [Hkv, n, d]: separates what the paged runs pay for vLLM's order from the pages.
+  // Also contiguous K/V token-major, [n, Hkv, d] (the paged pool's memory order without pages),
+  // beside head-major [Hkv, n, d]: separates what the paged runs pay for vLLM's order from the
+  // pages (every layout is timed in the same interleaved rounds).
   bool kv_token_major = false;
   // Also time the chunks' plans alone and their attention alone (plan_ms, attend_ms): the total's
   // parts, each measured on its own (the sum need not equal the total, which overlaps nothing but

@@ -404,8 +404,9 @@ void register_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::Range(int64_t{16}, int64_t{1} << 20));
   sub->add_flag("--kv-token-major", args->kv_token_major,
-                "With --chunks: contiguous K/V laid out token-major [n, Hkv, d] (the paged pool's memory order "
-                "without pages) instead of [Hkv, n, d]");
+                "With --chunks: also run contiguous K/V laid out token-major [n, Hkv, d] (the paged pool's memory "
+                "order without pages) beside [Hkv, n, d], in the same interleaved rounds; paged runs are also "
+                "reported against it (vs_token_major)");
   CLI::Option* page_order_option = sub->add_option("--page-order", args->page_orders,
                   "With --page-sizes: the pool's pages in a shuffled order (a long-running engine's free list), "
                   "in order (a fresh pool), or both (comma separated, each page size once per order): shuffled, "

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,38 @@ double time_ms(cudaStream_t stream, int warmup, int reps, Fn fn) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return median(ms);
+}
+
+// Median milliseconds of each of `runs` on `stream`, the runs interleaved: `warmup` rounds, then
+// `reps` rounds of every run once, round i starting at run i % runs.size() (so no run always
+// follows the same one). Runs compared with each other are then measured under the same clocks:
+// the GPU's clocks drift over a long benchmark (heat, power), and timing one run's reps after
+// another's puts that drift into their ratio.
+inline std::vector<double> time_interleaved_ms(cudaStream_t stream, int warmup, int reps,
+                                               const std::vector<std::function<void()>>& runs) {
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& run : runs) run();
+  check(cudaStreamSynchronize(stream), "warm-up");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<std::vector<double>> ms(runs.size());
+  for (int i = 0; i < reps; ++i)
+    for (std::size_t j = 0; j < runs.size(); ++j) {
+      const std::size_t r = (static_cast<std::size_t>(i) + j) % runs.size();
+      check(cudaEventRecord(start, stream), "cudaEventRecord");
+      runs[r]();
+      check(cudaEventRecord(stop, stream), "cudaEventRecord");
+      check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      float t = 0.f;
+      check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+      ms[r].push_back(t);
+    }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::vector<double> medians;
+  for (std::vector<double>& m : ms) medians.push_back(median(std::move(m)));
+  return medians;
 }
 
 // Recall per query, exp(LSE - LSE_dense), over every (head, query): mean and minimum.
