@@ -3,6 +3,7 @@
 // the mask rule and the fallbacks are explained in docs/llama_cpp.md.
 #include "ggml-crisp.h"
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -99,7 +100,13 @@ extern "C" void ggml_cpu_get_sparse_prefill_stats(int64_t * handled, int64_t * d
 
 extern "C" void ggml_cpu_reset_sparse_prefill_stats(void) { reset_stats(); }
 
-bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth) {
+namespace {
+// Set by a thread whose crisp call refused its heads' values; read by every thread of the op after
+// the barrier, reset by thread 0 after a second one (before any thread can reach the next op).
+std::atomic<bool> op_refused{false};
+}  // namespace
+
+bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth, void (*barrier)(void *), void * barrier_arg) {
   const ggml_tensor * q = dst->src[0];
   if (!is_prompt_op(dst)) return false;  // decode steps stay llama.cpp's
   const std::shared_ptr<const SparsePrefill> setting = current_setting();
@@ -145,7 +152,8 @@ bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth) {
   const int64_t key_rows = windowed ? n_kv : n_k;
   std::vector<float> lse(n_q);
   int64_t kept_blocks = 0, heads_computed = 0;
-  for (int64_t h = heads * ith / nth; h < heads * (ith + 1) / nth; ++h) {
+  std::string refusal;
+  for (int64_t h = heads * ith / nth; h < heads * (ith + 1) / nth && refusal.empty(); ++h) {
     const crisp::TensorView qv = view_of(q, h, 1, n_q);
     const crisp::TensorView kv = view_of(k, h / group, 1, key_rows);
     const crisp::TensorView vv = view_of(v, h / group, 1, key_rows);
@@ -162,10 +170,25 @@ bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth) {
       ++heads_computed;
     } catch (const std::exception & e) {
       // Past the checks above only non-finite Q/K/V values get here (crisp refuses them, where
-      // llama.cpp's kernel would carry the NaN on). Other threads may have written their heads
-      // already, so there is no consistent fallback left: stop with crisp's message.
-      GGML_ABORT("crisp: sparse prefill failed on head %lld: %s", static_cast<long long>(h), e.what());
+      // llama.cpp's kernel carries the NaN on): this op falls back, on every thread (below).
+      refusal = "head " + std::to_string(h) + ": " + e.what();
+      op_refused.store(true);
     }
+  }
+  // Every thread meets here, so all fall back together when one refused: llama.cpp's kernel then
+  // rewrites every element of dst, the heads crisp wrote included.
+  barrier(barrier_arg);
+  const bool fall_back = op_refused.load();
+  barrier(barrier_arg);
+  if (fall_back) {
+    if (ith == 0) op_refused.store(false);
+    // The first refusal's message only (each names its head and value; log_once keeps every distinct one).
+    static std::atomic<bool> logged{false};
+    if (!refusal.empty() && !logged.exchange(true))
+      log_once("sparse prefill falls back to llama.cpp's attention on ops whose values crisp refuses; the first, " +
+               refusal);
+    if (ith == 0) count_declined();
+    return false;
   }
   // The statistics' density is that of the sparse plans: a window's band is left out of it.
   if (!windowed) count_blocks(kept_blocks, heads_computed * causal_blocks_of_op(n_past, n_q, config.for_keys(n_k).block_size));

@@ -16,6 +16,9 @@
 //     bit-identical to the run with sparse prefill off, and counted as declined (decode is not
 //     counted: it is never a candidate);
 //   - the output is poisoned with NaN before every run and must come back finite (fully written);
+//   - on the CPU, a NaN in Q (which crisp refuses on one thread's heads) makes every thread of the
+//     op fall back to llama.cpp's kernel together: bit-identical to sparse prefill off, counted as
+//     declined, and the next op is crisp's again;
 //   - the statistics: dense keeps every causal block of the rows it computes (kept == causal ==
 //     the count from the shape), the sparse policies keep at most that; reset zeroes them;
 //   - the sparse policies run; bad settings are refused with a message;
@@ -101,6 +104,8 @@ struct Case {
   int64_t ring_cells = 0, ring_shift = 0, ring_view_cells = 0;
   // The note llama.cpp's set_input leaves on the mask node (ggml_kq_mask_set_note); n_past -1: none.
   ggml_kq_mask_note note{-1, 0, 0, 0};
+  // A NaN in Q at the last query of this head (-1: none): a value crisp refuses after the hook's checks.
+  int64_t nan_query_head = -1;
 };
 
 // The note that describes a ring_window case's mask.
@@ -208,6 +213,7 @@ Run run(const Case & c, uint32_t seed) {
   std::vector<float> qd(ggml_nelements(q_rows));
   // NOTE: q scaled by 3 so that the softmax is peaked rather than near uniform (scores up to ~24).
   for (float & x : qd) x = 3.0f * uniform(rng);
+  if (c.nan_query_head >= 0) qd[((c.n_q - 1) * c.heads + c.nan_query_head) * c.dim] = std::numeric_limits<float>::quiet_NaN();
   std::vector<uint16_t> kd(ggml_nelements(k_cache)), vd(ggml_nelements(v_cache));
   for (size_t i = 0; i < kd.size(); ++i) {
     kd[i] = to_cache(c.cache, uniform(rng));
@@ -441,6 +447,30 @@ void falls_back(const std::string & name, const Case & c, bool candidate = true,
   check(hooked.finite, name + ": every output element written");
 }
 
+// A NaN in Q passes the hook's checks (they read shapes and the mask, not values) and crisp refuses
+// it on the heads of the thread that holds it. The CPU hook's threads then all fall back together
+// (they meet at ggml's barrier), so llama.cpp's kernel computes the whole op, as with sparse prefill
+// off, rather than the process stopping; the next op is crisp's again. CPU only: the CUDA hook
+// checks the values before it writes anything (docs/llama_cpp.md).
+void refused_values_fall_back() {
+  if (g_backend.cuda) return;
+  for (const int64_t head : {int64_t{0}, int64_t{3}}) {  // kThreads = 2 over 4 heads: each thread's share
+    Case c;
+    c.nan_query_head = head;
+    const std::string name = "a NaN in Q on head " + std::to_string(head);
+    set_policy("off");
+    const Run llama = run(c, 4);
+    set_policy("dense");
+    const Run hooked = run(c, 4);
+    check(hooked.delta.handled == 0 && hooked.delta.declined == 1,
+          name + ": left to llama.cpp (handled " + std::to_string(hooked.delta.handled) + ", declined " +
+              std::to_string(hooked.delta.declined) + ")");
+    check(identical(llama, hooked), name + ": output identical to llama.cpp's (every element rewritten)");
+    const Run next = run(Case{}, 4);
+    check(next.delta.handled == 1 && next.finite, name + ": the next op is crisp's again");
+  }
+}
+
 void sparse_policies_run() {
   Case prompt;
   prompt.n_q = 1024;  // eight 128-token blocks: room for the policies to skip some
@@ -651,6 +681,7 @@ int main(int argc, char ** argv) {
   window.mask = MaskKind::sliding_window;
   window.window = 128;
   falls_back("sliding window shorter than the prompt", window);
+  refused_values_fall_back();
   // A window that still covers every cell is plain causal, cell for cell: crisp computes it.
   Case wide_window = window;
   wide_window.window = 512;
