@@ -2,7 +2,7 @@
 """Where a Hopper attention launch's warps wait, from Nsight Compute's per-instruction table.
 
 Input: the CSV of `ncu -i REPORT.ncu-rep --page source --csv --print-source sass` for one launch of
-hopper_attention_kernel, profiled with `--section SourceCounters` (warp-stall sampling per SASS
+hopper_attention_kernel at d = 128, B = 128 (the barrier offsets below are that shape's), profiled with `--section SourceCounters` (warp-stall sampling per SASS
 instruction). Prints, per file:
   - the share of stall samples at each kind of mbarrier wait (the wait's address says which
     barrier: src/cuda/hopper/shared_storage.cuh), its out-of-line retry loop included;
@@ -17,7 +17,9 @@ import re
 import sys
 
 # Barrier slots after the ring (shared_storage.cuh): q, K full x3, V full x3, K empty x3, V empty x3,
-# q empty, then the loader warps' item ring (d = 128, B = 128: three stages, base offset 0x38000).
+# q empty, then the loader warps' item ring. NOTE: the offsets and slot names are those of d = 128,
+# B = 128 (three stages, base 0x38000, TileShape); other shapes need their own (the waits of other
+# kernels would be mislabelled, or not found).
 NAMES = ["q_full"] + ["k_full"] * 3 + ["v_full"] * 3 + ["k_empty"] * 3 + ["v_empty"] * 3 + ["q_empty"]
 
 

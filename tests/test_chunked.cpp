@@ -379,11 +379,6 @@ TEST(PagedKv, BitIdenticalToContiguousForEveryPageSize) {
   }
 }
 
-// ---------------------------------------------------------------- varlen batches
-
-// A batch mixing whole prompts, chunks, a decode step and sequences sharing a prompt: the dense
-// plan against each sequence's own bottom-right causal reference, and the crisp plan of each
-// sequence against the oracle's plan and attention of that sequence alone.
 // The Hopper producer's page index and row (shift and mask for a power-of-two page, a division
 // otherwise) are the rule's j / page_size and j % page_size for every multiple of 16 up to 4096.
 TEST(PagedKv, PageOfAndRowInPageAreTheDivision) {
@@ -404,6 +399,11 @@ TEST(PagedKv, PageOfAndRowInPageAreTheDivision) {
   }
 }
 
+// ---------------------------------------------------------------- varlen batches
+
+// A batch mixing whole prompts, chunks, a decode step and sequences sharing a prompt: the dense
+// plan against each sequence's own bottom-right causal reference, and the crisp plan of each
+// sequence against the oracle's plan and attention of that sequence alone.
 TEST(ChunkedBatch, VarlenMixEachSequenceMatchesItsOwnReference) {
   const uint64_t seed = test_seed();
   SCOPED_TRACE(seed_trace(seed));

@@ -165,7 +165,8 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
     // Every K/V layout of the run, made before any timing: head-major contiguous [Hkv, n, d] (the
     // reference of every ratio), with --kv-token-major a token-major copy [n, Hkv, d] (the pool's
     // order without pages), then each page size in each page order (a pool with two spare pages,
-    // vLLM's layout).
+    // vLLM's layout). All are held at once (interleaved timing needs them), and so are every
+    // layout's plans of one chunk size: at 1M tokens, run fewer page sizes at a time.
     std::vector<KvLayout> layouts(1);
     if (a.kv_token_major) {
       KvLayout t;
@@ -273,6 +274,8 @@ void run_chunked_bench(const ChunkedBenchArgs& a) {
             const KvLayout& layout = layouts[i];
             // This layout's outputs (the timing left the last layout's): one more prefill.
             prefill(steps[i], true, true);
+            // The stream is non-blocking: cudaMemcpy (the legacy stream) would not wait for it.
+            check(cudaStreamSynchronize(stream), "prefill");
             check(cudaMemcpy(lse_host.data(), lse_run.ptr, lse_host.size() * 4, cudaMemcpyDeviceToHost), "lse");
             double computed = 0.0;
             for (Step& s : steps[i]) {

@@ -62,8 +62,9 @@ double time_ms(cudaStream_t stream, int warmup, int reps, Fn fn) {
 }
 
 // Median milliseconds of each of `runs` on `stream`, the runs interleaved: `warmup` rounds, then
-// `reps` rounds of every run once, round i starting at run i % runs.size() (so no run always
-// follows the same one). Runs compared with each other are then measured under the same clocks:
+// `reps` rounds of every run once, round i starting at run i % runs.size() (so each run is the
+// round's first, after the previous round's last, in an equal share of the rounds). Runs compared
+// with each other are then measured under the same clocks:
 // the GPU's clocks drift over a long benchmark (heat, power), and timing one run's reps after
 // another's puts that drift into their ratio.
 inline std::vector<double> time_interleaved_ms(cudaStream_t stream, int warmup, int reps,

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -101,9 +103,27 @@ extern "C" void ggml_cpu_get_sparse_prefill_stats(int64_t * handled, int64_t * d
 extern "C" void ggml_cpu_reset_sparse_prefill_stats(void) { reset_stats(); }
 
 namespace {
-// Set by a thread whose crisp call refused its heads' values; read by every thread of the op after
-// the barrier, reset by thread 0 after a second one (before any thread can reach the next op).
-std::atomic<bool> op_refused{false};
+// The ops (their dst) one of whose threads had its heads' values refused: inserted by that thread,
+// read by every thread of the op after the first barrier, erased by its thread 0 after the second
+// (before any of its threads can reach the next op). Keyed by op, so graphs that other threadpools
+// compute at the same time do not see each other's; the count keeps the lock off the common path.
+std::mutex g_refused_mutex;
+std::set<const ggml_tensor *> g_refused_ops;
+std::atomic<int> g_refused_count{0};
+
+void mark_refused(const ggml_tensor * dst) {
+  std::lock_guard<std::mutex> lock(g_refused_mutex);
+  if (g_refused_ops.insert(dst).second) ++g_refused_count;
+}
+bool was_refused(const ggml_tensor * dst) {
+  if (g_refused_count.load() == 0) return false;
+  std::lock_guard<std::mutex> lock(g_refused_mutex);
+  return g_refused_ops.count(dst) > 0;
+}
+void clear_refused(const ggml_tensor * dst) {
+  std::lock_guard<std::mutex> lock(g_refused_mutex);
+  if (g_refused_ops.erase(dst) > 0) --g_refused_count;
+}
 }  // namespace
 
 bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth, void (*barrier)(void *), void * barrier_arg) {
@@ -172,16 +192,16 @@ bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth, void (*barri
       // Past the checks above only non-finite Q/K/V values get here (crisp refuses them, where
       // llama.cpp's kernel carries the NaN on): this op falls back, on every thread (below).
       refusal = "head " + std::to_string(h) + ": " + e.what();
-      op_refused.store(true);
+      mark_refused(dst);
     }
   }
   // Every thread meets here, so all fall back together when one refused: llama.cpp's kernel then
   // rewrites every element of dst, the heads crisp wrote included.
   barrier(barrier_arg);
-  const bool fall_back = op_refused.load();
+  const bool fall_back = was_refused(dst);
   barrier(barrier_arg);
   if (fall_back) {
-    if (ith == 0) op_refused.store(false);
+    if (ith == 0) clear_refused(dst);
     // The first refusal's message only (each names its head and value; log_once keeps every distinct one).
     static std::atomic<bool> logged{false};
     if (!refusal.empty() && !logged.exchange(true))
