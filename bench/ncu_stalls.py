@@ -2,7 +2,7 @@
 """Where a Hopper attention launch's warps wait, from Nsight Compute's per-instruction table.
 
 Input: the CSV of `ncu -i REPORT.ncu-rep --page source --csv --print-source sass` for one launch of
-hopper_attention_kernel at d = 128, B = 128 (the barrier offsets below are that shape's), profiled with `--section SourceCounters` (warp-stall sampling per SASS
+hopper_attention_kernel, profiled with `--section SourceCounters` (warp-stall sampling per SASS
 instruction). Prints, per file:
   - the share of stall samples at each kind of mbarrier wait (the wait's address says which
     barrier: src/cuda/hopper/shared_storage.cuh), its out-of-line retry loop included;
@@ -10,17 +10,19 @@ instruction). Prints, per file:
     the part of them the table gives no listed reason for (Nsight's warpgroup-arrive / gmma waits:
     the warpgroup's warps waiting for each other at the warpgroup-wide instruction);
   - the instructions executed outside the consumers' code (producer, retry loops) and their share.
-Usage: bench/ncu_stalls.py A.csv [B.csv ...]
+Usage: bench/ncu_stalls.py [--barrier-base 0x38000] [--stages 3] A.csv [B.csv ...]
+(the defaults are d = 128, B = 128: TileShape's kBarrierOffset and kStages, src/cuda/hopper/tile_shape.h)
 """
+import argparse
 import csv
 import re
-import sys
 
-# Barrier slots after the ring (shared_storage.cuh): q, K full x3, V full x3, K empty x3, V empty x3,
-# q empty, then the loader warps' item ring. NOTE: the offsets and slot names are those of d = 128,
-# B = 128 (three stages, base 0x38000, TileShape); other shapes need their own (the waits of other
-# kernels would be mislabelled, or not found).
-NAMES = ["q_full"] + ["k_full"] * 3 + ["v_full"] * 3 + ["k_empty"] * 3 + ["v_empty"] * 3 + ["q_empty"]
+
+def barrier_names(stages):
+    """The mbarrier slots from the kernel's barrier base (shared_storage.cuh): q, K full, V full, K
+    empty, V empty (one per ring stage each), q empty; the loader warps' item ring after them."""
+    return ["q_full"] + ["k_full"] * stages + ["v_full"] * stages + ["k_empty"] * stages + \
+        ["v_empty"] * stages + ["q_empty"]
 
 
 def load(path):
@@ -33,18 +35,19 @@ def load(path):
             for r in data]
 
 
-def summary(path):
+def summary(path, base, stages):
+    names = barrier_names(stages)
     ins = load(path)
     total = sum(x[1] for x in ins)
     first = next(i for i, x in enumerate(ins) if "WARPGROUP.ARRIVE" in x[0])
     end = next(i for i, x in enumerate(ins) if x[0].startswith("EXIT") and i > first)
     waits = {}
     for i, x in enumerate(ins):
-        m = re.search(r"SYNCS\.PHASECHK\.TRANS64(?:\.TRYWAIT)? P\d, \[[^\]]*0x38([0-9a-f]{3})\]", x[0])
-        if not m:
+        m = re.search(r"SYNCS\.PHASECHK\.TRANS64(?:\.TRYWAIT)? P\d, \[[^\]]*\+(0x[0-9a-f]+)\]", x[0])
+        if not m or int(m.group(1), 16) < base:
             continue
-        slot = int(m.group(1), 16) // 8
-        name = NAMES[slot] if slot < len(NAMES) else "item_ring"
+        slot = (int(m.group(1), 16) - base) // 8
+        name = names[slot] if slot < len(names) else "item_ring"
         block = [x] + [y for y in ins[max(0, i - 1):i] if "YIELD" in y[0]]
         block += [y for y in ins[i + 1:i + 4] if re.search(r"NANOSLEEP|BRA|SYNCS\.PHASECHK\.TRANS64 ", y[0])]
         waits[name] = waits.get(name, 0) + sum(y[1] for y in block)
@@ -72,5 +75,11 @@ def summary(path):
           f"({100 * outside / executed:.1f}%)")
 
 
-for p in sys.argv[1:]:
-    summary(p)
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser.add_argument("--barrier-base", type=lambda v: int(v, 0), default=0x38000,
+                    help="shared-memory offset of the first mbarrier (TileShape::kBarrierOffset) [0x38000]")
+parser.add_argument("--stages", type=int, default=3, help="K/V ring stages (TileShape::kStages) [3]")
+parser.add_argument("csv", nargs="+", help="ncu --page source --csv --print-source sass output of one launch")
+args = parser.parse_args()
+for p in args.csv:
+    summary(p, args.barrier_base, args.stages)
