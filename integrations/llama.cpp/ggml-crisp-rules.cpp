@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -63,6 +64,25 @@ bool set_sparse_prefill(const char * policy, const char * const * settings, int 
 std::shared_ptr<const SparsePrefill> current_setting() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_setting;
+}
+
+namespace {
+struct OpSetting {
+  std::shared_ptr<const SparsePrefill> setting;
+  int readers = 0;
+};
+std::mutex g_op_settings_mutex;
+std::map<const ggml_tensor *, OpSetting> g_op_settings;
+}  // namespace
+
+std::shared_ptr<const SparsePrefill> setting_of_op(const ggml_tensor * dst, int nth) {
+  if (nth <= 1) return current_setting();
+  std::lock_guard<std::mutex> lock(g_op_settings_mutex);
+  const auto [it, first] = g_op_settings.try_emplace(dst);
+  if (first) it->second.setting = current_setting();
+  std::shared_ptr<const SparsePrefill> setting = it->second.setting;
+  if (++it->second.readers == nth) g_op_settings.erase(it);
+  return setting;
 }
 
 void log_once(const std::string & message) {

@@ -37,6 +37,11 @@ bool set_sparse_prefill(const char * policy, const char * const * settings, int 
                         size_t error_size);
 // The current setting; null when off.
 std::shared_ptr<const SparsePrefill> current_setting();
+// The setting all `nth` threads of the op `dst` use: the first of them to ask reads the current
+// one, the others get that one, and the last one's call forgets it. A setting changed while an op
+// runs then applies from the next op on, and the threads of one op never see two (the CPU hook's
+// threads meet at the op's barrier: docs/llama_cpp.md). nth == 1: the current setting.
+std::shared_ptr<const SparsePrefill> setting_of_op(const ggml_tensor * dst, int nth);
 
 // Logs each distinct message once per process (ggml's log, so llama.cpp's log settings apply): a
 // model whose layers fall back says so once, not once per layer and ubatch.

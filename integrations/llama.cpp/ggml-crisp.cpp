@@ -124,12 +124,13 @@ void clear_refused(const ggml_tensor * dst) {
   std::lock_guard<std::mutex> lock(g_refused_mutex);
   if (g_refused_ops.erase(dst) > 0) --g_refused_count;
 }
+
 }  // namespace
 
 bool ggml_crisp_flash_attn_ext(ggml_tensor * dst, int ith, int nth, void (*barrier)(void *), void * barrier_arg) {
   const ggml_tensor * q = dst->src[0];
   if (!is_prompt_op(dst)) return false;  // decode steps stay llama.cpp's
-  const std::shared_ptr<const SparsePrefill> setting = current_setting();
+  const std::shared_ptr<const SparsePrefill> setting = setting_of_op(dst, nth);
   if (!setting) return false;
 
   KeyLayout layout;

@@ -10,9 +10,8 @@ struct ggml_tensor;
 // `nth`); false when the op is not one crisp handles (sparse prefill off, a decode step, a mask
 // that is not plain causal over a contiguous prefix, ALiBi, softcap, sinks, ...), and then
 // llama.cpp's own kernel runs. That answer depends only on the op's tensors and the setting, so
-// every thread of one op gives the same one without talking to the others (the setting is changed
-// between graph computes, as llama.cpp's tools do: threads of one op that read different settings
-// would part at the barrier below). Past it, crisp may
+// every thread of one op gives the same one (they share the setting the op's first thread read: a
+// setting changed while the op runs applies from the next op on). Past it, crisp may
 // still refuse the values themselves (a NaN or Inf in Q, K or V) on one thread's heads: the
 // threads then meet at `barrier(barrier_arg)` (ggml's barrier of the op's threadpool, called by
 // every thread of the op the same number of times) and all return false, so llama.cpp's kernel

@@ -22,6 +22,8 @@
 //   - the statistics: dense keeps every causal block of the rows it computes (kept == causal ==
 //     the count from the shape), the sparse policies keep at most that; reset zeroes them;
 //   - the sparse policies run; bad settings are refused with a message;
+//   - the threads of one op share the setting its first thread read (a setting changed mid-op
+//     applies from the next op on);
 //   - the rule that keeps ggml-cuda from capturing a graph the CUDA hook would take an op of
 //     (ggml_crisp::takes_unless_mask_declines: prompt ops yes, decode steps and declined shapes no);
 //   - CRISP_HOOK_MASK_NOTE=check (CPU only: a child process of this program, `--wrong-note plain|ring`)
@@ -527,6 +529,16 @@ void would_take_rule() {
   ggml_tensor * short_kv = ggml_flash_attn_ext(ctx, prompt_op.out->src[0], k_short, v_short, prompt_op.mask,
                                                prompt_op.scale, 0.0f, 0.0f);
   check(!ggml_crisp::takes_unless_mask_declines(short_kv, limits), "rule: K/V with fewer cells than the mask is not");
+  // The threads of one op share the setting its first thread read (ggml_crisp::setting_of_op): a
+  // setting changed between two threads' calls applies from the next op on.
+  check(ggml_crisp::set_sparse_prefill("dense", nullptr, 0, error, sizeof(error)), "rule: policy dense set");
+  const auto first_thread = ggml_crisp::setting_of_op(prompt_op.out, 2);
+  ggml_crisp::set_sparse_prefill("off", nullptr, 0, error, sizeof(error));
+  const auto second_thread = ggml_crisp::setting_of_op(prompt_op.out, 2);
+  const auto next_op = ggml_crisp::setting_of_op(prompt_op.out, 2);
+  ggml_crisp::setting_of_op(prompt_op.out, 2);  // the next op's second thread
+  check(first_thread && first_thread->policy == "dense" && second_thread == first_thread && !next_op,
+        "rule: the threads of one op share its first thread's setting; the next op reads the new one");
   ggml_crisp::set_sparse_prefill("off", nullptr, 0, error, sizeof(error));
   ggml_free(ctx);
 }
