@@ -226,7 +226,7 @@ void check_magnitudes(const TensorView& q, int64_t k_tokens, double q_max, doubl
   const std::string arithmetic = options.precision == Precision::f64 ? "float64" : "float32";
   const double scale_factor = std::max(softmax_scale, 1.0);
   if (q_max > 0 && k_max > limit / static_cast<double>(q.dim()) / q_max / scale_factor)
-    throw Error("q", "and k hold values up to " + num(q_max) + " and " + num(k_max) + ": their dot products over d = " +
+    throw Error("q", "holds values up to " + num(q_max) + " and k up to " + num(k_max) + ": their dot products over d = " +
                          str(q.dim()) + (softmax_scale > 1.0 ? " times the softmax scale " + num(softmax_scale) : "") +
                          " overflow " + arithmetic,
                 "d * max|q| * max|k| * max(scale, 1) below " + num(limit) + " (scale q and k down)");

@@ -105,6 +105,26 @@ crisp_cli_test(empty_npy
   ARGS "attend|--q|${CLI_DIR}/empty.npy|--k|${CLI_DIR}/empty.npy|--v|${CLI_DIR}/empty.npy|--out|${CLI_DIR}/o.npy|--lse|${CLI_DIR}/l.npy"
   STDERR "${ERR}.*empty\\.npy")
 
+# A named pipe: opening it for reading blocked forever without a writer; refused before the open.
+set(FIFO_NPY "${CLI_DIR}/fifo.npy")
+add_test(NAME cli.fifo_npy_setup COMMAND sh -c [=[rm -f "$0" && mkfifo "$0"]=] "${FIFO_NPY}")
+set_tests_properties(cli.fifo_npy_setup PROPERTIES LABELS "cpu" FIXTURES_SETUP cli_fifo)
+crisp_cli_test(fifo_npy
+  ARGS "plan|--q|${FIFO_NPY}|--k|${FIFO_NPY}|--json|${CLI_DIR}/x.json"
+  STDERR "${ERR}--q [^ ]*fifo\\.npy: is not a regular file" REQUIRES cli_fifo)
+# Empty paths: named by their option (an empty --json meant "no plan" without a word). ARGS cannot
+# carry an empty argument (CMake drops empty list elements), so these run through sh.
+foreach(option out lse json)
+  add_test(NAME cli.empty_path.${option} COMMAND sh -c
+    [=[o=o.npy; l=l.npy; [ "$1" = out ] && o=; [ "$1" = lse ] && l=
+if [ "$1" = json ]; then out=$("$0" attend --q a.npy --k b.npy --v c.npy --out o.npy --lse l.npy --json "" 2>&1)
+else out=$("$0" attend --q a.npy --k b.npy --v c.npy --out "$o" --lse "$l" 2>&1); fi
+rc=$?; echo "$out"; echo "rc=$rc"]=]
+    "$<TARGET_FILE:crisp_cli>" "${option}")
+  set_tests_properties(cli.empty_path.${option} PROPERTIES LABELS "cpu"
+    PASS_REGULAR_EXPRESSION "crisp: error: --${option}: is an empty path[^\n]*\nrc=2")
+endforeach()
+
 # ---------------------------------------------------------------- happy path (small workload)
 set(GEN_A "${CLI_DIR}/gen_a")  # n = 640 (5 blocks of 128, 10 of 64), 8/2 heads, d = 64
 set(GEN_B "${CLI_DIR}/gen_b")  # n = 384: a different length, for the shape checks
@@ -149,7 +169,7 @@ crisp_cli_test(demo.small ARGS "demo|--seq|1024|--heads-q|4|--heads-kv|2|--dim|6
 
 # ---------------------------------------------------------------- bad policies and parameters
 crisp_cli_test(unknown_policy ARGS "plan|${QK_A}|--policy|bogus_preset|--json|${CLI_DIR}/x.json"
-  STDERR "${ERR}.*preset" REQUIRES cli_gen_a)
+  STDERR "${ERR}--policy: unknown preset .bogus_preset.; expected one of crisp" REQUIRES cli_gen_a)
 crisp_cli_test(unknown_set_key ARGS "plan|${QK_A}|--set|no_such_key=1|--json|${CLI_DIR}/x.json"
   STDERR "${ERR}.*no_such_key" REQUIRES cli_gen_a)
 crisp_cli_test(set_without_value ARGS "plan|${QK_A}|--set|alpha|--json|${CLI_DIR}/x.json"
@@ -164,8 +184,9 @@ crisp_cli_test(bad_vs_floor ARGS "plan|${QK_A}|--set|vs_floor=median|--json|${CL
   STDERR "${ERR}.*vs_floor.*mean, uniform, max" REQUIRES cli_gen_a)
 crisp_cli_test(bad_pe_alpha ARGS "plan|${QK_A}|--set|pe_rule=floor|--set|pe_alpha=0|--json|${CLI_DIR}/x.json"
   STDERR "${ERR}.*pe_alpha.*> 0" REQUIRES cli_gen_a)
+# Named by the option typed (--block, --policy), not by the Config field behind it.
 crisp_cli_test(bad_block ARGS "plan|${QK_A}|--block|96|--json|${CLI_DIR}/x.json"
-  STDERR "${ERR}.*block_size" REQUIRES cli_gen_a)
+  STDERR "${ERR}--block: value 96 is out of range; expected 64 or 128" REQUIRES cli_gen_a)
 
 # ---------------------------------------------------------------- inputs that do not fit together
 crisp_cli_test(length_mismatch ARGS "plan|--q|${GEN_A}/q.npy|--k|${GEN_B}/k.npy|--json|${CLI_DIR}/x.json"

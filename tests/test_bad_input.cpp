@@ -2,6 +2,7 @@
 // crash, hang or silently wrong result), and the documented results of the edge cases that are
 // valid: n = 1, n < B, n not a multiple of B.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <filesystem>
@@ -862,6 +863,63 @@ TEST_F(Npy, WrongRankForAView) {
   crisp::write_npy(p, x.data(), {8});
   crisp::NpyArray a = crisp::read_npy(p);
   expect_error([&] { a.view("Q.npy"); }, "Q.npy", "rank-1 array as a view");
+}
+
+// The message names what is wrong: a bool or int8 array's type (not the '|' byte-order mark numpy
+// writes for single-byte types), a record array's fields, a FIFO before it is opened (reading one
+// with no writer blocked forever).
+TEST_F(Npy, ProblemsAreNamedForWhatTheyAre) {
+  const std::string payload = crisp_test::float_payload(std::vector<float>(24, 1.0f));
+  const auto message_of = [&](const std::string& name, const std::string& dict) {
+    const std::string p = path(name);
+    crisp_test::write_bytes(p, crisp_test::npy_bytes(dict, payload));
+    return crisp_test::error_of([&] { crisp::read_npy(p); });
+  };
+  for (const char* descr : {"|b1", "|i1", "|u1", "|V2", "<i4"}) {
+    const std::string m = message_of("type.npy", std::string("{'descr': '") + descr +
+                                                    "', 'fortran_order': False, 'shape': (2, 3, 4), }");
+    EXPECT_NE(m.find(std::string("unsupported dtype '") + descr + "'"), std::string::npos) << m;
+  }
+  const std::string record =
+      message_of("record.npy", "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2, 3, 4), }");
+  EXPECT_NE(record.find("structured (record) dtype"), std::string::npos) << record;
+  // '=' is the native order, little-endian on every host this builds for: read as '<'.
+  const std::string p = path("native.npy");
+  crisp_test::write_bytes(p, crisp_test::npy_bytes("{'descr': '=f4', 'fortran_order': False, 'shape': (2, 3, 4), }", payload));
+  EXPECT_EQ(crisp::read_npy(p).dtype, crisp::DType::f32);
+  const std::string fifo = path("fifo.npy");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string m = crisp_test::error_of([&] { crisp::read_npy(fifo); });
+  EXPECT_NE(m.find("is not a regular file"), std::string::npos) << m;
+  std::filesystem::remove(fifo);
+}
+
+TEST_F(Npy, ViewsOfAStatedRank) {
+  std::vector<float> x(8, 1.0f);
+  const std::string p = path("rank2.npy");
+  crisp::write_npy(p, x.data(), {2, 4});
+  crisp::NpyArray a = crisp::read_npy(p);
+  EXPECT_EQ(a.view("L.npy").tokens(), 4);  // rank 0: 2 or 3
+  const std::string m = crisp_test::error_of([&] { a.view("Q.npy", 3); });
+  EXPECT_NE(m.find("Q.npy: has rank 2 (shape (2, 4)); expected a rank-3 [heads, tokens, dim] array"), std::string::npos) << m;
+  expect_error([&] { a.view("Q.npy", 4); }, "rank", "rank 4 is not a view's");
+  // An empty array is not "too large to index" whatever its other extents: it is left to the
+  // caller's shape rules (zero tokens).
+  crisp::NpyArray empty;
+  empty.shape = {1, 0, int64_t{1} << 62};
+  EXPECT_EQ(empty.view("Q.npy", 3).tokens(), 0);
+}
+
+TEST_F(Npy, Float64RoundTrip) {
+  const std::vector<double> x = {1.0 / 3.0, -2e300, 5e-310, 0.0, 7.25, -1.0};
+  const std::string p = path("f8.npy");
+  crisp::write_npy(p, x.data(), {1, 2, 3});
+  crisp::NpyArray a = crisp::read_npy(p);
+  EXPECT_EQ(a.dtype, crisp::DType::f64);
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{1, 2, 3}));
+  ASSERT_EQ(a.bytes.size(), x.size() * sizeof(double));
+  EXPECT_EQ(std::memcmp(a.bytes.data(), x.data(), a.bytes.size()), 0);
 }
 
 TEST_F(Npy, UnwritablePath) {

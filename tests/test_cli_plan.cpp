@@ -5,10 +5,15 @@
 // combinations; this checks the command-line path end to end (parsing, --block, JSON writing).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -159,6 +164,84 @@ TEST(CliPlan, RandomFloat16NpyMatchesOracleOnConvertedValues) {
   write_f16(dir + "/K.npy", k, hkv, n, d);
   oracle::Planner op(q, k, hq, hkv, n, d);
   run_cases(dir + "/Q.npy", dir + "/K.npy", op, dir);
+}
+
+
+// `crisp attend` end to end on a chunk (n_q < n_k, unaligned, GQA): O and LSE against the float64
+// oracle, float32 files by default and float64 files with --precision f64 (the reference the
+// command can now hand out unrounded).
+TEST(CliAttend, ChunkMatchesOracleInBothPrecisions) {
+  if (!cli_available()) GTEST_SKIP() << "the crisp command is not built (build target crisp_cli)";
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  const int64_t hq = 4, hkv = 2, n_q = 77, n_k = 300, d = 32;
+  const std::vector<float> q = crisp_test::gaussian(seed, static_cast<size_t>(hq * n_q * d), 1.0);
+  const std::vector<float> k = crisp_test::gaussian(seed + 1, static_cast<size_t>(hkv * n_k * d), 1.0);
+  const std::vector<float> v = crisp_test::gaussian(seed + 2, static_cast<size_t>(hkv * n_k * d), 1.0);
+  const std::string dir = crisp_test::temp_dir().string();
+  crisp::write_npy(dir + "/Q.npy", q.data(), {hq, n_q, d});
+  crisp::write_npy(dir + "/K.npy", k.data(), {hkv, n_k, d});
+  crisp::write_npy(dir + "/V.npy", v.data(), {hkv, n_k, d});
+  const oracle::Attention want =
+      oracle::attend_chunks(oracle::Tensor::from_floats(q, hq, n_q, d), oracle::Tensor::from_floats(k, hkv, n_k, d),
+                            oracle::Tensor::from_floats(v, hkv, n_k, d), {0, n_q}, {0, n_k}, 64,
+                            1.0 / std::sqrt(static_cast<double>(d)), nullptr);
+  for (const char* precision : {"f32", "f64"}) {
+    const bool f64 = std::string(precision) == "f64";
+    const std::string out = dir + "/O_" + precision + ".npy", lse = dir + "/L_" + precision + ".npy";
+    const std::string cmd = std::string(CRISP_CLI_PATH) + " attend --q " + dir + "/Q.npy --k " + dir + "/K.npy --v " +
+                            dir + "/V.npy --out " + out + " --lse " + lse + " --policy dense --threads 1 --precision " +
+                            precision + " > " + out + ".log 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    crisp::NpyArray o = crisp::read_npy(out), l = crisp::read_npy(lse);
+    EXPECT_EQ(o.dtype, f64 ? crisp::DType::f64 : crisp::DType::f32) << precision;
+    EXPECT_EQ(l.dtype, o.dtype) << precision;
+    ASSERT_EQ(o.shape, (std::vector<int64_t>{hq, n_q, d})) << precision;
+    ASSERT_EQ(l.shape, (std::vector<int64_t>{hq, n_q})) << precision;
+    const auto at = [](const crisp::NpyArray& a, size_t i) {
+      double x;
+      if (a.dtype == crisp::DType::f64) {
+        std::memcpy(&x, a.bytes.data() + i * 8, 8);
+      } else {
+        float f;
+        std::memcpy(&f, a.bytes.data() + i * 4, 4);
+        x = f;
+      }
+      return x;
+    };
+    // NOTE: the tolerances of tests/chunk_reference.h (output_tolerance): 1e-11 in float64 (the
+    // same sums in another order), 1e-5 in float32 (rounded logits and partial sums).
+    const double tol = f64 ? 1e-11 : 1e-5;
+    double worst = 0.0;
+    for (size_t i = 0; i < want.out.data.size(); ++i)
+      worst = std::max(worst, std::fabs(at(o, i) - want.out.data[i]) / std::max(1.0, std::fabs(want.out.data[i])));
+    for (size_t i = 0; i < want.lse.size(); ++i)
+      worst = std::max(worst, std::fabs(at(l, i) - want.lse[i]) / std::max(1.0, std::fabs(want.lse[i])));
+    EXPECT_LE(worst, tol) << precision;
+  }
+}
+
+// A failed output leaves none behind: O was written before the LSE's write failed (/dev/full) and
+// is removed; an output that existed before the run is left as it was when its own open fails.
+TEST(CliAttend, FailedOutputLeavesNoPartialSet) {
+  if (!cli_available()) GTEST_SKIP() << "the crisp command is not built (build target crisp_cli)";
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  const std::vector<float> x = crisp_test::gaussian(seed, 2 * 40 * 16, 1.0);
+  const std::string dir = crisp_test::temp_dir().string();
+  crisp::write_npy(dir + "/X.npy", x.data(), {2, 40, 16});
+  const std::string out = dir + "/O_full.npy";
+  std::filesystem::remove(out);
+  const std::string cmd = std::string(CRISP_CLI_PATH) + " attend --q " + dir + "/X.npy --k " + dir + "/X.npy --v " + dir +
+                          "/X.npy --out " + out + " --lse /dev/full --threads 1 > " + out + ".log 2>&1";
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc)) << cmd;
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << cmd;
+  EXPECT_FALSE(std::filesystem::exists(out)) << "O was left behind after the LSE failed";
+  std::ifstream log(out + ".log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("--lse /dev/full: write failed"), std::string::npos) << text;
 }
 
 }  // namespace

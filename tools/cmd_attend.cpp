@@ -1,5 +1,6 @@
 // tools/cmd_attend.cpp — `crisp attend`: plan + block-sparse attention of .npy inputs.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "input_checks.h"
 #include "io_util.h"
 #include "plan_json.h"
+#include "validators.h"
 
 namespace {
 
@@ -22,6 +24,64 @@ struct AttendArgs {
   std::string json_path;  // optional: the plan that was run
 };
 
+// Output rows of `T` (float with --precision f32, double with f64), written as .npy.
+template <typename T>
+struct Outputs {
+  std::vector<T> out, lse;
+  Outputs(int64_t heads, int64_t tokens, int64_t dim)
+      : out(static_cast<std::size_t>(heads * tokens * dim)), lse(static_cast<std::size_t>(heads * tokens)) {}
+};
+
+// Runs the attention into T outputs and writes them (and the plan's JSON) as the command's outputs:
+// all of them or, when one cannot be written, none (the files written before it are removed).
+template <typename T>
+crisp::Plan attend_and_write(const AttendArgs& args, const crisp::Config& config, const crisp::TensorView& q,
+                             const crisp::TensorView& k, const crisp::TensorView& v, const crisp::Batch& batch,
+                             const std::string& q_argument, const std::string& k_argument,
+                             const std::string& v_argument) {
+  const int64_t heads = q.heads(), tokens = q.tokens(), dim = q.dim();
+  const crisp::DType dtype = sizeof(T) == sizeof(double) ? crisp::DType::f64 : crisp::DType::f32;
+  Outputs<T> o(heads, tokens, dim);
+  crisp::Plan plan;
+  try {
+    plan = crisp::prefill(q, k, v, config, crisp::TensorView::contiguous(o.out.data(), dtype, heads, tokens, dim),
+                          crisp::TensorView::contiguous2d(o.lse.data(), dtype, heads, tokens), batch,
+                          crisp_cli::make_run_options(args.policy));
+  } catch (const crisp::Error& e) {  // the value checks name the library's arguments
+    throw crisp_cli::renamed_error(e, {{"q", q_argument},
+                                       {"k", k_argument},
+                                       {"v", v_argument},
+                                       {"out", "--out " + args.out_path},
+                                       {"lse", "--lse " + args.lse_path}});
+  }
+  // `written`: the outputs this run wrote, and the one it was writing when that failed if the file
+  // is new (a file that existed before is left: an open that failed did not touch it).
+  std::vector<std::string> written;
+  const auto write = [&written](const std::string& path, const auto& write_file) {
+    const bool existed = std::filesystem::exists(path);
+    try {
+      write_file();
+    } catch (const crisp::Error&) {
+      if (!existed) written.push_back(path);
+      throw;
+    }
+    written.push_back(path);
+  };
+  try {
+    write(args.out_path, [&] { crisp::write_npy(args.out_path, o.out.data(), {heads, tokens, dim}); });
+    write(args.lse_path, [&] { crisp::write_npy(args.lse_path, o.lse.data(), {heads, tokens}); });
+    if (!args.json_path.empty())
+      write(args.json_path, [&] {
+        crisp_cli::write_text_file("--json", args.json_path, crisp_cli::plan_to_json(plan).dump(1) + "\n");
+      });
+  } catch (const crisp::Error& e) {
+    crisp_cli::remove_written_files(written);
+    throw crisp_cli::renamed_error(e, {{args.out_path.c_str(), "--out " + args.out_path},
+                                       {args.lse_path.c_str(), "--lse " + args.lse_path}});
+  }
+  return plan;
+}
+
 void run_attend(const AttendArgs& args) {
   // Outputs first: a clash or an unwritable path fails before the work, not after it. O and LSE are
   // binary .npy files: written to named files only (a '-' would have made a file named '-').
@@ -34,38 +94,29 @@ void run_attend(const AttendArgs& args) {
   crisp_cli::require_writable("--lse", args.lse_path);
   crisp_cli::require_writable("--json", args.json_path);
   const crisp::Config config = crisp_cli::make_config(args.policy);
-  crisp::NpyArray q = crisp::read_npy(args.q_path);
-  crisp::NpyArray k = crisp::read_npy(args.k_path);
-  crisp::NpyArray v = crisp::read_npy(args.v_path);
+  crisp::NpyArray q = crisp_cli::read_input("--q", args.q_path);
+  crisp::NpyArray k = crisp_cli::read_input("--k", args.k_path);
+  crisp::NpyArray v = crisp_cli::read_input("--v", args.v_path);
   const std::string q_argument = "--q " + args.q_path, k_argument = "--k " + args.k_path,
                     v_argument = "--v " + args.v_path;
-  const crisp::TensorView q_view = q.view(q_argument);
-  const crisp::TensorView k_view = k.view(k_argument);
-  const crisp::TensorView v_view = v.view(v_argument);
+  const crisp::TensorView q_view = q.view(q_argument, 3);
+  const crisp::TensorView k_view = k.view(k_argument, 3);
+  const crisp::TensorView v_view = v.view(v_argument, 3);
   // The shapes before the outputs are allocated: an empty or mismatched input is named as such,
   // not reported as an allocation failure.
   const crisp::Batch batch = crisp_cli::one_sequence(q_view, q_argument, k_view, k_argument, &v_view, v_argument);
 
-  // q's extents are valid and its elements are in memory: O is as many floats, LSE fewer.
-  const int64_t heads = q_view.heads(), tokens = q_view.tokens(), dim = q_view.dim();
-  std::vector<float> out(static_cast<std::size_t>(heads * tokens * dim));
-  std::vector<float> lse(static_cast<std::size_t>(heads * tokens));
-  const crisp::Plan plan = crisp::prefill(
-      q_view, k_view, v_view, config,
-      crisp::TensorView::contiguous(out.data(), crisp::DType::f32, heads, tokens, dim),
-      crisp::TensorView::contiguous2d(lse.data(), crisp::DType::f32, heads, tokens), batch,
-      crisp_cli::make_run_options(args.policy));
-
-  crisp::write_npy(args.out_path, out.data(), {heads, tokens, dim});
-  crisp::write_npy(args.lse_path, lse.data(), {heads, tokens});
-  if (!args.json_path.empty()) {
-    crisp_cli::write_text_file("--json", args.json_path, crisp_cli::plan_to_json(plan).dump(1) + "\n");
-  }
+  // q's extents are valid and its elements are in memory: O is as many values, LSE fewer. With
+  // --precision f64 (the float64 reference) they are written as float64.
+  const bool f64 = args.policy.precision == "f64";
+  const crisp::Plan plan =
+      f64 ? attend_and_write<double>(args, config, q_view, k_view, v_view, batch, q_argument, k_argument, v_argument)
+          : attend_and_write<float>(args, config, q_view, k_view, v_view, batch, q_argument, k_argument, v_argument);
   // With the plan's JSON on standard output the summary goes to stderr, so stdout stays one JSON
   // document (as `crisp plan` does).
   std::FILE* summary = crisp_cli::is_stdout_path(args.json_path) ? stderr : stdout;
   std::fprintf(summary, "attend: policy %s, %lld query heads, n_q = %lld of n_k = %lld: density %.4f -> %s, %s\n",
-               config.preset.c_str(), static_cast<long long>(heads), static_cast<long long>(tokens),
+               config.preset.c_str(), static_cast<long long>(q_view.heads()), static_cast<long long>(q_view.tokens()),
                static_cast<long long>(k_view.tokens()), plan.density(), args.out_path.c_str(), args.lse_path.c_str());
 }
 
@@ -77,13 +128,26 @@ void register_attend_command(CLI::App& app) {
       "attend",
       "Plan and run block-sparse causal attention on one sequence (.npy in, .npy out); with n_q < n_k the "
       "queries are the last n_q positions (a chunk over a KV prefix, bottom-right causal)");
-  sub->add_option("--q", args->q_path, "Queries, .npy float32/float16 [Hq, n_q, d]")->required();
-  sub->add_option("--k", args->k_path, "Keys, .npy float32/float16 [Hkv, n_k, d], n_k >= n_q")->required();
-  sub->add_option("--v", args->v_path, "Values, .npy float32/float16 [Hkv, n_k, d]")->required();
-  sub->add_option("--out", args->out_path, "Output O, .npy float32 [Hq, n_q, d] (a file; not standard output)")->required();
-  sub->add_option("--lse", args->lse_path, "Output LSE (natural log), .npy float32 [Hq, n_q] (a file; not standard output)")
-      ->required();
-  sub->add_option("--json", args->json_path, "Also write the plan that was run as JSON ('-': standard output, the summary then on stderr)");
+  sub->add_option("--q", args->q_path, "Queries, .npy float32/float16/float64 [Hq, n_q, d]")
+      ->required()
+      ->check(crisp_cli::kNonEmptyPath);
+  sub->add_option("--k", args->k_path, "Keys, .npy float32/float16/float64 [Hkv, n_k, d], n_k >= n_q")
+      ->required()
+      ->check(crisp_cli::kNonEmptyPath);
+  sub->add_option("--v", args->v_path, "Values, .npy float32/float16/float64 [Hkv, n_k, d]")
+      ->required()
+      ->check(crisp_cli::kNonEmptyPath);
+  sub->add_option("--out", args->out_path,
+                  "Output O, .npy [Hq, n_q, d], float32 (float64 with --precision f64; a file, not standard output)")
+      ->required()
+      ->check(crisp_cli::kNonEmptyPath);
+  sub->add_option("--lse", args->lse_path,
+                  "Output LSE (natural log), .npy [Hq, n_q], float32 (float64 with --precision f64; a file, not "
+                  "standard output)")
+      ->required()
+      ->check(crisp_cli::kNonEmptyPath);
+  sub->add_option("--json", args->json_path, "Also write the plan that was run as JSON ('-': standard output, the summary then on stderr)")
+      ->check(crisp_cli::kNonEmptyPath);
   crisp_cli::add_policy_options(*sub, args->policy);
   sub->callback([args] { run_attend(*args); });
 }

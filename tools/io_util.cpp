@@ -50,7 +50,9 @@ void require_writable(const std::string& argument, const std::string& path) {
   }
   const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
   if (!fs::is_directory(parent, ec))
-    throw crisp::Error(argument, "directory '" + parent.string() + "' of '" + path + "' does not exist",
+    throw crisp::Error(argument,
+                       "directory '" + parent.string() + "' of '" + path + "' " +
+                           (fs::exists(parent, ec) ? "is not a directory" : "does not exist"),
                        "a path in an existing directory");
   if (::access(parent.c_str(), W_OK) != 0)
     throw crisp::Error(argument, "cannot create '" + path + "': " + std::strerror(errno), "a writable path");
@@ -105,6 +107,15 @@ void require_file_output(const std::string& argument, const std::string& path, c
   if (is_stdout_path(path))
     throw crisp::Error(argument, "'" + path + "' (standard output) is not supported for " + what,
                        path == "-" ? "a path (./- for one named '-')" : "a path");
+}
+
+void remove_written_files(const std::vector<std::string>& paths) {
+  namespace fs = std::filesystem;
+  for (const std::string& path : paths) {
+    std::error_code ec;
+    // Regular files only: an output such as /dev/null or a FIFO is not the command's to remove.
+    if (!is_stdout_path(path) && fs::is_regular_file(fs::symlink_status(path, ec))) fs::remove(path, ec);
+  }
 }
 
 }  // namespace crisp_cli

@@ -40,4 +40,9 @@ bool same_file(const std::string& a, const std::string& b);
 // says which), which is written to a named file only. Throws crisp::Error naming `argument`.
 void require_file_output(const std::string& argument, const std::string& path, const std::string& what);
 
+// Removes the files of a command's outputs that were written before a later one failed, so a
+// failed command leaves no partial set of outputs. Only regular files are removed (not devices,
+// pipes or standard output); errors are ignored (the command is already failing).
+void remove_written_files(const std::vector<std::string>& paths);
+
 }  // namespace crisp_cli

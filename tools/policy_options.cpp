@@ -37,10 +37,21 @@ void add_policy_options(CLI::App& sub, PolicyOptions& options) {
 }
 
 crisp::Config make_config(const PolicyOptions& options) {
-  crisp::Config config = crisp::Config::from_preset(options.policy);
+  crisp::Config config;
+  try {
+    config = crisp::Config::from_preset(options.policy);
+  } catch (const crisp::Error& e) {  // "preset: ...": the option the user typed is --policy
+    throw crisp::Error("--policy", std::string(e.what()).substr(e.argument().size() + 2));
+  }
   for (const std::string& assignment : options.sets) config.set(assignment);
   // --block is a shorthand of --set block_size=...; it is applied last so it wins.
-  if (!options.block_size.empty()) config.set("block_size", options.block_size);
+  if (!options.block_size.empty()) {
+    try {
+      config.set("block_size", options.block_size);
+    } catch (const crisp::Error& e) {
+      throw crisp::Error("--block", std::string(e.what()).substr(e.argument().size() + 2));
+    }
+  }
   config.validate();
   return config;
 }

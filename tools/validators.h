@@ -35,6 +35,12 @@ inline CLI::Validator integer_at_least(long long minimum, const std::string& wha
                           what == "a positive integer" ? "POSITIVE" : "NON-NEGATIVE");
 }
 
+// Refuses an empty path ("--json ''" would otherwise mean "no file" for an optional output, and
+// name nothing in the error of a required one).
+inline const CLI::Validator kNonEmptyPath(
+    [](std::string& input) -> std::string { return input.empty() ? "is an empty path; expected a file path" : ""; },
+    "PATH");
+
 inline const CLI::Validator kPositiveInteger = integer_at_least(1, "a positive integer");
 inline const CLI::Validator kNonNegativeInteger = integer_at_least(0, "a non-negative integer");
 

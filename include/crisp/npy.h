@@ -14,15 +14,18 @@ struct NpyArray {
   std::vector<int64_t> shape;
   std::vector<unsigned char> bytes;  // C-order data
 
-  // A CPU view of a rank-3 (or rank-2) array. Throws crisp::Error naming `argument` otherwise.
-  TensorView view(const std::string& argument);
+  // A CPU view of a non-empty array of rank `rank` (3: [heads, tokens, dim], 2: [heads, tokens];
+  // 0: either). Throws crisp::Error naming `argument` otherwise.
+  TensorView view(const std::string& argument, int rank = 0);
 };
 
 // Throws crisp::Error naming `path` if the file is missing, truncated, corrupt, Fortran-ordered,
 // big-endian or of an unsupported dtype.
 NpyArray read_npy(const std::string& path);
 
-// Writes float32 data of the given shape. Throws crisp::Error naming `path` on I/O failure.
+// Writes float32 ('<f4') or float64 ('<f8') data of the given shape. Throws crisp::Error naming
+// `path` on I/O failure.
 void write_npy(const std::string& path, const float* data, const std::vector<int64_t>& shape);
+void write_npy(const std::string& path, const double* data, const std::vector<int64_t>& shape);
 
 }  // namespace crisp

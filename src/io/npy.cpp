@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -129,6 +130,11 @@ Header parse_header(const std::string& text, const std::string& path) {
     const std::string key = p.string_literal();
     p.expect(':');
     if (key == "descr" && !have_descr) {
+      // A structured (record) dtype is written as a list of fields: a valid header, an unsupported type.
+      p.skip_space();
+      if (p.pos < text.size() && text[p.pos] == '[')
+        corrupt(path, "structured (record) dtype",
+                "'<f4' (float32), '<f2' (float16) or '<f8' (float64), little-endian: a plain array");
       h.descr = p.string_literal();
       have_descr = true;
     } else if (key == "fortran_order" && !have_order) {
@@ -153,17 +159,17 @@ Header parse_header(const std::string& text, const std::string& path) {
 
 DType dtype_from_descr(const std::string& descr, const std::string& path) {
   const std::string expected = "'<f4' (float32), '<f2' (float16) or '<f8' (float64), little-endian";
-  if (descr.size() != 3) corrupt(path, "unsupported dtype '" + descr + "'", expected);
+  // The type first: a bool or int8 array ('|b1', '|i1') is refused for its type, not for its byte
+  // order mark ('|', numpy's mark of single-byte types).
+  const std::string kind = descr.size() == 3 ? descr.substr(1) : "";
+  if (kind != "f4" && kind != "f2" && kind != "f8") corrupt(path, "unsupported dtype '" + descr + "'", expected);
   const char order = descr[0];
   if (order == '>') corrupt(path, "big-endian dtype '" + descr + "'", expected);
-  // '|' (byte order not applicable) is numpy's mark of single-byte types only; every accepted type
-  // has several bytes, so only '<' is right.
-  if (order != '<') corrupt(path, "unsupported byte order in dtype '" + descr + "'", expected);
-  const std::string kind = descr.substr(1);
+  // '=' (native) is little-endian here (see the #error above), as numpy itself writes '<'.
+  if (order != '<' && order != '=') corrupt(path, "unsupported byte order in dtype '" + descr + "'", expected);
   if (kind == "f4") return DType::f32;
   if (kind == "f2") return DType::f16;
-  if (kind == "f8") return DType::f64;
-  corrupt(path, "unsupported dtype '" + descr + "'", expected);
+  return DType::f64;
 }
 
 uint64_t read_le(const unsigned char* p, int bytes) {
@@ -176,6 +182,14 @@ uint64_t read_le(const unsigned char* p, int bytes) {
 
 // ---------------------------------------------------------------- read
 NpyArray read_npy(const std::string& path) {
+  if (path.empty()) corrupt("(empty path)", "no file named", "the path of a .npy file");
+  // Before opening: opening a FIFO without a writer would block forever, and a directory or a
+  // device is no .npy file either (its size cannot be checked against the header).
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+    corrupt(path, std::filesystem::is_directory(status) ? "is a directory" : "is not a regular file (a pipe or a device)",
+            "a readable .npy file");
   std::ifstream in(path, std::ios::binary);
   if (!in) corrupt(path, "cannot open file", "a readable .npy file");
   in.seekg(0, std::ios::end);
@@ -255,16 +269,27 @@ NpyArray read_npy(const std::string& path) {
 }
 
 // ---------------------------------------------------------------- view
-TensorView NpyArray::view(const std::string& argument) {
-  const std::string expected = "a rank-3 [heads, tokens, dim] or rank-2 [heads, tokens] array";
-  if (shape.size() != 2 && shape.size() != 3) {
-    std::string s = "(";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-    throw Error(argument, "array of rank " + std::to_string(shape.size()) + " with shape " + s + ")", expected);
-  }
+TensorView NpyArray::view(const std::string& argument, int rank) {
+  if (rank != 0 && rank != 2 && rank != 3)
+    throw Error("rank", "is " + std::to_string(rank), "0 (2 or 3), 2 or 3");
+  const std::string expected = rank == 3   ? "a rank-3 [heads, tokens, dim] array"
+                               : rank == 2 ? "a rank-2 [heads, tokens] array"
+                                           : "a rank-3 [heads, tokens, dim] or rank-2 [heads, tokens] array";
+  std::string shape_text = "(";
+  for (size_t i = 0; i < shape.size(); ++i) shape_text += (i ? ", " : "") + std::to_string(shape[i]);
+  shape_text += ")";
+  const bool rank_ok = rank == 0 ? shape.size() == 2 || shape.size() == 3 : shape.size() == static_cast<size_t>(rank);
+  if (!rank_ok) throw Error(argument, "has rank " + std::to_string(shape.size()) + " (shape " + shape_text + ")", expected);
   // Views index with int64 products of the extents: refuse shapes whose products could overflow.
+  // An empty array holds nothing to index (its extents are the caller's to judge: a shape such as
+  // (1, 0, 2^63 - 1) is refused for its zero tokens, not as too large).
+  bool empty = false;
   long double product = 1.0L;
-  for (int64_t e : shape) product *= static_cast<long double>(e < 1 ? 1 : e);
+  for (int64_t e : shape) {
+    empty = empty || e == 0;
+    product *= static_cast<long double>(e);
+  }
+  if (empty) product = 0.0L;
   if (product > static_cast<long double>(int64_t{1} << 62))
     throw Error(argument, "extents too large to index", "a product of extents below 2^62");
   uint64_t count = 1;
@@ -277,14 +302,18 @@ TensorView NpyArray::view(const std::string& argument) {
 }
 
 // ---------------------------------------------------------------- write
-void write_npy(const std::string& path, const float* data, const std::vector<int64_t>& shape) {
+namespace {
+
+// The writer of both element types: `descr` '<f4' or '<f8', `item` its size in bytes.
+void write_npy_bytes(const std::string& path, const void* data, const char* descr, uint64_t item,
+                     const std::vector<int64_t>& shape) {
   uint64_t count = 1;
   std::string shape_text = "(";
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0)
       throw Error(path, "negative extent " + std::to_string(shape[i]) + " in the shape to write", "extents >= 0");
     const uint64_t e = static_cast<uint64_t>(shape[i]);
-    if (e != 0 && count > std::numeric_limits<uint64_t>::max() / 4 / e)
+    if (e != 0 && count > std::numeric_limits<uint64_t>::max() / item / e)
       throw Error(path, "shape too large to write", "a shape whose byte size fits in 64 bits");
     count *= e;
     shape_text += std::to_string(shape[i]) + (shape.size() == 1 ? "," : (i + 1 < shape.size() ? ", " : ""));
@@ -292,7 +321,7 @@ void write_npy(const std::string& path, const float* data, const std::vector<int
   shape_text += ")";
   if (count > 0 && data == nullptr) throw Error(path, "null data pointer for a non-empty array", "the data to write");
 
-  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape_text + ", }";
+  std::string header = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape_text + ", }";
   // Version 1.0 unless the header needs more than a uint16 length.
   size_t preamble = kMagicSize + 2 + 2;
   size_t total = preamble + header.size() + 1;  // + '\n'
@@ -315,9 +344,19 @@ void write_npy(const std::string& path, const float* data, const std::vector<int
   for (int i = 0; i < (major == 1 ? 2 : 4); ++i) pre.push_back(static_cast<char>((header_len >> (8 * i)) & 0xFF));
   out.write(pre.data(), static_cast<std::streamsize>(pre.size()));
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  if (count > 0) out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(count * 4));
+  if (count > 0) out.write(static_cast<const char*>(data), static_cast<std::streamsize>(count * item));
   out.flush();
   if (!out) throw Error(path, "write failed (disk full or I/O error?)", "a writable path");
+}
+
+}  // namespace
+
+void write_npy(const std::string& path, const float* data, const std::vector<int64_t>& shape) {
+  write_npy_bytes(path, data, "<f4", sizeof(float), shape);
+}
+
+void write_npy(const std::string& path, const double* data, const std::vector<int64_t>& shape) {
+  write_npy_bytes(path, data, "<f8", sizeof(double), shape);
 }
 
 }  // namespace crisp
