@@ -36,7 +36,13 @@ const char* dtype_name(DType dtype) {
   }
   return "an invalid dtype";
 }
-const char* device_name(Device device) { return device == Device::cuda ? "cuda" : "cpu"; }
+const char* device_name(Device device) {
+  switch (device) {
+    case Device::cpu: return "cpu";
+    case Device::cuda: return "cuda";
+  }
+  return "an invalid device";
+}
 
 // The first `rank` entries of a view's shape or strides, between `open` and `close`.
 std::string extents_string(const std::array<int64_t, 3>& values, int rank, char open, char close) {
@@ -89,6 +95,12 @@ void check_view(const TensorView& t, const std::string& name, int rank, const st
                   shape_names + " with every extent >= 1");
     }
   }
+  // Element counts are int64 products everywhere (a stride-0 view spans no memory whatever its
+  // extents): refuse a count beyond 2^62 before anything multiplies the extents.
+  int64_t elements = 1;
+  for (int i = 0; i < rank; ++i)
+    if (__builtin_mul_overflow(elements, t.shape[i], &elements) || elements > (int64_t{1} << 62))
+      throw Error(name, "has shape " + shape_string(t) + ", more than 2^62 elements", shape_names + " of fewer elements");
   if (t.data == nullptr) throw Error(name, "data pointer is null", "a pointer to the tensor's elements");
   if (!valid_dtype(t.dtype)) throw Error(name, "has an invalid dtype", "f32, f16, bf16 or f64");
   if (!valid_device(t.device)) throw Error(name, "has an invalid device", "Device::cpu or Device::cuda");
@@ -133,12 +145,30 @@ bool views_overlap(const TensorView& a, const TensorView& b) {
 }
 
 // An output view writes each element once: a zero stride over an extent > 1 would make several
-// results race for one element (an expanded tensor).
+// results race for one element (an expanded tensor), and so would strides under which two indices
+// meet (e.g. shape [4, 48, 32] with strides {1536, 1, 1}). The rule checked: taken by increasing
+// |stride|, each stride of an extent > 1 exceeds the farthest offset the smaller ones reach, as in
+// any permutation of a dense or padded tensor; such strides give every index its own element.
 void check_distinct_elements(const TensorView& t, const std::string& name) {
   if (expanded(t))
     throw Error(name, "has " + shape_and_strides(t) +
                           ": a stride 0 over an extent > 1 (several results would share one element)",
                 "an output view whose elements are distinct (not expanded)");
+  const int rank = t.rank == 2 ? 2 : 3;  // check_view has checked the rank
+  const auto magnitude = [&](int i) { return t.stride[i] < 0 ? -t.stride[i] : t.stride[i]; };
+  int order[3] = {0, 1, 2};  // the dimensions by increasing |stride| (an insertion sort of at most 3)
+  for (int i = 1; i < rank; ++i)
+    for (int j = i; j > 0 && magnitude(order[j]) < magnitude(order[j - 1]); --j) std::swap(order[j], order[j - 1]);
+  int64_t reach = 0;  // bounded by check_view_reach (below 2^62 elements)
+  for (int i = 0; i < rank; ++i) {
+    const int d = order[i];
+    if (t.shape[d] < 2) continue;
+    if (magnitude(d) <= reach)
+      throw Error(name, "has " + shape_and_strides(t) + ": two of its indices share an element",
+                  "an output view whose strides keep every element apart (each stride larger than the farthest "
+                  "offset of the smaller ones, as in a dense, padded or permuted tensor)");
+    reach += (t.shape[d] - 1) * magnitude(d);
+  }
 }
 
 // Rows [first, first + count) of every head of a view, as a view of its own.
@@ -249,8 +279,9 @@ void check_magnitudes(const TensorView& q, int64_t k_tokens, double q_max, doubl
 
 Plan plan_validated(const TensorView& q, const TensorView& k, const Config& config, const Batch& batch,
                     const Options& options) {
-  if (q.device == Device::cuda) return cuda_plan(q, k, config, batch, options);
-  return cpu_plan(q, k, config, batch, options);
+  Plan result = q.device == Device::cuda ? cuda_plan(q, k, config, batch, options) : cpu_plan(q, k, config, batch, options);
+  result.page_size = batch.block_table.page_size;
+  return result;
 }
 
 void attend_validated(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
@@ -394,7 +425,16 @@ void check_block_table(const BlockTable& table, const SeqLens& cu_k, const Tenso
   }
 }
 
+// A table whose page size is 0 is "no table": one that still has page ids would have its pool read
+// as contiguous K/V without a word.
+void check_table_is_set_or_empty(const BlockTable& table, const char* name) {
+  if (table.page_size == 0 && (table.data != nullptr || table.max_pages_per_sequence != 0))
+    throw Error(std::string(name) + ".page_size", "is 0 (no table) but the table has page ids (data or max_pages_per_sequence set)",
+                "the page size of the table (a multiple of 16), or an empty BlockTable{} for contiguous K/V");
+}
+
 Batch normalize_batch(const Batch& batch, const TensorView& q, const TensorView& k, const TensorView* v) {
+  check_table_is_set_or_empty(batch.block_table, "batch.block_table");
   if (v && v->tokens() != k.tokens())
     throw Error("v", "has " + str(v->tokens()) + " tokens but k has " + str(k.tokens()), "the same token count as k");
   Batch out;
@@ -483,6 +523,15 @@ void check_output_memory(const TensorView& q, const TensorView& k, const TensorV
        {std::pair<const TensorView*, const char*>{&out, "out"}, {&q, "q"}, {&k, "k"}, {&v, "v"}})
     if (views_overlap(lse, *other))
       throw Error("lse", std::string("overlaps ") + other_name + "'s memory", "separate memory for lse");
+  // The two outputs, dense or not: no layout has a reason to interleave them, and strided ones
+  // that did share an element were written wrong without a word. Their spans must be apart.
+  if (lse.device == out.device) {
+    const auto [out_first, out_last] = byte_span(out);
+    const auto [lse_first, lse_last] = byte_span(lse);
+    if (out_first <= lse_last && lse_first <= out_last)
+      throw Error("lse", "lies within the bytes out spans (" + shape_and_strides(out) + ")",
+                  "separate memory for lse, outside out's span");
+  }
 }
 
 void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& plan, const BlockTable& block_table) {
@@ -500,6 +549,10 @@ void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& pla
   if (!(plan.softmax_scale > 0.0) || !std::isfinite(plan.softmax_scale))
     throw Error("plan", "has softmax scale " + std::to_string(plan.softmax_scale), "a finite scale > 0");
   if (plan.sequences.empty()) throw Error("plan", "has no sequences", "one entry per sequence");
+  check_table_is_set_or_empty(block_table, "block_table");
+  if (plan.page_size != 0 && block_table.empty())
+    throw Error("block_table", "is empty but the plan was made over paged K/V (pages of " + str(plan.page_size) + ")",
+                "the block table of the page pool k and v are (a pool read as contiguous K/V gives other keys)");
   // The sequences, as a batch, must be one these tensors (and this table) can hold.
   Batch batch;
   batch.cu_seqlens_q.push_back(0);
@@ -507,6 +560,10 @@ void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& pla
   for (size_t s = 0; s < plan.sequences.size(); ++s) {
     const SequencePlan& sp = plan.sequences[s];
     const std::string which = "sequence " + str(static_cast<int64_t>(s));
+    // Bounded first: the checks below add offsets and counts.
+    if (sp.n_q < 1 || sp.n_q > kMaxTokens || sp.n_k < 1 || sp.n_k > kMaxTokens)
+      throw Error("plan", which + " has " + str(sp.n_q) + " queries and " + str(sp.n_k) + " keys",
+                  "1 to " + str(kMaxTokens) + " of each");
     if (sp.q_offset != batch.cu_seqlens_q.back() || sp.n_q < 1)
       throw Error("plan", which + " has queries [" + str(sp.q_offset) + ", " + str(sp.q_offset + sp.n_q) + ")",
                   "non-empty sequences covering the query rows in order, the next starting at " +
@@ -580,49 +637,55 @@ void check_inputs(const TensorView& q, const TensorView& k, const TensorView* v,
 }
 
 Plan plan(const TensorView& q, const TensorView& k, const Config& config, const Batch& batch, const Options& options) {
-  detail::check_options(options);
-  detail::validate_qkv(q, k, nullptr);
-  detail::check_backend(options, q);
-  config.validate();
-  const Batch normalized = detail::normalize_batch(batch, q, k, nullptr);
-  detail::check_input_values(q, k, nullptr, options, shape_rules::resolve_softmax_scale(config.softmax_scale, q.dim()),
-                             normalized.block_table, normalized.cu_seqlens_k);
-  return detail::plan_validated(q, k, config, normalized, options);
+  return detail::within_memory([&] {
+    detail::check_options(options);
+    detail::validate_qkv(q, k, nullptr);
+    detail::check_backend(options, q);
+    config.validate();
+    const Batch normalized = detail::normalize_batch(batch, q, k, nullptr);
+    detail::check_input_values(q, k, nullptr, options, shape_rules::resolve_softmax_scale(config.softmax_scale, q.dim()),
+                               normalized.block_table, normalized.cu_seqlens_k);
+    return detail::plan_validated(q, k, config, normalized, options);
+  });
 }
 
 void attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
             const TensorView& out, const TensorView& lse, const Options& options, const BlockTable& block_table) {
-  detail::check_options(options);
-  detail::validate_qkv(q, k, &v);
-  detail::check_backend(options, q);
-  detail::validate_outputs(q, out, lse);
-  detail::check_output_memory(q, k, v, out, lse);
-  if (v.tokens() != k.tokens())
-    throw Error("v", "has " + std::to_string(v.tokens()) + " tokens but k has " + std::to_string(k.tokens()),
-                "the same token count as k");
-  detail::validate_plan_for(q, k, plan, block_table);
-  SeqLens cu_k{0};
-  for (const SequencePlan& sp : plan.sequences) cu_k.push_back(sp.kv_offset + sp.n_k);
-  detail::check_input_values(q, k, &v, options, plan.softmax_scale, block_table, cu_k, &out, &lse);
-  detail::attend_validated(q, k, v, plan, block_table, out, lse, options);
+  detail::within_memory([&] {
+    detail::check_options(options);
+    detail::validate_qkv(q, k, &v);
+    detail::check_backend(options, q);
+    detail::validate_outputs(q, out, lse);
+    detail::check_output_memory(q, k, v, out, lse);
+    if (v.tokens() != k.tokens())
+      throw Error("v", "has " + std::to_string(v.tokens()) + " tokens but k has " + std::to_string(k.tokens()),
+                  "the same token count as k");
+    detail::validate_plan_for(q, k, plan, block_table);
+    SeqLens cu_k{0};
+    for (const SequencePlan& sp : plan.sequences) cu_k.push_back(sp.kv_offset + sp.n_k);
+    detail::check_input_values(q, k, &v, options, plan.softmax_scale, block_table, cu_k, &out, &lse);
+    detail::attend_validated(q, k, v, plan, block_table, out, lse, options);
+  });
 }
 
 Plan prefill(const TensorView& q, const TensorView& k, const TensorView& v, const Config& config,
              const TensorView& out, const TensorView& lse, const Batch& batch, const Options& options) {
   // Everything is validated before the (expensive) plan, so a bad output view fails fast.
-  detail::check_options(options);
-  detail::validate_qkv(q, k, &v);
-  detail::check_backend(options, q);
-  detail::validate_outputs(q, out, lse);
-  detail::check_output_memory(q, k, v, out, lse);
-  config.validate();
-  const Batch normalized = detail::normalize_batch(batch, q, k, &v);
-  detail::check_input_values(q, k, &v, options, shape_rules::resolve_softmax_scale(config.softmax_scale, q.dim()),
-                             normalized.block_table, normalized.cu_seqlens_k, &out, &lse);
-  Plan result = detail::plan_validated(q, k, config, normalized, options);
-  detail::validate_plan_for(q, k, result, normalized.block_table);  // cheap; guards the backend's own output
-  detail::attend_validated(q, k, v, result, normalized.block_table, out, lse, options);
-  return result;
+  return detail::within_memory([&] {
+    detail::check_options(options);
+    detail::validate_qkv(q, k, &v);
+    detail::check_backend(options, q);
+    detail::validate_outputs(q, out, lse);
+    detail::check_output_memory(q, k, v, out, lse);
+    config.validate();
+    const Batch normalized = detail::normalize_batch(batch, q, k, &v);
+    detail::check_input_values(q, k, &v, options, shape_rules::resolve_softmax_scale(config.softmax_scale, q.dim()),
+                               normalized.block_table, normalized.cu_seqlens_k, &out, &lse);
+    Plan result = detail::plan_validated(q, k, config, normalized, options);
+    detail::validate_plan_for(q, k, result, normalized.block_table);  // cheap; guards the backend's own output
+    detail::attend_validated(q, k, v, result, normalized.block_table, out, lse, options);
+    return result;
+  });
 }
 
 Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, const Batch& batch, int block_size,
@@ -667,6 +730,7 @@ Plan dense_plan(int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, con
   result.num_kv_heads = num_kv_heads;
   result.head_dim = head_dim;
   result.softmax_scale = shape_rules::resolve_softmax_scale(softmax_scale, head_dim);
+  result.page_size = batch.block_table.page_size;
   try {
     for (SequencePlan& sp : shapes) {
       sp.heads.assign(static_cast<size_t>(num_q_heads), detail::make_dense_head(sp, block_size, 0));

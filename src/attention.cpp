@@ -19,6 +19,7 @@ class CpuPlannedAttention final : public PlannedAttention {
 
   void plan(const TensorView& q, const TensorView& k, const Batch& normalized_batch) override {
     plan_ = cpu_plan(q, k, config_, normalized_batch, options_);
+    plan_.page_size = normalized_batch.block_table.page_size;
     block_table_ = normalized_batch.block_table;
   }
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -68,48 +69,52 @@ Attention::Attention(Attention&&) noexcept = default;
 Attention& Attention::operator=(Attention&&) noexcept = default;
 
 void Attention::plan(const TensorView& q, const TensorView& k, const Batch& batch) {
-  detail::require_state(impl_ != nullptr);
-  detail::validate_qkv(q, k, nullptr);
-  detail::check_backend(impl_->options, q);
-  const Batch normalized = detail::normalize_batch(batch, q, k, nullptr);
-  detail::check_input_values(q, k, nullptr, impl_->options,
-                             shape_rules::resolve_softmax_scale(impl_->config.softmax_scale, q.dim()),
-                             normalized.block_table, normalized.cu_seqlens_k);
-  const Backend backend = q.device == Device::cuda ? Backend::cuda : Backend::cpu;
-  // A backend's state (the CUDA device plan's buffers) is kept while the backend stays the same.
-  if (!impl_->planned || impl_->backend != backend) {
-    impl_->planned.reset();
-    impl_->backend = Backend::automatic;
-    if (backend == Backend::cuda) {
-      impl_->planned = detail::make_cuda_planned_attention(impl_->config, impl_->options);
-    } else {
-      impl_->planned = std::make_unique<detail::CpuPlannedAttention>(impl_->config, impl_->options);
+  detail::within_memory([&] {
+    detail::require_state(impl_ != nullptr);
+    detail::validate_qkv(q, k, nullptr);
+    detail::check_backend(impl_->options, q);
+    const Batch normalized = detail::normalize_batch(batch, q, k, nullptr);
+    detail::check_input_values(q, k, nullptr, impl_->options,
+                               shape_rules::resolve_softmax_scale(impl_->config.softmax_scale, q.dim()),
+                               normalized.block_table, normalized.cu_seqlens_k);
+    const Backend backend = q.device == Device::cuda ? Backend::cuda : Backend::cpu;
+    // A backend's state (the CUDA device plan's buffers) is kept while the backend stays the same.
+    if (!impl_->planned || impl_->backend != backend) {
+      impl_->planned.reset();
+      impl_->backend = Backend::automatic;
+      if (backend == Backend::cuda) {
+        impl_->planned = detail::make_cuda_planned_attention(impl_->config, impl_->options);
+      } else {
+        impl_->planned = std::make_unique<detail::CpuPlannedAttention>(impl_->config, impl_->options);
+      }
     }
-  }
-  impl_->backend = Backend::automatic;  // not planned unless the backend's plan succeeds
-  impl_->planned->plan(q, k, normalized);
-  impl_->batch = normalized;
-  impl_->backend = backend;
+    impl_->backend = Backend::automatic;  // not planned unless the backend's plan succeeds
+    impl_->planned->plan(q, k, normalized);
+    impl_->batch = normalized;
+    impl_->backend = backend;
+  });
 }
 
 void Attention::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                     const TensorView& lse) const {
-  detail::require_plan(planned());
-  detail::validate_qkv(q, k, &v);
-  detail::validate_outputs(q, out, lse);
-  detail::check_output_memory(q, k, v, out, lse);
-  if (v.tokens() != k.tokens())
-    throw Error("v", "has " + std::to_string(v.tokens()) + " tokens but k has " + std::to_string(k.tokens()),
-                "the same token count as k");
-  const Device planned_device = impl_->backend == Backend::cuda ? Device::cuda : Device::cpu;
-  if (q.device != planned_device)
-    throw Error("q", std::string("is on ") + to_string(q.device) + " but the plan was made on " +
-                         to_string(planned_device),
-                "the views of the backend that planned");
-  detail::check_input_values(q, k, &v, impl_->options,
-                             shape_rules::resolve_softmax_scale(impl_->config.softmax_scale, q.dim()),
-                             impl_->batch.block_table, impl_->batch.cu_seqlens_k, &out, &lse);
-  impl_->planned->run(q, k, v, out, lse);
+  detail::within_memory([&] {
+    detail::require_plan(planned());
+    detail::validate_qkv(q, k, &v);
+    detail::validate_outputs(q, out, lse);
+    detail::check_output_memory(q, k, v, out, lse);
+    if (v.tokens() != k.tokens())
+      throw Error("v", "has " + std::to_string(v.tokens()) + " tokens but k has " + std::to_string(k.tokens()),
+                  "the same token count as k");
+    const Device planned_device = impl_->backend == Backend::cuda ? Device::cuda : Device::cpu;
+    if (q.device != planned_device)
+      throw Error("q", std::string("is on ") + to_string(q.device) + " but the plan was made on " +
+                           to_string(planned_device),
+                  "the views of the backend that planned");
+    detail::check_input_values(q, k, &v, impl_->options,
+                               shape_rules::resolve_softmax_scale(impl_->config.softmax_scale, q.dim()),
+                               impl_->batch.block_table, impl_->batch.cu_seqlens_k, &out, &lse);
+    impl_->planned->run(q, k, v, out, lse);
+  });
 }
 
 bool Attention::planned() const { return impl_ && impl_->backend != Backend::automatic; }
@@ -117,7 +122,9 @@ Backend Attention::backend() const { return impl_ ? impl_->backend : Backend::au
 
 Plan Attention::host_plan() const {
   detail::require_plan(planned());
-  return impl_->planned->host_plan();
+  Plan plan = impl_->planned->host_plan();
+  plan.page_size = impl_->batch.block_table.page_size;  // the backends' plans do not carry it
+  return plan;
 }
 
 const Config& Attention::config() const {

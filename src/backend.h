@@ -20,9 +20,12 @@
 //    supported dtype.
 #pragma once
 #include <memory>
+#include <new>
+#include <stdexcept>
 
 #include "crisp/config.h"
 #include "crisp/crisp.h"
+#include "crisp/error.h"
 #include "crisp/plan.h"
 #include "crisp/tensor.h"
 #include "plan/dense_head.h"  // detail::make_dense_head
@@ -147,6 +150,22 @@ void cuda_attend(const TensorView& q, const TensorView& k, const TensorView& v, 
 // A crisp::Attention's CUDA half: a DevicePlan kept while the batch shape stays the same,
 // plan_async / attend_async on options.stream with options.cuda.
 std::unique_ptr<PlannedAttention> make_cuda_planned_attention(const Config& config, const Options& options);
+
+// Runs `work` (a call's planning or attention) with its allocation failures as crisp::Errors: a
+// call whose working memory does not fit (the CPU backend packs the K/V a batch reads, and keeps
+// per-head statistics) reads as every other refused input, not as std::bad_alloc.
+template <typename Work>
+auto within_memory(Work&& work) -> decltype(work()) {
+  try {
+    return work();
+  } catch (const std::bad_alloc&) {
+    throw Error("q", "the call's working memory (its heads, tokens and keys) does not fit in this machine's memory",
+                "fewer heads, tokens or keys per call");
+  } catch (const std::length_error&) {
+    throw Error("q", "the call's working memory (its heads, tokens and keys) exceeds what a vector can hold",
+                "fewer heads, tokens or keys per call");
+  }
+}
 
 }  // namespace detail
 }  // namespace crisp

@@ -306,6 +306,39 @@ TEST(BadInput, OutputMemory) {
   crisp::TensorView lse_expanded = lv;
   lse_expanded.stride[0] = 0;
   expect_error([&] { run(ov, lse_expanded); }, "lse", "lse with head stride 0");
+  // Strides under which two indices meet with no zero stride: results overwrote each other (a probe
+  // found O off by 3 and LSE by 5 with no error).
+  crisp::TensorView folded = ov;
+  folded.stride = {128 * 16, 1, 1};  // token t, dim x and token t + 1, dim x - 1 are one element
+  expect_error([&] { run(folded, lv); }, "out", "out with overlapping strides");
+  crisp::TensorView lse_folded = lv;
+  lse_folded.stride = {1, 1, 1};
+  expect_error([&] { run(ov, lse_folded); }, "lse", "lse with overlapping strides");
+  {
+    // Padded, permuted and negative-stride outputs keep their elements apart: accepted, and equal to
+    // the contiguous run.
+    run(ov, lv);
+    const std::vector<float> want = out;
+    std::vector<float> padded(2 * 128 * 20, -1.0f);
+    crisp::TensorView token_major = ov;  // [T, H, d] memory with rows padded to 20
+    token_major.data = padded.data();
+    token_major.stride = {20, 2 * 20, 1};
+    run(token_major, lv);
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t t = 0; t < 128; ++t)
+        for (int64_t e = 0; e < 16; ++e)
+          ASSERT_EQ(padded[static_cast<size_t>(t * 40 + h * 20 + e)], want[static_cast<size_t>((h * 128 + t) * 16 + e)]);
+  }
+  {
+    // lse inside the padding of a strided out: out's span holds it, so it is refused (it wrote over
+    // out's rows unnoticed when out was not dense).
+    std::vector<float> shared(2 * 128 * 32);
+    crisp::TensorView padded_out = ov;
+    padded_out.data = shared.data();
+    padded_out.stride = {128 * 32, 32, 1};
+    const auto lse_inside = crisp::TensorView::contiguous2d(shared.data(), crisp::DType::f32, 2, 128);
+    expect_error([&] { run(padded_out, lse_inside); }, "lse", "lse within a padded out's span");
+  }
   // out may be q itself: the result equals a run into separate memory.
   run(ov, lv);
   Tensor3 q_copy = x.q;
@@ -352,6 +385,18 @@ TEST(BadInput, StridesAndTableStridesBeyondMemory) {
   q_max.shape[0] = q_max.stride[0] = std::numeric_limits<int64_t>::max();
   crisp::TensorView k_one = x.k.view();
   expect_error([&] { crisp::plan(q_max, k_one, crisp_cfg()); }, "q", "INT64_MAX heads and head stride");
+  // Stride-0 views span no memory whatever their extents: an element count beyond 2^62 is refused
+  // before anything multiplies the extents (it escaped as std::length_error).
+  crisp::TensorView q_wide = x.q.view();
+  q_wide.shape = {int64_t(1) << 40, (int64_t(1) << 31) - 1, 256};
+  q_wide.stride = {0, 0, 0};
+  {
+    const std::string m = crisp_test::error_of([&] { crisp::plan(q_wide, x.k.view(), crisp_cfg()); });
+    EXPECT_NE(m.find("q: has shape [1099511627776, 2147483647, 256], more than 2^62 elements"), std::string::npos) << m;
+  }
+  // TensorView::contiguous of extents whose head stride overflows (UBSan found the multiply).
+  expect_error([&] { crisp::TensorView::contiguous(x.q.data.data(), crisp::DType::f32, 2, int64_t(1) << 62, 4); },
+               "tokens", "contiguous head stride beyond int64");
 
   std::vector<int32_t> table(8, 0);
   crisp::Batch batch({0, 32, 64}, {0, 32, 64});
@@ -706,6 +751,10 @@ TEST(BadInput, BlockTable) {
   t = c.block_table();
   t.device = static_cast<crisp::Device>(7);
   refused(t, "batch.block_table.device", "invalid device");
+  {
+    const std::string m = crisp_test::error_of([&] { crisp::plan(c.q.view(), c.k_pool.view(), crisp_cfg(), crisp::Batch(c.cu_q, c.cu_k, t)); });
+    EXPECT_NE(m.find("is an invalid device"), std::string::npos) << m;  // it read "is cpu but q is on cpu"
+  }
   t = c.block_table();
   t.max_pages_per_sequence = 18;
   refused(t, "batch.block_table.max_pages_per_sequence", "fewer pages than the longest sequence's 19");
@@ -754,7 +803,38 @@ TEST(BadInput, PlanUsedWithTheWrongKeysOrTable) {
     };
   };
   // A paged plan without its table reads the pool as contiguous keys: refused (512 pool rows, 500 keys).
-  expect_error(attend(&paged, &c.k_pool, &c.v_pool, {}), "plan", "paged plan, no table");
+  EXPECT_EQ(paged.page_size, ChunkCall::kPage);
+  EXPECT_EQ(contiguous.page_size, 0);
+  expect_error(attend(&paged, &c.k_pool, &c.v_pool, {}), "block_table", "paged plan, no table");
+  {
+    // ... also where the pool holds as many rows as the batch has keys (it ran as contiguous K/V,
+    // silently wrong): 500 keys over a pool of 512 rows cut to 500 is not a pool, so a batch whose
+    // keys fill the pool exactly: 512 keys.
+    Tensor3 q1 = crisp_test::random_tensor(21, 2, 12, 16);
+    std::vector<int32_t> ids(32);
+    for (int32_t p = 0; p < 32; ++p) ids[static_cast<size_t>(p)] = 31 - p;
+    crisp::BlockTable table;
+    table.data = ids.data();
+    table.max_pages_per_sequence = 32;
+    table.page_size = ChunkCall::kPage;
+    const crisp::Plan full = crisp::plan(q1.view(), c.k_pool.view(), crisp_cfg(), crisp::Batch({0, 12}, {0, 512}, table));
+    std::vector<float> out1(2 * 12 * 16), lse1(2 * 12);
+    expect_error([&] {
+      crisp::attend(q1.view(), c.k_pool.view(), c.v_pool.view(), full,
+                    crisp::TensorView::contiguous(out1.data(), crisp::DType::f32, 2, 12, 16),
+                    crisp::TensorView::contiguous2d(lse1.data(), crisp::DType::f32, 2, 12));
+    }, "block_table", "paged plan, no table, pool rows = keys");
+    // The Attention object's host plan carries the page size too.
+    crisp::Attention attention(crisp_cfg());
+    attention.plan(q1.view(), c.k_pool.view(), crisp::Batch({0, 12}, {0, 512}, table));
+    EXPECT_EQ(attention.host_plan().page_size, ChunkCall::kPage);
+  }
+  // A table with page ids but page size 0 ("no table") read the pool as contiguous keys.
+  crisp::BlockTable zero_page = c.block_table();
+  zero_page.page_size = 0;
+  c.expect_refused(crisp::Batch(c.cu_q, c.cu_k, zero_page), c.k_pool, c.v_pool, "batch.block_table.page_size",
+                   "page ids with page size 0");
+  expect_error(attend(&contiguous, &c.k, &c.v, zero_page), "block_table.page_size", "attend: page ids with page size 0");
   // A contiguous plan on a pool too small for its keys' pages.
   crisp::BlockTable small = c.block_table();
   small.max_pages_per_sequence = 18;
@@ -770,6 +850,10 @@ TEST(BadInput, PlanUsedWithTheWrongKeysOrTable) {
   tampered = contiguous;
   tampered.sequences[1].n_q = 63;
   expect_error(attend(&tampered, &c.k, &c.v, {}), "plan", "query counts that do not cover q");
+  // Counts beyond any call's: refused before they are added (this overflowed int64 in the checks).
+  tampered = contiguous;
+  tampered.sequences[0].n_q = tampered.sequences[0].n_k = std::numeric_limits<int64_t>::max();
+  expect_error(attend(&tampered, &c.k, &c.v, {}), "plan", "n_q = n_k = INT64_MAX");
   // Attention::run with keys other than the planned pool's.
   crisp::Attention attention(crisp_cfg());
   attention.plan(c.q.view(), c.k_pool.view(), c.paged());

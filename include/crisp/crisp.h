@@ -44,10 +44,14 @@ void check_inputs(const TensorView& q, const TensorView& k, const TensorView* v 
 // Block-sparse causal attention following `plan` (§6, §11).
 //   out: [Hq, q_tokens, d] f32/f16/bf16/f64; lse: [Hq, q_tokens] f32 or f64 (natural log).
 //   block_table: the paged K/V of the planned batch (the same table, or one mapping the same
-//   positions to the same keys); empty for contiguous K/V.
-//   out may be q itself; otherwise out and lse share no memory with q, k, v or each other (refused
-//   where both views are dense), and neither is an expanded view (stride 0 over an extent > 1).
+//   positions to the same keys); empty for contiguous K/V, and required for a plan made over
+//   paged K/V (Plan::page_size > 0).
+//   out may be q itself; otherwise out and lse share no memory with q, k, v (refused where both
+//   views are dense) or each other (their byte spans must be apart), and each gives every index
+//   its own element (no stride 0 over an extent > 1; each stride larger than the farthest offset
+//   of the smaller ones, as in a dense, padded or permuted tensor).
 //   On the CPU, results beyond out's or lse's dtype (e.g. v above 65504 into an f16 out) are refused.
+//   A call whose working memory does not fit is refused as a crisp::Error too.
 // Every element of out and lse is written.
 void attend(const TensorView& q, const TensorView& k, const TensorView& v, const Plan& plan,
             const TensorView& out, const TensorView& lse, const Options& options = {},

@@ -47,6 +47,9 @@ struct Plan {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   double softmax_scale = 0.0;  // the resolved scale
+  // The page size of the paged K/V the plan was made over (0: contiguous K/V). attend refuses such
+  // a plan without a block table: the page pool read as contiguous K/V would be other keys.
+  int64_t page_size = 0;
   std::vector<SequencePlan> sequences;
 
   // Mean density over (sequence, head), weighted by each one's causal block count.

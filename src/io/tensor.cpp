@@ -53,7 +53,11 @@ TensorView TensorView::contiguous(void* data, DType dtype, int64_t heads, int64_
   v.device = device;
   v.rank = 3;
   v.shape = {heads, tokens, dim};
-  v.stride = {tokens * dim, dim, 1};
+  int64_t head_stride = 0;
+  if (__builtin_mul_overflow(tokens, dim, &head_stride))
+    throw Error("tokens", "times dim (" + std::to_string(tokens) + " x " + std::to_string(dim) + ") overflows int64",
+                "a head of fewer than 2^63 elements");
+  v.stride = {head_stride, dim, 1};
   return v;
 }
 
