@@ -98,6 +98,7 @@ class Plan:
     sequences: List[SequencePlan]
     native: "_C.Plan" = field(repr=False, default=None)
     device: str = "cpu"  # where it was planned ("cpu", "cuda:0", ...)
+    page_size: int = 0  # the page size of the paged K/V it was planned over (0: contiguous K/V)
 
     @classmethod
     def from_native(cls, native: "_C.Plan", device: str = "cpu") -> "Plan":
@@ -137,6 +138,7 @@ class Plan:
             sequences=sequences,
             native=native,
             device=str(device),
+            page_size=int(native.page_size),
         )
 
     @property

@@ -10,9 +10,12 @@ crisp/options.h): ``backend`` "cpu" / "cuda"; ``kernel`` "portable" / "hopper"; 
 ``schedule`` "persistent" / "grid", ``ping_pong`` "on" / "off", ``gqa_packing`` "separate" / "pack".
 CUDA tensors are planned and run on the torch stream current at ``plan()`` (the device plan lives
 in memory the library allocates once per batch shape); ``run`` must be called on that stream.
+An object runs one call at a time (a lock serialises plan / run / host_plan from several threads);
+``run`` refuses caches of another page size (or row length) than the plan's.
 """
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 from . import _C
@@ -35,6 +38,10 @@ class Attention:
         self._run_key = None  # (device, stream, precision) the native object was made for
         self._call = None  # the planned call's layout and sequences (its block table kept alive for run())
         self._split = None  # the planned (cu_seqlens_q, cu_seqlens_k), spelled out
+        self._page_size = 0  # the planned K/V's page size (a contiguous cache_seqlens cache: its row length)
+        # plan() and run() release the GIL in the library: one call at a time on an object, so a plan
+        # cannot change under a run in another thread (that gave wrong outputs without an error).
+        self._lock = threading.Lock()
 
     @staticmethod
     def _key(q):
@@ -55,18 +62,24 @@ class Attention:
         call = _resolve_call(q, k, k, layout, cu_seqlens, cu_seqlens_q, cu_seqlens_k, block_table, cache_seqlens)
         prep = _Prepared(q, k, k, call)
         key = self._key(q)
-        if self._native is None or key != self._run_key:
-            self._native = _C.Attention(self._config, **self._choices, num_threads=_num_threads(q),
-                                        precision=key[2], stream=key[1])
-            self._run_key = key
-        with self._device_scope(q):
-            self._native.plan(prep.q_view, prep.k_view, prep.cu_q, prep.cu_k, prep.table)
-        self._call, self._split = call, _split(prep)
+        with self._lock:
+            if self._native is None or key != self._run_key:
+                self._native = _C.Attention(self._config, **self._choices, num_threads=_num_threads(q),
+                                            precision=key[2], stream=key[1])
+                self._run_key = key
+            with self._device_scope(q):
+                self._native.plan(prep.q_view, prep.k_view, prep.cu_q, prep.cu_k, prep.table)
+            self._call, self._split = call, _split(prep)
+            self._page_size = prep.table.page_size
 
     def run(self, q, k, v, *, layout: Optional[str] = None, causal=True):
         """Attention of q/k/v following the last plan; returns ``(out, lse)`` as crisp.prefill.
         k, v: as planned (paged caches when planned with a block table, read through that table).
         No backward: inputs that require grad are refused while grad mode is on."""
+        with self._lock:
+            return self._run(q, k, v, layout, causal)
+
+    def _run(self, q, k, v, layout: Optional[str], causal):
         if self._native is None or not self._native.planned:
             raise _C.Error("plan: has not been made (Attention.run before Attention.plan); expected plan(q, k) first")
         _check_causal(causal)
@@ -80,6 +93,12 @@ class Attention:
         prep = _Prepared(q, k, v, call)
         # A batched run's sequences come from its shapes: the plan's must be those (not only its totals).
         _check_planned_sequences(self._split, _split(prep), "q, k")
+        # The planned table reads pages of the planned size: a cache of other pages (or rows) would be
+        # read at the wrong rows with no error.
+        if prep.table.page_size != self._page_size:
+            what = "row length" if call.rows_as_pages else "page size"
+            raise ValueError(f"k: {what} {prep.table.page_size} differs from the plan's {self._page_size}; expected "
+                             f"the cache geometry plan() saw")
         if self._key(q) != self._run_key:
             raise _C.Error(f"q: device/stream/precision {self._key(q)} differ from the plan's {self._run_key}; "
                            "expected the device, current stream and dtype class of plan()")
@@ -92,9 +111,10 @@ class Attention:
 
     def host_plan(self) -> Plan:
         """The last plan as a crisp.Plan (CUDA: copied back, synchronising the stream)."""
-        if self._native is None:
-            raise _C.Error("plan: has not been made (Attention.host_plan before Attention.plan); expected plan(q, k) first")
-        return Plan.from_native(self._native.host_plan(), device=self._run_key[0])
+        with self._lock:
+            if self._native is None:
+                raise _C.Error("plan: has not been made (Attention.host_plan before Attention.plan); expected plan(q, k) first")
+            return Plan.from_native(self._native.host_plan(), device=self._run_key[0])
 
     @property
     def backend(self) -> str:

@@ -60,7 +60,12 @@ def settings_from_params(params: Dict[str, Any]) -> List[str]:
         if not isinstance(key, str) or not key.isascii() or not key.isidentifier():
             raise ValueError(f"{key!r}: not a parameter name; expected a plain identifier (letters, digits, '_'), "
                              "one of crisp.parameter_names()")
+        if key in ("out", "lse"):
+            raise TypeError(f"{key}: output buffers are not taken; crisp returns (out, lse) as new tensors")
         if value is None:
+            # None keeps the preset's value, of a name the library has (a misspelt one is not ignored).
+            if key not in _C.Config.parameter_names():
+                raise ValueError(f"{key}: not a parameter name; expected one of crisp.parameter_names()")
             continue
         if isinstance(value, bool):
             raise TypeError(f"{key}: got a bool ({value!r}); expected a number or a name")
@@ -257,14 +262,28 @@ def _take_foreign_keywords(params: Dict[str, Any], causal):
         if causal is not True:  # causal given (True is its default): two answers to one question
             raise ValueError(f"causal, is_causal: both given (causal={causal!r}, is_causal={is_causal!r}); "
                              "expected one of them")
+        if is_causal is not True:  # named as the caller spelt it
+            if is_causal is False:
+                raise ValueError("is_causal: False is not supported; crisp computes causal attention only "
+                                 "(expected is_causal=True)")
+            raise TypeError(f"is_causal: got {type(is_causal).__name__} {is_causal!r}; expected True")
         causal = is_causal
     if "scale" in params:  # SDPA's spelling of softmax_scale
         if params.get("softmax_scale") is not None:
             raise ValueError("scale, softmax_scale: both given; expected one of them")
-        params["softmax_scale"] = params.pop("scale")
-    if params.pop("enable_gqa", True) is not True:
-        raise ValueError("enable_gqa: False; expected True (crisp always reads k/v with fewer heads as GQA)")
-    params.pop("deterministic", None)  # crisp's results do not depend on scheduling
+        scale = params.pop("scale")
+        # SDPA's scale=0.0 is a zero scale (uniform weights); crisp's softmax_scale=0 means 1/sqrt(d).
+        if scale is not None and not isinstance(scale, bool) and isinstance(scale, (int, float, np.integer, np.floating)) \
+                and scale == 0:
+            raise ValueError("scale: 0 (SDPA's zero scale, uniform weights) is not supported; expected a scale > 0, "
+                             "or None for 1/sqrt(d)")
+        params["softmax_scale"] = scale
+    enable_gqa = params.pop("enable_gqa", True)
+    if enable_gqa is not True:
+        raise ValueError(f"enable_gqa: {enable_gqa!r}; expected True (crisp always reads k/v with fewer heads as GQA)")
+    deterministic = params.pop("deterministic", None)  # crisp's results do not depend on scheduling
+    if deterministic is not None and not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic: got {type(deterministic).__name__} {deterministic!r}; expected a bool")
     for name in ("max_seqlen_q", "max_seqlen_k"):  # flash-attn needs them; crisp reads cu_seqlens
         value = params.pop(name, None)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
@@ -967,10 +986,16 @@ def attend(q, k, v, plan: Plan, *, layout: Optional[str] = None, causal=True, bl
     take the plan's ``cu_seqlens`` / ``cu_seqlens_k``; paged K/V takes its ``block_table`` again
     (the plan's key counts; ``cache_seqlens``, if given, must equal them). No backward: inputs that
     require grad are refused while grad mode is on."""
-    if not isinstance(plan, Plan):
+    if isinstance(plan, _C.Plan):
+        raise TypeError("plan: got the native crisp._C.Plan; expected the crisp.Plan that holds it (crisp.plan's "
+                        "result, not its .native)")
+    if not isinstance(plan, Plan) or not isinstance(plan.native, _C.Plan):
         raise TypeError(f"plan: got {type(plan).__name__}; expected a crisp.Plan (from crisp.plan)")
     _check_causal(causal)
     _check_no_grad("attend", q, k, v)
+    if plan.page_size and block_table is None and cache_seqlens is None:
+        raise ValueError(f"block_table: not given, but the plan was made over paged K/V (pages of {plan.page_size}); "
+                         "expected the block table (or the cache_seqlens) it was planned with")
     varlen = getattr(q, "ndim", 0) == 3
     cu_k = plan.cu_seqlens_k if (varlen or block_table is not None) and cache_seqlens is None else None
     call = _resolve_call(q, k, v, layout, cu_seqlens=plan.cu_seqlens if varlen else None, cu_seqlens_k=cu_k,

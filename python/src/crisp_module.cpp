@@ -254,6 +254,7 @@ NB_MODULE(_C, m) {
       .def_ro("num_kv_heads", &crisp::Plan::num_kv_heads)
       .def_ro("head_dim", &crisp::Plan::head_dim)
       .def_ro("softmax_scale", &crisp::Plan::softmax_scale)
+      .def_ro("page_size", &crisp::Plan::page_size)
       .def_prop_ro("num_sequences", [](const crisp::Plan& p) { return p.sequences.size(); })
       .def("density", &crisp::Plan::density)
       .def("vs_share", &crisp::Plan::vs_share)

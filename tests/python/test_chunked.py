@@ -243,6 +243,52 @@ def test_bool_page_ids_are_refused():
                             TypeError, ["block_table", "torch.bool", "torch.int32"])
 
 
+def test_attention_run_refuses_another_cache_geometry():
+    """Attention.run reads the planned table's pages: a cache of another page size (or, for a
+    contiguous cache_seqlens cache, another row length) whose token count fits was read at the
+    wrong rows with no error."""
+    q, k, v, cu_q, cu_k = sequences([(10, 64), (10, 64)], seed=29)
+    k16, v16, table16 = paged(k, v, cu_k, page_size=16, seed=3)
+    k32, v32, table32 = paged(k, v, cu_k, page_size=32, seed=3)
+    attention = crisp.Attention("dense")
+    attention.plan(q, k16, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, block_table=table16)
+    attention.run(q, k16, v16)
+    expect_error_naming(lambda: attention.run(q, k32, v32), ValueError, ["k: page size 32", "plan's 16"])
+    rng = np.random.default_rng(31)
+    qb = randn(rng, 2, 10, 4, 16)
+    rows = crisp.Attention("dense")
+    rows.plan(qb, randn(rng, 2, 64, 2, 16), layout="bshd", cache_seqlens=50)
+    expect_error_naming(lambda: rows.run(qb, randn(rng, 2, 96, 2, 16), randn(rng, 2, 96, 2, 16), layout="bshd"),
+                        ValueError, ["k: row length 96", "plan's 64"])
+
+
+def test_attend_of_a_paged_plan_needs_its_table():
+    q, k, v, cu_q, cu_k = sequences([(10, 64)], seed=37)
+    k_cache, v_cache, table = paged(k, v, cu_k, page_size=16)
+    p = crisp.plan(q, k_cache, policy="dense", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, block_table=table)
+    assert p.page_size == 16
+    assert crisp.plan(q, k, policy="dense", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k).page_size == 0
+    expect_error_naming(lambda: crisp.attend(q, k_cache, v_cache, p), ValueError,
+                        ["block_table: not given", "pages of 16"])
+    expect_error_naming(lambda: crisp.attend(q, k_cache, v_cache, p.native, block_table=table), TypeError,
+                        ["plan: got the native", "crisp.Plan"])
+
+
+def test_keywords_named_as_given():
+    """Keywords ported from SDPA / flash-attn: refused under the caller's spelling, with the value
+    given; output buffers and misspelt names are not silently ignored."""
+    q, k, v, cu_q, _ = sequences([(64, 64)], seed=41)
+    call = lambda **kw: crisp.prefill(q, k, v, policy="dense", cu_seqlens=cu_q, **kw)  # noqa: E731
+    expect_error_naming(lambda: call(out=np.empty_like(q)), TypeError, ["out: output buffers are not taken"])
+    expect_error_naming(lambda: call(lse=None), TypeError, ["lse: output buffers are not taken"])
+    expect_error_naming(lambda: call(softmax_scal=None), ValueError, ["softmax_scal: not a parameter name"])
+    expect_error_naming(lambda: call(is_causal=False), ValueError, ["is_causal: False is not supported"])
+    expect_error_naming(lambda: call(scale=0.0), ValueError, ["scale: 0", "None for 1/sqrt(d)"])
+    expect_error_naming(lambda: call(enable_gqa=1), ValueError, ["enable_gqa: 1;"])
+    expect_error_naming(lambda: call(deterministic="yes"), TypeError, ["deterministic: got str"])
+    call(softmax_scale=None, deterministic=True, scale=None)  # the neutral values still run
+
+
 def expect_error_naming(call, exc, words):
     """call() raises exc whose message holds every one of words."""
     with pytest.raises(exc) as info:
