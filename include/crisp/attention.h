@@ -12,6 +12,9 @@
 // options.stream without synchronising the host. The free functions crisp::plan / attend /
 // prefill (crisp/crisp.h) and crisp::cuda::plan_async / attend_async (crisp/cuda.h) remain for
 // callers who hold a plan themselves.
+// Threads: const calls (run, host_plan, ...) may run concurrently; plan() must not overlap any
+// other call on the same object (it replaces the plan those read), as for a standard container.
+// The Python wrapper (crisp.Attention) serialises its calls with a lock.
 #pragma once
 #include <memory>
 
