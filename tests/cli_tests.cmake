@@ -125,6 +125,42 @@ rc=$?; echo "$out"; echo "rc=$rc"]=]
     PASS_REGULAR_EXPRESSION "crisp: error: --${option}: is an empty path[^\n]*\nrc=2")
 endforeach()
 
+# eval niah --score: records of their kind (a density of 2.5 was averaged into the table, one id's
+# lines of different tasks were scored against each other).
+file(WRITE "${CLI_DIR}/score_density.jsonl"
+  [=[{"id": "a", "policy": "dense", "output": "7", "task": "passkey", "expected": "7", "length": 1024}
+{"id": "a", "policy": "crisp", "output": "7", "task": "passkey", "expected": "7", "length": 1024, "density": 2.5}
+]=])
+crisp_cli_test(score_density_range ARGS "eval|niah|--score|${CLI_DIR}/score_density.jsonl"
+  STDERR "${ERR}--score: [^ ]*score_density.jsonl:2 has density 2.5; expected density in \\[0, 1\\]")
+file(WRITE "${CLI_DIR}/score_task.jsonl"
+  [=[{"id": "a", "policy": "dense", "output": "7", "task": "passkey", "expected": "7", "length": 1024}
+{"id": "a", "policy": "crisp", "output": "7", "task": "niah_single", "expected": "7", "length": 1024}
+]=])
+crisp_cli_test(score_one_task_per_id ARGS "eval|niah|--score|${CLI_DIR}/score_task.jsonl"
+  STDERR "${ERR}--score: [^ ]*score_task.jsonl:2 gives sample 'a' task niah_single, length 1024 where an earlier line gave passkey")
+file(WRITE "${CLI_DIR}/score_ok.jsonl"
+  [=[{"id": "a", "policy": "dense", "output": "7", "task": "passkey", "expected": "7", "length": 1024}
+{"id": "a", "policy": "crisp", "output": "7", "task": "passkey", "expected": "7", "length": 1024, "density": 0.25, "ttft_s": 0.5}
+]=])
+crisp_cli_test(score_ok ARGS "eval|niah|--score|${CLI_DIR}/score_ok.jsonl" RC 0 STDOUT "crisp")
+
+# A directory where a JSON input is read: named (it was "internal error: basic_filebuf::underflow").
+crisp_cli_test(json_input_is_a_directory
+  ARGS "eval|pareto|--threads|1|--quiet|--structured|--lengths|512|--sweep|crisp:alpha=1|--json|${CLI_DIR}/x.json|--sweep-file|${CLI_DIR}"
+  STDERR "${ERR}--sweep-file: '[^']*' is a directory")
+# A sweep of more points than any frontier, refused before it fills memory (10^8 points grew to 15 GB).
+file(WRITE "${CLI_DIR}/big_sweep.json" [=[[{"policy": "crisp", "knobs": {"alpha": [1,2,3,4,5,6,7,8,9,10,11],
+  "rho": [1,2,3,4,5,6,7,8,9,10], "tau_proxy": [0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,0.95],
+  "min_budget": [1,2,3,4,5,6,7,8,9,10], "max_budget": [100,200,300,400,500,600,700,800,900,1000]}}]]=])
+crisp_cli_test(sweep_too_large
+  ARGS "eval|pareto|--threads|1|--quiet|--structured|--lengths|512|--json|${CLI_DIR}/big.json|--sweep-file|${CLI_DIR}/big_sweep.json"
+  STDERR "${ERR}--sweep-file: sweeps 110000 points; expected at most 100000")
+# A failed write of the table on standard output is a failure (it exited 0).
+add_test(NAME cli.stdout_full COMMAND sh -c [=["$0" demo --seq 64 --threads 1 --quiet > /dev/full 2>&1; echo "rc=$?"]=]
+  "$<TARGET_FILE:crisp_cli>")
+set_tests_properties(cli.stdout_full PROPERTIES LABELS "cpu" PASS_REGULAR_EXPRESSION "rc=2")
+
 # ---------------------------------------------------------------- happy path (small workload)
 set(GEN_A "${CLI_DIR}/gen_a")  # n = 640 (5 blocks of 128, 10 of 64), 8/2 heads, d = 64
 set(GEN_B "${CLI_DIR}/gen_b")  # n = 384: a different length, for the shape checks
@@ -216,7 +252,23 @@ crisp_cli_test(negative_seed.pareto
   STDERR "${ERR}--seed: '-1' is not a non-negative integer")
 crisp_cli_test(negative_seed.bench ARGS "bench|--seed|-1" STDERR "${ERR}--seed: '-1' is not a non-negative integer")
 crisp_cli_test(seed_too_large.gen ARGS "gen|--seed|18446744073709551616|--out-dir|${CLI_DIR}/seed"
-  STDERR "${ERR}--seed: '18446744073709551616' is not a non-negative integer")
+  STDERR "${ERR}--seed: '18446744073709551616' is out of range \\(beyond 2\\^64 - 1\\)")
+# Numbers are decimal with leading zeros read as such (CLI11 alone read '010' as octal eight: the
+# zero-stripping was attached as a check, whose changes CLI11 discards), and integers beyond 64 bits
+# are refused (CLI11 clamped them to 2^63 - 1).
+crisp_cli_test(leading_zeros.demo ARGS "demo|--seq|0600|--threads|010|--quiet" RC 0
+  STDOUT "n = 600, Hq = 8.*backend cpu \\(10 threads")
+crisp_cli_test(too_large.bench ARGS "bench|--heads|2|--kv-heads|1|--seq|18446744073709551616"
+  STDERR "${ERR}--seq: '18446744073709551616' is out of range \\(beyond 64-bit integers\\)")
+crisp_cli_test(too_large.float ARGS "bench|--densities|1e400" STDERR "${ERR}--densities: '1e400' is out of range")
+# bench: an option the chosen run does not read is refused, not dropped; lengths hold the workload.
+crisp_cli_test(bench.gpus_with_chunks ARGS "bench|--gpus|2|--chunks|1024"
+  STDERR "${ERR}--gpus: 2 is given with --chunks")
+crisp_cli_test(bench.partition_one_gpu ARGS "bench|--partition|zigzag" STDERR "${ERR}--partition: is given without --gpus above 1")
+crisp_cli_test(bench.densities_with_chunks ARGS "bench|--chunks|1024|--densities|0.1"
+  STDERR "${ERR}--densities: is given with --chunks")
+crisp_cli_test(bench.seq_below_needles ARGS "bench|--seq|4" STDERR "${ERR}--seq: has 4; expected lengths of more than the 4")
+crisp_cli_test(bench.seq_short_message ARGS "bench|--seq|0" STDERR "${ERR}--seq: '0' is not a positive integer \\(see")
 crisp_cli_test(seed_wraps.pareto
   ARGS "eval|pareto|--structured|--seed|18446744073709551615|--seeds|2|--sweep|crisp:alpha=1|--lengths|64|--json|${CLI_DIR}/seed_wrap.json"
   STDERR "${ERR}--seed: 18446744073709551615 with --seeds 2 runs past the largest seed")

@@ -17,6 +17,7 @@
 #include "crisp/npy.h"
 #include "crisp/workload.h"
 #include "eval/frontier.h"
+#include "eval/json_file.h"
 #include "eval/splits.h"
 #include "eval/sweep.h"
 #include "test_util.h"
@@ -276,6 +277,37 @@ TEST(Frontier, CapturesModeResumesAndMeasures) {
   EXPECT_EQ(WEXITSTATUS(std::system(bad.c_str())), 2);
   EXPECT_NE(read_all(dir / "bad.log").find("--sweep"), std::string::npos) << read_all(dir / "bad.log");
   EXPECT_NE(read_all(dir / "bad.log").find("alpah"), std::string::npos) << read_all(dir / "bad.log");
+}
+
+// A capture's meta.json is checked entry by entry (a float layer ran as its integer part, a layer
+// beyond int64 was recorded as -2^63, a repeated layer ran twice), and a --json inside a capture
+// directory is refused (eval fidelity overwrote meta.json and the .npy files with its JSON).
+TEST(Frontier, CaptureEntriesAndOutputsOutsideTheCapture) {
+  if (!std::filesystem::exists(CRISP_CLI_PATH)) GTEST_SKIP() << "crisp CLI not built";
+  const std::filesystem::path dir = crisp_test::temp_dir();
+  const std::filesystem::path capture = write_capture(dir / "capture_checks");
+  const nlohmann::json good = read_json(capture / "meta.json");
+  for (const auto& [layer, part] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {1.5, "has layer 1.5"}, {-1, "has layer -1"}, {nlohmann::json::parse("1180591620717411303424"), "has layer"},
+           {0, "lists layer 0 again"}}) {
+    nlohmann::json meta = good;
+    meta["files"][1]["layer"] = layer;
+    std::ofstream(capture / "meta.json") << meta.dump();
+    const std::string message = error_of([&] { ce::read_capture(capture.string(), "--captures"); });
+    EXPECT_EQ(message.rfind("--captures: ", 0), 0u) << message;
+    EXPECT_NE(message.find(part), std::string::npos) << layer.dump() << " -> " << message;
+  }
+  std::ofstream(capture / "meta.json") << good.dump();
+  EXPECT_EQ(ce::read_capture(capture.string(), "--captures").layers.size(), 2u);
+  for (const std::string command : {"eval fidelity --threads 1 --quiet", "eval pareto --threads 1 --quiet --sweep crisp"}) {
+    const std::string inside = (capture / "meta.json").string();
+    const std::string cmd = std::string(CRISP_CLI_PATH) + " " + command + " --captures " + capture.string() + " --json " +
+                            inside + " > " + (dir / "inside.log").string() + " 2>&1";
+    EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2) << cmd;
+    const std::string log = read_all(dir / "inside.log");
+    EXPECT_NE(log.find("--json: '" + inside + "' lies in the --captures directory"), std::string::npos) << log;
+    EXPECT_EQ(read_json(capture / "meta.json"), good) << "the capture's meta.json was overwritten";
+  }
 }
 #endif
 

@@ -10,7 +10,6 @@
 #include "input_checks.h"
 #include "io_util.h"
 #include "plan_json.h"
-#include "validators.h"
 
 namespace {
 
@@ -129,25 +128,19 @@ void register_attend_command(CLI::App& app) {
       "Plan and run block-sparse causal attention on one sequence (.npy in, .npy out); with n_q < n_k the "
       "queries are the last n_q positions (a chunk over a KV prefix, bottom-right causal)");
   sub->add_option("--q", args->q_path, "Queries, .npy float32/float16/float64 [Hq, n_q, d]")
-      ->required()
-      ->check(crisp_cli::kNonEmptyPath);
+      ->required();
   sub->add_option("--k", args->k_path, "Keys, .npy float32/float16/float64 [Hkv, n_k, d], n_k >= n_q")
-      ->required()
-      ->check(crisp_cli::kNonEmptyPath);
+      ->required();
   sub->add_option("--v", args->v_path, "Values, .npy float32/float16/float64 [Hkv, n_k, d]")
-      ->required()
-      ->check(crisp_cli::kNonEmptyPath);
+      ->required();
   sub->add_option("--out", args->out_path,
                   "Output O, .npy [Hq, n_q, d], float32 (float64 with --precision f64; a file, not standard output)")
-      ->required()
-      ->check(crisp_cli::kNonEmptyPath);
+      ->required();
   sub->add_option("--lse", args->lse_path,
                   "Output LSE (natural log), .npy [Hq, n_q], float32 (float64 with --precision f64; a file, not "
                   "standard output)")
-      ->required()
-      ->check(crisp_cli::kNonEmptyPath);
-  sub->add_option("--json", args->json_path, "Also write the plan that was run as JSON ('-': standard output, the summary then on stderr)")
-      ->check(crisp_cli::kNonEmptyPath);
+      ->required();
+  sub->add_option("--json", args->json_path, "Also write the plan that was run as JSON ('-': standard output, the summary then on stderr)");
   crisp_cli::add_policy_options(*sub, args->policy);
   sub->callback([args] { run_attend(*args); });
 }

@@ -325,11 +325,50 @@ void run_bench(const BenchArgs& a) {
 
 const crisp::CudaOptions& bench_kernel_options(const std::string& kernel) { return kernel_options(kernel); }
 
+namespace {
+
+// Options whose presence (not value) the checks below read.
+struct BenchOptionsGiven {
+  const CLI::Option* densities;
+  const CLI::Option* quarter_heads_from;
+  const CLI::Option* diffuse_share;
+  const CLI::Option* kernels;
+  const CLI::Option* partition;
+};
+
+// One run is chunked (--chunks), context-parallel (--gpus > 1) or the plain one: an option that the
+// chosen run does not read is refused, not dropped without a word; and every --seq must hold the
+// structured workload (more positions than its planted needles).
+void check_option_combinations(const BenchArgs& args, const BenchOptionsGiven& given) {
+  const int64_t needles = crisp::WorkloadSpec{}.needles;
+  for (const int64_t n : args.seq)
+    if (n <= needles)
+      throw crisp::Error("--seq", "has " + std::to_string(n),
+                         "lengths of more than the " + std::to_string(needles) + " planted needles of the workload");
+  const bool chunked = !args.chunks.empty(), parallel = args.gpus > 1;
+  if (chunked && parallel)
+    throw crisp::Error("--gpus", std::to_string(args.gpus) + " is given with --chunks",
+                       "one of them (the chunked bench runs on one GPU)");
+  if (given.partition->count() > 0 && !parallel)
+    throw crisp::Error("--partition", "is given without --gpus above 1", "--gpus 2 or more (the partitions it compares)");
+  if (given.densities->count() > 0 && (chunked || parallel))
+    throw crisp::Error("--densities", std::string("is given with ") + (chunked ? "--chunks" : "--gpus above 1"),
+                       "random layouts only in the plain bench (no --chunks, one GPU)");
+  if (given.quarter_heads_from->count() > 0 && chunked)
+    throw crisp::Error("--quarter-heads-from", "is given with --chunks",
+                       "no --quarter-heads-from (the chunked bench runs every length with all heads)");
+  if (parallel && (given.kernels->count() > 0 || given.diffuse_share->count() > 0))
+    throw crisp::Error(given.kernels->count() > 0 ? "--kernels" : "--diffuse-share", "is given with --gpus above 1",
+                       "the one-GPU bench (the context-parallel bench runs its own kernel choice and workload)");
+}
+
+}  // namespace
+
 void register_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* sub = app.add_subcommand(
       "bench", "GPU benchmark: plan and attention time, density, effective TFLOP/s, speedup over dense, recall");
-  sub->add_option("--seq", args->seq, "Sequence lengths (comma separated)")->delimiter(',')->check(CLI::PositiveNumber);
+  sub->add_option("--seq", args->seq, "Sequence lengths (comma separated)")->delimiter(',')->check(crisp_cli::kPositiveInteger);
   sub->add_option("--presets", args->presets,
                   "Presets to run (comma separated), each PRESET or PRESET:key=value[:key=value...] (e.g. "
                   "crisp:proxy_last_rows=16); dense is the baseline")
@@ -345,11 +384,11 @@ void register_bench_command(CLI::App& app) {
             return "";
           },
           "PRESET[:key=value...]"));
-  sub->add_option("--densities", args->densities, "Random block layouts at these densities (comma separated)")
+  CLI::Option* densities_option = sub->add_option("--densities", args->densities, "Random block layouts at these densities (comma separated)")
       ->delimiter(',')
       ->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--heads", args->heads, "Query heads")->check(CLI::PositiveNumber);
-  sub->add_option("--kv-heads", args->kv_heads, "Key/value heads (divides --heads)")->check(CLI::PositiveNumber);
+  sub->add_option("--heads", args->heads, "Query heads")->check(crisp_cli::kPositiveInteger);
+  sub->add_option("--kv-heads", args->kv_heads, "Key/value heads (divides --heads)")->check(crisp_cli::kPositiveInteger);
   sub->add_option("--dim", args->dim, std::string("Head dimension (") + crisp::shape_rules::kCudaHeadDimExpected + ")")
       ->check(CLI::Validator(
           [](std::string& input) -> std::string {
@@ -364,7 +403,7 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--block", args->block, "Block size (64 or 128)")->check(CLI::IsMember({64, 128}));
   sub->add_option("--reps", args->reps, "Timed runs per measurement (median reported)")->check(CLI::Range(1, 1000));
   sub->add_option("--warmup", args->warmup, "Untimed runs before timing")->check(CLI::Range(0, 100));
-  sub->add_option("--quarter-heads-from", args->quarter_heads_from,
+  CLI::Option* quarter_option = sub->add_option("--quarter-heads-from", args->quarter_heads_from,
                   "Use a quarter of the heads from this sequence length on (memory / generation time); the "
                   "quartered --heads / --kv-heads (kv at least 1) must stay >= 1 and a multiple")
       ->capture_default_str()
@@ -372,14 +411,14 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--seed", args->seed, "Workload seed")
       ->capture_default_str()
       ->check(crisp_cli::kNonNegativeInteger64);  // CLI11 would wrap -1 to 2^64 - 1
-  sub->add_option("--diffuse-share", args->diffuse_share,
+  CLI::Option* diffuse_option = sub->add_option("--diffuse-share", args->diffuse_share,
                   "Share of the workload's query heads that are diffuse (routed PE by crisp; docs/workload.md)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   sub->add_option("--json", args->json_path,
                   "Write every measurement as JSON to this file (rewritten after each one; not standard output)");
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
-  sub->add_option("--kernels", args->kernels,
+  CLI::Option* kernels_option = sub->add_option("--kernels", args->kernels,
                   "Attention kernels to time each layout with (comma separated: portable, hopper, auto, or a "
                   "Hopper variant hopper-{persistent,grid}-{pp,nopp} or hopper-gqa-pack; default portable plus hopper on sm_90)")
       ->delimiter(',')
@@ -388,7 +427,7 @@ void register_bench_command(CLI::App& app) {
                   "GPUs: above 1, context-parallel prefill over that many GPUs (NCCL) against one GPU, "
                   "for --presets (random layouts are not run)")
       ->check(CLI::Range(1, 64));
-  sub->add_option("--partition", args->partitions,
+  CLI::Option* partition_option = sub->add_option("--partition", args->partitions,
                   "Query-block partitions of --gpus > 1 (comma separated): contiguous, zigzag")
       ->delimiter(',')
       ->check(CLI::IsMember({"contiguous", "zigzag"}));
@@ -416,7 +455,8 @@ void register_bench_command(CLI::App& app) {
   sub->add_flag("--split-times", args->split_times,
                 "With --chunks: also time every chunk's plans alone and every chunk's attention alone (the "
                 "plans made), so a difference in the total shows its side");
-  sub->callback([args, page_order_option] {
+  const BenchOptionsGiven given{densities_option, quarter_option, diffuse_option, kernels_option, partition_option};
+  sub->callback([args, page_order_option, given] {
     // Every check here comes before the GPU is looked for (run_*bench), so bad input is reported as
     // such on any machine, and before any measurement.
     if (args->heads % args->kv_heads != 0)
@@ -450,6 +490,7 @@ void register_bench_command(CLI::App& app) {
       throw crisp::Error("--page-order", "is given without --page-sizes", "--page-sizes (the paged runs it orders)");
     if (!args->page_sizes.empty() && args->chunks.empty())
       throw crisp::Error("--page-sizes", "is given without --chunks", "--chunks (paged K/V is measured on chunked runs)");
+    check_option_combinations(*args, given);
     if (!args->chunks.empty()) {
       ChunkedBenchArgs c;
       c.seq = args->seq;

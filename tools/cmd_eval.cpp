@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -24,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "eval/json_file.h"
 #include "eval/niah.h"
 #include "io_util.h"
 
@@ -57,8 +59,8 @@ std::string format_ratio(double value, bool present) {
 void score_outputs(const NiahArgs& args) {
   crisp_cli::require_outputs_not_inputs({{"--json", args.json_path}}, {{"--score", args.score_path}});
   crisp_cli::require_writable("--json", args.json_path);
+  crisp::eval::require_readable_file(args.score_path, "--score", "a JSONL file of outputs");
   std::ifstream in(args.score_path, std::ios::binary);
-  if (!in) throw crisp::Error("--score", "cannot open '" + args.score_path + "'", "a JSONL file of outputs");
   struct Scored {
     std::string id, task, policy, output;
     int64_t length = 0;
@@ -70,6 +72,7 @@ void score_outputs(const NiahArgs& args) {
   std::vector<std::string> policies;  // dense first, then in order of appearance
   std::set<std::pair<std::string, std::string>> seen;
   std::map<std::pair<std::string, std::string>, bool> correct_of;  // (id, policy)
+  std::map<std::string, std::pair<std::string, int64_t>> sample_of;   // id -> (task, length)
   std::string line;
   int64_t line_number = 0;
   while (std::getline(in, line)) {
@@ -93,17 +96,30 @@ void score_outputs(const NiahArgs& args) {
     r.policy = item["policy"].get<std::string>();
     r.output = item["output"].get<std::string>();
     r.task = item["task"].get<std::string>();
+    for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"id", &r.id}, {"policy", &r.policy},
+                                     {"expected", &item["expected"].get_ref<const std::string&>()}})
+      if (value->empty()) throw crisp::Error("--score", where + " has an empty '" + key + "'", "a non-empty " + std::string(key));
+    // The optional fields, when present, are of their kind: a value of another type or range was
+    // dropped or averaged into the table without a word.
+    const auto optional_number = [&](const char* key, double low, double high, const std::string& range) {
+      if (!item.contains(key)) return false;
+      if (!item[key].is_number() || !(item[key].get<double>() >= low && item[key].get<double>() <= high))
+        throw crisp::Error("--score", where + " has " + key + " " + item[key].dump(), std::string(key) + " " + range);
+      return true;
+    };
+    if (item.contains("length") && (!item["length"].is_number_integer() || item["length"].get<int64_t>() < 1))
+      throw crisp::Error("--score", where + " has length " + item["length"].dump(), "length a positive integer (tokens)");
     ce::NiahSample sample;
     sample.spec.task = ce::parse_niah_task(r.task, "--score (" + where + ")");
     sample.expected = item["expected"].get<std::string>();
     sample.scoring = item.contains("scoring") ? ce::parse_niah_scoring(item["scoring"].get<std::string>(), "--score (" + where + ")")
                                               : ce::niah_task_scoring(sample.spec.task);
-    if (item.contains("length") && item["length"].is_number_integer()) r.length = item["length"].get<int64_t>();
-    if (item.contains("density") && item["density"].is_number()) {
+    if (item.contains("length")) r.length = item["length"].get<int64_t>();
+    if (optional_number("density", 0.0, 1.0, "in [0, 1]")) {
       r.has_density = true;
       r.density = item["density"].get<double>();
     }
-    if (item.contains("ttft_s") && item["ttft_s"].is_number()) {
+    if (optional_number("ttft_s", 0.0, std::numeric_limits<double>::max(), ">= 0 (seconds)")) {
       r.has_ttft = true;
       r.ttft = item["ttft_s"].get<double>();
     }
@@ -111,6 +127,15 @@ void score_outputs(const NiahArgs& args) {
       throw crisp::Error("--score", where + " repeats sample '" + r.id + "' for policy '" + r.policy + "'",
                          "one line per (id, policy)");
     }
+    // One sample is one prompt: every policy's line of an id names the same task and length (else
+    // a row would be read against another prompt's baseline).
+    const auto [first, inserted] = sample_of.emplace(r.id, std::make_pair(r.task, r.length));
+    if (!inserted && first->second != std::make_pair(r.task, r.length))
+      throw crisp::Error("--score",
+                         where + " gives sample '" + r.id + "' task " + r.task + ", length " + std::to_string(r.length) +
+                             " where an earlier line gave " + first->second.first + ", length " +
+                             std::to_string(first->second.second),
+                         "one task and length per sample id");
     r.correct = ce::score_niah_output(sample, r.output);
     correct_of[{r.id, r.policy}] = r.correct;
     if (std::find(policies.begin(), policies.end(), r.policy) == policies.end()) policies.push_back(r.policy);

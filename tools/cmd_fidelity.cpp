@@ -21,6 +21,7 @@
 #include "commands.h"
 #include "crisp/npy.h"
 #include "eval/fidelity.h"
+#include "eval/json_file.h"
 #include "io_util.h"
 #include "progress.h"
 #include "validators.h"
@@ -50,16 +51,6 @@ std::vector<std::string> split(const std::string& text, char sep) {
   std::string item;
   while (std::getline(in, item, sep)) items.push_back(item);
   return items;
-}
-
-json read_json(const std::string& argument, const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw crisp::Error(argument, "cannot open '" + path + "'", "a directory written by 'crisp-llama-eval capture'");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    throw crisp::Error(argument, "'" + path + "' is not valid JSON: " + e.what(), "meta.json of 'crisp-llama-eval capture'");
-  }
 }
 
 // NOTE: the grids of the agreement curves in the JSON (figures and tables). The best threshold
@@ -131,12 +122,22 @@ json layout_to_json(const crisp::HeadPlan& head, int32_t num_blocks) {
 void run_fidelity(const FidelityArgs& args) {
   // The output before the (long) evaluation: an unwritable path fails now, not after it.
   crisp_cli::require_writable("--json", args.json_path);
+  std::vector<std::pair<std::string, std::string>> capture_dirs;
+  for (const std::string& dir : args.captures) capture_dirs.push_back({"--captures", dir});
+  crisp_cli::require_outside_directories("--json", args.json_path, capture_dirs);
   // Policies.
   std::vector<ev::PolicySpec> policies;
   for (const std::string& name : args.routing_only ? std::vector<std::string>{} : split(args.policies, ',')) {
     // A preset, or a preset with overrides (PRESET:key=value[:key=value...]), as in `crisp eval niah`.
     crisp::Config c = crisp_cli::config_of_policy_spec(name, "--policies");
-    if (!args.block_size.empty()) c.set("block_size", args.block_size);
+    if (!args.block_size.empty()) {
+      // --block is every policy's block size: a policy that sets its own would run at --block's
+      // under its own name.
+      if (name.find(":block_size=") != std::string::npos)
+        throw crisp::Error("--block", "is given with the policy '" + name + "', which sets its own block size",
+                           "one of them (--block for every policy, or block_size in each policy)");
+      c.set("block_size", args.block_size);
+    }
     c.validate();
     policies.push_back({name, c});
   }
@@ -181,9 +182,10 @@ void run_fidelity(const FidelityArgs& args) {
 
   for (size_t ci = 0; ci < args.captures.size(); ++ci) {
     const std::string& dir = args.captures[ci];
-    const json meta = read_json("--captures", (fs::path(dir) / "meta.json").string());
-    if (!meta.contains("files") || !meta["files"].is_array() || !meta.contains("tokens"))
-      throw crisp::Error("--captures", "'" + dir + "/meta.json' lacks files/tokens", "meta.json of 'crisp-llama-eval capture'");
+    const ev::Capture capture = ev::read_capture(dir, "--captures");
+    const json& meta = capture.meta;
+    if (!meta.contains("tokens") || capture.layers.empty())
+      throw crisp::Error("--captures", "'" + dir + "/meta.json' lacks tokens or layers", "meta.json of 'crisp-llama-eval capture'");
     std::vector<int64_t> only;
     if (args.layers != "all") {
       for (const std::string& s : split(args.layers, ',')) {
@@ -201,15 +203,12 @@ void run_fidelity(const FidelityArgs& args) {
     std::vector<crisp::Route> decisions_c, decisions_j;
     json layers_json = json::array();
     int64_t n = 0;
-    for (const json& f : meta["files"]) {
-      const int64_t layer = f.at("layer").get<int64_t>();
+    for (const ev::CaptureLayer& f : capture.layers) {
+      const int64_t layer = f.layer;
       if (!only.empty() && std::find(only.begin(), only.end(), layer) == only.end()) continue;
-      crisp::NpyArray q = crisp::read_npy((fs::path(dir) / f.at("q").get<std::string>()).string());
-      crisp::NpyArray k = crisp::read_npy((fs::path(dir) / f.at("k").get<std::string>()).string());
-      crisp::NpyArray v = crisp::read_npy((fs::path(dir) / f.at("v").get<std::string>()).string());
-      const crisp::TensorView qv = q.view("--captures " + dir + " layer " + std::to_string(layer) + " q");
-      const crisp::TensorView kv = k.view("--captures " + dir + " layer " + std::to_string(layer) + " k");
-      const crisp::TensorView vv = v.view("--captures " + dir + " layer " + std::to_string(layer) + " v");
+      crisp::NpyArray q = crisp::read_npy(f.q), k = crisp::read_npy(f.k), v = crisp::read_npy(f.v);
+      const std::string where = "--captures " + dir + " layer " + std::to_string(layer);
+      const crisp::TensorView qv = q.view(where + " q", 3), kv = k.view(where + " k", 3), vv = v.view(where + " v", 3);
       n = qv.tokens();
       progress.begin("fidelity " + dir + " layer " + std::to_string(layer) + " (n = " + std::to_string(n) + ")");
       const ev::LayerFidelity lf = ev::evaluate_layer(qv, kv, vv, policies, routing, options);

@@ -38,7 +38,10 @@ struct ParetoArgs {
   double top_mass_share = 0.9;
   bool structured = false;
   std::vector<std::string> workload_settings;
+  // NOTE: 256 queries measure the output error well at the default lengths (2k-8k) and cheaply;
+  // unless given, shorter --lengths use all of their queries.
   int64_t error_queries = 256;
+  bool error_queries_given = false;
   std::vector<int64_t> lengths{2048, 4096, 8192};
   int64_t seeds = 1;
   uint64_t seed = 0;
@@ -58,7 +61,9 @@ std::vector<ce::FrontierPoint> sweep_points(const ParetoArgs& args) {
   if (sweeps.empty()) {
     throw crisp::Error("--sweep", "none given", "at least one --sweep (e.g. crisp:alpha=0.5,1,2) or --sweep-file");
   }
-  return ce::expand_sweeps(sweeps, "--sweep");
+  // The points of both kinds together: named by the options the sweeps came from.
+  const std::string argument = args.sweep_files.empty() ? "--sweep" : args.sweeps.empty() ? "--sweep-file" : "--sweep, --sweep-file";
+  return ce::expand_sweeps(sweeps, argument);
 }
 
 void print_structured_table(const json& doc) {
@@ -109,6 +114,9 @@ void run_pareto(const ParetoArgs& given) {
   std::vector<std::pair<std::string, std::string>> inputs = {{"--splits", args.splits_path}};
   for (const std::string& path : args.sweep_files) inputs.push_back({"--sweep-file", path});
   crisp_cli::require_outputs_not_inputs({{"--json", args.json_path}}, inputs);
+  std::vector<std::pair<std::string, std::string>> capture_dirs;
+  for (const std::string& dir : args.captures) capture_dirs.push_back({"--captures", dir});
+  crisp_cli::require_outside_directories("--json", args.json_path, capture_dirs);
   const std::vector<ce::FrontierPoint> points = sweep_points(args);
   ce::FrontierHooks hooks;
   if (!args.quiet) {
@@ -141,7 +149,12 @@ void run_pareto(const ParetoArgs& given) {
                            "--seed + --seeds - 1 <= " + std::to_string(std::numeric_limits<uint64_t>::max()));
       for (int64_t i = 0; i < args.seeds; ++i) s.seeds.push_back(args.seed + static_cast<uint64_t>(i));
     }
-    s.error_queries = args.error_queries;
+    const int64_t shortest = *std::min_element(args.lengths.begin(), args.lengths.end());
+    if (args.error_queries_given && args.error_queries > shortest)
+      throw crisp::Error("--error-queries", "is " + std::to_string(args.error_queries) + " but --lengths has " +
+                                                std::to_string(shortest),
+                         "at most the shortest length's tokens");
+    s.error_queries = args.error_queries_given ? args.error_queries : std::min(args.error_queries, shortest);
     s.options.num_threads = args.threads;
     s.stop_after = args.stop_after;
     json settings = {{"mode", "structured"},     {"workload_set", args.workload_settings},
@@ -204,7 +217,7 @@ void register_eval_pareto(CLI::App& eval) {
                   "Structured: a workload field, FIELD=VALUE (e.g. background_scale=2, no_local_head_share=0.5, "
                   "num_q_heads=8); repeatable")
       ->needs(structured);
-  sub->add_option("--error-queries", args->error_queries,
+  CLI::Option* error_queries_option = sub->add_option("--error-queries", args->error_queries,
                   "Structured: the output error is measured over the last this many queries")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
@@ -233,5 +246,8 @@ void register_eval_pareto(CLI::App& eval) {
                   "Stop after this many layers (structured: workloads) computed in this run; re-run to resume")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   sub->add_flag("--quiet", args->quiet, "No progress lines on stderr");
-  sub->callback([args] { run_pareto(*args); });
+  sub->callback([args, error_queries_option] {
+    args->error_queries_given = error_queries_option->count() > 0;
+    run_pareto(*args);
+  });
 }

@@ -9,7 +9,6 @@
 #include "input_checks.h"
 #include "io_util.h"
 #include "plan_json.h"
-#include "validators.h"
 
 namespace {
 
@@ -55,14 +54,11 @@ void register_plan_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "plan", "Plan the sparse layout of one sequence (.npy inputs) and write it as JSON");
   sub->add_option("--q", args->q_path, "Queries, .npy float32/float16/float64 [Hq, n_q, d] (the last n_q positions)")
-      ->required()
-      ->check(crisp_cli::kNonEmptyPath);
+      ->required();
   sub->add_option("--k", args->k_path, "Keys, .npy float32/float16/float64 [Hkv, n_k, d], n_k >= n_q")
-      ->required()
-      ->check(crisp_cli::kNonEmptyPath);
+      ->required();
   sub->add_option("--json", args->json_path, "Output JSON file ('-': standard output)")
-      ->required()
-      ->check(crisp_cli::kNonEmptyPath);
+      ->required();
   crisp_cli::add_policy_options(*sub, args->policy);
   sub->callback([args] { run_plan(*args); });
 }

@@ -11,10 +11,12 @@
 #include <sstream>
 
 #include "crisp/error.h"
+#include "eval/json_file.h"
 
 namespace crisp_cli {
 
 std::string read_text_file(const std::string& argument, const std::string& path) {
+  crisp::eval::require_readable_file(path, argument, "a readable file");
   std::ifstream file(path, std::ios::binary);
   if (!file) throw crisp::Error(argument, "cannot open '" + path + "'", "a readable file");
   std::ostringstream text;
@@ -107,6 +109,23 @@ void require_file_output(const std::string& argument, const std::string& path, c
   if (is_stdout_path(path))
     throw crisp::Error(argument, "'" + path + "' (standard output) is not supported for " + what,
                        path == "-" ? "a path (./- for one named '-')" : "a path");
+}
+
+void require_outside_directories(const std::string& argument, const std::string& path,
+                                 const std::vector<std::pair<std::string, std::string>>& directories) {
+  if (path.empty() || is_stdout_path(path)) return;
+  namespace fs = std::filesystem;
+  const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  for (const auto& [dir_argument, dir] : directories) {
+    if (dir.empty()) continue;
+    // The output's directory, or one of its ancestors, is the input directory.
+    for (fs::path p = parent;; p = p.parent_path()) {
+      if (same_file(p.string(), dir))
+        throw crisp::Error(argument, "'" + path + "' lies in the " + dir_argument + " directory '" + dir + "'",
+                           "a path outside the inputs' directories (writing it could overwrite an input)");
+      if (!p.has_parent_path() || p.parent_path() == p) break;
+    }
+  }
 }
 
 void remove_written_files(const std::vector<std::string>& paths) {

@@ -32,6 +32,11 @@ void require_distinct_outputs(const std::vector<std::pair<std::string, std::stri
 void require_outputs_not_inputs(const std::vector<std::pair<std::string, std::string>>& outputs,
                                 const std::vector<std::pair<std::string, std::string>>& inputs);
 
+// Refuses an output option whose file lies inside one of the input directories (e.g. --captures,
+// whose meta.json and .npy files it could overwrite). Each directory is {argument, path}.
+void require_outside_directories(const std::string& argument, const std::string& path,
+                                 const std::vector<std::pair<std::string, std::string>>& directories);
+
 // True when `a` and `b` name one file: std::filesystem::equivalent when both exist, else the same
 // absolute path in lexical normal form.
 bool same_file(const std::string& a, const std::string& b);

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   register_eval_command(app);
   register_bench_command(app);
   crisp_cli::require_decimal_numbers(app);
+  crisp_cli::require_nonempty_paths(app);
 
   // An unknown command: named, with the commands there are (CLI11 would only say that an
   // argument was not expected).
@@ -79,5 +80,9 @@ int main(int argc, char** argv) {
     // Not a documented failure mode: still a clean message and status 2 rather than an abort.
     return report(std::string("internal error: ") + unexpected.what(), crisp_cli::kExitError);
   }
+  // A table or summary that could not be written (a full disk, a closed pipe) is a failure too.
+  std::cout.flush();
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout)
+    return report("failed writing to standard output", crisp_cli::kExitError);
   return 0;
 }

@@ -2,7 +2,10 @@
 // (CLI11's PositiveNumber / NonNegativeNumber print the whole double range when they fail).
 #pragma once
 #include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <string>
@@ -40,6 +43,17 @@ inline CLI::Validator integer_at_least(long long minimum, const std::string& wha
 inline const CLI::Validator kNonEmptyPath(
     [](std::string& input) -> std::string { return input.empty() ? "is an empty path; expected a file path" : ""; },
     "PATH");
+
+// Puts kNonEmptyPath on every path option of `app` and its commands that names a file or directory
+// (an empty --json meant "no file" for some commands and failed after the work for others).
+inline void require_nonempty_paths(CLI::App& app) {
+  static const char* const kPathOptions[] = {"--json", "--out-dir", "--captures", "--score", "--splits", "--sweep-file",
+                                             "--q", "--k", "--v", "--out", "--lse"};
+  for (CLI::Option* option : app.get_options())
+    for (const char* name : kPathOptions)
+      if (option->check_lname(name + 2)) option->check(kNonEmptyPath);
+  for (CLI::App* sub : app.get_subcommands({})) require_nonempty_paths(*sub);
+}
 
 inline const CLI::Validator kPositiveInteger = integer_at_least(1, "a positive integer");
 inline const CLI::Validator kNonNegativeInteger = integer_at_least(0, "a non-negative integer");
@@ -79,12 +93,16 @@ inline CLI::Option* add_threads_option(CLI::App& sub, int& threads) {
 }
 
 // Numbers on the command line are decimal only. CLI11 converts integers with strtoll(..., 0), so
-// '0x100' would be 256 and '010' would be 8, and floats with strtold, which reads hex floats. This
-// check is attached to every numeric option of every command (require_decimal_numbers), and strips
-// leading zeros so that '010' means ten.
-inline CLI::Validator decimal_number(bool integer) {
+// '0x100' would be 256 and '010' would be 8, and floats with strtold, which reads hex floats; it
+// also clamps an integer beyond 64 bits to the largest one without a word. This transform is put
+// first on every numeric option of every command (require_decimal_numbers): it refuses what is
+// not a decimal number, or is beyond 64 bits (signed, or unsigned for `unsigned_integer`), or is a
+// float beyond double's range, and strips leading zeros so that '010' means ten.
+enum class NumberKind { integer, unsigned_integer, real };
+inline CLI::Validator decimal_number(NumberKind kind) {
+  const bool integer = kind != NumberKind::real;
   return CLI::Validator(
-      [integer](std::string& input) -> std::string {
+      [kind, integer](std::string& input) -> std::string {
         std::size_t i = (input.size() > 1 && (input[0] == '-' || input[0] == '+')) ? 1 : 0;
         const std::size_t digits_start = i;
         const auto digits = [&] {
@@ -111,19 +129,34 @@ inline CLI::Validator decimal_number(bool integer) {
         while (first + 1 < input.size() && input[first] == '0' && std::isdigit(static_cast<unsigned char>(input[first + 1])))
           ++first;
         input.erase(digits_start, first - digits_start);
+        errno = 0;
+        char* end = nullptr;
+        if (kind == NumberKind::integer) {
+          (void)std::strtoll(input.c_str(), &end, 10);
+          if (errno == ERANGE) return "'" + input + "' is out of range (beyond 64-bit integers)";
+        } else if (kind == NumberKind::unsigned_integer) {
+          (void)std::strtoull(input.c_str(), &end, 10);  // a minus sign is the option's own check's
+          if (errno == ERANGE) return "'" + input + "' is out of range (beyond 2^64 - 1)";
+        } else if (!std::isfinite(std::strtod(input.c_str(), &end))) {
+          return "'" + input + "' is out of range (beyond double's)";
+        }
         return "";
       },
       "");
 }
 
-// Attaches decimal_number to every integer and floating-point option of `app` and its commands.
+// Puts decimal_number first on every integer and floating-point option of `app` and its commands:
+// a transform (CLI11's check() would discard its stripping of leading zeros, and it must run
+// before the options' own checks, which convert with base 0 too).
 inline void require_decimal_numbers(CLI::App& app) {
   for (CLI::Option* option : app.get_options()) {
     const std::string type = option->get_type_name();
-    if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0)
-      option->check(decimal_number(true));
+    if (type.rfind("UINT", 0) == 0)
+      option->transform(decimal_number(NumberKind::unsigned_integer));
+    else if (type.rfind("INT", 0) == 0)
+      option->transform(decimal_number(NumberKind::integer));
     else if (type.rfind("FLOAT", 0) == 0)
-      option->check(decimal_number(false));
+      option->transform(decimal_number(NumberKind::real));
   }
   for (CLI::App* sub : app.get_subcommands({})) require_decimal_numbers(*sub);
 }

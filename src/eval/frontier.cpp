@@ -13,6 +13,7 @@
 
 #include "crisp/npy.h"
 #include "eval/fidelity.h"
+#include "eval/json_file.h"
 
 namespace crisp {
 namespace eval {
@@ -102,19 +103,11 @@ int64_t run_capture_frontier(const CaptureFrontierSettings& settings, std::vecto
   int64_t computed_layers = 0;
   const auto start = std::chrono::steady_clock::now();
   for (const std::string& dir : settings.captures) {
-    const std::string meta_path = (fs::path(dir) / "meta.json").string();
-    std::ifstream meta_in(meta_path);
-    json meta;
-    try {
-      meta = json::parse(meta_in);
-    } catch (const json::exception& e) {
-      throw Error("--captures", "cannot read '" + meta_path + "' (" + e.what() + ")", "a directory of 'crisp-llama-eval capture'");
-    }
-    if (!meta.contains("files") || !meta["files"].is_array()) {
-      throw Error("--captures", "'" + meta_path + "' lacks files", "meta.json of 'crisp-llama-eval capture'");
-    }
-    for (const json& f : meta["files"]) {
-      const int64_t layer = f.at("layer").get<int64_t>();
+    const Capture capture = read_capture(dir, "--captures");
+    if (capture.layers.empty())
+      throw Error("--captures", "'" + dir + "/meta.json' lists no layers", "a capture of at least one layer");
+    for (const CaptureLayer& f : capture.layers) {
+      const int64_t layer = f.layer;
       const std::string unit = dir + "#" + std::to_string(layer);
       std::vector<PolicySpec> pending;
       for (const FrontierPoint& p : points) {
@@ -126,10 +119,8 @@ int64_t run_capture_frontier(const CaptureFrontierSettings& settings, std::vecto
         return computed_layers;
       }
       const std::string where = "--captures " + dir + " layer " + std::to_string(layer);
-      NpyArray q = read_npy((fs::path(dir) / f.at("q").get<std::string>()).string());
-      NpyArray k = read_npy((fs::path(dir) / f.at("k").get<std::string>()).string());
-      NpyArray v = read_npy((fs::path(dir) / f.at("v").get<std::string>()).string());
-      const TensorView qv = q.view(where + " q"), kv = k.view(where + " k"), vv = v.view(where + " v");
+      NpyArray q = read_npy(f.q), k = read_npy(f.k), v = read_npy(f.v);
+      const TensorView qv = q.view(where + " q", 3), kv = k.view(where + " k", 3), vv = v.view(where + " v", 3);
       const LayerFidelity lf = evaluate_layer(qv, kv, vv, pending, routing, settings.options);
       // The true block masses, once per (head, block size) for every pending point.
       std::map<std::pair<int64_t, int>, std::vector<double>> masses;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "crisp/error.h"
+#include "eval/json_file.h"
 
 namespace crisp {
 namespace eval {
@@ -25,12 +26,7 @@ FrontierFile FrontierFile::open(const std::string& path, const json& settings, c
   std::error_code ec;
   if (!path.empty() && fs::exists(path, ec)) {
     const std::string expected = "a frontier JSON of 'crisp eval pareto' made with the same settings, or a new path";
-    std::ifstream in(path, std::ios::binary);
-    try {
-      file.doc_ = json::parse(in);
-    } catch (const json::exception& e) {
-      throw Error(argument, "'" + path + "' exists and is not JSON (" + e.what() + ")", expected);
-    }
+    file.doc_ = read_json_file(path, argument, expected);
     if (!file.doc_.is_object() || file.doc_.value("suite", "") != "frontier" || !file.doc_.contains("points") ||
         !file.doc_.contains("settings")) {
       throw Error(argument, "'" + path + "' exists and is not a frontier file", expected);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "crisp/error.h"
+#include "eval/json_file.h"
 #include "eval/niah.h"
 
 namespace crisp {
@@ -21,16 +22,6 @@ using nlohmann::json;
 
 // The split rules are chosen on; every other split is held out from it (see split_prose_paragraphs).
 constexpr const char* kTuningSplit = "tuning";
-
-json read_json_file(const std::string& path, const std::string& argument, const std::string& expected) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(argument, "cannot open '" + path + "'", expected);
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(argument, "'" + path + "' is not JSON (" + e.what() + ")", expected);
-  }
-}
 
 const json& member(const json& object, const std::string& key, const std::string& where, const std::string& argument,
                    const std::string& expected) {

@@ -1,6 +1,7 @@
 // src/eval/sweep.cpp — see sweep.h.
 #include "eval/sweep.h"
 
+#include <cstdint>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "crisp/error.h"
+#include "eval/json_file.h"
 
 namespace crisp {
 namespace eval {
@@ -92,14 +94,7 @@ Sweep parse_sweep(const std::string& text, const std::string& argument) {
 std::vector<Sweep> load_sweep_file(const std::string& path, const std::string& argument) {
   const std::string expected =
       "a JSON list of sweep strings or {\"policy\": P, \"knobs\": {\"KNOB\": [values]}} objects";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(argument, "cannot open '" + path + "'", expected);
-  json data;
-  try {
-    data = json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(argument, "'" + path + "' is not JSON (" + e.what() + ")", expected);
-  }
+  const json data = read_json_file(path, argument, expected);
   if (!data.is_array() || data.empty()) throw Error(argument, "'" + path + "' is not a non-empty list", expected);
   std::vector<Sweep> sweeps;
   for (std::size_t i = 0; i < data.size(); ++i) {
@@ -133,6 +128,20 @@ std::vector<Sweep> load_sweep_file(const std::string& path, const std::string& a
 }
 
 std::vector<FrontierPoint> expand_sweeps(const std::vector<Sweep>& sweeps, const std::string& argument) {
+  // NOTE: far above any frontier measured (tens to a few hundred points), far below what fills
+  // memory before the first point runs (10^8 points grew to 15 GB).
+  constexpr uint64_t kMaxPoints = 100000;
+  uint64_t total = 0;
+  for (const Sweep& sweep : sweeps) {
+    uint64_t product = 1;
+    for (const auto& knob : sweep.knobs)
+      if (__builtin_mul_overflow(product, static_cast<uint64_t>(knob.second.size()), &product)) product = UINT64_MAX;
+    total = product > kMaxPoints ? product : total + product;
+    if (total > kMaxPoints)
+      throw Error(argument, "sweeps " + (product == UINT64_MAX ? std::string("more than 2^64") : std::to_string(total)) +
+                                " points",
+                  "at most " + std::to_string(kMaxPoints) + " points in all (fewer values per knob, or several runs)");
+  }
   std::vector<FrontierPoint> points;
   std::set<std::string> names;
   for (const Sweep& sweep : sweeps) {
