@@ -36,6 +36,7 @@
 #include "crisp_llama_capture.h"
 #include "default_paths.h"
 #include "io_util.h"
+#include "validators.h"
 #include "eval/frontier_file.h"
 #include "eval/niah.h"
 #include "eval/splits.h"
@@ -883,6 +884,10 @@ int main(int argc, char** argv) {
       "capture", "Run a prompt through the model (llama.cpp's dense prefill) and dump the post-RoPE Q/K/V of chosen layers as "
                  ".npy [heads, n, d] float32, with meta.json (input of `crisp eval fidelity` and `crisp eval pareto --captures`)");
   add_capture_options(capture, &capture_args);
+  // The numbers and paths of the command line, read as `crisp`'s are (tools/validators.h): decimal
+  // only ('010' is ten, not octal eight), nothing beyond 64 bits, no empty path.
+  crisp_cli::require_decimal_numbers(app);
+  crisp_cli::require_nonempty_paths(app);
   try {
     app.parse(argc, argv);
     if (niah->parsed()) run(niah_args, true);
