@@ -155,19 +155,22 @@ void check_distinct_elements(const TensorView& t, const std::string& name) {
                           ": a stride 0 over an extent > 1 (several results would share one element)",
                 "an output view whose elements are distinct (not expanded)");
   const int rank = t.rank == 2 ? 2 : 3;  // check_view has checked the rank
-  const auto magnitude = [&](int i) { return t.stride[i] < 0 ? -t.stride[i] : t.stride[i]; };
+  // In uint64: an extent-1 dimension may carry any stride, INT64_MIN included.
+  const auto magnitude = [&](int i) {
+    return t.stride[i] < 0 ? 0 - static_cast<uint64_t>(t.stride[i]) : static_cast<uint64_t>(t.stride[i]);
+  };
   int order[3] = {0, 1, 2};  // the dimensions by increasing |stride| (an insertion sort of at most 3)
   for (int i = 1; i < rank; ++i)
     for (int j = i; j > 0 && magnitude(order[j]) < magnitude(order[j - 1]); --j) std::swap(order[j], order[j - 1]);
-  int64_t reach = 0;  // bounded by check_view_reach (below 2^62 elements)
+  uint64_t reach = 0;  // bounded by check_view_reach (below 2^62 elements)
   for (int i = 0; i < rank; ++i) {
     const int d = order[i];
     if (t.shape[d] < 2) continue;
     if (magnitude(d) <= reach)
-      throw Error(name, "has " + shape_and_strides(t) + ": two of its indices share an element",
+      throw Error(name, "has " + shape_and_strides(t) + ": strides that are not nested (two indices may meet)",
                   "an output view whose strides keep every element apart (each stride larger than the farthest "
                   "offset of the smaller ones, as in a dense, padded or permuted tensor)");
-    reach += (t.shape[d] - 1) * magnitude(d);
+    reach += static_cast<uint64_t>(t.shape[d] - 1) * magnitude(d);
   }
 }
 
@@ -429,7 +432,7 @@ void check_block_table(const BlockTable& table, const SeqLens& cu_k, const Tenso
 // as contiguous K/V without a word.
 void check_table_is_set_or_empty(const BlockTable& table, const char* name) {
   if (table.page_size == 0 && (table.data != nullptr || table.max_pages_per_sequence != 0))
-    throw Error(std::string(name) + ".page_size", "is 0 (no table) but the table has page ids (data or max_pages_per_sequence set)",
+    throw Error(std::string(name) + ".page_size", "is 0 (no table) but the table is set (data or max_pages_per_sequence)",
                 "the page size of the table (a multiple of 16), or an empty BlockTable{} for contiguous K/V");
 }
 
@@ -560,16 +563,16 @@ void validate_plan_for(const TensorView& q, const TensorView& k, const Plan& pla
   for (size_t s = 0; s < plan.sequences.size(); ++s) {
     const SequencePlan& sp = plan.sequences[s];
     const std::string which = "sequence " + str(static_cast<int64_t>(s));
-    // Bounded first: the checks below add offsets and counts.
+    // Bounded first: the checks below add offsets and counts (the offsets are compared before any
+    // sum with them is formed).
     if (sp.n_q < 1 || sp.n_q > kMaxTokens || sp.n_k < 1 || sp.n_k > kMaxTokens)
       throw Error("plan", which + " has " + str(sp.n_q) + " queries and " + str(sp.n_k) + " keys",
                   "1 to " + str(kMaxTokens) + " of each");
-    if (sp.q_offset != batch.cu_seqlens_q.back() || sp.n_q < 1)
-      throw Error("plan", which + " has queries [" + str(sp.q_offset) + ", " + str(sp.q_offset + sp.n_q) + ")",
-                  "non-empty sequences covering the query rows in order, the next starting at " +
-                      str(batch.cu_seqlens_q.back()));
+    if (sp.q_offset != batch.cu_seqlens_q.back())
+      throw Error("plan", which + " has " + str(sp.n_q) + " queries from row " + str(sp.q_offset),
+                  "sequences covering the query rows in order, the next starting at " + str(batch.cu_seqlens_q.back()));
     if (sp.kv_offset != batch.cu_seqlens_k.back() || sp.n_k < sp.n_q)
-      throw Error("plan", which + " has keys [" + str(sp.kv_offset) + ", " + str(sp.kv_offset + sp.n_k) + ") for " +
+      throw Error("plan", which + " has " + str(sp.n_k) + " keys from position " + str(sp.kv_offset) + " for " +
                               str(sp.n_q) + " queries",
                   "n_k >= n_q keys covering the key positions in order, the next starting at " +
                       str(batch.cu_seqlens_k.back()));

@@ -19,7 +19,6 @@ class CpuPlannedAttention final : public PlannedAttention {
 
   void plan(const TensorView& q, const TensorView& k, const Batch& normalized_batch) override {
     plan_ = cpu_plan(q, k, config_, normalized_batch, options_);
-    plan_.page_size = normalized_batch.block_table.page_size;
     block_table_ = normalized_batch.block_table;
   }
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,

@@ -71,6 +71,9 @@ void validate_qkv(const TensorView& q, const TensorView& k, const TensorView* v)
 // cu_seqlens_q is {0, q_tokens}, an empty cu_seqlens_k is cu_seqlens_q. Checks the block table
 // (and its page ids when it lives on the host). Throws crisp::Error naming "batch.<field>".
 Batch normalize_batch(const Batch& batch, const TensorView& q, const TensorView& k, const TensorView* v);
+// A table whose page size is 0 ("no table") with data or a row stride set: refused, naming
+// `name`.page_size (its pool would be read as contiguous K/V).
+void check_table_is_set_or_empty(const BlockTable& table, const char* name);
 // Paged K/V: checks the table (page size, data, device, row stride against the longest sequence of
 // cu_k) against the pool k, and its page ids when it lives on the host. Throws crisp::Error naming
 // "batch.block_table.<field>" or "k".
@@ -159,7 +162,7 @@ auto within_memory(Work&& work) -> decltype(work()) {
   try {
     return work();
   } catch (const std::bad_alloc&) {
-    throw Error("q", "the call's working memory (its heads, tokens and keys) does not fit in this machine's memory",
+    throw Error("q", "out of memory: the call's working memory (its heads, tokens and keys) does not fit",
                 "fewer heads, tokens or keys per call");
   } catch (const std::length_error&) {
     throw Error("q", "the call's working memory (its heads, tokens and keys) exceeds what a vector can hold",

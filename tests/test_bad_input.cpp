@@ -330,14 +330,19 @@ TEST(BadInput, OutputMemory) {
           ASSERT_EQ(padded[static_cast<size_t>(t * 40 + h * 20 + e)], want[static_cast<size_t>((h * 128 + t) * 16 + e)]);
   }
   {
-    // lse inside the padding of a strided out: out's span holds it, so it is refused (it wrote over
-    // out's rows unnoticed when out was not dense).
+    // lse within a strided out's span: refused, whether it meets out's elements (it wrote over
+    // out's rows unnoticed when out was not dense) or lies in out's padding only (the rule is the
+    // spans': no layout has a reason to interleave the two outputs).
     std::vector<float> shared(2 * 128 * 32);
     crisp::TensorView padded_out = ov;
     padded_out.data = shared.data();
     padded_out.stride = {128 * 32, 32, 1};
-    const auto lse_inside = crisp::TensorView::contiguous2d(shared.data(), crisp::DType::f32, 2, 128);
-    expect_error([&] { run(padded_out, lse_inside); }, "lse", "lse within a padded out's span");
+    const auto lse_over_rows = crisp::TensorView::contiguous2d(shared.data(), crisp::DType::f32, 2, 128);
+    expect_error([&] { run(padded_out, lse_over_rows); }, "lse", "lse over a padded out's rows");
+    crisp::TensorView lse_in_padding = lse_over_rows;
+    lse_in_padding.data = shared.data() + 16;  // columns 16-31 of out's rows: padding
+    lse_in_padding.stride = {128 * 32, 32};
+    expect_error([&] { run(padded_out, lse_in_padding); }, "lse", "lse in a padded out's padding");
   }
   // out may be q itself: the result equals a run into separate memory.
   run(ov, lv);

@@ -280,8 +280,9 @@ TEST(Frontier, CapturesModeResumesAndMeasures) {
 }
 
 // A capture's meta.json is checked entry by entry (a float layer ran as its integer part, a layer
-// beyond int64 was recorded as -2^63, a repeated layer ran twice), and a --json inside a capture
-// directory is refused (eval fidelity overwrote meta.json and the .npy files with its JSON).
+// beyond int64 was recorded as -2^63, a repeated layer ran twice), and a --json naming one of a
+// capture's files is refused (eval fidelity overwrote meta.json and the .npy files with its JSON);
+// another file in the capture directory is fine.
 TEST(Frontier, CaptureEntriesAndOutputsOutsideTheCapture) {
   if (!std::filesystem::exists(CRISP_CLI_PATH)) GTEST_SKIP() << "crisp CLI not built";
   const std::filesystem::path dir = crisp_test::temp_dir();
@@ -300,14 +301,22 @@ TEST(Frontier, CaptureEntriesAndOutputsOutsideTheCapture) {
   std::ofstream(capture / "meta.json") << good.dump();
   EXPECT_EQ(ce::read_capture(capture.string(), "--captures").layers.size(), 2u);
   for (const std::string command : {"eval fidelity --threads 1 --quiet", "eval pareto --threads 1 --quiet --sweep crisp"}) {
-    const std::string inside = (capture / "meta.json").string();
-    const std::string cmd = std::string(CRISP_CLI_PATH) + " " + command + " --captures " + capture.string() + " --json " +
-                            inside + " > " + (dir / "inside.log").string() + " 2>&1";
-    EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2) << cmd;
-    const std::string log = read_all(dir / "inside.log");
-    EXPECT_NE(log.find("--json: '" + inside + "' lies in the --captures directory"), std::string::npos) << log;
+    for (const char* file : {"meta.json", "layer_01_k.npy"}) {
+      const std::string inside = (capture / file).string();
+      const std::string cmd = std::string(CRISP_CLI_PATH) + " " + command + " --captures " + capture.string() +
+                              " --json " + inside + " > " + (dir / "inside.log").string() + " 2>&1";
+      EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2) << cmd;
+      const std::string log = read_all(dir / "inside.log");
+      EXPECT_NE(log.find("--json: '" + inside + "' is the --captures input file"), std::string::npos) << log;
+    }
     EXPECT_EQ(read_json(capture / "meta.json"), good) << "the capture's meta.json was overwritten";
   }
+  // A frontier beside its capture: accepted (one layer of dense, --stop-after 1).
+  const std::string beside = (capture / "frontier.json").string();
+  std::filesystem::remove(beside);
+  const std::string cmd = std::string(CRISP_CLI_PATH) + " eval pareto --threads 2 --quiet --sweep crisp --stop-after 1 --captures " +
+                          capture.string() + " --json " + beside + " > " + (dir / "beside.log").string() + " 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 0) << read_all(dir / "beside.log");
 }
 #endif
 

@@ -1,6 +1,5 @@
 // tools/cmd_attend.cpp — `crisp attend`: plan + block-sparse attention of .npy inputs.
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,7 +31,7 @@ struct Outputs {
 };
 
 // Runs the attention into T outputs and writes them (and the plan's JSON) as the command's outputs:
-// all of them or, when one cannot be written, none (the files written before it are removed).
+// all of them or, when one cannot be written, none.
 template <typename T>
 crisp::Plan attend_and_write(const AttendArgs& args, const crisp::Config& config, const crisp::TensorView& q,
                              const crisp::TensorView& k, const crisp::TensorView& v, const crisp::Batch& batch,
@@ -53,31 +52,15 @@ crisp::Plan attend_and_write(const AttendArgs& args, const crisp::Config& config
                                        {"out", "--out " + args.out_path},
                                        {"lse", "--lse " + args.lse_path}});
   }
-  // `written`: the outputs this run wrote, and the one it was writing when that failed if the file
-  // is new (a file that existed before is left: an open that failed did not touch it).
-  std::vector<std::string> written;
-  const auto write = [&written](const std::string& path, const auto& write_file) {
-    const bool existed = std::filesystem::exists(path);
-    try {
-      write_file();
-    } catch (const crisp::Error&) {
-      if (!existed) written.push_back(path);
-      throw;
-    }
-    written.push_back(path);
-  };
-  try {
-    write(args.out_path, [&] { crisp::write_npy(args.out_path, o.out.data(), {heads, tokens, dim}); });
-    write(args.lse_path, [&] { crisp::write_npy(args.lse_path, o.lse.data(), {heads, tokens}); });
-    if (!args.json_path.empty())
-      write(args.json_path, [&] {
-        crisp_cli::write_text_file("--json", args.json_path, crisp_cli::plan_to_json(plan).dump(1) + "\n");
-      });
-  } catch (const crisp::Error& e) {
-    crisp_cli::remove_written_files(written);
-    throw crisp_cli::renamed_error(e, {{args.out_path.c_str(), "--out " + args.out_path},
-                                       {args.lse_path.c_str(), "--lse " + args.lse_path}});
-  }
+  // All of them or none: a failed write leaves the outputs as they were (io_util.h, OutputFiles).
+  crisp_cli::OutputFiles files;
+  files.write("--out", args.out_path, [&](const std::string& target) { crisp::write_npy(target, o.out.data(), {heads, tokens, dim}); });
+  files.write("--lse", args.lse_path, [&](const std::string& target) { crisp::write_npy(target, o.lse.data(), {heads, tokens}); });
+  if (!args.json_path.empty())
+    files.write("--json", args.json_path, [&](const std::string& target) {
+      crisp_cli::write_text_file("--json", target, crisp_cli::plan_to_json(plan).dump(1) + "\n");
+    });
+  files.commit();
   return plan;
 }
 

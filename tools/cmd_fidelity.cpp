@@ -122,9 +122,7 @@ json layout_to_json(const crisp::HeadPlan& head, int32_t num_blocks) {
 void run_fidelity(const FidelityArgs& args) {
   // The output before the (long) evaluation: an unwritable path fails now, not after it.
   crisp_cli::require_writable("--json", args.json_path);
-  std::vector<std::pair<std::string, std::string>> capture_dirs;
-  for (const std::string& dir : args.captures) capture_dirs.push_back({"--captures", dir});
-  crisp_cli::require_outside_directories("--json", args.json_path, capture_dirs);
+  crisp_cli::require_not_capture_file("--json", args.json_path, args.captures);
   // Policies.
   std::vector<ev::PolicySpec> policies;
   for (const std::string& name : args.routing_only ? std::vector<std::string>{} : split(args.policies, ',')) {

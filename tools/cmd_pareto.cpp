@@ -114,9 +114,7 @@ void run_pareto(const ParetoArgs& given) {
   std::vector<std::pair<std::string, std::string>> inputs = {{"--splits", args.splits_path}};
   for (const std::string& path : args.sweep_files) inputs.push_back({"--sweep-file", path});
   crisp_cli::require_outputs_not_inputs({{"--json", args.json_path}}, inputs);
-  std::vector<std::pair<std::string, std::string>> capture_dirs;
-  for (const std::string& dir : args.captures) capture_dirs.push_back({"--captures", dir});
-  crisp_cli::require_outside_directories("--json", args.json_path, capture_dirs);
+  crisp_cli::require_not_capture_file("--json", args.json_path, args.captures);
   const std::vector<ce::FrontierPoint> points = sweep_points(args);
   ce::FrontierHooks hooks;
   if (!args.quiet) {

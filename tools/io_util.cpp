@@ -111,29 +111,50 @@ void require_file_output(const std::string& argument, const std::string& path, c
                        path == "-" ? "a path (./- for one named '-')" : "a path");
 }
 
-void require_outside_directories(const std::string& argument, const std::string& path,
-                                 const std::vector<std::pair<std::string, std::string>>& directories) {
-  if (path.empty() || is_stdout_path(path)) return;
-  namespace fs = std::filesystem;
-  const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
-  for (const auto& [dir_argument, dir] : directories) {
-    if (dir.empty()) continue;
-    // The output's directory, or one of its ancestors, is the input directory.
-    for (fs::path p = parent;; p = p.parent_path()) {
-      if (same_file(p.string(), dir))
-        throw crisp::Error(argument, "'" + path + "' lies in the " + dir_argument + " directory '" + dir + "'",
-                           "a path outside the inputs' directories (writing it could overwrite an input)");
-      if (!p.has_parent_path() || p.parent_path() == p) break;
-    }
+void require_not_capture_file(const std::string& argument, const std::string& path,
+                              const std::vector<std::string>& captures) {
+  std::vector<std::pair<std::string, std::string>> inputs;
+  for (const std::string& dir : captures) {
+    inputs.push_back({"--captures", (std::filesystem::path(dir) / "meta.json").string()});
+    for (const crisp::eval::CaptureLayer& layer : crisp::eval::read_capture(dir, "--captures").layers)
+      for (const std::string* file : {&layer.q, &layer.k, &layer.v}) inputs.push_back({"--captures", *file});
+  }
+  require_outputs_not_inputs({{argument, path}}, inputs);
+}
+
+OutputFiles::~OutputFiles() {
+  for (const auto& [temporary, output] : pending_) {
+    std::error_code ec;
+    std::filesystem::remove(temporary, ec);  // not committed: the outputs stay as they were
   }
 }
 
-void remove_written_files(const std::vector<std::string>& paths) {
+void OutputFiles::write(const std::string& argument, const std::string& path,
+                        const std::function<void(const std::string&)>& write) {
   namespace fs = std::filesystem;
-  for (const std::string& path : paths) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  const bool in_place = is_stdout_path(path) || (fs::exists(status) && !fs::is_regular_file(status)) ||
+                        ::access(parent.c_str(), W_OK) != 0;
+  const std::string target = in_place ? path : path + ".crisp-partial";
+  try {
+    write(target);
+  } catch (const crisp::Error& e) {
+    if (!in_place) fs::remove(target, ec);
+    const std::string text = e.what(), prefix = e.argument() + ": ";
+    throw crisp::Error(argument + " " + path, text.rfind(prefix, 0) == 0 ? text.substr(prefix.size()) : text);
+  }
+  if (!in_place) pending_.push_back({target, path});
+}
+
+void OutputFiles::commit() {
+  while (!pending_.empty()) {
+    const auto [temporary, output] = pending_.front();
     std::error_code ec;
-    // Regular files only: an output such as /dev/null or a FIFO is not the command's to remove.
-    if (!is_stdout_path(path) && fs::is_regular_file(fs::symlink_status(path, ec))) fs::remove(path, ec);
+    std::filesystem::rename(temporary, output, ec);
+    if (ec) throw crisp::Error(output, "cannot be replaced (" + ec.message() + ")", "a writable path");
+    pending_.erase(pending_.begin());
   }
 }
 

@@ -1,5 +1,6 @@
 // tools/io_util.h — small file helpers of the `crisp` command.
 #pragma once
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,10 +33,11 @@ void require_distinct_outputs(const std::vector<std::pair<std::string, std::stri
 void require_outputs_not_inputs(const std::vector<std::pair<std::string, std::string>>& outputs,
                                 const std::vector<std::pair<std::string, std::string>>& inputs);
 
-// Refuses an output option whose file lies inside one of the input directories (e.g. --captures,
-// whose meta.json and .npy files it could overwrite). Each directory is {argument, path}.
-void require_outside_directories(const std::string& argument, const std::string& path,
-                                 const std::vector<std::pair<std::string, std::string>>& directories);
+// Refuses an output option that names a file of the capture directories (their meta.json and the
+// .npy files it lists), which the command reads: `eval fidelity --json` overwrote them. Other
+// paths inside a capture directory are fine (a frontier kept beside its capture).
+void require_not_capture_file(const std::string& argument, const std::string& path,
+                              const std::vector<std::string>& captures);
 
 // True when `a` and `b` name one file: std::filesystem::equivalent when both exist, else the same
 // absolute path in lexical normal form.
@@ -45,9 +47,24 @@ bool same_file(const std::string& a, const std::string& b);
 // says which), which is written to a named file only. Throws crisp::Error naming `argument`.
 void require_file_output(const std::string& argument, const std::string& path, const std::string& what);
 
-// Removes the files of a command's outputs that were written before a later one failed, so a
-// failed command leaves no partial set of outputs. Only regular files are removed (not devices,
-// pipes or standard output); errors are ignored (the command is already failing).
-void remove_written_files(const std::vector<std::string>& paths);
+// A command's output files, written all or none: each regular-file output is written to a
+// temporary file beside it ("<path>.crisp-partial") and renamed over it by commit(), once every
+// output is written; if one fails, or commit() is never reached, the temporaries are removed and
+// the outputs stay as they were. Outputs that are not regular files (/dev/null, a pipe) and whose
+// directory cannot take a temporary are written in place.
+class OutputFiles {
+ public:
+  OutputFiles() = default;
+  OutputFiles(const OutputFiles&) = delete;
+  OutputFiles& operator=(const OutputFiles&) = delete;
+  ~OutputFiles();
+  // Calls write(target) with the file to write; its crisp::Error is renamed to `argument` `path`.
+  void write(const std::string& argument, const std::string& path, const std::function<void(const std::string&)>& write);
+  // Renames every temporary over its output (throws crisp::Error naming the output that failed).
+  void commit();
+
+ private:
+  std::vector<std::pair<std::string, std::string>> pending_;  // {temporary, output}
+};
 
 }  // namespace crisp_cli

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "input_checks.h"
 #include "validators.h"
 
 namespace crisp_cli {
@@ -41,7 +42,7 @@ crisp::Config make_config(const PolicyOptions& options) {
   try {
     config = crisp::Config::from_preset(options.policy);
   } catch (const crisp::Error& e) {  // "preset: ...": the option the user typed is --policy
-    throw crisp::Error("--policy", std::string(e.what()).substr(e.argument().size() + 2));
+    throw renamed_error(e, {{"preset", "--policy"}});
   }
   for (const std::string& assignment : options.sets) config.set(assignment);
   // --block is a shorthand of --set block_size=...; it is applied last so it wins.
@@ -49,7 +50,7 @@ crisp::Config make_config(const PolicyOptions& options) {
     try {
       config.set("block_size", options.block_size);
     } catch (const crisp::Error& e) {
-      throw crisp::Error("--block", std::string(e.what()).substr(e.argument().size() + 2));
+      throw renamed_error(e, {{"block_size", "--block"}});
     }
   }
   config.validate();

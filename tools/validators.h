@@ -135,7 +135,9 @@ inline CLI::Validator decimal_number(NumberKind kind) {
           (void)std::strtoll(input.c_str(), &end, 10);
           if (errno == ERANGE) return "'" + input + "' is out of range (beyond 64-bit integers)";
         } else if (kind == NumberKind::unsigned_integer) {
-          (void)std::strtoull(input.c_str(), &end, 10);  // a minus sign is the option's own check's
+          // strtoull reads "-1" as 2^64 - 1 without an error
+          if (input[0] == '-') return "'" + input + "' is not a non-negative integer";
+          (void)std::strtoull(input.c_str(), &end, 10);
           if (errno == ERANGE) return "'" + input + "' is out of range (beyond 2^64 - 1)";
         } else if (!std::isfinite(std::strtod(input.c_str(), &end))) {
           return "'" + input + "' is out of range (beyond double's)";

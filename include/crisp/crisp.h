@@ -45,7 +45,8 @@ void check_inputs(const TensorView& q, const TensorView& k, const TensorView* v 
 //   out: [Hq, q_tokens, d] f32/f16/bf16/f64; lse: [Hq, q_tokens] f32 or f64 (natural log).
 //   block_table: the paged K/V of the planned batch (the same table, or one mapping the same
 //   positions to the same keys); empty for contiguous K/V, and required for a plan made over
-//   paged K/V (Plan::page_size > 0).
+//   paged K/V (Plan::page_size > 0): a page pool passed without its table reads other keys. (One
+//   way on purpose: a plan made over contiguous K/V may run over pages holding the same keys.)
 //   out may be q itself; otherwise out and lse share no memory with q, k, v (refused where both
 //   views are dense) or each other (their byte spans must be apart), and each gives every index
 //   its own element (no stride 0 over an extent > 1; each stride larger than the farthest offset

@@ -61,6 +61,8 @@ def settings_from_params(params: Dict[str, Any]) -> List[str]:
             raise ValueError(f"{key!r}: not a parameter name; expected a plain identifier (letters, digits, '_'), "
                              "one of crisp.parameter_names()")
         if key in ("out", "lse"):
+            if value is None:  # flash-attn's default: a new output, which is what crisp returns
+                continue
             raise TypeError(f"{key}: output buffers are not taken; crisp returns (out, lse) as new tensors")
         if value is None:
             # None keeps the preset's value, of a name the library has (a misspelt one is not ignored).
@@ -200,6 +202,9 @@ def _check_causal(causal) -> None:
 _INERT_KEYWORDS = {
     "dropout_p": 0, "softcap": 0, "alibi_slopes": None,
     "return_attn_probs": False, "return_softmax": False, "attn_mask": None,
+    # flash_attn_with_kvcache's, at their defaults: no rotary embedding applied in the kernel, the
+    # cache rows in batch order, no left padding, the kernel's own split count.
+    "rotary_cos": None, "rotary_sin": None, "cache_batch_idx": None, "cache_leftpad": None, "num_splits": 0,
 }
 _REFUSED_BECAUSE = {
     "dropout_p": "dropout is not supported (crisp is an inference kernel)",
@@ -208,6 +213,11 @@ _REFUSED_BECAUSE = {
     "return_attn_probs": "attention probabilities are not returned (crisp.prefill returns (out, lse))",
     "return_softmax": "attention probabilities are not returned (crisp.prefill returns (out, lse))",
     "attn_mask": "an explicit mask is not supported (causal only; use cu_seqlens for a padded batch)",
+    "rotary_cos": "rotary embedding inside the kernel is not supported (pass q and k after RoPE)",
+    "rotary_sin": "rotary embedding inside the kernel is not supported (pass q and k after RoPE)",
+    "cache_batch_idx": "a cache row index is not supported (pass the rows as a block_table of one page each)",
+    "cache_leftpad": "left-padded caches are not supported (pass each row's length in cache_seqlens)",
+    "num_splits": "a split count is not taken (crisp schedules its own work)",
 }
 
 
@@ -989,8 +999,11 @@ def attend(q, k, v, plan: Plan, *, layout: Optional[str] = None, causal=True, bl
     if isinstance(plan, _C.Plan):
         raise TypeError("plan: got the native crisp._C.Plan; expected the crisp.Plan that holds it (crisp.plan's "
                         "result, not its .native)")
-    if not isinstance(plan, Plan) or not isinstance(plan.native, _C.Plan):
+    if not isinstance(plan, Plan):
         raise TypeError(f"plan: got {type(plan).__name__}; expected a crisp.Plan (from crisp.plan)")
+    if not isinstance(plan.native, _C.Plan):
+        raise TypeError("plan: a crisp.Plan without its native plan (plan.native is "
+                        f"{type(plan.native).__name__}); expected one made by crisp.plan or Attention.host_plan")
     _check_causal(causal)
     _check_no_grad("attend", q, k, v)
     if plan.page_size and block_table is None and cache_seqlens is None:

@@ -103,6 +103,7 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   const int64_t tokens = plan.total_tokens();  // query rows
   const int block = plan.block_size();
   const bool paged = !block_table.empty();
+  detail::check_table_is_set_or_empty(block_table, "block_table");
 
   check_view("q", q, 3, Hq, tokens, d);
   // Contiguous K/V hold every sequence's keys in order; paged K/V are a page pool of any size.

@@ -933,7 +933,10 @@ void check_input(const TensorView& v, const char* name, int64_t heads, int64_t t
 // (detail::normalize_batch: page size, pointer, device, pool size, pages per sequence) against the
 // DevicePlan's batch shape. Its page ids are device memory: not read here.
 KeyTable key_table(const BlockTable& table, const TensorView& q, const TensorView& k, const cuda::DevicePlan& plan) {
-  if (table.empty()) return KeyTable{};
+  if (table.empty()) {
+    detail::check_table_is_set_or_empty(table, "block_table");
+    return KeyTable{};
+  }
   detail::normalize_batch(Batch(plan.batch().cu_seqlens_q, plan.batch().cu_seqlens_k, table), q, k, nullptr);
   return KeyTable{table.data, table.max_pages_per_sequence, table.page_size};
 }

@@ -15,20 +15,19 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 void require_readable_file(const std::string& path, const std::string& argument, const std::string& expected) {
+  if (path.empty()) throw Error(argument, "is an empty path", expected);
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
-  if (path.empty()) throw Error(argument, "is an empty path", expected);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw Error(argument, "cannot read '" + path + "' (" + ec.message() + ")", expected);
   if (!fs::exists(status)) throw Error(argument, "cannot open '" + path + "' (no such file)", expected);
   if (fs::is_directory(status)) throw Error(argument, "'" + path + "' is a directory", expected);
-  if (!fs::is_regular_file(status))
-    throw Error(argument, "'" + path + "' is not a regular file (a pipe or a device)", expected);
-  std::ifstream probe(path, std::ios::binary);
-  if (!probe) throw Error(argument, "cannot open '" + path + "'", expected);
 }
 
 json read_json_file(const std::string& path, const std::string& argument, const std::string& expected) {
   require_readable_file(path, argument, expected);
   std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(argument, "cannot open '" + path + "'", expected);
   try {
     return json::parse(in);
   } catch (const json::exception& e) {

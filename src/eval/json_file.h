@@ -11,9 +11,9 @@
 namespace crisp {
 namespace eval {
 
-// Refuses `path` unless it is a readable regular file: missing, a directory, a pipe or a device are
-// named as such (a directory opened as a stream failed later with a library message, a pipe
-// blocked). `expected` says what the argument should name.
+// Refuses `path` unless it can be read as a file: a missing path or a directory is named as such (a
+// directory opened as a stream failed later with a library message). Pipes are read (`<(...)`,
+// /dev/stdin). `expected` says what the argument should name.
 void require_readable_file(const std::string& path, const std::string& argument, const std::string& expected);
 
 // The JSON document at `path`, after require_readable_file; invalid JSON is a crisp::Error too.

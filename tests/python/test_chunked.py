@@ -280,13 +280,16 @@ def test_keywords_named_as_given():
     q, k, v, cu_q, _ = sequences([(64, 64)], seed=41)
     call = lambda **kw: crisp.prefill(q, k, v, policy="dense", cu_seqlens=cu_q, **kw)  # noqa: E731
     expect_error_naming(lambda: call(out=np.empty_like(q)), TypeError, ["out: output buffers are not taken"])
-    expect_error_naming(lambda: call(lse=None), TypeError, ["lse: output buffers are not taken"])
+    expect_error_naming(lambda: call(lse=np.empty((4, 64), np.float32)), TypeError, ["lse: output buffers are not taken"])
+    expect_error_naming(lambda: call(rotary_cos=np.ones(4)), ValueError, ["rotary_cos", "after RoPE"])
     expect_error_naming(lambda: call(softmax_scal=None), ValueError, ["softmax_scal: not a parameter name"])
     expect_error_naming(lambda: call(is_causal=False), ValueError, ["is_causal: False is not supported"])
     expect_error_naming(lambda: call(scale=0.0), ValueError, ["scale: 0", "None for 1/sqrt(d)"])
     expect_error_naming(lambda: call(enable_gqa=1), ValueError, ["enable_gqa: 1;"])
     expect_error_naming(lambda: call(deterministic="yes"), TypeError, ["deterministic: got str"])
-    call(softmax_scale=None, deterministic=True, scale=None)  # the neutral values still run
+    # The neutral values still run: flash-attn's defaults among them (out=None: a new output).
+    call(softmax_scale=None, deterministic=True, scale=None, out=None, lse=None, rotary_cos=None, rotary_sin=None,
+         cache_batch_idx=None, cache_leftpad=None, num_splits=0)
 
 
 def expect_error_naming(call, exc, words):
