@@ -230,7 +230,7 @@ fi
 # to the patched llama.cpp and the crisp library that build compiled. Needs the nlohmann-json and CLI11 headers (system, or .deps/prefix/include).
 eval_bin="$build/bin/crisp-llama-eval"
 eval_sources=("$repo_root/integrations/llama.cpp/crisp_llama_eval.cpp" "$repo_root/integrations/llama.cpp/crisp_llama_capture.cpp"
-  "$repo_root"/src/eval/{niah,splits,sweep,frontier_file}.cpp "$repo_root/tools/io_util.cpp")
+  "$repo_root"/src/eval/{json_file,niah,splits,sweep,frontier_file}.cpp "$repo_root/tools/io_util.cpp")
 eval_stale=0
 [ -x "$eval_bin" ] || eval_stale=1
 for f in "${eval_sources[@]}" "$build/bin/libllama.so" "$build/crisp/libcrisp.a" "$repo_root"/src/eval/*.h \
