@@ -156,6 +156,13 @@ file(WRITE "${CLI_DIR}/big_sweep.json" [=[[{"policy": "crisp", "knobs": {"alpha"
 crisp_cli_test(sweep_too_large
   ARGS "eval|pareto|--threads|1|--quiet|--structured|--lengths|512|--json|${CLI_DIR}/big.json|--sweep-file|${CLI_DIR}/big_sweep.json"
   STDERR "${ERR}--sweep-file: sweeps 110000 points; expected at most 100000")
+# gen writes its four files all or none: a k.npy that is a directory left a new q.npy beside it.
+add_test(NAME cli.gen_all_or_none COMMAND sh -c
+  [=[rm -rf "$1" && mkdir -p "$1/k.npy" && "$0" gen --seq 64 --out-dir "$1" 2>&1; echo "rc=$? q=$(ls "$1" | tr '
+' ' ')"]=]
+  "$<TARGET_FILE:crisp_cli>" "${CLI_DIR}/gen_partial")
+set_tests_properties(cli.gen_all_or_none PROPERTIES LABELS "cpu"
+  PASS_REGULAR_EXPRESSION "--out-dir [^ ]*k\\.npy: cannot open file for writing[^\n]*\nrc=2 q=k\\.npy \n")
 # A failed write of the table on standard output is a failure (it exited 0).
 add_test(NAME cli.stdout_full COMMAND sh -c [=["$0" demo --seq 64 --threads 1 --quiet > /dev/full 2>&1; echo "rc=$?"]=]
   "$<TARGET_FILE:crisp_cli>")

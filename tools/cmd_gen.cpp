@@ -34,9 +34,16 @@ void run_gen(const GenArgs& args) {
   crisp::Workload w = crisp::make_workload(crisp_cli::make_workload_spec(args.workload));
   const auto& s = w.spec;
   const std::filesystem::path dir(args.out_dir);
-  crisp::write_npy((dir / "q.npy").string(), w.q.data(), {s.num_q_heads, w.total_tokens, s.head_dim});
-  crisp::write_npy((dir / "k.npy").string(), w.k.data(), {s.num_kv_heads, w.total_tokens, s.head_dim});
-  crisp::write_npy((dir / "v.npy").string(), w.v.data(), {s.num_kv_heads, w.total_tokens, s.head_dim});
+  // The four files all or none (a k.npy that is a directory left a new q.npy beside old k/v).
+  crisp_cli::OutputFiles files;
+  const auto write_tensor = [&](const char* name, const std::vector<float>& x, int64_t heads) {
+    files.write("--out-dir", (dir / name).string(), [&](const std::string& target) {
+      crisp::write_npy(target, x.data(), {heads, w.total_tokens, s.head_dim});
+    });
+  };
+  write_tensor("q.npy", w.q, s.num_q_heads);
+  write_tensor("k.npy", w.k, s.num_kv_heads);
+  write_tensor("v.npy", w.v, s.num_kv_heads);
 
   // What the workload planted, for checking a plan against it.
   nlohmann::json meta = {
@@ -48,7 +55,9 @@ void run_gen(const GenArgs& args) {
       {"needle_positions_per_kv_head", w.needle_positions},
       {"head_is_diffuse", w.head_is_diffuse},
   };
-  crisp_cli::write_text_file("--out-dir", (dir / "workload.json").string(), meta.dump(1) + "\n");
+  files.write("--out-dir", (dir / "workload.json").string(),
+              [&](const std::string& target) { crisp_cli::write_text_file("--out-dir", target, meta.dump(1) + "\n"); });
+  files.commit();
   std::printf("gen: n = %lld, Hq = %lld, Hkv = %lld, d = %lld -> %s/{q,k,v}.npy, workload.json\n",
               static_cast<long long>(w.total_tokens), static_cast<long long>(s.num_q_heads),
               static_cast<long long>(s.num_kv_heads), static_cast<long long>(s.head_dim),
