@@ -8,9 +8,12 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "backend.h"  // detail::within_memory
 #include "crisp/attention.h"
 #include "crisp/context_parallel.h"
 #include "crisp/crisp.h"
@@ -410,6 +413,18 @@ TEST(BadInput, StridesAndTableStridesBeyondMemory) {
   batch.block_table.max_pages_per_sequence = int64_t(1) << 40;
   expect_error([&] { crisp::plan(x.q.view(), x.k.view(), crisp_cfg(), batch); }, "batch.block_table.max_pages_per_sequence",
                "stride 2^40");
+}
+
+// A call's allocation failure reads as every other refused input (crisp::Error naming q), not as
+// std::bad_alloc or std::length_error escaping the library; other results pass through.
+TEST(BadInput, AllocationFailuresAreErrors) {
+  expect_error([] { crisp::detail::within_memory([]() -> int { throw std::bad_alloc(); }); }, "q", "bad_alloc");
+  expect_error([] { crisp::detail::within_memory([]() -> int { throw std::length_error("vector"); }); }, "q",
+               "length_error");
+  EXPECT_EQ(crisp::detail::within_memory([] { return 7; }), 7);
+  EXPECT_NE(crisp_test::error_of([] { crisp::detail::within_memory([]() -> int { throw std::bad_alloc(); }); })
+                .find("out of memory"),
+            std::string::npos);
 }
 
 // Token counts beyond int32 in the functions that take counts, not tensors.

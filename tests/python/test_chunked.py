@@ -262,6 +262,44 @@ def test_attention_run_refuses_another_cache_geometry():
                         ValueError, ["k: row length 96", "plan's 64"])
 
 
+def test_attention_calls_on_one_object_do_not_overlap():
+    """plan() and run() release the GIL in the library: from two threads, a run that overlapped a
+    plan read a plan being replaced (a wrong output in one of three racing runs of 200). The object
+    serialises its calls: a run started while a (slowed) plan is in progress waits for it."""
+    import threading
+    import time
+    q, k, v, cu_q, _ = sequences([(64, 64)], seed=43)
+    attention = crisp.Attention("dense")
+    attention.plan(q, k, cu_seqlens=cu_q)
+    real = attention._native
+    state = {"in_plan": False, "overlaps": 0}
+
+    class SlowPlan:  # the native object, with a plan that takes 0.3 s and a run that notes an overlap
+        planned = True
+
+        def plan(self, *args):
+            state["in_plan"] = True
+            time.sleep(0.3)
+            real.plan(*args)
+            state["in_plan"] = False
+
+        def run(self, *args):
+            state["overlaps"] += state["in_plan"]
+            return real.run(*args)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    attention._native = SlowPlan()
+    planner = threading.Thread(target=attention.plan, args=(q, k), kwargs=dict(cu_seqlens=cu_q))
+    planner.start()
+    time.sleep(0.1)  # the plan is in progress
+    out, _ = attention.run(q, k, v)
+    planner.join()
+    assert state["overlaps"] == 0
+    np.testing.assert_array_equal(out, crisp.prefill(q, k, v, policy="dense", cu_seqlens=cu_q)[0])
+
+
 def test_attend_of_a_paged_plan_needs_its_table():
     q, k, v, cu_q, cu_k = sequences([(10, 64)], seed=37)
     k_cache, v_cache, table = paged(k, v, cu_k, page_size=16)
