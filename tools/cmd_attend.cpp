@@ -110,12 +110,9 @@ void register_attend_command(CLI::App& app) {
       "attend",
       "Plan and run block-sparse causal attention on one sequence (.npy in, .npy out); with n_q < n_k the "
       "queries are the last n_q positions (a chunk over a KV prefix, bottom-right causal)");
-  sub->add_option("--q", args->q_path, "Queries, .npy float32/float16/float64 [Hq, n_q, d]")
-      ->required();
-  sub->add_option("--k", args->k_path, "Keys, .npy float32/float16/float64 [Hkv, n_k, d], n_k >= n_q")
-      ->required();
-  sub->add_option("--v", args->v_path, "Values, .npy float32/float16/float64 [Hkv, n_k, d]")
-      ->required();
+  sub->add_option("--q", args->q_path, "Queries, .npy float32/float16/float64 [Hq, n_q, d]")->required();
+  sub->add_option("--k", args->k_path, "Keys, .npy float32/float16/float64 [Hkv, n_k, d], n_k >= n_q")->required();
+  sub->add_option("--v", args->v_path, "Values, .npy float32/float16/float64 [Hkv, n_k, d]")->required();
   sub->add_option("--out", args->out_path,
                   "Output O, .npy [Hq, n_q, d], float32 (float64 with --precision f64; a file, not standard output)")
       ->required();

@@ -53,12 +53,9 @@ void register_plan_command(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* sub = app.add_subcommand(
       "plan", "Plan the sparse layout of one sequence (.npy inputs) and write it as JSON");
-  sub->add_option("--q", args->q_path, "Queries, .npy float32/float16/float64 [Hq, n_q, d] (the last n_q positions)")
-      ->required();
-  sub->add_option("--k", args->k_path, "Keys, .npy float32/float16/float64 [Hkv, n_k, d], n_k >= n_q")
-      ->required();
-  sub->add_option("--json", args->json_path, "Output JSON file ('-': standard output)")
-      ->required();
+  sub->add_option("--q", args->q_path, "Queries, .npy float32/float16/float64 [Hq, n_q, d] (the last n_q positions)")->required();
+  sub->add_option("--k", args->k_path, "Keys, .npy float32/float16/float64 [Hkv, n_k, d], n_k >= n_q")->required();
+  sub->add_option("--json", args->json_path, "Output JSON file ('-': standard output)")->required();
   crisp_cli::add_policy_options(*sub, args->policy);
   sub->callback([args] { run_plan(*args); });
 }

@@ -12,6 +12,7 @@
 
 #include "crisp/error.h"
 #include "eval/json_file.h"
+#include "input_checks.h"
 
 namespace crisp_cli {
 
@@ -142,8 +143,7 @@ void OutputFiles::write(const std::string& argument, const std::string& path,
     write(target);
   } catch (const crisp::Error& e) {
     if (!in_place) fs::remove(target, ec);
-    const std::string text = e.what(), prefix = e.argument() + ": ";
-    throw crisp::Error(argument + " " + path, text.rfind(prefix, 0) == 0 ? text.substr(prefix.size()) : text);
+    throw renamed_error(e, {{e.argument().c_str(), argument + " " + path}});  // the output, not its temporary
   }
   if (!in_place) pending_.push_back({target, path});
 }
