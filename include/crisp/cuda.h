@@ -130,6 +130,12 @@ class DevicePlan {
   // plan_async calls this. Throws crisp::Error naming "config.block_size" if its block size
   // differs from this DevicePlan's.
   void set_config(const Config& config);
+  // Records the page size of the paged K/V the next fill is made over (0: contiguous K/V);
+  // plan_async and upload call this. attend_async refuses a plan made over pages without a block
+  // table (a pool read as contiguous K/V gives other keys), as crisp::attend does. Throws
+  // crisp::Error naming "page_size" when it is negative.
+  void set_page_size(int64_t page_size);
+  int64_t page_size() const;  // of the last fill (0: contiguous K/V)
 
   bool empty() const;
   int64_t num_q_heads() const;

@@ -419,7 +419,8 @@ NB_MODULE(_C, m) {
           },
           nb::arg("stream") = 0)
       .def_prop_ro("bytes", &crisp::cuda::DevicePlan::bytes)
-      .def_prop_ro("block_size", &crisp::cuda::DevicePlan::block_size);
+      .def_prop_ro("block_size", &crisp::cuda::DevicePlan::block_size)
+      .def_prop_ro("page_size", &crisp::cuda::DevicePlan::page_size);
 #endif
 
   // ------------------------------------------------------------------ the structured workload

@@ -104,6 +104,10 @@ void launch_attention(const TensorView& q, const TensorView& k, const TensorView
   const int block = plan.block_size();
   const bool paged = !block_table.empty();
   detail::check_table_is_set_or_empty(block_table, "block_table");
+  if (!paged && plan.page_size() != 0)
+    throw Error("block_table", "is empty but the plan was made over paged K/V (pages of " +
+                                   std::to_string(plan.page_size()) + ")",
+                "the block table of the page pool k and v are (a pool read as contiguous K/V gives other keys)");
 
   check_view("q", q, 3, Hq, tokens, d);
   // Contiguous K/V hold every sequence's keys in order; paged K/V are a page pool of any size.

@@ -188,6 +188,7 @@ struct DevicePlan::Impl {
   Batch batch;  // the normalized shape (both lists filled, no block table)
   Config config;
   double softmax_scale = 0.0;
+  int64_t page_size = 0;  // of the paged K/V the last fill was made over (0: contiguous)
   std::vector<layout::SequenceBases> bases;
   cuda_detail::BufferOffsets offsets{};
   void* memory = nullptr;
@@ -357,7 +358,13 @@ void DevicePlan::set_config(const Config& config) {
   m.softmax_scale = cuda_detail::resolve_scale(config, m.head_dim);
 }
 
+void DevicePlan::set_page_size(int64_t page_size) {
+  if (page_size < 0) throw Error("page_size", "is " + std::to_string(page_size), ">= 0 (0: contiguous K/V)");
+  need(impl_).page_size = page_size;
+}
+
 bool DevicePlan::empty() const { return !impl_; }
+int64_t DevicePlan::page_size() const { return need(impl_).page_size; }
 int64_t DevicePlan::num_q_heads() const { return need(impl_).num_q_heads; }
 int64_t DevicePlan::num_kv_heads() const { return need(impl_).num_kv_heads; }
 int64_t DevicePlan::head_dim() const { return need(impl_).head_dim; }
@@ -476,6 +483,7 @@ void DevicePlan::upload(const Plan& plan, void* stream_ptr) {
   c.block_size = plan.block_size;
   m.config = c;
   m.softmax_scale = plan.softmax_scale > 0.0 ? plan.softmax_scale : cuda_detail::resolve_scale(c, m.head_dim);
+  m.page_size = plan.page_size;
 }
 
 Plan DevicePlan::to_host(void* stream_ptr) const {
@@ -508,6 +516,7 @@ Plan DevicePlan::to_host(void* stream_ptr) const {
   plan.num_kv_heads = m.num_kv_heads;
   plan.head_dim = m.head_dim;
   plan.softmax_scale = m.softmax_scale;
+  plan.page_size = m.page_size;
   plan.sequences.resize(m.bases.size());
   for (std::size_t s = 0; s < m.bases.size(); ++s) {
     const auto& b = m.bases[s];

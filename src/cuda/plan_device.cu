@@ -1014,6 +1014,7 @@ void plan_on_device(const TensorView& q, const TensorView& k, const BlockTable& 
     throw Error("k", std::string("has dtype ") + to_string(k.dtype) + " but q has " + to_string(q.dtype),
                 "q and k of one dtype");
   plan.set_config(config);  // checks the block size
+  plan.set_page_size(block_table.empty() ? 0 : block_table.page_size);
 
   Shape sh;
   sh.H = plan.num_q_heads();

@@ -304,4 +304,37 @@ INSTANTIATE_TEST_SUITE_P(
         PlanCase{"flexprefill_bf16_d64_B64_window1", "flexprefill", bf16, 64, 64, 0, 29, 1}),
     [](const ::testing::TestParamInfo<PlanCase>& info) { return info.param.name; });
 
+// A DevicePlan records the page size of the K/V it was planned over (plan_async, upload, to_host),
+// and attend_async refuses to run a plan made over pages without their table: the pool read as
+// contiguous K/V would give other keys (crisp::attend refuses the same on the host Plan).
+TEST(GpuApiChunkedDevicePlan, RecordsItsPagesAndRefusesToRunThemWithoutTheTable) {
+  SKIP_WITHOUT_GPU();
+  RoundedChunks in(31, 128, 64, bf16, 16);
+  crisp_test::Chunks& x = in.chunks;
+  DeviceChunks dev(in);
+  ASSERT_TRUE(dev.upload());
+  crisp::Config cfg = crisp::Config::from_preset("crisp");
+  cfg.block_size = 128;
+  crisp::cuda::DevicePlan dplan(x.hq, x.hkv, x.d, x.batch(), cfg);
+  EXPECT_EQ(dplan.page_size(), 0);
+  crisp::cuda::plan_async(dev.q_view(), dev.kv_view(dev.k.ptr), cfg, dplan, nullptr, dev.block_table());
+  EXPECT_EQ(dplan.page_size(), 16);
+  EXPECT_EQ(dplan.to_host().page_size, 16);
+  std::string argument = "(no error)";
+  try {
+    crisp::cuda::attend_async(dev.q_view(), dev.kv_view(dev.k.ptr), dev.kv_view(dev.v.ptr), dplan, dev.out_view(),
+                              dev.lse_view());
+  } catch (const crisp::Error& e) {
+    argument = e.argument();
+  }
+  EXPECT_EQ(argument, "block_table");
+  EXPECT_NO_THROW(crisp::cuda::attend_async(dev.q_view(), dev.kv_view(dev.k.ptr), dev.kv_view(dev.v.ptr), dplan,
+                                            dev.out_view(), dev.lse_view(), nullptr, {}, dev.block_table()));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // A plan of contiguous K/V, uploaded, clears it (and may then run over pages holding the same keys).
+  dplan.upload(crisp::plan(x.q_view(), x.k_view(), cfg, x.batch()));
+  EXPECT_EQ(dplan.page_size(), 0);
+  EXPECT_THROW(dplan.set_page_size(-1), crisp::Error);
+}
+
 }  // namespace
