@@ -52,6 +52,14 @@ crisp::Config crisp_cfg() { return crisp::Config::from_preset("crisp"); }
 
 // ---------------------------------------------------------------- shapes
 
+TEST(BadInput, ErrorReasonIsWhatWithoutTheArgument) {
+  const crisp::Error with_expected("config.alpha", "is 2", "(0, 1]");
+  EXPECT_STREQ(with_expected.what(), "config.alpha: is 2; expected (0, 1]");
+  EXPECT_EQ(with_expected.reason(), "is 2; expected (0, 1]");
+  const crisp::Error colon_inside("--q a: b.npy", "cannot be read");
+  EXPECT_EQ(colon_inside.reason(), "cannot be read");
+}
+
 TEST(BadInput, TokenCountsDisagree) {
   Tensor3 q = crisp_test::random_tensor(1, 2, 300, 16), k = crisp_test::random_tensor(2, 1, 299, 16);
   expect_error([&] { crisp::plan(q.view(), k.view(), crisp_cfg()); }, "k", "k tokens");

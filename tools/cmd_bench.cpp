@@ -378,8 +378,7 @@ void register_bench_command(CLI::App& app) {
             try {
               (void)crisp_cli::config_of_policy_spec(spec, "--presets");
             } catch (const crisp::Error& e) {
-              const std::string message = e.what(), prefix = e.argument() + ": ";
-              return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;  // CLI11 names it
+              return e.reason();  // CLI11 names the option
             }
             return "";
           },
@@ -409,8 +408,7 @@ void register_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(crisp_cli::kNonNegativeInteger);
   sub->add_option("--seed", args->seed, "Workload seed")
-      ->capture_default_str()
-      ->check(crisp_cli::kNonNegativeInteger64);  // CLI11 would wrap -1 to 2^64 - 1
+      ->capture_default_str();  // uint64_t: require_decimal_numbers refuses -1, which CLI11 would wrap
   CLI::Option* diffuse_option = sub->add_option("--diffuse-share", args->diffuse_share,
                   "Share of the workload's query heads that are diffuse (routed PE by crisp; docs/workload.md)")
       ->check(CLI::Range(0.0, 1.0))

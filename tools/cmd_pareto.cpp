@@ -230,8 +230,7 @@ void register_eval_pareto(CLI::App& eval) {
                            ->check(CLI::Range(int64_t{1}, int64_t{1000}))
                            ->needs(structured);
   CLI::Option* seed = sub->add_option("--seed", args->seed, "Structured: the first seed")
-                          ->capture_default_str()
-                          ->check(crisp_cli::kNonNegativeInteger64)  // CLI11 would wrap -1 to 2^64 - 1
+                          ->capture_default_str()  // uint64_t: require_decimal_numbers refuses -1
                           ->needs(structured);
   sub->add_option("--split", args->split, "Structured: the workload seeds of a split of eval/splits.json (tuning or test)")
       ->check(CLI::IsMember({"tuning", "test"}))

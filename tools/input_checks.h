@@ -18,7 +18,7 @@ namespace crisp_cli {
 // come back as they were.
 inline crisp::Error renamed_error(const crisp::Error& error,
                                   std::initializer_list<std::pair<const char*, std::string>> names) {
-  std::string text = std::string(error.what()).substr(error.argument().size() + 2);  // "<argument>: " dropped
+  std::string text = error.reason();
   for (std::size_t at = text.find("Precision::f64"); at != std::string::npos; at = text.find("Precision::f64", at))
     text.replace(at, 14, "--precision f64");
   std::string option = error.argument();

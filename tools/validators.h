@@ -58,30 +58,6 @@ inline void require_nonempty_paths(CLI::App& app) {
 inline const CLI::Validator kPositiveInteger = integer_at_least(1, "a positive integer");
 inline const CLI::Validator kNonNegativeInteger = integer_at_least(0, "a non-negative integer");
 
-// Accepts a whole decimal integer in [0, 2^64 - 1], for uint64_t options (seeds): parsed unsigned,
-// so the whole range is accepted, and a minus sign is refused (CLI11, and std::stoull, would wrap
-// -1 to 2^64 - 1).
-inline CLI::Validator unsigned_integer_64() {
-  return CLI::Validator(
-      [](std::string& input) -> std::string {
-        const std::string not_unsigned = "'" + input + "' is not a non-negative integer (0 to " +
-                                         std::to_string(std::numeric_limits<uint64_t>::max()) + ")";
-        if (input.find('-') != std::string::npos) return not_unsigned;
-        const std::size_t first = !input.empty() && input[0] == '+' ? 1 : 0;
-        if (first == input.size() ||
-            input.find_first_not_of("0123456789", first) != std::string::npos)  // same text as decimal_number
-          return "'" + input + "' is not a decimal number (an integer such as 256)";
-        try {
-          (void)std::stoull(input.substr(first));
-          return "";
-        } catch (const std::exception&) {  // out of range
-        }
-        return not_unsigned;
-      },
-      "NON-NEGATIVE");
-}
-inline const CLI::Validator kNonNegativeInteger64 = unsigned_integer_64();
-
 // --threads of every command: 0 (all hardware threads) up to crisp::kMaxThreads.
 inline CLI::Option* add_threads_option(CLI::App& sub, int& threads) {
   return sub.add_option("--threads", threads, "CPU threads (0 = all hardware threads)")

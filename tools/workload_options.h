@@ -38,8 +38,7 @@ inline void add_workload_options(CLI::App& sub, WorkloadOptions& options) {
       ->capture_default_str()
       ->check(kPositiveInteger);
   sub.add_option("--seed", options.seed, "Seed of the synthetic workload")
-      ->capture_default_str()
-      ->check(crisp_cli::kNonNegativeInteger64);  // unsigned: 0 .. 2^64 - 1; CLI11 would wrap -1
+      ->capture_default_str();  // uint64_t: require_decimal_numbers refuses -1, which CLI11 would wrap
 }
 
 // The structured workload of crisp/workload.h with these shapes; the structural knobs keep their
@@ -66,7 +65,7 @@ inline void check_workload_options(const WorkloadOptions& options) {
         {"workload.num_q_heads", "--heads-q"}, {"workload.num_kv_heads", "--heads-kv"}};
     for (const auto& [field, option] : kOptionOf)
       if (e.argument() == field)
-        throw crisp::Error(option, std::string(e.what()).substr(e.argument().size() + 2));
+        throw crisp::Error(option, e.reason());
     throw;
   }
 }

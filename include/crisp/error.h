@@ -15,6 +15,9 @@ class Error : public std::runtime_error {
 
   // The name of the offending argument ("q", "config.alpha", "--set", "Q.npy", ...).
   const std::string& argument() const noexcept { return argument_; }
+  // what() without the leading "<argument>: ": "<problem>; expected <...>" (for a caller that
+  // names the argument itself, as a command-line parser does).
+  std::string reason() const { return std::string(what()).substr(argument_.size() + 2); }
 
  private:
   static std::string format(const std::string& argument, const std::string& problem,
