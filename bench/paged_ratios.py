@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Paged against contiguous K/V across rounds of `crisp bench --chunks ... --page-sizes ...`.
+
+Input: the JSON files of several rounds of the same bench (each with `--json`). For every preset,
+chunk size and K/V layout, prints each round's ratio to the head-major contiguous run of the same
+round (the bench's `vs_contiguous`, timed in the same interleaved rounds), then min / median / max
+and how many rounds are within the goal (issue 16: paged within 5% of contiguous). A second table
+gives the contiguous total times, the chunked runs against one shot (`vs_one_shot`), and the
+density and recall of every layout (they must agree: the layouts hold the same keys).
+
+Usage: bench/paged_ratios.py [--goal 1.05] ROUND1.json [ROUND2.json ...]
+"""
+import argparse
+import json
+import statistics
+
+
+def layout_of(run):
+    if run.get("page_size", 0) > 0:
+        return f"pages of {run['page_size']}" + ("" if run.get("page_order", "shuffled") == "shuffled" else
+                                                   f" ({run['page_order']})")
+    return "token-major" if run.get("kv_layout") == "token_major" else "head-major"
+
+
+def chunk_label(run):
+    return "one shot" if run["chunks"] == 1 else f"{run['chunk'] // 1024}k"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--goal", type=float, default=1.05, help="the ratio a run must not exceed [1.05]")
+    parser.add_argument("files", nargs="+")
+    args = parser.parse_args()
+
+    rounds = [json.load(open(path)) for path in args.files]
+    devices = sorted({r.get("device", "?") for r in rounds})
+    print(f"{len(rounds)} rounds on {', '.join(devices)}")
+    # (preset, chunks, chunk, layout) -> one run per round
+    table = {}
+    for index, data in enumerate(rounds):
+        for run in data["runs"]:
+            key = (run["preset"], run["chunks"], run["chunk"], layout_of(run))
+            table.setdefault(key, [None] * len(rounds))[index] = run
+    layouts = sorted({k[3] for k in table if k[3] != "head-major"},
+                     key=lambda s: (not s.startswith("token"), int(s.split()[2]) if s.startswith("pages") else 0, s))
+    rows = sorted({k[:3] for k in table}, key=lambda k: (k[0] != "dense", k[0], -k[2]))
+
+    print("\nPaged (and token-major) K/V against head-major contiguous, per round; then min / median / max,"
+          f" rounds within {args.goal:.2f}x")
+    print("| preset | chunks | " + " | ".join(layouts) + " |")
+    print("|---|---|" + "---|" * len(layouts))
+    within, total = {}, {}
+    for preset, chunks, chunk in rows:
+        cells = []
+        for layout in layouts:
+            runs = [r for r in table.get((preset, chunks, chunk, layout), []) if r is not None]
+            ratios = [r["vs_contiguous"] for r in runs if "vs_contiguous" in r]
+            if not ratios:
+                cells.append("—")
+                continue
+            ok = sum(x <= args.goal for x in ratios)
+            within[layout] = within.get(layout, 0) + ok
+            total[layout] = total.get(layout, 0) + len(ratios)
+            each = " / ".join(f"{x:.3f}" for x in ratios)
+            cells.append(f"{each} → {min(ratios):.3f} / **{statistics.median(ratios):.3f}** / {max(ratios):.3f}"
+                         f" ({ok}/{len(ratios)})")
+        label = "one shot" if chunks == 1 else f"{chunk // 1024}k"
+        print(f"| {preset} | {label} | " + " | ".join(cells) + " |")
+    print("\nAll rows: " + "; ".join(f"{layout} {within[layout]}/{total[layout]} within {args.goal:.2f}x"
+                                   for layout in layouts if layout in total))
+    all_ratios = {}
+    for (preset, chunks, chunk, layout), runs in table.items():
+        all_ratios.setdefault(layout, []).extend(r["vs_contiguous"] for r in runs if r and "vs_contiguous" in r)
+    print("Median of every run: " + "; ".join(f"{layout} {statistics.median(v):.3f}x"
+                                             for layout, v in sorted(all_ratios.items()) if v))
+
+    print("\nHead-major contiguous: total ms per round, against one shot (median), density and recall per layout")
+    print("| preset | chunks | total ms | vs one shot | density (every layout) | recall mean (every layout) |")
+    print("|---|---|---|---|---|---|")
+    for preset, chunks, chunk in rows:
+        base = [r for r in table.get((preset, chunks, chunk, "head-major"), []) if r is not None]
+        if not base:
+            continue
+        every = [r for layout in ["head-major"] + layouts for r in table.get((preset, chunks, chunk, layout), []) if r]
+        densities = sorted({round(r["density"], 4) for r in every})
+        recalls = sorted({round(r["recall_mean"], 4) for r in every})
+        ms = " / ".join(f"{r['total_ms']:.1f}" for r in base)
+        one_shot = statistics.median(r["vs_one_shot"] for r in base)
+        label = "one shot" if chunks == 1 else f"{chunk // 1024}k"
+        print(f"| {preset} | {label} | {ms} | {one_shot:.3f}x | {', '.join(map(str, densities))} |"
+              f" {', '.join(map(str, recalls))} |")
+
+
+if __name__ == "__main__":
+    main()
