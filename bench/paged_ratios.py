@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Paged against contiguous K/V across rounds of `crisp bench --chunks ... --page-sizes ...`.
 
-Input: the JSON files of several rounds of the same bench (each with `--json`). For every preset,
+Input: the JSON files of several rounds of the same bench (each with `--json`), or files that
+gather rounds as {"device": ..., "rounds": [{"call": ..., "round": ..., "bench": <one --json>}, ...]}
+(bench/h200_2026-12-05_paged_rounds_s33.json); a `--build NAME` keeps only the rounds of that build
+where the rounds name one (A/B files such as bench/h100_2026-12-05_ab_page_shift_s31.json). For every preset,
 chunk size and K/V layout, prints each round's ratio to the head-major contiguous run of the same
 round (the bench's `vs_contiguous`, timed in the same interleaved rounds), then min / median / max
 and how many rounds are within the goal (issue 16: paged within 5% of contiguous). A second table
@@ -29,10 +32,19 @@ def chunk_label(run):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--goal", type=float, default=1.05, help="the ratio a run must not exceed [1.05]")
+    parser.add_argument("--build", help="only the rounds of this build (files of rounds that name theirs)")
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
 
-    rounds = [json.load(open(path)) for path in args.files]
+    rounds = []
+    for path in args.files:
+        data = json.load(open(path))
+        if "rounds" not in data:
+            rounds.append(data)
+            continue
+        for entry in data["rounds"]:
+            if args.build is None or entry.get("build", args.build) == args.build:
+                rounds.append(dict(entry["bench"], device=entry["bench"].get("device", data.get("device", "?"))))
     devices = sorted({r.get("device", "?") for r in rounds})
     print(f"{len(rounds)} rounds on {', '.join(devices)}")
     # (preset, chunks, chunk, layout) -> one run per round
