@@ -25,8 +25,8 @@ def layout_of(run):
     return "token-major" if run.get("kv_layout") == "token_major" else "head-major"
 
 
-def chunk_label(run):
-    return "one shot" if run["chunks"] == 1 else f"{run['chunk'] // 1024}k"
+def chunk_label(chunks, chunk):
+    return "one shot" if chunks == 1 else f"{chunk // 1024}k"
 
 
 def main():
@@ -61,7 +61,7 @@ def main():
           f" rounds within {args.goal:.2f}x")
     print("| preset | chunks | " + " | ".join(layouts) + " |")
     print("|---|---|" + "---|" * len(layouts))
-    within, total = {}, {}
+    ratios_of_layout = {}  # every run's ratio, per layout
     for preset, chunks, chunk in rows:
         cells = []
         for layout in layouts:
@@ -71,20 +71,16 @@ def main():
                 cells.append("—")
                 continue
             ok = sum(x <= args.goal for x in ratios)
-            within[layout] = within.get(layout, 0) + ok
-            total[layout] = total.get(layout, 0) + len(ratios)
+            ratios_of_layout.setdefault(layout, []).extend(ratios)
             each = " / ".join(f"{x:.3f}" for x in ratios)
             cells.append(f"{each} → {min(ratios):.3f} / **{statistics.median(ratios):.3f}** / {max(ratios):.3f}"
                          f" ({ok}/{len(ratios)})")
-        label = "one shot" if chunks == 1 else f"{chunk // 1024}k"
-        print(f"| {preset} | {label} | " + " | ".join(cells) + " |")
-    print("\nAll rows: " + "; ".join(f"{layout} {within[layout]}/{total[layout]} within {args.goal:.2f}x"
-                                   for layout in layouts if layout in total))
-    all_ratios = {}
-    for (preset, chunks, chunk, layout), runs in table.items():
-        all_ratios.setdefault(layout, []).extend(r["vs_contiguous"] for r in runs if r and "vs_contiguous" in r)
+        print(f"| {preset} | {chunk_label(chunks, chunk)} | " + " | ".join(cells) + " |")
+    counts = [f"{layout} {sum(x <= args.goal for x in v)}/{len(v)} within {args.goal:.2f}x"
+              for layout, v in ratios_of_layout.items()]
+    print("\nAll rows: " + "; ".join(counts))
     print("Median of every run: " + "; ".join(f"{layout} {statistics.median(v):.3f}x"
-                                             for layout, v in sorted(all_ratios.items()) if v))
+                                             for layout, v in sorted(ratios_of_layout.items())))
 
     print("\nHead-major contiguous: total ms per round, against one shot (median), density and recall per layout")
     print("| preset | chunks | total ms | vs one shot | density (every layout) | recall mean (every layout) |")
@@ -98,8 +94,7 @@ def main():
         recalls = sorted({round(r["recall_mean"], 4) for r in every})
         ms = " / ".join(f"{r['total_ms']:.1f}" for r in base)
         one_shot = statistics.median(r["vs_one_shot"] for r in base)
-        label = "one shot" if chunks == 1 else f"{chunk // 1024}k"
-        print(f"| {preset} | {label} | {ms} | {one_shot:.3f}x | {', '.join(map(str, densities))} |"
+        print(f"| {preset} | {chunk_label(chunks, chunk)} | {ms} | {one_shot:.3f}x | {', '.join(map(str, densities))} |"
               f" {', '.join(map(str, recalls))} |")
 
 

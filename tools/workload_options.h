@@ -8,6 +8,7 @@
 
 #include "crisp/error.h"
 #include "crisp/workload.h"
+#include "input_checks.h"  // renamed_error
 #include "validators.h"
 
 namespace crisp_cli {
@@ -60,13 +61,11 @@ inline void check_workload_options(const WorkloadOptions& options) {
   try {
     crisp::check_workload(make_workload_spec(options));
   } catch (const crisp::Error& e) {
-    static const std::pair<const char*, const char*> kOptionOf[] = {
-        {"workload.seq_lens", "--seq"},         {"workload.needles", "--seq"}, {"workload.head_dim", "--dim"},
-        {"workload.num_q_heads", "--heads-q"}, {"workload.num_kv_heads", "--heads-kv"}};
-    for (const auto& [field, option] : kOptionOf)
-      if (e.argument() == field)
-        throw crisp::Error(option, e.reason());
-    throw;
+    throw renamed_error(e, {{"workload.seq_lens", "--seq"},
+                            {"workload.needles", "--seq"},
+                            {"workload.head_dim", "--dim"},
+                            {"workload.num_q_heads", "--heads-q"},
+                            {"workload.num_kv_heads", "--heads-kv"}});
   }
 }
 
